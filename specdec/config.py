@@ -1,0 +1,128 @@
+"""Typed model configs, parsed from HF ``config.json`` or from GGUF metadata.
+
+Each architecture module declares a dataclass deriving from :class:`ModelConfig` that mirrors
+the fields of its ``config.json``; :func:`parse_config` fills it, converting transformers 4
+(``rope_theta`` / ``rope_scaling``) and 5 (``rope_parameters``) layouts to one shape. No
+tensors are touched here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from .errors import ConfigError
+
+C = TypeVar("C", bound="ModelConfig")
+
+
+@dataclass
+class ModelConfig:
+    """Fields shared by every decoder-only target. Architecture configs add their own."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    # rope_type plus its parameters (llama3 factor etc.), without rope_theta.
+    rope_scaling: dict | None = None
+    partial_rotary_factor: float = 1.0
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    hidden_act: str = "silu"
+    bos_token_id: int | None = None
+    eos_token_id: list[int] = field(default_factory=list)
+    # Everything config.json held, for fields only one component reads (e.g. MTP settings).
+    raw: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.num_key_value_heads:
+            self.num_key_value_heads = self.num_attention_heads
+        if not self.head_dim:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+
+
+def _normalise_rope(d: dict) -> dict:
+    """Fold ``rope_parameters`` (transformers 5) and ``rope_scaling`` (4.x) into our fields."""
+    out = dict(d)
+    params = d.get("rope_parameters")
+    if isinstance(params, dict) and "full_attention" in params and isinstance(params["full_attention"], dict):
+        params = params["full_attention"]  # per-layer-type dict (Gemma style): the global one
+    scaling = dict(params) if isinstance(params, dict) else dict(d.get("rope_scaling") or {})
+    if "rope_theta" in scaling:
+        out["rope_theta"] = scaling.pop("rope_theta")
+    if "partial_rotary_factor" in scaling:
+        out["partial_rotary_factor"] = scaling.pop("partial_rotary_factor")
+    if "type" in scaling and "rope_type" not in scaling:
+        scaling["rope_type"] = scaling.pop("type")
+    if scaling.get("rope_type", "default") == "default" and set(scaling) <= {"rope_type", "mrope_section", "mrope_interleaved"}:
+        # plain RoPE; keep the mRoPE section if any (text positions make it plain RoPE anyway)
+        out["rope_scaling"] = scaling if "mrope_section" in scaling else None
+    else:
+        out["rope_scaling"] = scaling
+    return out
+
+
+def parse_config(cls: type[C], d: dict, source: str = "config.json") -> C:
+    """Build ``cls`` from a config dict, raising :class:`ConfigError` naming a missing field."""
+    d = _normalise_rope(d)
+    eos = d.get("eos_token_id")
+    d["eos_token_id"] = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name == "raw":
+            continue
+        if f.name in d and d[f.name] is not None:
+            kwargs[f.name] = d[f.name]
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
+            raise ConfigError(f"{source}: required field '{f.name}' is missing (model_type={d.get('model_type')!r})")
+    try:
+        return cls(raw=d, **kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{source}: {e}") from e
+
+
+def read_json(path: str) -> dict:
+    """Read a JSON file, turning a parse error into a :class:`ConfigError` naming the file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError as e:
+        raise ConfigError(f"{path}: file not found") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object at top level")
+    return data
+
+
+def text_config(d: dict) -> dict:
+    """Return the text-model part of a (possibly vision-language wrapped) HF config dict."""
+    if "text_config" in d and isinstance(d["text_config"], dict):
+        inner = dict(d["text_config"])
+        for k in ("tie_word_embeddings", "eos_token_id", "bos_token_id"):
+            if k in d and k not in inner:
+                inner[k] = d[k]
+        inner.setdefault("model_type", d.get("model_type", ""))
+        return inner
+    return d
+
+
+def hf_config_path(model_dir: str) -> str:
+    return os.path.join(model_dir, "config.json")

@@ -1,0 +1,186 @@
+"""The speculative decoding loop for one sequence.
+
+prefill -> repeat { draft k -> verify k+1 positions in one target forward -> accept ->
+roll caches back to the committed length -> the drafter observes the committed tokens }.
+With no drafter (or k = 0) the same loop is plain autoregressive decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..drafters.base import Drafter, Proposal, slice_out
+from ..errors import ContextOverflowError, RequestError
+from ..models.base import CausalLM
+from ..sampling import SamplingParams, make_generator, probs_from_logits
+from .acceptance import accept_greedy, accept_sampled
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0  # verify forwards after prefill
+    accepted: list[int] = field(default_factory=list)  # accepted drafts per step
+    drafted: int = 0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    total_s: float = 0.0
+    trace: list[dict] | None = None
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per target step, counting the bonus token (accepted + 1)."""
+        return (sum(self.accepted) + len(self.accepted)) / len(self.accepted) if self.accepted else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return sum(self.accepted) / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = {
+            "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens, "steps": self.steps,
+            "accepted_per_step": self.accepted, "drafted": self.drafted, "tau": round(self.tau, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4), "prefill_s": round(self.prefill_s, 4),
+            "draft_s": round(self.draft_s, 4), "verify_s": round(self.verify_s, 4),
+            "total_s": round(self.total_s, 4), "tokens_per_s": round(self.tokens_per_s, 2),
+        }
+        if self.trace is not None:
+            d["trace"] = self.trace
+        return d
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str  # "stop" (EOS or stop string) | "length"
+    stats: Stats
+
+
+class _Stopper:
+    """Decides where output ends: EOS, stop strings (checked on decoded text), max tokens."""
+
+    def __init__(self, max_new: int, eos: set[int], stop: list[str], decode):
+        self.max_new, self.eos, self.stop, self.decode = max_new, eos, stop, decode
+        self.ids: list[int] = []
+        self.reason: str | None = None
+        self.text_cut: int | None = None
+
+    def push(self, tok: int) -> bool:
+        """Append one token; return True when generation is over."""
+        self.ids.append(tok)
+        if tok in self.eos:
+            self.reason = "stop"
+            return True
+        if self.stop:
+            text = self.decode(self.ids)
+            hits = [text.find(s) for s in self.stop if s in text]
+            if hits:
+                self.reason, self.text_cut = "stop", min(hits)
+                return True
+        if len(self.ids) >= self.max_new:
+            self.reason = "length"
+            return True
+        return False
+
+
+class SpeculativeGenerator:
+    """Runs the loop for a target and an optional drafter (``num_draft_tokens`` per step)."""
+
+    def __init__(self, target: CausalLM, drafter: Drafter | None = None, num_draft_tokens: int = 4):
+        if num_draft_tokens < 0:
+            raise RequestError(f"num_draft_tokens must be >= 0, got {num_draft_tokens}")
+        self.target = target
+        self.drafter = drafter
+        self.k = num_draft_tokens if drafter is not None else 0
+
+    def generate(self, prompt_ids, max_new_tokens: int, params: SamplingParams = SamplingParams(), *,
+                 eos_ids=(), stop: list[str] | None = None, decode=None, trace: bool = False) -> GenerationResult:
+        tgt = self.target
+        if max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        prompt = torch.as_tensor(list(prompt_ids), dtype=torch.int64)
+        if prompt.numel() == 0:
+            raise RequestError("the prompt is empty")
+        if int(prompt.max()) >= tgt.config.vocab_size or int(prompt.min()) < 0:
+            raise RequestError(f"prompt token ids must be in 0..{tgt.config.vocab_size - 1}")
+        need = prompt.numel() + max_new_tokens
+        if need > tgt.max_context:
+            raise ContextOverflowError(
+                f"prompt ({prompt.numel()} tokens) + max_new_tokens ({max_new_tokens}) = {need} exceeds the "
+                f"model's context of {tgt.max_context} tokens")
+        if stop and decode is None:
+            raise RequestError("stop strings need a tokenizer to decode with")
+        stats = Stats(prompt_tokens=prompt.numel(), trace=[] if trace else None)
+        stopper = _Stopper(max_new_tokens, set(eos_ids), list(stop or []), decode)
+        dev = tgt.device
+        gen = None if params.greedy else make_generator(params.seed, dev)
+        drafter = self.drafter
+        capture = tuple(drafter.capture_layers) if drafter is not None else ()
+        cache = tgt.new_cache(min(tgt.max_context, need + self.k + 1))
+
+        t0 = time.perf_counter()
+        out = tgt(prompt.to(dev), cache, capture=capture, logits="last")
+        first = self._sample_one(out.logits[-1], params, gen)
+        if drafter is not None:
+            drafter.begin(prompt.to(dev), out)
+        stats.prefill_s = time.perf_counter() - t0
+        done = stopper.push(first)
+        last = first
+        while not done:
+            room = cache.max_len - cache.length - 1
+            k = max(0, min(self.k, max_new_tokens - len(stopper.ids), room))
+            t1 = time.perf_counter()
+            prop = drafter.propose(last, k, params, gen) if (drafter is not None and k > 0) else Proposal(
+                torch.empty(0, dtype=torch.int64, device=dev))
+            drafts = prop.tokens.to(dev)[:k]
+            t2 = time.perf_counter()
+            start = cache.length
+            ids = torch.cat([torch.tensor([last], device=dev), drafts])
+            out = tgt(ids, cache, capture=capture)
+            if params.greedy:
+                packed = accept_greedy(drafts, out.logits)
+            else:
+                q = prop.probs[: drafts.shape[0]] if prop.probs is not None else None
+                packed = accept_sampled(drafts, q, probs_from_logits(out.logits, params), gen)
+            res = packed.tolist()  # the one host sync of the step
+            n, toks = res[0], res[1:res[0] + 2]
+            cache.rollback(start + n + 1)
+            if drafter is not None:
+                drafter.observe(ids[: n + 1], slice_out(out, n + 1))
+            t3 = time.perf_counter()
+            stats.draft_s += t2 - t1
+            stats.verify_s += t3 - t2
+            stats.steps += 1
+            stats.drafted += drafts.shape[0]
+            stats.accepted.append(n)
+            if trace:
+                stats.trace.append({"draft": drafts.tolist(), "accepted": n})
+            for tok in toks:
+                if stopper.push(tok):
+                    done = True
+                    break
+            last = toks[-1]
+        stats.total_s = time.perf_counter() - t0
+        stats.new_tokens = len(stopper.ids)
+        text = None
+        if decode is not None:
+            text = decode([t for t in stopper.ids if t not in stopper.eos])
+            if stopper.text_cut is not None:
+                text = text[: stopper.text_cut]
+        return GenerationResult(stopper.ids, text, stopper.reason or "length", stats)
+
+    @staticmethod
+    def _sample_one(logits: torch.Tensor, params: SamplingParams, gen) -> int:
+        if params.greedy:
+            return int(logits.argmax())
+        return int(torch.multinomial(probs_from_logits(logits, params), 1, generator=gen))

@@ -1,0 +1,25 @@
+"""Exceptions raised at specdec's boundaries.
+
+Every error a user can cause (a bad checkpoint, a bad request, a prompt that does not fit)
+is one of these, and its message names the file, tensor, field or parameter at fault.
+"""
+
+
+class SpecdecError(Exception):
+    """Base class of every error specdec raises on purpose."""
+
+
+class CheckpointError(SpecdecError):
+    """A checkpoint file or directory is missing, truncated, corrupt or does not fit the model."""
+
+
+class ConfigError(SpecdecError):
+    """A config field is missing, has the wrong type, or names something unsupported."""
+
+
+class RequestError(SpecdecError, ValueError):
+    """A generation request parameter is out of range or malformed."""
+
+
+class ContextOverflowError(RequestError):
+    """The prompt plus the requested tokens do not fit in the model's context."""

@@ -1,0 +1,125 @@
+"""Load a target from a local HF directory or GGUF file: config, weights, tokenizer."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .config import parse_config, read_json, text_config
+from .errors import CheckpointError, ConfigError
+from .models import CausalLM, by_gguf_arch, by_hf_model_type
+from .models.registry import Architecture
+from .tokenizer import Tokenizer
+from .weights import load_into
+from .weights.gguf_io import GGUFSource
+from .weights.safetensors_io import SafetensorsSource
+
+_HF_PREFIXES = ("model.language_model.", "model.")
+
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    tokenizer: Tokenizer | None
+    arch: Architecture
+    path: str
+    source: object  # GGUFSource | SafetensorsSource, kept for drafters that read more tensors
+    format: str  # "gguf" | "hf"
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    d = torch.device(device)
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device '{device}' requested but CUDA is not available; use --device cpu")
+    return d
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise ConfigError(f"dtype '{dtype}' is not supported; use one of {', '.join(table)}")
+    return table[dtype]
+
+
+def is_gguf(path: str) -> bool:
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as fh:
+        return fh.read(4) == b"GGUF"
+
+
+def hf_param_name(name: str) -> str:
+    for p in _HF_PREFIXES:
+        if name.startswith(p):
+            return name[len(p):]
+    return name
+
+
+def read_model_config(path: str):
+    """(Architecture, config) of a checkpoint without reading its tensors."""
+    if is_gguf(path):
+        src = GGUFSource(path)
+        arch = by_gguf_arch(src.architecture, path)
+        d = arch.gguf_config(src.metadata)
+        d["tie_word_embeddings"] = "output.weight" not in src.infos()
+        return arch, parse_config(arch.config_cls, d, source=path), src
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: not a GGUF file or an HF checkpoint directory")
+    cfg_path = os.path.join(path, "config.json")
+    d = text_config(read_json(cfg_path))
+    if "model_type" not in d:
+        raise ConfigError(f"{cfg_path}: field 'model_type' is missing")
+    arch = by_hf_model_type(d["model_type"], cfg_path)
+    return arch, parse_config(arch.config_cls, d, source=cfg_path), None
+
+
+def load_model(path: str, device: str | torch.device | None = None, dtype=None, tokenizer: bool = True) -> LoadedModel:
+    """Load a target model (and its tokenizer) strictly from ``path``."""
+    path = os.path.expanduser(str(path))
+    if not os.path.exists(path):
+        raise CheckpointError(f"{path}: no such file or directory")
+    dev = resolve_device(str(device) if isinstance(device, torch.device) else device)
+    dt = resolve_dtype(dtype, dev)
+    arch, cfg, gsrc = read_model_config(path)
+    with torch.device("meta"):
+        model = arch.model_cls(cfg)
+    if gsrc is not None:
+        src = gsrc
+        names = arch.gguf_names(cfg)
+        ignore = set(arch.gguf_ignore)
+        transform = arch.gguf_transform(cfg)
+        fmt = "gguf"
+    else:
+        src = SafetensorsSource(path)
+        infos = src.infos()
+        if arch.hf_names is not None:
+            names = arch.hf_names(cfg, infos)
+        else:
+            names = {n: hf_param_name(n) for n in infos}
+        ignore = {n for n in infos if any(n.startswith(p) for p in arch.hf_ignore_prefixes)}
+        if cfg.tie_word_embeddings and "lm_head.weight" in infos:
+            ignore.add("lm_head.weight")
+        names = {k: v for k, v in names.items() if k not in ignore}
+        transform = arch.hf_transform(cfg)
+        fmt = "hf"
+    load_into(model, src, names, dtype=dt, device=dev, transform=transform, ignore=ignore,
+              desc=f"loading {os.path.basename(path.rstrip('/'))}")
+    if "rope_freqs.weight" in src.infos():
+        model.rotary.freq_factors = src.get("rope_freqs.weight", torch.float32)
+    model.eval()
+    tok = None
+    if tokenizer:
+        if fmt == "gguf":
+            tok = Tokenizer.from_gguf(src.metadata, path)
+        elif os.path.exists(os.path.join(path, "tokenizer.json")):
+            tok = Tokenizer.from_hf_dir(path, cfg.eos_token_id)
+    return LoadedModel(model, tok, arch, path, src, fmt)

@@ -1,0 +1,122 @@
+"""The target-model contract and the forward loop every architecture shares.
+
+``forward(ids, cache, capture=...)`` runs ``T`` new tokens at the cache's next positions,
+appends to the cache and returns logits, the final (post-norm) hidden states, and the outputs
+of the requested decoder layers (DFlash's context features). Architectures supply the layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ..cache import SequenceCache
+from ..config import ModelConfig
+from .layers import RMSNorm, RotaryEmbedding, causal_mask
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """Per-forward metadata handed to every layer (never a module global)."""
+
+    start: int  # position of the first new token
+    length: int  # number of new tokens T
+    cos: torch.Tensor  # [T, rotary_dim]
+    sin: torch.Tensor
+    mask: torch.Tensor | None  # [T, start+T] bool, None when T == 1
+
+
+@dataclass
+class ForwardOut:
+    logits: torch.Tensor | None  # [T, V] fp32 (or [1, V] with logits="last")
+    hidden: torch.Tensor  # [T, H] final hidden state after the final norm
+    captured: torch.Tensor | None  # [T, len(capture) * H], decoder-layer outputs in capture order
+
+
+class CausalLM(nn.Module):
+    """Base class of target models. Subclasses build ``embed_tokens``, ``layers``, ``norm``,
+    ``lm_head`` (or tie it), ``rotary`` and implement :meth:`make_layer_cache`."""
+
+    config: ModelConfig
+    embed_scale: float = 1.0
+    final_logit_softcap: float | None = None
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, self.zero_centered_norms())
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.partial_rotary_factor, config.rope_scaling)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.layers = nn.ModuleList()
+
+    # --- per-architecture hooks -------------------------------------------------
+    @classmethod
+    def zero_centered_norms(cls) -> bool:
+        return False
+
+    def make_layer_cache(self, i: int, max_len: int, dtype: torch.dtype, device):
+        raise NotImplementedError
+
+    # --- the contract -------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def max_context(self) -> int:
+        return int(self.config.max_position_embeddings)
+
+    def new_cache(self, max_len: int | None = None) -> SequenceCache:
+        max_len = min(max_len or self.max_context, self.max_context)
+        return SequenceCache([self.make_layer_cache(i, max_len, self.dtype, self.device) for i in range(len(self.layers))], max_len)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(ids)
+        return x * self.embed_scale if self.embed_scale != 1.0 else x
+
+    def head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden ``[T, H]`` -> fp32 logits ``[T, V]``."""
+        logits = torch.nn.functional.linear(h, self.head_weight()).float()
+        if self.final_logit_softcap:
+            c = self.final_logit_softcap
+            logits = torch.tanh(logits / c) * c
+        return logits
+
+    def step_context(self, start: int, t: int) -> StepContext:
+        pos = torch.arange(start, start + t, device=self.device)
+        cos, sin = self.rotary.cos_sin(pos, self.dtype)
+        return StepContext(start, t, cos, sin, causal_mask(start, t, self.device))
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, cache: SequenceCache, capture: Sequence[int] = (), logits: str = "all") -> ForwardOut:
+        """Run ``ids [T]`` at positions ``cache.length ..``; ``logits`` is "all", "last" or "none"."""
+        ids = ids.to(self.device).reshape(-1)
+        t = ids.shape[0]
+        start = cache.reserve(t)
+        ctx = self.step_context(start, t)
+        x = self.embed(ids)
+        caps = {}
+        want = set(capture)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, ctx, cache.layers[i])
+            if i in want:
+                caps[i] = x
+        h = self.norm(x)
+        out_logits = None
+        if logits == "all":
+            out_logits = self.head(h)
+        elif logits == "last":
+            out_logits = self.head(h[-1:])
+        captured = torch.cat([caps[i] for i in capture], dim=-1) if capture else None
+        return ForwardOut(out_logits, h, captured)

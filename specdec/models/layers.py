@@ -1,0 +1,176 @@
+"""Building blocks shared by the target architectures.
+
+Tensors inside a model are ``[T, ...]`` (one sequence, no batch dimension); attention works on
+``[heads, T, head_dim]``. Norm statistics and softmax run in fp32 whatever the weight dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..cache import KVCache
+from ..errors import ConfigError
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with fp32 statistics. ``zero_centered`` scales by ``1 + w`` (Qwen3.5, Gemma)."""
+
+    def __init__(self, dim: int, eps: float, zero_centered: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.eps = eps
+        self.zero_centered = zero_centered
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        w = self.weight.float()
+        return (y * (1.0 + w if self.zero_centered else w)).to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE in the rotate-half (NeoX / HF) layout on the first ``rotary_dim`` channels.
+
+    Supports plain RoPE, llama3 and linear scaling, and per-frequency divisors read from a
+    checkpoint (llama.cpp's ``rope_freqs``). Interleaved mRoPE reduces to plain RoPE for text,
+    where every position row is the same.
+    """
+
+    def __init__(self, head_dim: int, theta: float, partial_factor: float = 1.0, scaling: dict | None = None):
+        super().__init__()
+        self.rotary_dim = int(head_dim * partial_factor)
+        self.theta = theta
+        self.scaling = dict(scaling or {})
+        self.freq_factors: torch.Tensor | None = None  # set by a loader that found rope_freqs
+        self._inv: dict[torch.device, torch.Tensor] = {}
+
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        inv = self._inv.get(device)
+        if inv is None:
+            d = self.rotary_dim
+            inv = 1.0 / (self.theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+            kind = self.scaling.get("rope_type", "default")
+            if kind == "llama3":
+                inv = _llama3_inv_freq(inv, self.scaling)
+            elif kind == "linear":
+                inv = inv / float(self.scaling["factor"])
+            elif kind not in ("default", None):
+                raise ConfigError(f"rope_type '{kind}' is not supported (supported: default, linear, llama3)")
+            if self.freq_factors is not None:
+                inv = inv / self.freq_factors.float().cpu()
+            inv = inv.to(device)
+            self._inv[device] = inv
+        return inv
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[T]`` positions -> cos, sin ``[T, rotary_dim]``."""
+        freqs = positions.float()[:, None] * self.inv_freq(positions.device)[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _llama3_inv_freq(inv: torch.Tensor, s: dict) -> torch.Tensor:
+    factor = float(s["factor"])
+    low, high = float(s.get("low_freq_factor", 1.0)), float(s.get("high_freq_factor", 4.0))
+    old_ctx = float(s.get("original_max_position_embeddings", 8192))
+    low_wl, high_wl = old_ctx / low, old_ctx / high
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wl, inv / factor, inv)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    mid = (1 - smooth) * scaled / factor + smooth * scaled
+    is_mid = (wavelen >= high_wl) & (wavelen <= low_wl)
+    return torch.where(is_mid, mid, scaled)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x [heads, T, d]``; rotate the first ``cos.shape[-1]`` channels."""
+    r = cos.shape[-1]
+    xr, xp = x[..., :r], x[..., r:]
+    x1, x2 = xr[..., : r // 2], xr[..., r // 2 :]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    out = xr * cos + rotated * sin
+    return torch.cat([out, xp], dim=-1) if xp.shape[-1] else out
+
+
+def causal_mask(start: int, t: int, device) -> torch.Tensor | None:
+    """Boolean ``[t, start + t]`` mask: query i (at position start+i) sees keys 0..start+i."""
+    if t == 1:
+        return None
+    q = torch.arange(start, start + t, device=device)[:, None]
+    k = torch.arange(start + t, device=device)[None, :]
+    return k <= q
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Scaled dot-product attention with GQA: q ``[H, T, d]``, k/v ``[Hkv, S, d]`` -> ``[H, T, dv]``."""
+    groups = q.shape[0] // k.shape[0]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=0)
+        v = v.repeat_interleave(groups, dim=0)
+    return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale)[0]
+
+
+class Attention(nn.Module):
+    """Multi-head attention with GQA, optional per-head q/k norm and optional output gate.
+
+    ``gated``: ``q_proj`` emits, per head, the query followed by a gate of the same width;
+    the attention output is multiplied by ``sigmoid(gate)`` before ``o_proj`` (Qwen3.5).
+    """
+
+    def __init__(self, hidden: int, n_heads: int, n_kv: int, head_dim: int, *, bias: bool = False,
+                 qk_norm_eps: float | None = None, zero_centered_qk: bool = False, gated: bool = False):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim, self.gated = n_heads, n_kv, head_dim, gated
+        self.q_proj = nn.Linear(hidden, n_heads * head_dim * (2 if gated else 1), bias=bias)
+        self.k_proj = nn.Linear(hidden, n_kv * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, n_kv * head_dim, bias=bias)
+        self.o_proj = nn.Linear(n_heads * head_dim, hidden, bias=bias)
+        if qk_norm_eps is not None:
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps, zero_centered_qk)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps, zero_centered_qk)
+        else:
+            self.q_norm = self.k_norm = None
+        self.scale = head_dim ** -0.5
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """``x [T, hidden]`` -> q ``[H, T, d]``, k, v ``[Hkv, T, d]``, gate ``[T, H*d]`` or None."""
+        t = x.shape[0]
+        q = self.q_proj(x)
+        gate = None
+        if self.gated:
+            q = q.view(t, self.n_heads, 2 * self.head_dim)
+            q, gate = q[..., : self.head_dim], q[..., self.head_dim :].reshape(t, -1)
+        q = q.reshape(t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(t, self.n_kv, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, gate
+
+    def output(self, o: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        """``o [H, T, d]`` -> ``[T, hidden]``."""
+        o = o.transpose(0, 1).reshape(o.shape[1], -1)
+        if gate is not None:
+            o = o * torch.sigmoid(gate)
+        return self.o_proj(o)
+
+    def forward(self, x: torch.Tensor, cos, sin, cache: KVCache, start: int, mask: torch.Tensor | None) -> torch.Tensor:
+        q, k, v, gate = self.project(x, cos, sin)
+        k_all, v_all = cache.update(start, k, v)
+        return self.output(attend(q, k_all, v_all, mask, self.scale), gate)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden: int, inter: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
+        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

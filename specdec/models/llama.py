@@ -1,0 +1,99 @@
+"""Llama-family (Llama 3, SmolLM2) and Qwen3 dense targets.
+
+Qwen3 is Llama plus a per-head RMSNorm on queries and keys, so both share one decoder layer.
+GGUF files of the ``llama`` architecture store q/k rows permuted for llama.cpp's interleaved
+RoPE; :func:`unpermute_qk` undoes it. ``qwen3`` GGUFs are not permuted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..cache import KVCache
+from ..config import ModelConfig
+from .base import CausalLM, StepContext
+from .gguf_names import dense_block_names, gguf_meta
+from .layers import Attention, RMSNorm, SwiGLU
+from .registry import Architecture, register
+
+
+@dataclass
+class LlamaConfig(ModelConfig):
+    pass
+
+
+@dataclass
+class Qwen3Config(ModelConfig):
+    pass
+
+
+class DenseDecoderLayer(nn.Module):
+    def __init__(self, c: ModelConfig, qk_norm: bool):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                                   bias=c.attention_bias, qk_norm_eps=c.rms_norm_eps if qk_norm else None)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, c.mlp_bias)
+
+    def forward(self, x: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(CausalLM):
+    qk_norm = False
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        self.layers = nn.ModuleList(DenseDecoderLayer(config, self.qk_norm) for _ in range(config.num_hidden_layers))
+
+    def make_layer_cache(self, i, max_len, dtype, device):
+        c = self.config
+        return KVCache(c.num_key_value_heads, c.head_dim, max_len, dtype, device)
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    qk_norm = True
+
+
+def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Invert llama.cpp's ``permute`` of q/k projection rows (per head: interleaved -> halves)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _gguf_config(meta: dict, arch: str) -> dict:
+    g = gguf_meta(meta, arch)
+    return g
+
+
+def _llama_gguf_transform(config: ModelConfig):
+    def fix(name: str, t: torch.Tensor) -> torch.Tensor:
+        if name.endswith("self_attn.q_proj.weight"):
+            return unpermute_qk(t, config.num_attention_heads)
+        if name.endswith("self_attn.k_proj.weight"):
+            return unpermute_qk(t, config.num_key_value_heads)
+        return t
+    return fix
+
+
+def _dense_gguf_names(config: ModelConfig) -> dict[str, str]:
+    names = {"token_embd.weight": "embed_tokens.weight", "output_norm.weight": "norm.weight", "output.weight": "lm_head.weight"}
+    for i in range(config.num_hidden_layers):
+        names.update(dense_block_names(i, f"layers.{i}"))
+    return names
+
+
+register(Architecture(
+    name="llama", hf_model_types=("llama",), gguf_archs=("llama",), config_cls=LlamaConfig,
+    model_cls=LlamaForCausalLM, gguf_config=lambda m: _gguf_config(m, "llama"), gguf_names=_dense_gguf_names,
+    gguf_transform=_llama_gguf_transform, gguf_ignore=("rope_freqs.weight",),
+))
+register(Architecture(
+    name="qwen3", hf_model_types=("qwen3",), gguf_archs=("qwen3",), config_cls=Qwen3Config,
+    model_cls=Qwen3ForCausalLM, gguf_config=lambda m: _gguf_config(m, "qwen3"), gguf_names=_dense_gguf_names,
+))

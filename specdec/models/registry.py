@@ -1,0 +1,76 @@
+"""Architecture registry keyed by HF ``model_type`` and GGUF ``general.architecture``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import ConfigError
+
+
+def _no_transform(config):
+    return None
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """How to build, name and convert one model family.
+
+    ``hf_names(config, checkpoint_names)`` maps HF checkpoint tensor names to parameter names
+    (default: strip the ``model.`` / ``model.language_model.`` prefix); ``gguf_names(config)``
+    maps llama.cpp names; ``*_transform(config)`` returns a per-tensor fix-up or None.
+    """
+
+    name: str
+    hf_model_types: tuple[str, ...]
+    gguf_archs: tuple[str, ...]
+    config_cls: type
+    model_cls: type
+    gguf_config: Callable[[dict], dict]
+    gguf_names: Callable[..., dict]
+    hf_names: Callable[..., dict] | None = None
+    hf_transform: Callable = _no_transform
+    gguf_transform: Callable = _no_transform
+    gguf_ignore: tuple[str, ...] = ()
+    hf_ignore_prefixes: tuple[str, ...] = ()
+    drafters: tuple[str, ...] = field(default=("ngram", "dflash"))
+
+
+_BY_HF: dict[str, Architecture] = {}
+_BY_GGUF: dict[str, Architecture] = {}
+
+
+def register(arch: Architecture) -> None:
+    for t in arch.hf_model_types:
+        _BY_HF[t] = arch
+    for t in arch.gguf_archs:
+        _BY_GGUF[t] = arch
+
+
+def _load_all() -> None:
+    # Importing the modules runs their register() calls.
+    from . import llama  # noqa: F401
+    try:
+        from . import qwen35  # noqa: F401
+    except ImportError as e:  # pragma: no cover - only while qwen35 is absent
+        if "qwen35" not in str(e):
+            raise
+
+
+def supported() -> tuple[list[str], list[str]]:
+    _load_all()
+    return sorted(_BY_HF), sorted(_BY_GGUF)
+
+
+def by_hf_model_type(model_type: str, source: str) -> Architecture:
+    _load_all()
+    if model_type not in _BY_HF:
+        raise ConfigError(f"{source}: model_type '{model_type}' is not supported; supported: {', '.join(sorted(_BY_HF))}")
+    return _BY_HF[model_type]
+
+
+def by_gguf_arch(arch: str, source: str) -> Architecture:
+    _load_all()
+    if arch not in _BY_GGUF:
+        raise ConfigError(f"{source}: GGUF architecture '{arch}' is not supported; supported: {', '.join(sorted(_BY_GGUF))}")
+    return _BY_GGUF[arch]

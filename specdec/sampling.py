@@ -1,0 +1,57 @@
+"""Sampling parameters and the target distribution they define.
+
+Speculative sampling is lossless with respect to *this* distribution: temperature, then top-k,
+then top-p (nucleus), then softmax, all in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import RequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise RequestError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise RequestError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise RequestError(f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probs_from_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """``[..., V]`` logits -> fp32 probabilities of the filtered, tempered distribution."""
+    x = logits.float() / max(p.temperature, 1e-6)
+    if p.top_k and p.top_k < x.shape[-1]:
+        kth = torch.topk(x, p.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if p.top_p < 1.0:
+        srt, idx = torch.sort(x, dim=-1, descending=True)
+        cum = torch.softmax(srt, dim=-1).cumsum(-1)
+        # drop a token when the mass before it already reaches top_p (the top token always stays)
+        drop = (cum - torch.softmax(srt, dim=-1)) >= p.top_p
+        srt = srt.masked_fill(drop, float("-inf"))
+        x = torch.full_like(x, float("-inf")).scatter(-1, idx, srt)
+    return torch.softmax(x, dim=-1)
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
+    return g

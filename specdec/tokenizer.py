@@ -1,0 +1,150 @@
+"""Tokenizers from HF directories (``tokenizer.json``) and from GGUF metadata, plus chat templates.
+
+GGUF BPE vocabularies are rebuilt as a ``tokenizers`` BPE model with llama.cpp's pre-tokenizer
+regexes for the file's ``tokenizer.ggml.pre`` type, so ids match llama.cpp's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+
+from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+
+from .errors import CheckpointError
+
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN35 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+           r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# llama.cpp's regex sequences per tokenizer.ggml.pre (applied one after the other)
+PRE_REGEXES = {
+    "default": [_GPT2],
+    "gpt2": [_GPT2],
+    "smollm": [r"\p{N}", _GPT2],
+    "starcoder": [r"\p{N}", _GPT2],
+    "refact": [r"\p{N}", _GPT2],
+    "llama-bpe": [_LLAMA3],
+    "llama3": [_LLAMA3],
+    "qwen2": [_QWEN2],
+    "qwen35": [_QWEN35],
+}
+# token types in tokenizer.ggml.token_type
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+class Tokenizer:
+    """Text <-> ids, special tokens and the chat template of one model."""
+
+    def __init__(self, tok: HFTokenizer, *, bos_id: int | None, eos_ids: list[int], add_bos: bool,
+                 chat_template: str | None, source: str):
+        self.tok = tok
+        self.bos_id = bos_id
+        self.eos_ids = list(eos_ids)
+        self.add_bos = add_bos
+        self.chat_template = chat_template
+        self.source = source
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special: bool = True) -> list[int]:
+        ids = self.tok.encode(text, add_special_tokens=False).ids
+        if add_special and self.add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id] + ids
+        return ids
+
+    def decode(self, ids, skip_special: bool = False) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=skip_special)
+
+    def id_to_token(self, i: int) -> str | None:
+        return self.tok.id_to_token(i)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Render ``messages`` with the model's Jinja chat template (as transformers does)."""
+        if not self.chat_template:
+            raise CheckpointError(f"{self.source}: the model has no chat template; pass a plain prompt instead of --chat")
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(msg):
+            raise TemplateError(msg)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        bos = self.id_to_token(self.bos_id) if self.bos_id is not None else ""
+        eos = self.id_to_token(self.eos_ids[0]) if self.eos_ids else ""
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos)
+
+    # --- constructors -------------------------------------------------------------
+    @classmethod
+    def from_hf_dir(cls, path: str, eos_ids: list[int] | None = None) -> "Tokenizer":
+        tj = os.path.join(path, "tokenizer.json")
+        if not os.path.exists(tj):
+            raise CheckpointError(f"{path}: no tokenizer.json (specdec reads fast-tokenizer files only)")
+        try:
+            tok = HFTokenizer.from_file(tj)
+        except Exception as e:  # tokenizers raises plain Exception subclasses
+            raise CheckpointError(f"{tj}: cannot parse tokenizer ({e})") from e
+        cfg = {}
+        tc = os.path.join(path, "tokenizer_config.json")
+        if os.path.exists(tc):
+            with open(tc, encoding="utf-8") as fh:
+                cfg = json.load(fh)
+        template = cfg.get("chat_template")
+        jt = os.path.join(path, "chat_template.jinja")
+        if os.path.exists(jt):
+            with open(jt, encoding="utf-8") as fh:
+                template = fh.read()
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
+
+        def tok_id(v):
+            if isinstance(v, dict):
+                v = v.get("content")
+            return tok.token_to_id(v) if isinstance(v, str) else None
+
+        bos = tok_id(cfg.get("bos_token"))
+        eos = list(eos_ids or [])
+        e = tok_id(cfg.get("eos_token"))
+        if e is not None and e not in eos:
+            eos.append(e)
+        # tokenizer.json's post-processor adds BOS itself when the model wants it
+        return cls(tok, bos_id=bos, eos_ids=eos, add_bos=bool(cfg.get("add_bos_token", False)),
+                   chat_template=template, source=path)
+
+    @classmethod
+    def from_gguf(cls, meta: dict, source: str) -> "Tokenizer":
+        kind = meta.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise CheckpointError(f"{source}: GGUF tokenizer model '{kind}' is not supported (supported: gpt2 BPE)")
+        tokens = list(meta["tokenizer.ggml.tokens"])
+        types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+        merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+        vocab = {t: i for i, t in enumerate(tokens)}
+        tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
+        pre = meta.get("tokenizer.ggml.pre", "default")
+        if pre not in PRE_REGEXES:
+            raise CheckpointError(f"{source}: GGUF pre-tokenizer '{pre}' is not supported (supported: {', '.join(sorted(PRE_REGEXES))})")
+        splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_REGEXES[pre]]
+        tok.pre_tokenizer = pre_tokenizers.Sequence(splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.decoder = decoders.ByteLevel()
+        special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty in (_CONTROL, _USER_DEFINED)]
+        tok.add_special_tokens(special)
+        eos = meta.get("tokenizer.ggml.eos_token_id")
+        eos_ids = [int(eos)] if eos is not None else []
+        eot = meta.get("tokenizer.ggml.eot_token_id")
+        if eot is not None and int(eot) not in eos_ids:
+            eos_ids.append(int(eot))
+        bos = meta.get("tokenizer.ggml.bos_token_id")
+        return cls(tok, bos_id=None if bos is None else int(bos), eos_ids=eos_ids,
+                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                   chat_template=meta.get("tokenizer.chat_template"), source=source)

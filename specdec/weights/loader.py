@@ -1,0 +1,77 @@
+"""Strict loading of a checkpoint into a module built on the meta device.
+
+Missing, unexpected, mis-shaped and non-float tensors are errors naming the tensor and file.
+Tensors are converted explicitly to the run dtype (norm statistics are computed in fp32 by the
+layers themselves, so weights of one dtype suffice).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..errors import CheckpointError
+from .source import TensorSource
+
+# hf_name, tensor -> tensor: per-architecture fix-ups (q/k un-permute, norm shifts ...)
+Transform = Callable[[str, torch.Tensor], torch.Tensor]
+
+
+def load_into(
+    module: nn.Module,
+    source: TensorSource,
+    names: dict[str, str],
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    transform: Transform | None = None,
+    ignore: Iterable[str] = (),
+    optional: Iterable[str] = (),
+    desc: str = "loading",
+) -> None:
+    """Load ``source`` into ``module`` strictly.
+
+    ``names`` maps every checkpoint tensor name the architecture knows to the module's
+    parameter name. Checkpoint tensors not in ``names`` and not matched by ``ignore`` (exact
+    names) are an error, as are parameters no tensor fills, except those in ``optional``.
+    """
+    infos = source.infos()
+    ignore = set(ignore)
+    optional = set(optional)
+    expected = dict(module.state_dict(keep_vars=True))
+    unexpected = sorted(n for n in infos if n not in names and n not in ignore)
+    if unexpected:
+        raise CheckpointError(
+            f"{source.path}: unexpected tensor(s) {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
+        )
+    filled = {names[n]: n for n in infos if n in names}
+    missing = sorted(p for p in expected if p not in filled and p not in optional)
+    if missing:
+        raise CheckpointError(
+            f"{source.path}: missing tensor(s) for {missing[:8]}{' ...' if len(missing) > 8 else ''}"
+        )
+    for pname, cname in filled.items():
+        if pname not in expected:
+            raise CheckpointError(f"{source.path}: tensor '{cname}' maps to unknown parameter '{pname}'")
+        info = infos[cname]
+        want = tuple(expected[pname].shape)
+        if not info.is_float:
+            raise CheckpointError(f"{info.file}: tensor '{cname}' has dtype {info.dtype}; a float type is required")
+        if info.shape != want:
+            raise CheckpointError(f"{info.file}: tensor '{cname}' has shape {list(info.shape)}, expected {list(want)}")
+    device = torch.device(device)
+    state: dict[str, torch.Tensor] = {}
+    show = len(filled) > 20  # a bar on a terminal (tqdm hides it elsewhere) for real models
+    for pname, cname in tqdm(sorted(filled.items()), desc=desc, unit="tensor", disable=True if not show else None, leave=False):
+        t = source.get(cname, torch.float32)
+        if transform is not None:
+            t = transform(pname, t)
+        state[pname] = t.to(device=device, dtype=dtype)
+    # Buffers that are not in checkpoints (rope tables, ...) are materialised by the module.
+    module.load_state_dict(state, strict=False, assign=True)
+    still_meta = [n for n, p in module.state_dict().items() if p.is_meta and n not in optional]
+    if still_meta:
+        raise CheckpointError(f"{source.path}: parameters left unloaded: {still_meta[:8]}")

@@ -1,0 +1,123 @@
+"""Reading HF safetensors checkpoints (single file or sharded with an index).
+
+The header is parsed and checked here (offsets inside the file, no overlap, sizes that match
+shape x dtype) so a truncated or corrupt file is a clear :class:`CheckpointError` naming the
+file, not a failure deep inside a later read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import torch
+from safetensors import safe_open
+
+from ..errors import CheckpointError
+from .source import TensorInfo
+
+_ST_DTYPES = {
+    "F64": (torch.float64, 8, True),
+    "F32": (torch.float32, 4, True),
+    "F16": (torch.float16, 2, True),
+    "BF16": (torch.bfloat16, 2, True),
+    "I64": (torch.int64, 8, False),
+    "I32": (torch.int32, 4, False),
+    "I16": (torch.int16, 2, False),
+    "I8": (torch.int8, 1, False),
+    "U8": (torch.uint8, 1, False),
+    "BOOL": (torch.bool, 1, False),
+}
+
+
+def read_header(path: str) -> dict[str, TensorInfo]:
+    """Parse and validate one safetensors file's header."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{path}: truncated safetensors file (no header length)")
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                raise CheckpointError(f"{path}: truncated or corrupt safetensors file (header of {n} bytes, file of {size})")
+            raw = fh.read(n)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e})") from e
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from e
+    data_size = size - 8 - n
+    out: dict[str, TensorInfo] = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (start, end) = meta["dtype"], tuple(int(s) for s in meta["shape"]), meta["data_offsets"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{path}: corrupt header entry for tensor '{name}'") from e
+        if dtype not in _ST_DTYPES:
+            raise CheckpointError(f"{path}: tensor '{name}' has unsupported dtype {dtype}")
+        numel = 1
+        for s in shape:
+            numel *= s
+        if end - start != numel * _ST_DTYPES[dtype][1] or start < 0:
+            raise CheckpointError(f"{path}: tensor '{name}' byte range does not match shape {list(shape)} x {dtype}")
+        if end > data_size:
+            raise CheckpointError(
+                f"{path}: truncated file: tensor '{name}' ends at byte {end} of a data section of {data_size}"
+            )
+        out[name] = TensorInfo(name, shape, dtype, _ST_DTYPES[dtype][2], path)
+    return out
+
+
+class SafetensorsSource:
+    """All tensors of an HF checkpoint directory or a single ``.safetensors`` file."""
+
+    def __init__(self, path: str):
+        self.path = path
+        if os.path.isdir(path):
+            index = os.path.join(path, "model.safetensors.index.json")
+            single = os.path.join(path, "model.safetensors")
+            if os.path.exists(index):
+                try:
+                    with open(index, encoding="utf-8") as fh:
+                        weight_map = json.load(fh)["weight_map"]
+                except (OSError, json.JSONDecodeError, KeyError) as e:
+                    raise CheckpointError(f"{index}: unreadable shard index ({e})") from e
+                files = sorted({os.path.join(path, f) for f in weight_map.values()})
+            elif os.path.exists(single):
+                files = [single]
+            else:
+                found = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+                if not found:
+                    raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json")
+                files = [os.path.join(path, f) for f in found]
+        else:
+            files = [path]
+        self._infos: dict[str, TensorInfo] = {}
+        for f in files:
+            if not os.path.exists(f):
+                raise CheckpointError(f"{f}: shard named by the index is missing")
+            for name, info in read_header(f).items():
+                if name in self._infos:
+                    raise CheckpointError(f"{f}: tensor '{name}' also appears in {self._infos[name].file}")
+                self._infos[name] = info
+        self._handles: dict[str, object] = {}
+
+    def infos(self) -> dict[str, TensorInfo]:
+        return self._infos
+
+    def get(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        info = self._infos[name]
+        h = self._handles.get(info.file)
+        if h is None:
+            try:
+                h = safe_open(info.file, framework="pt")
+            except Exception as e:  # safetensors raises its own error types
+                raise CheckpointError(f"{info.file}: cannot open ({e})") from e
+            self._handles[info.file] = h
+        t = h.get_tensor(name)  # type: ignore[attr-defined]
+        return t.to(dtype)
