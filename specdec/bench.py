@@ -1,0 +1,173 @@
+"""``specdec bench``: drafters side by side on the same prompts, in one process.
+
+Every configuration runs on every prompt, interleaved prompt by prompt so that machine noise
+hits them alike. With greedy decoding each configuration's output is also compared token for
+token with the no-drafter baseline: a mismatch is reported (it would be a correctness bug, or
+floating-point non-associativity between the 1-token and (k+1)-token forwards in low precision).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from .drafters.factory import make_drafter
+from .engine import SpeculativeGenerator
+from .errors import ConfigError
+from .loading import load_model
+from .sampling import SamplingParams
+
+DATASETS = ("gsm8k", "humaneval", "mt_bench")
+
+
+def find_data_dir(explicit: str | None = None) -> str:
+    cands = [explicit, os.environ.get("SPECDEC_BENCH_DATA"), "bench-data", os.path.join("..", "shared", "bench-data"),
+             os.path.join(os.path.dirname(__file__), "..", "..", "shared", "bench-data")]
+    for c in cands:
+        if c and os.path.isdir(c):
+            return c
+    raise ConfigError("bench data not found: pass --data-dir or set SPECDEC_BENCH_DATA (the folder with gsm8k_test.jsonl ...)")
+
+
+def load_prompts(dataset: str, n: int, data_dir: str | None = None) -> list[list[str]]:
+    """Up to ``n`` prompts as lists of user turns (one turn except MT-Bench), in the DFlash benchmark's formats."""
+    if dataset not in DATASETS and not os.path.isfile(dataset):
+        raise ConfigError(f"dataset '{dataset}': expected one of {', '.join(DATASETS)} or a .jsonl file with 'prompt' or 'turns'")
+    path = dataset if os.path.isfile(dataset) else os.path.join(find_data_dir(data_dir), {
+        "gsm8k": "gsm8k_test.jsonl", "humaneval": "humaneval.jsonl", "mt_bench": "mt_bench.jsonl"}[dataset])
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if len(out) >= n:
+                break
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            if dataset == "gsm8k":
+                out.append([f"{r['question']}\nPlease reason step by step, and put your final answer within \\boxed{{}}."])
+            elif dataset == "humaneval":
+                out.append([f"Write a solution to the following problem and make sure that it passes the tests:\n```python\n{r['prompt']}\n```"])
+            elif "turns" in r:
+                out.append(list(r["turns"]))
+            elif "prompt" in r:
+                out.append([r["prompt"]])
+            else:
+                raise ConfigError(f"{path}: record without 'turns' or 'prompt'")
+    return out
+
+
+@dataclass
+class ConfigResult:
+    draft: str
+    new_tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
+    accepted: int = 0
+    drafted: int = 0
+    mismatches: int = 0
+    outputs: list[list[int]] = field(default_factory=list, repr=False)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tau(self) -> float:
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max_new_tokens: int, *,
+              num_draft_tokens: int = 4, block_size: int | None = None, temperature: float = 0.0,
+              device=None, dtype=None, data_dir: str | None = None, chat: bool = True, seed: int = 0) -> dict:
+    loaded = load_model(model, device, dtype)
+    tgt, tok = loaded.model, loaded.tokenizer
+    if tok is None:
+        raise ConfigError(f"{model}: bench needs a tokenizer")
+    gens = {}
+    for spec in drafts:
+        d = make_drafter(spec, loaded, block_size=block_size)
+        k = num_draft_tokens
+        if d is not None and getattr(d, "block_size", None):
+            k = d.block_size - 1
+        gens[spec] = SpeculativeGenerator(tgt, d, k)
+    results = {spec: ConfigResult(spec) for spec in drafts}
+    prompts = load_prompts(dataset, num_prompts, data_dir)
+    params = SamplingParams(temperature=temperature, seed=seed)
+    # warm-up (allocator, kernels) on a short prompt, not timed
+    warm = tok.encode("Hello")
+    for g in gens.values():
+        g.generate(warm, 8, params, eos_ids=tok.eos_ids)
+    dev = tgt.device
+    for turns in tqdm(prompts, desc="bench", unit="prompt"):
+        for spec, g in gens.items():
+            r = results[spec]
+            messages: list[dict] = []
+            outs: list[int] = []
+            for turn in turns:
+                messages.append({"role": "user", "content": turn})
+                text = tok.apply_chat_template(messages) if chat else turn
+                ids = tok.encode(text, add_special=not chat)
+                _sync(dev)
+                t0 = time.perf_counter()
+                res = g.generate(ids, max_new_tokens, params, eos_ids=tok.eos_ids)
+                _sync(dev)
+                r.seconds += time.perf_counter() - t0
+                r.new_tokens += res.stats.new_tokens
+                r.steps += res.stats.steps
+                r.accepted += sum(res.stats.accepted)
+                r.drafted += res.stats.drafted
+                outs.extend(res.token_ids)
+                messages.append({"role": "assistant", "content": tok.decode([t for t in res.token_ids if t not in tok.eos_ids])})
+            r.outputs.append(outs)
+    base = results.get("none")
+    rows = []
+    for spec, r in results.items():
+        if base is not None and spec != "none" and temperature == 0:
+            r.mismatches = sum(a != b for a, b in zip(r.outputs, base.outputs))
+        rows.append({
+            "draft": spec, "new_tokens": r.new_tokens, "seconds": round(r.seconds, 3),
+            "tokens_per_s": round(r.tokens_per_s, 2), "tau": round(r.tau, 3),
+            "acceptance_rate": round(r.accepted / r.drafted, 4) if r.drafted else 0.0,
+            "speedup_vs_none": round(r.tokens_per_s / base.tokens_per_s, 3) if base and base.tokens_per_s else None,
+            "outputs_differing_from_none": r.mismatches if base is not None and temperature == 0 else None,
+        })
+    return {"machine": machine_description(dev), "commit": git_commit(), "model": model, "dataset": dataset,
+            "num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "temperature": temperature,
+            "dtype": str(tgt.dtype).replace("torch.", ""), "device": str(dev), "rows": rows}
+
+
+def machine_description(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}"
+    return f"{platform.processor() or platform.machine()} CPU x{os.cpu_count()}, torch {torch.__version__}"
+
+
+def git_commit() -> str:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                              timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def format_table(report: dict) -> str:
+    head = (f"machine: {report['machine']} | commit {report['commit']} | {report['dataset']} x{report['num_prompts']}"
+            f" | max_new_tokens {report['max_new_tokens']} | T={report['temperature']} | {report['dtype']} on {report['device']}\n")
+    cols = ["draft", "tokens_per_s", "speedup_vs_none", "tau", "acceptance_rate", "new_tokens", "seconds", "outputs_differing_from_none"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in report["rows"]:
+        lines.append("| " + " | ".join("" if r[c] is None else str(r[c]) for c in cols) + " |")
+    return head + "\n".join(lines)

