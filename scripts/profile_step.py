@@ -37,7 +37,22 @@ def main() -> None:
             out.logits.argmax(-1).tolist()
         sync()
         dt = (time.perf_counter() - t0) / a.steps
-        print(f"T={t:2d}: {dt * 1e3:7.2f} ms/forward  ({t / dt:8.1f} positions/s)  {m.dtype} on {dev}")
+        line = f"T={t:2d}: eager {dt * 1e3:7.2f} ms/forward"
+        if dev.type == "cuda":
+            from specdec.models.graphs import GraphedTarget
+            cache = m.new_cache(1024 + (a.steps + 3) * t)
+            m(prompt, cache, logits="last")
+            g = GraphedTarget(m, cache)
+            for _ in range(3):
+                g(ids)
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(a.steps):
+                g(ids).logits.argmax(-1).tolist()
+            sync()
+            dg = (time.perf_counter() - t0) / a.steps
+            line += f" | CUDA graph {dg * 1e3:7.2f} ms/forward ({dt / dg:.1f}x)"
+        print(line + f"  [{m.dtype} on {dev}]")
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])

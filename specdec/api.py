@@ -62,18 +62,22 @@ class LLM:
     ``model``: path to an HF checkpoint directory or a ``.gguf`` file (None: the embedded
     default). ``draft``: ``None``/``"none"``, ``"ngram"``, ``"mtp"``, ``"dflash:PATH"`` or a
     drafter object. ``device``: ``"cpu"``, ``"cuda"`` or None (CUDA when present). ``dtype``:
-    ``"float32"``, ``"bfloat16"`` or None (bf16 on CUDA, fp32 on CPU).
+    ``"float32"``, ``"bfloat16"`` or None (bf16 on CUDA, fp32 on CPU). ``num_draft_tokens``:
+    drafts per step for n-gram/MTP; a block drafter (DFlash) drafts ``block_size - 1`` per step,
+    where ``block_size`` (default: the checkpoint's) may lower its trained block size.
+    ``cuda_graphs``: replay decode/verify steps as CUDA graphs where the target allows it
+    (CUDA and KV-cache-only models); output is the same either way.
     """
 
     def __init__(self, model: str | None = None, draft=None, device: str | None = None, dtype=None,
-                 num_draft_tokens: int = 4, block_size: int | None = None):
+                 num_draft_tokens: int = 4, block_size: int | None = None, cuda_graphs: bool = True):
         self.loaded = load_model(model or default_model_path(), device, dtype)
         self.tokenizer = self.loaded.tokenizer
         self.drafter = make_drafter(draft, self.loaded, block_size=block_size)
         k = num_draft_tokens
-        if self.drafter is not None and getattr(self.drafter, "block_size", None) and block_size is None:
-            k = self.drafter.block_size - 1  # a block drafter drafts its whole block by default
-        self.engine = SpeculativeGenerator(self.loaded.model, self.drafter, k)
+        if self.drafter is not None and getattr(self.drafter, "block_size", None):
+            k = self.drafter.block_size - 1  # a block drafter drafts its whole (possibly lowered) block
+        self.engine = SpeculativeGenerator(self.loaded.model, self.drafter, k, cuda_graphs=cuda_graphs)
 
     @property
     def model(self):
@@ -95,7 +99,7 @@ class LLM:
 
     def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, seed: int | None = None, stop: list[str] | str | None = None, *,
-                 chat: bool = False, trace: bool = False) -> GenerationResult:
+                 chat: bool = False, trace: bool = False, on_tokens=None) -> GenerationResult:
         """Generate from a string, a list of chat messages, or token ids.
 
         Returns a :class:`GenerationResult` with ``text``, ``token_ids``, ``finish_reason`` and
@@ -108,4 +112,5 @@ class LLM:
         tok = self.tokenizer
         eos = tok.eos_ids if tok is not None else list(self.model.config.eos_token_id)
         decode = (lambda t: tok.decode(t)) if tok is not None else None
-        return self.engine.generate(ids, max_new_tokens, params, eos_ids=eos, stop=stop, decode=decode, trace=trace)
+        return self.engine.generate(ids, max_new_tokens, params, eos_ids=eos, stop=stop, decode=decode, trace=trace,
+                                    on_tokens=on_tokens)

@@ -90,7 +90,8 @@ def _sync(device: torch.device) -> None:
 
 def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max_new_tokens: int, *,
               num_draft_tokens: int = 4, block_size: int | None = None, temperature: float = 0.0,
-              device=None, dtype=None, data_dir: str | None = None, chat: bool = True, seed: int = 0) -> dict:
+              device=None, dtype=None, data_dir: str | None = None, chat: bool = True, seed: int = 0,
+              cuda_graphs: bool = True) -> dict:
     loaded = load_model(model, device, dtype)
     tgt, tok = loaded.model, loaded.tokenizer
     if tok is None:
@@ -101,7 +102,7 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
         k = num_draft_tokens
         if d is not None and getattr(d, "block_size", None):
             k = d.block_size - 1
-        gens[spec] = SpeculativeGenerator(tgt, d, k)
+        gens[spec] = SpeculativeGenerator(tgt, d, k, cuda_graphs=cuda_graphs)
     results = {spec: ConfigResult(spec) for spec in drafts}
     prompts = load_prompts(dataset, num_prompts, data_dir)
     params = SamplingParams(temperature=temperature, seed=seed)
@@ -145,7 +146,7 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
         })
     return {"machine": machine_description(dev), "commit": git_commit(), "model": model, "dataset": dataset,
             "num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "temperature": temperature,
-            "dtype": str(tgt.dtype).replace("torch.", ""), "device": str(dev), "rows": rows}
+            "dtype": str(tgt.dtype).replace("torch.", ""), "device": str(dev), "cuda_graphs": cuda_graphs, "rows": rows}
 
 
 def machine_description(dev: torch.device) -> str:

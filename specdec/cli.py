@@ -18,6 +18,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafts per step for mtp/ngram (default 4)")
     p.add_argument("--block-size", type=int, default=None, help="DFlash block size (default: the checkpoint's); "
                    "drafts per step = block size - 1")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="run decode/verify steps eagerly instead of "
+                   "replaying CUDA graphs (graphs are used on CUDA for KV-cache-only targets)")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -87,7 +89,8 @@ def _read_prompt(args) -> str:
 def _make_llm(args):
     from .api import LLM
     return LLM(args.model, draft=args.draft, device=args.device, dtype=args.dtype,
-               num_draft_tokens=args.num_draft_tokens, block_size=args.block_size)
+               num_draft_tokens=args.num_draft_tokens, block_size=args.block_size,
+               cuda_graphs=not args.no_cuda_graphs)
 
 
 class _Streamer:
@@ -168,7 +171,8 @@ def cmd_bench(args) -> int:
         drafts = ["none"] + drafts
     report = run_bench(args.model or default_model_path(), drafts, args.dataset, args.num_prompts, args.max_new_tokens,
                        num_draft_tokens=args.num_draft_tokens, block_size=args.block_size, temperature=args.temperature,
-                       device=args.device, dtype=args.dtype, data_dir=args.data_dir, chat=not args.no_chat)
+                       device=args.device, dtype=args.dtype, data_dir=args.data_dir, chat=not args.no_chat,
+                       cuda_graphs=not args.no_cuda_graphs)
     print(format_table(report))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

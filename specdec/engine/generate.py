@@ -15,6 +15,7 @@ import torch
 from ..drafters.base import Drafter, Proposal, slice_out
 from ..errors import ContextOverflowError, RequestError
 from ..models.base import CausalLM
+from ..models.graphs import GraphedTarget, graphable
 from ..sampling import SamplingParams, make_generator, probs_from_logits
 from .acceptance import accept_greedy, accept_sampled
 
@@ -96,15 +97,42 @@ class _Stopper:
 class SpeculativeGenerator:
     """Runs the loop for a target and an optional drafter (``num_draft_tokens`` per step)."""
 
-    def __init__(self, target: CausalLM, drafter: Drafter | None = None, num_draft_tokens: int = 4):
+    def __init__(self, target: CausalLM, drafter: Drafter | None = None, num_draft_tokens: int = 4,
+                 cuda_graphs: bool = True):
         if num_draft_tokens < 0:
             raise RequestError(f"num_draft_tokens must be >= 0, got {num_draft_tokens}")
         self.target = target
         self.drafter = drafter
         self.k = num_draft_tokens if drafter is not None else 0
+        self.cuda_graphs = cuda_graphs
+        self._graphed: GraphedTarget | None = None
+
+    def _cache_for(self, need: int, capture: tuple[int, ...]):
+        """A fresh cache, or on CUDA a reused one whose decode/verify steps replay CUDA graphs."""
+        tgt = self.target
+        if not (self.cuda_graphs and tgt.device.type == "cuda"):
+            return tgt.new_cache(min(tgt.max_context, need)), None
+        g = self._graphed
+        if g is not None and g.cache.max_len >= need and g.capture == capture:
+            g.cache.rollback(0)
+            return g.cache, g
+        size = min(tgt.max_context, max(1024, 1 << (need - 1).bit_length()))
+        cache = tgt.new_cache(size)
+        if not graphable(tgt, cache):
+            return cache, None
+        self._graphed = None  # free the old graphs and cache first
+        self._graphed = GraphedTarget(tgt, cache, capture, max_steps=self.k + 1)
+        return cache, self._graphed
 
     def generate(self, prompt_ids, max_new_tokens: int, params: SamplingParams = SamplingParams(), *,
-                 eos_ids=(), stop: list[str] | None = None, decode=None, trace: bool = False) -> GenerationResult:
+                 eos_ids=(), stop: list[str] | None = None, decode=None, trace: bool = False,
+                 on_tokens=None) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` after ``prompt_ids``.
+
+        ``eos_ids`` end generation (the EOS token is kept in ``token_ids``, not in ``text``);
+        ``stop`` strings end it on the decoded text (which is cut before the stop string);
+        ``on_tokens(ids)`` is called with the tokens committed at each step (for streaming).
+        """
         tgt = self.target
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -126,7 +154,7 @@ class SpeculativeGenerator:
         gen = None if params.greedy else make_generator(params.seed, dev)
         drafter = self.drafter
         capture = tuple(drafter.capture_layers) if drafter is not None else ()
-        cache = tgt.new_cache(min(tgt.max_context, need + self.k + 1))
+        cache, graphed = self._cache_for(need + self.k + 1, capture)
 
         t0 = time.perf_counter()
         out = tgt(prompt.to(dev), cache, capture=capture, logits="last")
@@ -135,6 +163,8 @@ class SpeculativeGenerator:
             drafter.begin(prompt.to(dev), out)
         stats.prefill_s = time.perf_counter() - t0
         done = stopper.push(first)
+        if on_tokens is not None:
+            on_tokens(stopper.ids[-1:])
         last = first
         while not done:
             room = cache.max_len - cache.length - 1
@@ -146,7 +176,7 @@ class SpeculativeGenerator:
             t2 = time.perf_counter()
             start = cache.length
             ids = torch.cat([torch.tensor([last], device=dev), drafts])
-            out = tgt(ids, cache, capture=capture)
+            out = graphed(ids) if graphed is not None else tgt(ids, cache, capture=capture)
             if params.greedy:
                 packed = accept_greedy(drafts, out.logits)
             else:
@@ -165,10 +195,13 @@ class SpeculativeGenerator:
             stats.accepted.append(n)
             if trace:
                 stats.trace.append({"draft": drafts.tolist(), "accepted": n})
+            before = len(stopper.ids)
             for tok in toks:
                 if stopper.push(tok):
                     done = True
                     break
+            if on_tokens is not None:
+                on_tokens(stopper.ids[before:])
             last = toks[-1]
         stats.total_s = time.perf_counter() - t0
         stats.new_tokens = len(stopper.ids)

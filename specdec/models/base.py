@@ -98,13 +98,25 @@ class CausalLM(nn.Module):
         cos, sin = self.rotary.cos_sin(pos, self.dtype)
         return StepContext(start, t, cos, sin, causal_mask(start, t, self.device))
 
+    def static_context(self, start: torch.Tensor, t: int, max_len: int) -> StepContext:
+        """Context for a CUDA-graph step: ``start`` is a 0-d device tensor, shapes depend on ``t`` only,
+        and attention runs over the whole preallocated cache with a mask by position."""
+        pos = start + torch.arange(t, device=self.device)
+        cos, sin = self.rotary.cos_sin(pos, self.dtype)
+        mask = torch.arange(max_len, device=self.device)[None, :] <= pos[:, None]
+        return StepContext(start, t, cos, sin, mask)
+
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: SequenceCache, capture: Sequence[int] = (), logits: str = "all") -> ForwardOut:
         """Run ``ids [T]`` at positions ``cache.length ..``; ``logits`` is "all", "last" or "none"."""
         ids = ids.to(self.device).reshape(-1)
         t = ids.shape[0]
         start = cache.reserve(t)
-        ctx = self.step_context(start, t)
+        return self.run_layers(ids, self.step_context(start, t), cache, capture, logits)
+
+    def run_layers(self, ids: torch.Tensor, ctx: StepContext, cache: SequenceCache, capture: Sequence[int] = (),
+                   logits: str = "all") -> ForwardOut:
+        """The forward proper, for a prepared context (eager or static)."""
         x = self.embed(ids)
         caps = {}
         want = set(capture)
