@@ -98,7 +98,7 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
         raise ConfigError(f"{model}: bench needs a tokenizer")
     gens = {}
     for spec in drafts:
-        d = make_drafter(spec, loaded, block_size=block_size)
+        d = make_drafter(spec, loaded, block_size=block_size if spec.startswith("dflash:") else None)
         k = num_draft_tokens
         if d is not None and getattr(d, "block_size", None):
             k = d.block_size - 1

@@ -93,14 +93,18 @@ def load_model(path: str, device: str | torch.device | None = None, dtype=None, 
     with torch.device("meta"):
         model = arch.model_cls(cfg)
     if gsrc is not None:
-        src = gsrc
+        src = view = gsrc
+        if arch.target_view is not None:
+            view = arch.target_view(cfg, src, "gguf")
         names = arch.gguf_names(cfg)
         ignore = set(arch.gguf_ignore)
         transform = arch.gguf_transform(cfg)
         fmt = "gguf"
     else:
-        src = SafetensorsSource(path)
-        infos = src.infos()
+        src = view = SafetensorsSource(path)
+        if arch.target_view is not None:
+            view = arch.target_view(cfg, src, "hf")
+        infos = view.infos()
         if arch.hf_names is not None:
             names = arch.hf_names(cfg, infos)
         else:
@@ -111,7 +115,7 @@ def load_model(path: str, device: str | torch.device | None = None, dtype=None, 
         names = {k: v for k, v in names.items() if k not in ignore}
         transform = arch.hf_transform(cfg)
         fmt = "hf"
-    load_into(model, src, names, dtype=dt, device=dev, transform=transform, ignore=ignore,
+    load_into(model, view, names, dtype=dt, device=dev, transform=transform, ignore=ignore,
               desc=f"loading {os.path.basename(path.rstrip('/'))}")
     if "rope_freqs.weight" in src.infos():
         model.rotary.freq_factors = src.get("rope_freqs.weight", torch.float32)

@@ -21,18 +21,27 @@ _QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L
           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN35 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
            r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-# llama.cpp's regex sequences per tokenizer.ggml.pre (applied one after the other)
-PRE_REGEXES = {
-    "default": [_GPT2],
-    "gpt2": [_GPT2],
-    "smollm": [r"\p{N}", _GPT2],
-    "starcoder": [r"\p{N}", _GPT2],
-    "refact": [r"\p{N}", _GPT2],
-    "llama-bpe": [_LLAMA3],
-    "llama3": [_LLAMA3],
-    "qwen2": [_QWEN2],
-    "qwen35": [_QWEN35],
-}
+_DIGIT = r"\p{N}"
+# llama.cpp's default BPE pre-tokenizer (a file that names no known pre-tokenizer)
+_DEFAULT = [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"]
+# llama.cpp's regex sequences per tokenizer.ggml.pre (applied one after the other), grouped the
+# way llama-vocab.cpp groups the names; "gpt2" is kept for files written by older tools.
+PRE_REGEXES = {"default": _DEFAULT}
+PRE_REGEXES.update(dict.fromkeys(
+    ("gpt2", "gpt-2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "gigachat", "a.x-4.0",
+     "mellum", "mpt", "olmo", "jais", "trillion", "granite-docling"), [_GPT2]))
+PRE_REGEXES.update(dict.fromkeys(
+    ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"), [_DIGIT, _GPT2]))
+PRE_REGEXES.update(dict.fromkeys(
+    ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "dbrx", "smaug-bpe"),
+    [_LLAMA3]))
+PRE_REGEXES.update(dict.fromkeys(("qwen2", "deepseek-r1-qwen", "stablelm2"), [_QWEN2]))
+PRE_REGEXES["qwen35"] = [_QWEN35]
+# Pre-tokenizers for which llama.cpp emits a whole pre-token as one id when the vocabulary has
+# it, before trying merges (HF's BPE ``ignore_merges``); the merges can reach a different split.
+IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"}
+# Pre-tokenizers for which llama.cpp adds BOS when the file has no tokenizer.ggml.add_bos_token.
+ADD_BOS_DEFAULT = IGNORE_MERGES
 # token types in tokenizer.ggml.token_type
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -54,7 +63,13 @@ class Tokenizer:
         return self.tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
-        ids = self.tok.encode(text, add_special_tokens=False).ids
+        """Token ids of ``text``. ``add_special``: add what the model adds to a plain prompt (BOS).
+
+        Special-token text (``<|im_start|>`` ...) is always parsed as the special token, so a
+        rendered chat template encodes as the model expects.
+        """
+        # tokenizer.json's post-processor adds BOS where a model wants it (Llama 3), as in transformers
+        ids = self.tok.encode(text, add_special_tokens=add_special).ids
         if add_special and self.add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id] + ids
         return ids
@@ -117,7 +132,8 @@ class Tokenizer:
         e = tok_id(cfg.get("eos_token"))
         if e is not None and e not in eos:
             eos.append(e)
-        # tokenizer.json's post-processor adds BOS itself when the model wants it
+        # tokenizer.json's post-processor adds BOS itself when the model wants it (see encode);
+        # add_bos_token covers configs that ask for BOS without one
         return cls(tok, bos_id=bos, eos_ids=eos, add_bos=bool(cfg.get("add_bos_token", False)),
                    chat_template=template, source=path)
 
@@ -130,8 +146,8 @@ class Tokenizer:
         types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
         merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
         vocab = {t: i for i, t in enumerate(tokens)}
-        tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
         pre = meta.get("tokenizer.ggml.pre", "default")
+        tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in IGNORE_MERGES))
         if pre not in PRE_REGEXES:
             raise CheckpointError(f"{source}: GGUF pre-tokenizer '{pre}' is not supported (supported: {', '.join(sorted(PRE_REGEXES))})")
         splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_REGEXES[pre]]
@@ -146,5 +162,5 @@ class Tokenizer:
             eos_ids.append(int(eot))
         bos = meta.get("tokenizer.ggml.bos_token_id")
         return cls(tok, bos_id=None if bos is None else int(bos), eos_ids=eos_ids,
-                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", pre in ADD_BOS_DEFAULT)),
                    chat_template=meta.get("tokenizer.chat_template"), source=source)

@@ -11,9 +11,13 @@ SPECS = "none | ngram | mtp | dflash:PATH"
 def make_drafter(spec, loaded, *, block_size: int | None = None):
     """``loaded`` is the target's :class:`~specdec.loading.LoadedModel`. Returns a drafter or None."""
     if spec is None or spec == "none":
+        if block_size is not None:
+            raise ConfigError("block_size was given but no DFlash drafter is used")
         return None
     if not isinstance(spec, str):
         return spec  # already a drafter object
+    if block_size is not None and not spec.startswith("dflash:"):
+        raise ConfigError(f"block_size applies to DFlash drafters only, not '{spec}' (use num_draft_tokens)")
     if spec == "ngram":
         return NgramDrafter()
     if spec == "mtp":

@@ -104,6 +104,10 @@ class SpeculativeGenerator:
         self.target = target
         self.drafter = drafter
         self.k = num_draft_tokens if drafter is not None else 0
+        limit = getattr(target, "snapshot_tokens", None)  # recurrent caches roll back within this many positions
+        if limit is not None and self.k + 1 > limit:
+            raise RequestError(f"{self.k} drafts per step need {self.k + 1}-token verify steps, but this target's "
+                               f"linear-attention caches keep rollback snapshots for at most {limit}; use <= {limit - 1}")
         self.cuda_graphs = cuda_graphs
         self._graphed: GraphedTarget | None = None
 

@@ -26,10 +26,20 @@ class RMSNorm(nn.Module):
         self.zero_centered = zero_centered
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        y = _rms(x.float(), self.eps)
         w = self.weight.float()
         return (y * (1.0 + w if self.zero_centered else w)).to(x.dtype)
+
+
+if hasattr(F, "rms_norm"):
+    def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), eps=eps)  # one fused op where the backend has it
+else:  # pragma: no cover - torch < 2.4
+    def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+_ROPE_TYPES = ("default", "linear", "llama3", None)
 
 
 class RotaryEmbedding(nn.Module):
@@ -46,6 +56,9 @@ class RotaryEmbedding(nn.Module):
         self.theta = theta
         self.scaling = dict(scaling or {})
         self.freq_factors: torch.Tensor | None = None  # set by a loader that found rope_freqs
+        kind = self.scaling.get("rope_type", "default")
+        if kind not in _ROPE_TYPES:
+            raise ConfigError(f"rope_type '{kind}' is not supported (supported: {', '.join(_ROPE_TYPES[:3])})")
         self._inv: dict[torch.device, torch.Tensor] = {}
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
@@ -108,10 +121,28 @@ def causal_mask(start: int, t: int, device) -> torch.Tensor | None:
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """Scaled dot-product attention with GQA: q ``[H, T, d]``, k/v ``[Hkv, S, d]`` -> ``[H, T, dv]``."""
     groups = q.shape[0] // k.shape[0]
-    if groups > 1:
+    if groups > 1 and not _SDPA_GQA:
         k = k.repeat_interleave(groups, dim=0)
         v = v.repeat_interleave(groups, dim=0)
+    if groups > 1 and _SDPA_GQA:
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale, enable_gqa=True)[0]
     return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale)[0]
+
+
+def _sdpa_has_gqa() -> bool:
+    import inspect
+    try:
+        return "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
+    except (TypeError, ValueError):  # builtins without a signature: try it
+        try:
+            z = torch.zeros(1, 2, 1, 4)
+            F.scaled_dot_product_attention(z, z[:, :1], z[:, :1], enable_gqa=True)
+            return True
+        except TypeError:
+            return False
+
+
+_SDPA_GQA = _sdpa_has_gqa()
 
 
 class Attention(nn.Module):

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..cache import KVCache
 from ..config import ModelConfig
+from ..errors import ConfigError
 from .base import CausalLM, StepContext
 from .gguf_names import dense_block_names, gguf_meta
 from .layers import Attention, RMSNorm, SwiGLU
@@ -22,11 +23,17 @@ from .registry import Architecture, register
 
 @dataclass
 class LlamaConfig(ModelConfig):
-    pass
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # options that would change the math but that this module does not implement
+        if self.hidden_act not in ("silu", "swish"):
+            raise ConfigError(f"hidden_act '{self.hidden_act}' is not supported for {self.model_type} (supported: silu)")
+        if self.raw.get("use_sliding_window"):
+            raise ConfigError(f"use_sliding_window=true is not supported for {self.model_type}")
 
 
 @dataclass
-class Qwen3Config(ModelConfig):
+class Qwen3Config(LlamaConfig):
     pass
 
 

@@ -19,6 +19,10 @@ class Architecture:
     ``hf_names(config, checkpoint_names)`` maps HF checkpoint tensor names to parameter names
     (default: strip the ``model.`` / ``model.language_model.`` prefix); ``gguf_names(config)``
     maps llama.cpp names; ``*_transform(config)`` returns a per-tensor fix-up or None.
+    ``target_view(config, source, fmt)``, when set, returns the view of the checkpoint the
+    target loads from (``fmt`` is "hf" or "gguf"): it may leave out tensors another component
+    owns (an MTP block) and present converted ones (stacked experts, renamed GGUF tensors);
+    the names maps then apply to the view's names. ``LoadedModel.source`` stays the raw source.
     """
 
     name: str
@@ -33,6 +37,7 @@ class Architecture:
     gguf_transform: Callable = _no_transform
     gguf_ignore: tuple[str, ...] = ()
     hf_ignore_prefixes: tuple[str, ...] = ()
+    target_view: Callable | None = None
     drafters: tuple[str, ...] = field(default=("ngram", "dflash"))
 
 

@@ -42,20 +42,25 @@ def load_into(
     ignore = set(ignore)
     optional = set(optional)
     expected = dict(module.state_dict(keep_vars=True))
-    unexpected = sorted(n for n in infos if n not in names and n not in ignore)
+    # a tensor is unexpected when the name map does not know it or maps it to no parameter
+    unexpected = sorted(n for n in infos if n not in ignore and (n not in names or names[n] not in expected))
     if unexpected:
         raise CheckpointError(
-            f"{source.path}: unexpected tensor(s) {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
+            f"{source.path}: unexpected tensor(s) {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''} "
+            f"(not parameters of {type(module).__name__})"
         )
     filled = {names[n]: n for n in infos if n in names}
     missing = sorted(p for p in expected if p not in filled and p not in optional)
     if missing:
+        # name the checkpoint tensors the user would look for (llama.cpp names in a GGUF)
+        wanted: dict[str, str] = {}
+        for cname, pname in names.items():
+            wanted.setdefault(pname, cname)
+        shown = [f"{wanted[p]} (for {p})" if wanted.get(p, p) != p else p for p in missing[:8]]
         raise CheckpointError(
-            f"{source.path}: missing tensor(s) for {missing[:8]}{' ...' if len(missing) > 8 else ''}"
+            f"{source.path}: missing tensor(s) {shown}{' ...' if len(missing) > 8 else ''}"
         )
     for pname, cname in filled.items():
-        if pname not in expected:
-            raise CheckpointError(f"{source.path}: tensor '{cname}' maps to unknown parameter '{pname}'")
         info = infos[cname]
         want = tuple(expected[pname].shape)
         if not info.is_float:

@@ -49,13 +49,17 @@ def read_header(path: str) -> dict[str, TensorInfo]:
         header = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from e
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
     data_size = size - 8 - n
     out: dict[str, TensorInfo] = {}
+    ranges: list[tuple[int, int, str]] = []
     for name, meta in header.items():
         if name == "__metadata__":
             continue
         try:
-            dtype, shape, (start, end) = meta["dtype"], tuple(int(s) for s in meta["shape"]), meta["data_offsets"]
+            dtype, shape = str(meta["dtype"]), tuple(int(s) for s in meta["shape"])
+            start, end = (int(x) for x in meta["data_offsets"])
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{path}: corrupt header entry for tensor '{name}'") from e
         if dtype not in _ST_DTYPES:
@@ -70,6 +74,11 @@ def read_header(path: str) -> dict[str, TensorInfo]:
                 f"{path}: truncated file: tensor '{name}' ends at byte {end} of a data section of {data_size}"
             )
         out[name] = TensorInfo(name, shape, dtype, _ST_DTYPES[dtype][2], path)
+        ranges.append((start, end, name))
+    ranges.sort()
+    for (_, end_a, a), (start_b, _, b) in zip(ranges, ranges[1:]):
+        if start_b < end_a:
+            raise CheckpointError(f"{path}: corrupt header: tensors '{a}' and '{b}' overlap")
     return out
 
 

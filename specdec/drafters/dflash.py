@@ -1,0 +1,204 @@
+"""DFlash drafter: loads a z-lab checkpoint for a target and drafts one block per step.
+
+``--draft dflash:PATH`` builds it through :func:`load_dflash_drafter`. The drafter asks the
+engine to capture the target's hidden states after ``target_layer_ids``; after each step the
+committed rows become context keys/values in the drafter's own cache (committed positions
+only: a block's own keys/values are never cached), and :meth:`DFlashDrafter.propose` runs
+one forward over ``[last token, mask x (B-1)]``. See :mod:`.dflash_model` for the math.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..config import read_json
+from ..errors import CheckpointError, ConfigError
+from ..models.base import CausalLM, ForwardOut
+from ..sampling import SamplingParams, probs_from_logits
+from ..weights import load_into
+from ..weights.safetensors_io import SafetensorsSource
+from .base import Proposal
+from .dflash_model import DFlashConfig, DFlashDraftModel
+
+
+class _ContextKV:
+    """Keys and values of committed context positions for one drafter layer, grown by
+    doubling (the drafter does not know the request length when it starts)."""
+
+    def __init__(self, n_kv: int, head_dim: int, capacity: int, dtype, device):
+        self.k = torch.zeros(n_kv, capacity, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+
+    def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store ``k, v [n_kv, T, d]`` at positions ``start..start+T-1``."""
+        end = start + k.shape[1]
+        if end > self.k.shape[1]:
+            cap = max(end, 2 * self.k.shape[1])
+            self.k, self.v = _grown(self.k, start, cap), _grown(self.v, start, cap)
+        self.k[:, start:end] = k
+        self.v[:, start:end] = v
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+def _grown(t: torch.Tensor, keep: int, cap: int) -> torch.Tensor:
+    """``t [n_kv, *, d]`` reallocated to ``cap`` positions, the first ``keep`` copied."""
+    out = t.new_zeros(t.shape[0], cap, t.shape[2])
+    out[:, :keep] = t[:, :keep]
+    return out
+
+
+def _check_block_size(block_size, trained: int, source: str) -> int:
+    bs = trained if block_size is None else block_size
+    if not isinstance(bs, int) or isinstance(bs, bool) or not 2 <= bs <= trained:
+        raise ConfigError(f"block_size must be an integer in 2..{trained} (the trained block size of {source}), "
+                          f"got {block_size!r}")
+    return bs
+
+
+class DFlashDrafter:
+    """A loaded DFlash drafter bound to its target (whose embedding and LM head it uses)."""
+
+    name = "dflash"
+
+    def __init__(self, model: DFlashDraftModel, target: CausalLM, block_size: int | None = None, path: str = ""):
+        c = model.config
+        self.model, self.target, self.path = model, target, path
+        self.block_size = _check_block_size(block_size, c.block_size, path or "the drafter")
+        self.capture_layers: tuple[int, ...] = tuple(c.target_layer_ids)
+        self.length = 0  # committed positions whose context K/V are cached
+        self.kv: list[_ContextKV] = []
+
+    # --- the drafter protocol -----------------------------------------------------
+    @torch.inference_mode()
+    def begin(self, prompt_ids: torch.Tensor, out: ForwardOut) -> None:
+        c, w = self.model.config, self.model.fc.weight
+        cap = max(256, 2 * int(prompt_ids.numel()))
+        self.kv = [_ContextKV(c.num_key_value_heads, c.head_dim, cap, w.dtype, w.device)
+                   for _ in range(c.num_hidden_layers)]
+        self.length = 0
+        self._append(out, int(prompt_ids.numel()))
+
+    @torch.inference_mode()
+    def observe(self, tokens: torch.Tensor, out: ForwardOut) -> None:
+        self._append(out, int(tokens.numel()))
+
+    @torch.inference_mode()
+    def propose(self, last_token: int, k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
+        """Draft ``min(k, block_size - 1)`` tokens after ``last_token`` (at position ``length``).
+
+        Greedy: the argmax of each block row. Sampling: each row sampled from the drafter's
+        own filtered distribution, returned with it so acceptance stays exact (z-lab does the same).
+        """
+        logits = self.block_logits(last_token)[: max(0, k)]
+        if params.greedy:
+            return Proposal(logits.argmax(-1))
+        probs = probs_from_logits(logits, params)
+        return Proposal(torch.multinomial(probs, 1, generator=gen).squeeze(1), probs)
+
+    # --- the work -------------------------------------------------------------------
+    def _append(self, out: ForwardOut, n: int) -> None:
+        feats = out.captured
+        if feats is None or feats.shape[0] != n:
+            raise RuntimeError(f"DFlash needs the target's captured layers {self.capture_layers} for the {n} "
+                               "committed rows; the engine must forward with capture=drafter.capture_layers")
+        pos = torch.arange(self.length, self.length + n, device=feats.device)
+        for store, (k, v) in zip(self.kv, self.model.context_kv(feats, pos)):
+            store.write(self.length, k, v)
+        self.length += n
+
+    @torch.inference_mode()
+    def block_logits(self, last_token: int) -> torch.Tensor:
+        """fp32 logits ``[B - 1, V]`` for the block after ``last_token``; changes no state."""
+        if not self.kv:
+            raise RuntimeError("DFlashDrafter.propose called before begin")
+        c, start = self.model.config, self.length
+        emb = self.target.embed_tokens.weight
+        ids = torch.full((self.block_size,), c.mask_token_id, dtype=torch.int64, device=emb.device)
+        ids[0] = int(last_token)
+        # z-lab embeds the block with the raw table times the drafter's own scale, not through
+        # the target's embedding scale
+        x = torch.nn.functional.embedding(ids, emb).to(self.model.fc.weight.dtype)
+        if c.input_embedding_scale != 1.0:
+            x = x * c.input_embedding_scale
+        ctx = [(s.k[:, :start], s.v[:, :start]) for s in self.kv]
+        h = self.model.block_hidden(x, start, ctx)
+        return self.model.logits(h[1:], self.target.head_weight())
+
+    # --- accounting -----------------------------------------------------------------
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def cache_bytes(self) -> int:
+        return sum(s.nbytes() for s in self.kv)
+
+    def resident_bytes(self) -> int:
+        """Device memory the drafter holds: its weights plus its context cache (the embedding
+        and LM head are the target's and are not counted)."""
+        return self.weight_bytes() + self.cache_bytes()
+
+    def info(self) -> dict:
+        c = self.model.config
+        return {
+            "drafter": "dflash", "path": self.path, "block_size": self.block_size,
+            "trained_block_size": c.block_size, "drafts_per_step": self.block_size - 1,
+            "layers": c.num_hidden_layers, "layer_types": list(c.layer_types), "hidden_size": c.hidden_size,
+            "target_layer_ids": list(c.target_layer_ids), "target_layer_ids_default": c.target_layer_ids_default,
+            "mask_token_id": c.mask_token_id, "dtype": str(self.model.fc.weight.dtype).replace("torch.", ""),
+            "weight_bytes": self.weight_bytes(), "cache_bytes": self.cache_bytes(),
+            "resident_bytes": self.resident_bytes(),
+        }
+
+
+def check_fit(c: DFlashConfig, target: CausalLM, source: str) -> None:
+    """Refuse a drafter that was not built for this target's width, depth or vocabulary."""
+    tc = target.config
+    n_layers = len(target.layers)
+    if c.hidden_size != tc.hidden_size:
+        raise ConfigError(f"{source}: drafter hidden_size={c.hidden_size} does not match the target's "
+                          f"hidden_size={tc.hidden_size}; this DFlash checkpoint is for another model")
+    if c.num_target_layers is not None and c.num_target_layers != n_layers:
+        raise ConfigError(f"{source}: drafter num_target_layers={c.num_target_layers} but the target has "
+                          f"{n_layers} layers; this DFlash checkpoint is for another model")
+    bad = [i for i in c.target_layer_ids if i >= n_layers]
+    if bad:
+        raise ConfigError(f"{source}: target_layer_ids {bad} do not exist in the target ({n_layers} layers)")
+    vocab = int(target.embed_tokens.weight.shape[0])
+    if c.mask_token_id >= vocab:
+        raise ConfigError(f"{source}: mask_token_id={c.mask_token_id} is outside the target's vocabulary "
+                          f"(size {vocab})")
+
+
+def load_dflash_drafter(path: str, loaded, block_size: int | None = None) -> DFlashDrafter:
+    """Load a z-lab DFlash checkpoint (``config.json`` + ``model.safetensors``) for the target in
+    ``loaded`` (a :class:`~specdec.loading.LoadedModel` or a bare :class:`CausalLM`).
+
+    Strict: a missing, unexpected, mis-shaped or non-float tensor, or a drafter built for
+    another target, is an error naming the tensor or field. ``block_size`` (default: the
+    trained one) may be lowered at run time; the engine then drafts ``block_size - 1`` tokens.
+    """
+    target: CausalLM = getattr(loaded, "model", loaded)
+    path = os.path.expanduser(str(path))
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: a DFlash drafter is a directory with config.json and model.safetensors")
+    cfg_path = os.path.join(path, "config.json")
+    cfg = DFlashConfig.from_dict(read_json(cfg_path), source=cfg_path)
+    check_fit(cfg, target, cfg_path)
+    _check_block_size(block_size, cfg.block_size, cfg_path)  # before reading any weights
+    src = SafetensorsSource(path)
+    with torch.device("meta"):
+        model = DFlashDraftModel(cfg)
+    names = {n: n for n in model.state_dict()}
+    load_into(model, src, names, dtype=target.dtype, device=target.device, desc="loading dflash drafter")
+    model.eval()
+    # Every tensor was converted (not reinterpreted) to the run dtype; norms included.
+    for n, p in model.named_parameters():
+        assert p.dtype == target.dtype and p.device == target.device, f"{n}: {p.dtype} on {p.device}"
+    try:
+        model.rotary.inv_freq(target.device)  # an unsupported rope_type fails here
+    except ConfigError as e:
+        raise ConfigError(f"{cfg_path}: {e}") from e
+    return DFlashDrafter(model, target, block_size, path)

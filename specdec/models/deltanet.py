@@ -1,0 +1,187 @@
+"""Gated DeltaNet, the linear-attention token mixer of Qwen3.5 / Qwen3.6 (and Qwen3-Next).
+
+Per value head, with an fp32 state ``S`` of shape ``[dk, dv]``::
+
+    S_t = exp(g_t) * S_{t-1}
+    u_t = beta_t * (v_t - S_t^T k_t)          # the delta rule: write only what S mispredicts
+    S_t = S_t + k_t u_t^T
+    o_t = S_t^T q_t
+
+with ``q, k`` L2-normalised (``q`` also scaled by ``1/sqrt(dk)``), ``beta = sigmoid(b)`` and
+``g = -exp(A_log) * softplus(a + dt_bias)``. Two exact forms of the same recurrence:
+:func:`recurrent_gated_delta` steps through positions (decode), :func:`chunked_gated_delta`
+processes chunks of positions with a few matmuls (prefill and verification) and can return the
+state after every position, which the cache keeps for rollback.
+
+The projections feed a depthwise causal conv (+SiLU) over ``[q | k | v]`` whose window is
+carried across forwards by :class:`~specdec.cache.LinearAttnCache`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..cache import LinearAttnCache
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / sqrt(sum(x^2) + eps)`` over the last dim (the FLA / transformers convention)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def recurrent_gated_delta(q, k, v, g, beta, state):
+    """Step through positions. ``q, k [H, T, dk]``, ``v [H, T, dv]``, ``g, beta [H, T]``,
+    ``state [H, dk, dv]``, all fp32 -> (out ``[H, T, dv]``, states after each position ``[T, H, dk, dv]``)."""
+    outs, states = [], []
+    s = state
+    for t in range(q.shape[1]):
+        s = s * g[:, t].exp()[:, None, None]
+        kt = k[:, t]
+        u = beta[:, t, None] * (v[:, t] - torch.einsum("hkv,hk->hv", s, kt))
+        s = s + kt[:, :, None] * u[:, None, :]
+        outs.append(torch.einsum("hkv,hk->hv", s, q[:, t]))
+        states.append(s)
+    return torch.stack(outs, dim=1), torch.stack(states, dim=0)
+
+
+# Longest stretch handed to one chunked pass: bounds its [H, T/C, C, C] temporaries.
+SEGMENT_TOKENS = 4096
+
+
+def chunked_gated_delta(q, k, v, g, beta, state, chunk_size: int = 64, all_states: bool = False):
+    """The same recurrence, ``chunk_size`` positions at a time.
+
+    Inside a chunk, with ``G`` the cumulative sum of ``g`` and ``D[t, j] = exp(G_t - G_j)``
+    (``j <= t``), the delta-rule values solve a unit lower-triangular system::
+
+        (I + A) U = beta*V - beta*exp(G) * (K S0),   A[t, j] = beta_t D[t, j] (k_t . k_j), j < t
+        O   = exp(G) * (Q S0) + (D o (Q K^T)) U
+        S_t = exp(G_t) S0 + sum_{j<=t} D[t, j] k_j u_j^T
+
+    Shapes as :func:`recurrent_gated_delta`, fp32. Returns (out ``[H, T, dv]``, states): the
+    state after every position ``[T, H, dk, dv]`` when ``all_states``, else ``[1, H, dk, dv]``.
+    """
+    h, t, dk = k.shape
+    seg = max(SEGMENT_TOKENS // chunk_size, 1) * chunk_size
+    if t > seg:
+        outs, states = [], []
+        for lo in range(0, t, seg):
+            sl = slice(lo, lo + seg)
+            o, st = chunked_gated_delta(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], state, chunk_size, all_states)
+            outs.append(o)
+            states.append(st)
+            state = st[-1]
+        return torch.cat(outs, dim=1), (torch.cat(states) if all_states else states[-1])
+    dv = v.shape[-1]
+    c = min(chunk_size, t)
+    pad = (-t) % c
+    if pad:
+        # beta = 0 and g = 0 make padded positions leave the state untouched
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))
+    n = (t + pad) // c
+    q, k, v = q.view(h, n, c, dk), k.view(h, n, c, dk), v.view(h, n, c, dv)
+    g, beta = g.view(h, n, c), beta.view(h, n, c)
+
+    G = g.cumsum(-1)  # [h, n, c]
+    incl = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    decay = (G[..., :, None] - G[..., None, :]).masked_fill(~incl, float("-inf")).exp()  # D, zero above the diagonal
+    a = (k @ k.transpose(-1, -2)) * decay * beta[..., :, None]
+    # solve_triangular(unitriangular) reads only the strictly lower part of `a`: that is A
+    w_v = torch.linalg.solve_triangular(a, v * beta[..., None], upper=False, unitriangular=True)
+    w_k = torch.linalg.solve_triangular(a, k * (beta * G.exp())[..., None], upper=False, unitriangular=True)
+    qk = (q @ k.transpose(-1, -2)) * decay
+    q_dec = q * G.exp()[..., None]
+    g_last = G[..., -1]  # [h, n]
+    k_dec = k * (g_last[..., None] - G).exp()[..., None]
+
+    out = q.new_empty(h, n, c, dv)
+    states = []
+    s = state
+    for i in range(n):
+        u = w_v[:, i] - w_k[:, i] @ s  # [h, c, dv]
+        out[:, i] = q_dec[:, i] @ s + qk[:, i] @ u
+        if all_states:
+            inner = torch.einsum("htj,hjk,hjv->thkv", decay[:, i], k[:, i], u)
+            states.append(G[:, i].exp().t()[:, :, None, None] * s[None] + inner)
+        s = g_last[:, i].exp()[:, None, None] * s + k_dec[:, i].transpose(-1, -2) @ u
+    out = out.view(h, n * c, dv)[:, :t]
+    if all_states:
+        return out, torch.cat(states, dim=0)[:t]
+    return out, s[None]
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm over each head's ``dv`` channels with a plain ``w`` (not ``1 + w``), gated by ``silu(z)``."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        return (y.float() * F.silu(z.float())).to(x.dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    """The linear-attention mixer with transformers' parameter names (``linear_attn.*``).
+
+    ``in_proj_qkv`` emits ``[q (Hk*dk) | k (Hk*dk) | v (Hv*dv)]``; each key head serves
+    ``Hv / Hk`` consecutive value heads. ``conv1d.weight`` is ``[C, 1, kernel]``.
+    """
+
+    # Positions per chunk of the chunked form (used for every forward of T > 1; T == 1 steps).
+    chunk_size = 64
+
+    def __init__(self, hidden: int, n_k_heads: int, n_v_heads: int, k_dim: int, v_dim: int, kernel: int, eps: float):
+        super().__init__()
+        self.hk, self.hv, self.dk, self.dv, self.kernel = n_k_heads, n_v_heads, k_dim, v_dim, kernel
+        self.conv_dim = 2 * n_k_heads * k_dim + n_v_heads * v_dim
+        self.in_proj_qkv = nn.Linear(hidden, self.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(hidden, n_v_heads * v_dim, bias=False)
+        self.in_proj_b = nn.Linear(hidden, n_v_heads, bias=False)
+        self.in_proj_a = nn.Linear(hidden, n_v_heads, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, kernel, groups=self.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.empty(n_v_heads))
+        self.A_log = nn.Parameter(torch.empty(n_v_heads))
+        self.norm = GatedRMSNorm(v_dim, eps)
+        self.out_proj = nn.Linear(n_v_heads * v_dim, hidden, bias=False)
+
+    def make_cache(self, dtype: torch.dtype, device, snapshot_tokens: int = 32) -> LinearAttnCache:
+        return LinearAttnCache(self.conv_dim, self.kernel, self.hv, self.dk, self.dv, dtype, device, snapshot_tokens)
+
+    def conv(self, window: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Depthwise causal conv + SiLU. ``window [K-1, C]``, ``x [T, C]`` -> (out ``[T, C]``,
+        conv inputs ``[K-1+T, C]``, which the cache keeps for rollback)."""
+        full = torch.cat([window.to(x.dtype), x], dim=0)
+        out = F.conv1d(full.t()[None], self.conv1d.weight, groups=self.conv_dim)[0].t()  # [T, C]
+        return F.silu(out), full
+
+    def forward(self, x: torch.Tensor, start: int, cache: LinearAttnCache) -> torch.Tensor:
+        t = x.shape[0]
+        mixed, full = self.conv(cache.conv_window(), self.in_proj_qkv(x))
+        kd = self.hk * self.dk
+        q = mixed[:, :kd].reshape(t, self.hk, self.dk).float()
+        k = mixed[:, kd:2 * kd].reshape(t, self.hk, self.dk).float()
+        v = mixed[:, 2 * kd:].reshape(t, self.hv, self.dv).float()
+        q = l2norm(q) * self.dk ** -0.5
+        k = l2norm(k)
+        if self.hv != self.hk:
+            r = self.hv // self.hk
+            q, k = q.repeat_interleave(r, dim=1), k.repeat_interleave(r, dim=1)
+        beta = torch.sigmoid(self.in_proj_b(x).float())  # [T, Hv]
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        q, k, v, g, beta = (y.transpose(0, 1).contiguous() for y in (q, k, v, g, beta))  # head-major
+        keep = cache.keeps_snapshots(t)
+        if t == 1:
+            o, states = recurrent_gated_delta(q, k, v, g, beta, cache.state())
+        else:
+            o, states = chunked_gated_delta(q, k, v, g, beta, cache.state(), self.chunk_size, all_states=keep)
+        cache.commit(start, full, states if keep else states[-1:])
+        o = o.transpose(0, 1).to(x.dtype)  # [T, Hv, dv]
+        z = self.in_proj_z(x).view(t, self.hv, self.dv)
+        return self.out_proj(self.norm(o, z).reshape(t, -1))

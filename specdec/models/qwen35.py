@@ -1,0 +1,225 @@
+"""Qwen3.5 / Qwen3.6 hybrid targets: Gated DeltaNet and gated full attention, dense or MoE.
+
+A decoder layer is a linear-attention layer (:class:`~specdec.models.deltanet.GatedDeltaNet`,
+``linear_attn.*``) or a full-attention layer (``self_attn.*``: ``q_proj`` emits the query and a
+sigmoid output gate per head, zero-centred per-head q/k norms, partial RoPE, GQA), followed by a
+SwiGLU (``qwen3_5``) or a sparse MoE with a gated shared expert (``qwen3_5_moe``). Every RMSNorm
+of the main stack scales by ``1 + w`` with fp32 statistics; only the DeltaNet output norm uses
+plain ``w``. Interleaved mRoPE (``mrope_section``) equals plain RoPE for text, where the three
+position rows coincide.
+
+For the MTP drafter: :class:`FullAttentionDecoderLayer` (its own KV cache) and
+:class:`~specdec.models.moe.SparseMoeBlock` are importable from here, and
+:func:`checkpoint_view` presents HF or GGUF checkpoints (``mtp.*`` included) in HF names and
+conventions. Checkpoint conversions live in :mod:`specdec.models.qwen35_ckpt`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..cache import KVCache, LinearAttnCache
+from ..config import ModelConfig
+from ..errors import ConfigError
+from .base import CausalLM, StepContext
+from .deltanet import GatedDeltaNet
+from .layers import Attention, RMSNorm, SwiGLU
+from .moe import SparseMoeBlock
+from .qwen35_ckpt import HF_HIDDEN_PREFIXES, gguf_config, gguf_view, hf_view
+from .registry import Architecture, register
+
+__all__ = ["Qwen35Config", "Qwen35MoeConfig", "FullAttentionDecoderLayer", "LinearAttentionDecoderLayer",
+           "SparseMoeBlock", "Qwen35ForCausalLM", "Qwen35MoeForCausalLM", "checkpoint_view"]
+
+LAYER_TYPES = ("linear_attention", "full_attention")
+
+
+@dataclass
+class Qwen35Config(ModelConfig):
+    """``Qwen3_5TextConfig`` (``qwen3_5_text``); defaults mirror transformers'."""
+
+    # Redeclared with defaults: MoE configs carry no intermediate_size. Checked in __post_init__.
+    intermediate_size: int = 0
+    num_hidden_layers: int = 0
+    num_attention_heads: int = 0
+    head_dim: int = 256
+    partial_rotary_factor: float = 0.25
+    max_position_embeddings: int = 32768
+    linear_conv_kernel_dim: int = 4
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32
+    layer_types: list | None = None
+    full_attention_interval: int = 4
+    mtp_num_hidden_layers: int = 0
+
+    def __post_init__(self) -> None:
+        for f in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads") + self._required():
+            if not int(getattr(self, f) or 0) > 0:
+                raise ConfigError(f"{self.model_type} config: field '{f}' is missing or not positive")
+        super().__post_init__()
+        if self.hidden_act != "silu":
+            raise ConfigError(f"{self.model_type} config: hidden_act '{self.hidden_act}' is not supported (silu)")
+        if self.layer_types is None:
+            k = int(self.full_attention_interval)
+            self.layer_types = ["full_attention" if (i + 1) % k == 0 else "linear_attention" for i in range(self.num_hidden_layers)]
+        self.layer_types = list(self.layer_types)
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ConfigError(f"{self.model_type} config: layer_types has {len(self.layer_types)} entries "
+                              f"for num_hidden_layers={self.num_hidden_layers}")
+        bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if bad:
+            raise ConfigError(f"{self.model_type} config: layer_types {bad} not supported ({', '.join(LAYER_TYPES)})")
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ConfigError(f"{self.model_type} config: linear_num_value_heads={self.linear_num_value_heads} is not "
+                              f"a multiple of linear_num_key_heads={self.linear_num_key_heads}")
+
+    def _required(self) -> tuple[str, ...]:
+        return ("intermediate_size",)
+
+
+@dataclass
+class Qwen35MoeConfig(Qwen35Config):
+    """``Qwen3_5MoeTextConfig`` (``qwen3_5_moe_text``)."""
+
+    num_experts: int = 256
+    num_experts_per_tok: int = 8
+    moe_intermediate_size: int = 512
+    shared_expert_intermediate_size: int = 512
+
+    def _required(self) -> tuple[str, ...]:
+        return ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_experts_per_tok > self.num_experts:
+            raise ConfigError(f"{self.model_type} config: num_experts_per_tok={self.num_experts_per_tok} exceeds "
+                              f"num_experts={self.num_experts}")
+
+
+def _norm(c: Qwen35Config) -> RMSNorm:
+    return RMSNorm(c.hidden_size, c.rms_norm_eps, zero_centered=True)
+
+
+def _mlp(c: Qwen35Config, moe: bool) -> nn.Module:
+    if moe:
+        return SparseMoeBlock(c.hidden_size, c.moe_intermediate_size, c.shared_expert_intermediate_size,
+                              c.num_experts, c.num_experts_per_tok)
+    return SwiGLU(c.hidden_size, c.intermediate_size)
+
+
+class FullAttentionDecoderLayer(nn.Module):
+    """Gated full attention + FFN with HF names ``input_layernorm``, ``self_attn.*``,
+    ``post_attention_layernorm``, ``mlp.*`` (SwiGLU, or :class:`SparseMoeBlock` when ``moe``).
+
+    Called as ``layer(x [T, H], ctx, cache)`` with a :class:`KVCache` from :meth:`make_cache`.
+    """
+
+    def __init__(self, c: Qwen35Config, moe: bool):
+        super().__init__()
+        self.config = c
+        self.input_layernorm = _norm(c)
+        self.self_attn = Attention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                                   bias=c.attention_bias, qk_norm_eps=c.rms_norm_eps, zero_centered_qk=True, gated=True)
+        self.post_attention_layernorm = _norm(c)
+        self.mlp = _mlp(c, moe)
+
+    def make_cache(self, max_len: int, dtype: torch.dtype, device) -> KVCache:
+        c = self.config
+        return KVCache(c.num_key_value_heads, c.head_dim, max_len, dtype, device)
+
+    def forward(self, x: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LinearAttentionDecoderLayer(nn.Module):
+    """Gated DeltaNet (``linear_attn.*``) + FFN, with a :class:`LinearAttnCache`."""
+
+    def __init__(self, c: Qwen35Config, moe: bool):
+        super().__init__()
+        self.input_layernorm = _norm(c)
+        self.linear_attn = GatedDeltaNet(c.hidden_size, c.linear_num_key_heads, c.linear_num_value_heads,
+                                         c.linear_key_head_dim, c.linear_value_head_dim, c.linear_conv_kernel_dim,
+                                         c.rms_norm_eps)
+        self.post_attention_layernorm = _norm(c)
+        self.mlp = _mlp(c, moe)
+
+    def make_cache(self, max_len: int, dtype: torch.dtype, device, snapshot_tokens: int = 32) -> LinearAttnCache:
+        return self.linear_attn.make_cache(dtype, device, snapshot_tokens)
+
+    def forward(self, x: torch.Tensor, ctx: StepContext, cache: LinearAttnCache) -> torch.Tensor:
+        x = x + self.linear_attn(self.input_layernorm(x), ctx.start, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen35ForCausalLM(CausalLM):
+    """The dense hybrid target (``qwen3_5``)."""
+
+    moe = False
+    # Linear-attention caches keep per-position states for forwards up to this many tokens
+    # (verification), so rollback restores them exactly; see LinearAttnCache.
+    snapshot_tokens = 32
+
+    def __init__(self, config: Qwen35Config):
+        super().__init__(config)
+        self.layers = nn.ModuleList(
+            FullAttentionDecoderLayer(config, self.moe) if t == "full_attention" else LinearAttentionDecoderLayer(config, self.moe)
+            for t in config.layer_types
+        )
+
+    @classmethod
+    def zero_centered_norms(cls) -> bool:
+        return True
+
+    def make_layer_cache(self, i: int, max_len: int, dtype: torch.dtype, device):
+        layer = self.layers[i]
+        if isinstance(layer, LinearAttentionDecoderLayer):
+            return layer.make_cache(max_len, dtype, device, self.snapshot_tokens)
+        return layer.make_cache(max_len, dtype, device)
+
+
+class Qwen35MoeForCausalLM(Qwen35ForCausalLM):
+    """The MoE hybrid target (``qwen3_5_moe``)."""
+
+    moe = True
+
+
+def checkpoint_view(config: Qwen35Config, source, fmt: str, mtp: bool = False):
+    """``source`` (HF or GGUF) under HF names and conventions; ``mtp`` includes the ``mtp.*``
+    tensors (the MTP drafter's view: ``mtp.fc.weight``, ``mtp.layers.0.mlp.experts.gate_up_proj`` ...).
+
+    HF names keep their ``model.`` / ``model.language_model.`` prefix; GGUF names come out as
+    parameter names without one.
+    """
+    if fmt == "gguf":
+        return gguf_view(config, source, mtp=mtp)
+    if mtp:
+        from .moe import stacked_experts_view
+        return stacked_experts_view(source)
+    return hf_view(source)
+
+
+def _param_names(model_cls):
+    def names(config) -> dict[str, str]:
+        with torch.device("meta"):
+            model = model_cls(config)
+        return {n: n for n in model.state_dict()}
+    return names
+
+
+for _name, _types, _gguf, _cfg, _cls in (
+    ("qwen3_5", ("qwen3_5", "qwen3_5_text"), "qwen35", Qwen35Config, Qwen35ForCausalLM),
+    ("qwen3_5_moe", ("qwen3_5_moe", "qwen3_5_moe_text"), "qwen35moe", Qwen35MoeConfig, Qwen35MoeForCausalLM),
+):
+    register(Architecture(
+        name=_name, hf_model_types=_types, gguf_archs=(_gguf,), config_cls=_cfg, model_cls=_cls,
+        gguf_config=gguf_config, gguf_names=_param_names(_cls),
+        hf_ignore_prefixes=HF_HIDDEN_PREFIXES,
+        target_view=lambda config, source, fmt: checkpoint_view(config, source, fmt),
+        drafters=("ngram", "dflash", "mtp"),
+    ))

@@ -1,0 +1,305 @@
+"""Qwen3.5 / Qwen3.6 hybrid targets (dense and MoE): parity with transformers, HF and GGUF
+layouts, chunked vs recurrent DeltaNet, exact rollback of every cache type, snapshot memory,
+and clear errors for incomplete checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.cache import KVCache, LinearAttnCache
+from specdec.errors import CheckpointError
+from specdec.loading import load_model
+from specdec.models import deltanet
+from specdec.models.deltanet import GatedDeltaNet, chunked_gated_delta, recurrent_gated_delta
+from specdec.models.moe import Experts
+from specdec.models.qwen35 import checkpoint_view
+from specdec.weights.gguf_io import GGUFSource
+
+from _qwen35_util import (VOCAB, add_mtp_tensors, fuse_experts, hf_greedy, hf_model, hf_vl_model, our_greedy,
+                           read_tensors, write_gguf, write_tensors)
+
+KINDS = ("dense", "moe")
+
+
+def _prompt(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def _load(path) -> torch.nn.Module:
+    return load_model(str(path), device="cpu", dtype="float32", tokenizer=False).model
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny models run far faster on one intra-op thread (and suffer less from a busy machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """kind -> (transformers model, HF checkpoint dir with an MTP block)."""
+    out = {}
+    for kind in KINDS:
+        model = hf_model(kind)
+        path = tmp_path_factory.mktemp(f"q35_{kind}")
+        model.save_pretrained(path)
+        add_mtp_tensors(str(path), "model.layers.2.")
+        out[kind] = (model, path)
+    return out
+
+
+@pytest.fixture(scope="module")
+def loaded(ckpt):
+    return {kind: _load(path) for kind, (_, path) in ckpt.items()}
+
+
+# --- parity with transformers ------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hf_parity_logits_and_greedy(ckpt, loaded, kind):
+    ref_model, _ = ckpt[kind]
+    model = loaded[kind]
+    ids = _prompt(40)
+    with torch.no_grad():
+        ref = ref_model(ids[None]).logits[0]
+    out = model(ids, model.new_cache(64))
+    assert out.logits.shape == ref.shape
+    assert _rel(out.logits, ref) < 1e-4
+    assert our_greedy(model, ids, 32) == hf_greedy(ref_model, ids, 32)
+
+
+def test_checkpoint_mtp_tensors_stay_out_of_the_target(ckpt):
+    _, path = ckpt["moe"]
+    lm = load_model(str(path), device="cpu", dtype="float32", tokenizer=False)
+    assert not any(n.startswith("mtp") for n in lm.model.state_dict())
+    assert "mtp.fc.weight" in lm.source.infos()  # still readable by the MTP drafter
+    assert "mtp.layers.0.mlp.experts.3.up_proj.weight" in lm.source.infos()
+    view = checkpoint_view(lm.model.config, lm.source, lm.format, mtp=True)
+    assert tuple(view.infos()["mtp.layers.0.mlp.experts.gate_up_proj"].shape) == (8, 64, 64)
+
+
+def test_vision_language_wrapped_layout(tmp_path):
+    model = hf_vl_model()
+    model.save_pretrained(tmp_path)
+    add_mtp_tensors(str(tmp_path), "model.language_model.layers.2.")
+    names = read_tensors(str(tmp_path))
+    assert any(n.startswith("model.visual.") for n in names) and any(n.startswith("mtp.") for n in names)
+    ours = _load(tmp_path)
+    ids = _prompt(40, seed=3)
+    with torch.no_grad():
+        ref = model(input_ids=ids[None]).logits[0]
+    assert _rel(ours(ids, ours.new_cache(64)).logits, ref) < 1e-4
+
+
+def test_fused_expert_layout(ckpt, tmp_path):
+    ref_model, path = ckpt["moe"]
+    write_tensors(str(tmp_path), read_tensors(str(path)))
+    (tmp_path / "config.json").write_text((path / "config.json").read_text())
+    fuse_experts(str(tmp_path))
+    assert "model.layers.0.mlp.experts.gate_up_proj" in read_tensors(str(tmp_path))
+    ids = _prompt(40, seed=1)
+    with torch.no_grad():
+        ref = ref_model(ids[None]).logits[0]
+    ours = _load(tmp_path)
+    assert _rel(ours(ids, ours.new_cache(64)).logits, ref) < 1e-4
+
+
+def test_moe_gather_and_grouped_paths_agree():
+    torch.manual_seed(0)
+    ex = Experts(6, 16, 8)
+    with torch.no_grad():
+        ex.gate_up_proj.normal_(), ex.down_proj.normal_()
+    x = torch.randn(5, 16)
+    idx = torch.stack([torch.randperm(6)[:2] for _ in range(5)])
+    w = torch.rand(5, 2)
+    ex.gather_max_pairs = 0
+    grouped = ex(x, idx, w)
+    ex.gather_max_pairs = 100
+    gathered = ex(x, idx, w)
+    assert torch.allclose(grouped, gathered, atol=1e-5)
+
+
+# --- DeltaNet forms and caches ---------------------------------------------------------------
+
+def _delta_inputs(h=3, t=23, dk=8, dv=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(h, t, dk, generator=g), dim=-1) * dk ** -0.5
+    k = torch.nn.functional.normalize(torch.randn(h, t, dk, generator=g), dim=-1)
+    v = torch.randn(h, t, dv, generator=g)
+    gate = -torch.rand(h, t, generator=g) * 2
+    beta = torch.rand(h, t, generator=g)
+    s0 = torch.randn(h, dk, dv, generator=g)
+    return q, k, v, gate, beta, s0
+
+
+@pytest.mark.parametrize("chunk,segment", [(4, 4096), (7, 4096), (64, 4096), (4, 8)])
+def test_chunked_delta_rule_matches_recurrent(chunk, segment, monkeypatch):
+    monkeypatch.setattr(deltanet, "SEGMENT_TOKENS", segment)  # 8: three segments of two chunks
+    q, k, v, g, beta, s0 = _delta_inputs()
+    o_ref, states_ref = recurrent_gated_delta(q, k, v, g, beta, s0)
+    o, states = chunked_gated_delta(q, k, v, g, beta, s0, chunk_size=chunk, all_states=True)
+    assert torch.allclose(o, o_ref, atol=1e-5)
+    assert torch.allclose(states, states_ref, atol=1e-5)
+    o2, final = chunked_gated_delta(q, k, v, g, beta, s0, chunk_size=chunk)
+    assert torch.allclose(o2, o_ref, atol=1e-5) and torch.allclose(final[0], states_ref[-1], atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_chunked_prefill_then_decode_matches_one_prefill(loaded, kind, monkeypatch):
+    monkeypatch.setattr(GatedDeltaNet, "chunk_size", 64)
+    model = loaded[kind]
+    ids = _prompt(100, seed=5)
+    full = model(ids, model.new_cache(128)).logits
+    cache = model.new_cache(128)
+    parts = [model(ids[:70], cache).logits]  # 70 > 64: two chunks, no per-position snapshots
+    parts += [model(ids[i:i + 1], cache).logits for i in range(70, 100)]
+    assert _rel(torch.cat(parts), full) < 1e-4
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rollback_restores_every_cache_exactly(loaded, kind):
+    model = loaded[kind]
+    prompt, drafts, nxt = _prompt(20, seed=7), _prompt(6, seed=8), _prompt(4, seed=9)
+    cache = model.new_cache(64)
+    model(prompt, cache)
+    model(drafts, cache)  # verify 6 positions
+    assert {type(c) for c in cache.layers} == {KVCache, LinearAttnCache}
+    cache.rollback(len(prompt) + 3)
+    cache.rollback(len(prompt) + 3)  # to the current length: a no-op
+    after = model(nxt, cache).logits
+
+    ref_cache = model.new_cache(64)
+    model(prompt, ref_cache)
+    model(drafts[:3], ref_cache)
+    ref = model(nxt, ref_cache).logits
+    assert cache.length == ref_cache.length
+    assert _rel(after, ref) < 1e-5
+    for c, rc in zip(cache.layers, ref_cache.layers):
+        if isinstance(c, LinearAttnCache):
+            assert torch.allclose(c.state(), rc.state(), atol=1e-5)
+            assert torch.allclose(c.conv_window(), rc.conv_window(), atol=1e-6)
+
+    # rolling back to the start of the last forward (no draft accepted) works as well
+    cache.rollback(cache.length - len(nxt))
+    again = model(nxt, cache).logits
+    assert torch.allclose(again, after, atol=1e-6)
+
+
+def test_rollback_outside_the_last_forward_is_an_error(loaded):
+    model = loaded["dense"]
+    cache = model.new_cache(128)
+    model(_prompt(40), cache)  # > snapshot_tokens: final state only
+    with pytest.raises(ValueError, match="cannot roll back to 39"):
+        cache.rollback(39)
+    model(_prompt(5, seed=2), cache)
+    cache.rollback(42)
+    with pytest.raises(ValueError, match="linear-attention cache cannot roll back to 39"):
+        cache.rollback(39)
+
+
+def test_snapshot_memory_scales_with_draft_length_not_context(loaded):
+    model = loaded["dense"]
+    c = model.config
+    per_position = 0
+    for layer_type in c.layer_types:
+        if layer_type == "linear_attention":
+            conv_ch = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim
+            per_position += 4 * (c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim + conv_ch)
+    recorded = {}
+    for context in (40, 150):
+        for k in (1, 3, 7):
+            cache = model.new_cache(256)
+            model(_prompt(context), cache)
+            model(_prompt(k + 1, seed=k), cache)  # verify k drafts + the committed token
+            snap = sum(x.snapshot_nbytes() for x in cache.layers if isinstance(x, LinearAttnCache))
+            recorded[(context, k)] = snap
+            assert snap == (k + 1) * per_position, (context, k, snap)
+    print("snapshot bytes (context, k):", recorded)
+    assert recorded[(40, 7)] == recorded[(150, 7)]
+
+
+# --- GGUF --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind,variant", [("dense", {}), ("moe", {"recurrent_layers": True}),
+                                          ("moe", {"fuse_gate_up": True, "fuse_qkv": True, "shexp_gate_1d": True})])
+def test_gguf_llama_cpp_layout_matches_transformers(ckpt, loaded, kind, variant, tmp_path):
+    ref_model, path = ckpt[kind]
+    gpath = str(tmp_path / "model.gguf")
+    write_gguf(str(path), gpath, **variant)
+    src = GGUFSource(gpath)
+    assert src.metadata[f"{src.architecture}.nextn_predict_layers"] == 1
+    assert "blk.4.nextn.eh_proj.weight" in src.infos()
+    lm = load_model(gpath, device="cpu", dtype="float32", tokenizer=False)
+    assert lm.model.config.num_hidden_layers == 4
+    assert lm.model.config.layer_types == ref_model.config.layer_types
+    ids = _prompt(40, seed=11)
+    with torch.no_grad():
+        ref = ref_model(ids[None]).logits[0]
+    assert _rel(lm.model(ids, lm.model.new_cache(64)).logits, ref) < 1e-4
+    # greedy equals the HF-checkpoint load, itself checked against transformers above
+    assert our_greedy(lm.model, ids, 16) == our_greedy(loaded[kind], ids, 16)
+
+    # The MTP drafter's view: HF names and conventions (the +1 removed once, experts stacked).
+    hf = read_tensors(str(path))
+    view = checkpoint_view(lm.model.config, lm.source, "gguf", mtp=True)
+    for name in ("mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.norm.weight",
+                 "mtp.layers.0.input_layernorm.weight", "mtp.layers.0.self_attn.q_norm.weight",
+                 "mtp.layers.0.self_attn.q_proj.weight"):
+        assert torch.allclose(view.get(name, torch.float32), hf[name], atol=1e-6), name
+    if kind == "moe":
+        stacked = torch.stack([torch.cat([hf[f"mtp.layers.0.mlp.experts.{e}.gate_proj.weight"],
+                                          hf[f"mtp.layers.0.mlp.experts.{e}.up_proj.weight"]]) for e in range(8)])
+        assert torch.equal(view.get("mtp.layers.0.mlp.experts.gate_up_proj", torch.float32), stacked)
+        assert torch.equal(view.get("mtp.layers.0.mlp.shared_expert_gate.weight", torch.float32),
+                           hf["mtp.layers.0.mlp.shared_expert_gate.weight"])
+
+
+def test_missing_deltanet_tensor_is_named(ckpt, tmp_path):
+    _, path = ckpt["dense"]
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    t = read_tensors(str(path))
+    del t["model.layers.1.linear_attn.conv1d.weight"]
+    write_tensors(str(hf_dir), t)
+    (hf_dir / "config.json").write_text((path / "config.json").read_text())
+    with pytest.raises(CheckpointError, match=r"layers\.1\.linear_attn\.conv1d\.weight"):
+        _load(hf_dir)
+
+    gpath = str(tmp_path / "missing.gguf")
+    write_gguf(str(path), gpath, drop="blk.0.ssm_a")
+    assert "blk.0.ssm_a" not in GGUFSource(gpath).infos() and "blk.1.ssm_a" in GGUFSource(gpath).infos()
+    with pytest.raises(CheckpointError, match=r"blk\.0\.ssm_a"):
+        _load(gpath)
+
+
+def test_missing_expert_tensor_is_named(ckpt, tmp_path):
+    _, path = ckpt["moe"]
+    t = read_tensors(str(path))
+    del t["model.layers.3.mlp.experts.5.down_proj.weight"]
+    write_tensors(str(tmp_path), t)
+    (tmp_path / "config.json").write_text((path / "config.json").read_text())
+    with pytest.raises(CheckpointError, match=r"model\.layers\.3\.mlp\.experts\.5\.down_proj\.weight"):
+        _load(tmp_path)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_speculative_greedy_equals_plain_greedy(loaded, kind):
+    """The engine's verify -> accept -> rollback loop over hybrid caches changes no token."""
+    from _engine_util import OracleDrafter, plain_generate
+    from specdec.engine import SpeculativeGenerator
+
+    model = loaded[kind]
+    prompt = _prompt(36, seed=13).tolist()
+    plain = plain_generate(model, prompt, 40).token_ids
+    drafter = OracleDrafter(prompt + plain, VOCAB, corrupt=0.3, seed=1)
+    spec = SpeculativeGenerator(model, drafter, 5).generate(prompt, 40)
+    assert spec.token_ids == plain
+    assert 0 < sum(spec.stats.accepted) < spec.stats.drafted  # both accepts and rejections happened

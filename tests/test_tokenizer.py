@@ -1,0 +1,128 @@
+"""GGUF BPE tokenizers against llama.cpp's reference token ids.
+
+llama.cpp ships vocab-only GGUF files with ``.inp`` (test strings separated by a
+``\\n__ggml_vocab_test__\\n`` line) and ``.out`` (one line of space-separated ids per string,
+tokenized without BOS and without parsing special tokens) that its ``test-tokenizer-0`` checks.
+They are read from ``$SPECDEC_LLAMA_VOCAB_DIR`` (CI extracts them from the llama-cpp-python
+sdist: ``pip download --no-deps --no-binary :all: llama-cpp-python``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from specdec.errors import CheckpointError
+from specdec.tokenizer import PRE_REGEXES, Tokenizer
+from specdec.weights.gguf_io import GGUFSource
+
+VOCAB_DIR = os.environ.get("SPECDEC_LLAMA_VOCAB_DIR", "/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp/models")
+SEP = "\n__ggml_vocab_test__\n"
+# The four the project targets, plus other BPE pre-tokenizers specdec maps (cheap to check).
+VOCABS = ["qwen2", "qwen35", "llama-bpe", "gpt-2", "starcoder", "refact", "mpt", "command-r"]
+
+
+def read_cases(path: str) -> list[tuple[str, list[int]]]:
+    """(text, ids) pairs the way test-tokenizer-0.cpp reads them."""
+    with open(path + ".inp", encoding="utf-8", newline="") as fh:
+        raw = fh.read()
+    with open(path + ".out", encoding="utf-8", newline="") as fh:
+        lines = fh.read().split("\n")
+    texts, pos = [], 0
+    while pos < len(raw):  # split on the separator; a trailing one leaves no empty case
+        nxt = raw.find(SEP, pos)
+        if nxt < 0:
+            texts.append(raw[pos:])
+            break
+        texts.append(raw[pos:nxt])
+        pos = nxt + len(SEP)
+    if lines and lines[-1] == "":  # getline semantics: a final newline ends the last line
+        lines = lines[:-1]
+    assert len(texts) == len(lines), f"{path}: {len(texts)} inputs but {len(lines)} outputs"
+    return [(t, [int(x) for x in o.split()]) for t, o in zip(texts, lines)]
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_matches_llama_cpp_reference(name):
+    if not os.path.isdir(VOCAB_DIR):
+        pytest.skip(f"llama.cpp vocab directory {VOCAB_DIR} not found (set SPECDEC_LLAMA_VOCAB_DIR; "
+                    "CI extracts it from the llama-cpp-python sdist)")
+    path = os.path.join(VOCAB_DIR, f"ggml-vocab-{name}.gguf")
+    if not os.path.exists(path + ".out"):
+        pytest.skip(f"{path}(.inp/.out) not found in {VOCAB_DIR}")
+    src = GGUFSource(path)
+    tok = Tokenizer.from_gguf(src.metadata, path)
+    cases = read_cases(path)
+    assert len(cases) > 30
+    bad = []
+    for text, want in cases:
+        got = tok.encode(text, add_special=False)
+        if got != want:
+            bad.append(f"{text!r}: llama.cpp {want} specdec {got}")
+        elif tok.decode(got) != text:
+            bad.append(f"{text!r}: decodes to {tok.decode(got)!r}")
+    assert not bad, f"{name}: {len(bad)} of {len(cases)} differ:\n" + "\n".join(bad)
+
+
+def test_unknown_pre_tokenizer_is_named():
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "no-such-pre",
+            "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.merges": []}
+    with pytest.raises(CheckpointError, match="no-such-pre") as e:
+        Tokenizer.from_gguf(meta, "x.gguf")
+    assert "qwen2" in str(e.value) and "x.gguf" in str(e.value)
+
+
+def test_unknown_tokenizer_model_is_named():
+    with pytest.raises(CheckpointError, match="'llama'.*not supported"):
+        Tokenizer.from_gguf({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]}, "x.gguf")
+
+
+def test_llama_cpp_pre_names_are_mapped():
+    # names llama.cpp writes for the families specdec targets
+    for pre in ("gpt-2", "llama-bpe", "qwen2", "qwen35", "smollm", "default"):
+        assert pre in PRE_REGEXES
+
+
+# --- HF tokenizer.json directories -----------------------------------------------------------------
+
+def _hf_tokenizer_dir(path, bos_post_processor: bool) -> str:
+    """A small byte-level BPE tokenizer.json (+ tokenizer_config.json) trained on the spot.
+
+    With ``bos_post_processor`` its post-processor prepends BOS, as Llama 3's does.
+    """
+    from tokenizers import Tokenizer as HFTok, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = HFTok(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["The quick brown fox jumps over the lazy dog. " * 20, "def f(x): return x * 2\n" * 10], trainer)
+    if bos_post_processor:
+        tok.post_processor = processors.TemplateProcessing(
+            single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B", special_tokens=[("<|begin_of_text|>", 0)])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    os.makedirs(path, exist_ok=True)
+    tok.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as fh:
+        json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
+                   "tokenizer_class": "PreTrainedTokenizerFast"}, fh)
+    return str(path)
+
+
+@pytest.mark.parametrize("bos", [True, False], ids=["bos-post-processor", "no-bos"])
+def test_hf_dir_tokenizer_matches_transformers(tmp_path, bos):
+    from transformers import AutoTokenizer
+
+    path = _hf_tokenizer_dir(tmp_path / "tok", bos)
+    ours, theirs = Tokenizer.from_hf_dir(path), AutoTokenizer.from_pretrained(path)
+    assert ours.eos_ids == [1]
+    for text in ["The quick fox", "  def f(x):\n\treturn x ** 2  ", "ünï 🦙 <|end_of_text|>", ""]:
+        for special in (True, False):
+            want = theirs(text, add_special_tokens=special)["input_ids"]
+            assert ours.encode(text, add_special=special) == want, (text, special)
+        assert ours.decode(ours.encode(text, add_special=False)) == text
+    assert (ours.encode("The")[0] == 0) == bos
