@@ -1,0 +1,251 @@
+"""Qwen3.5 / Qwen3.6 multi-token prediction ("NextN") drafter.
+
+The MTP block that these checkpoints carry beside the main stack predicts the token after next:
+
+    x = fc([pre_fc_norm_embedding(embed(t_{i+1})), pre_fc_norm_hidden(h_i)])    # embedding first
+    x = FullAttentionDecoderLayer(x)        # gated attention, its own KV cache, dense or MoE FFN
+    g = norm(x)                             # shared_head_norm; also the input of the next chained step
+    logits = head(g)                        # predicts t_{i+2}
+
+``h_i`` is the target's final hidden state **after** its final norm at position ``i``
+(``ForwardOut.hidden``). Embedding and head are the target's unless the checkpoint carries
+dedicated ones (``mtp.embed_tokens`` / GGUF ``nextn.embed_tokens``, ``nextn.shared_head_head``).
+Drafting ``k`` tokens chains the block: step ``j + 1`` is fed ``g`` of step ``j`` with the
+embedding of the draft step ``j`` made, one position further.
+
+Positions: row ``i`` (the pair ``h_i``, ``t_{i+1}``) sits at position ``i``, the position of
+``h_i``, as vLLM places it (only relative positions matter; the cache index is the position).
+
+Cache: the block's KV cache holds committed rows only. Row ``i`` needs ``t_{i+1}``, so after
+``L`` committed target positions the rows ``0 .. L-2`` are known and ``h_{L-1}`` waits for the
+next token. :meth:`MTPDrafter.propose` first runs every pending committed row together with the
+row ``(h_{L-1}, t)`` of the token it drafts from (kept: it pairs a real hidden state with a
+committed token), then the chained rows, which are made from the block's own hidden states and
+are dropped (overwritten by the next propose's committed rows), so the cache never holds
+a draft-made entry when ``propose`` starts. :meth:`observe` only queues the committed rows;
+they are computed with the real target hidden states in the next ``propose``, in one forward.
+
+Sampling (temperature > 0): drafts are sampled from the block's own processed distribution
+(temperature, top-k, top-p) and returned with their probabilities. Acceptance is then
+``1 - TV(p, q)`` per token, which for a good drafter beats argmax drafts (accepted with
+probability ``p(argmax q)``, at most the target's top probability). Both are lossless.
+
+HF checkpoints: ``mtp.fc``, ``mtp.pre_fc_norm_embedding``, ``mtp.pre_fc_norm_hidden``,
+``mtp.norm``, ``mtp.layers.0.*`` (and the optional ``mtp.embed_tokens``). GGUF:
+``blk.{n}.nextn.{eh_proj,enorm,hnorm,shared_head_norm,embed_tokens,shared_head_head}`` and the
+inner block under ``blk.{n}.*`` (``n`` = main layers); the names and the baked ``+1`` of the
+norms are converted by :func:`specdec.models.qwen35.checkpoint_view`, as for the target.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import CheckpointError, ConfigError
+from ..models.base import CausalLM, ForwardOut
+from ..models.layers import RMSNorm
+from ..models.qwen35 import FullAttentionDecoderLayer, checkpoint_view
+from ..sampling import SamplingParams, probs_from_logits
+from ..weights import load_into
+from .base import Proposal
+
+_PREFIXES = ("mtp.", "model.mtp.")
+# HF name -> llama.cpp name of the wrapper tensors, for error messages about GGUF files
+_GGUF_NEXTN = {"fc.weight": "nextn.eh_proj.weight", "pre_fc_norm_embedding.weight": "nextn.enorm.weight",
+               "pre_fc_norm_hidden.weight": "nextn.hnorm.weight", "norm.weight": "nextn.shared_head_norm.weight",
+               "embed_tokens.weight": "nextn.embed_tokens.weight",
+               "shared_head.head.weight": "nextn.shared_head_head.weight"}
+
+
+class MTPBlock(nn.Module):
+    """The MTP weights under HF names less the ``mtp.`` prefix (see the module docstring)."""
+
+    def __init__(self, config, moe: bool, dedicated_embed: bool = False, dedicated_head: bool = False):
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.pre_fc_norm_embedding = RMSNorm(h, eps, zero_centered=True)
+        self.pre_fc_norm_hidden = RMSNorm(h, eps, zero_centered=True)
+        self.layers = nn.ModuleList([FullAttentionDecoderLayer(config, moe)])
+        self.norm = RMSNorm(h, eps, zero_centered=True)
+        self.embed_tokens = nn.Embedding(config.vocab_size, h) if dedicated_embed else None
+        self.shared_head = nn.Module() if dedicated_head else None
+        if dedicated_head:
+            self.shared_head.head = nn.Linear(h, config.vocab_size, bias=False)
+
+    def forward(self, emb: torch.Tensor, hidden: torch.Tensor, ctx, cache) -> torch.Tensor:
+        """``emb``, ``hidden`` ``[T, H]`` (rows at ``ctx.start ..``) -> normed output ``[T, H]``."""
+        x = self.fc(torch.cat([self.pre_fc_norm_embedding(emb), self.pre_fc_norm_hidden(hidden)], dim=-1))
+        return self.norm(self.layers[0](x, ctx, cache))
+
+
+class MTPDrafter:
+    """Drafts with a loaded :class:`MTPBlock` bound to its target (see the module docstring)."""
+
+    name = "mtp"
+    capture_layers: tuple[int, ...] = ()  # needs only ForwardOut.hidden
+
+    def __init__(self, block: MTPBlock, target: CausalLM, sample_drafts: bool = True):
+        self.block, self.target, self.sample_drafts = block, target, sample_drafts
+        self.length = 0  # committed rows in the KV cache
+        self.cache = None
+        self._pending_h: list[torch.Tensor] = []  # committed rows not yet in the cache
+        self._pending_t: list[torch.Tensor] = []
+        self._last_h: torch.Tensor | None = None  # [1, H]: h of the last committed target position
+        self._fed_last = False  # whether propose already cached the row (last_h, last token)
+        self.last_logits: torch.Tensor | None = None  # [k, V] of the last propose (for inspection)
+
+    # --- embedding / head (dedicated or the target's) ----------------------------------
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        b = self.block
+        return b.embed_tokens(ids) if b.embed_tokens is not None else self.target.embed(ids)
+
+    def _head(self, g: torch.Tensor) -> torch.Tensor:
+        b = self.block
+        if b.shared_head is not None:
+            return F.linear(g, b.shared_head.head.weight).float()
+        return self.target.head(g)
+
+    def _ensure(self, end: int) -> None:
+        """Grow the KV cache (by doubling) to hold positions ``0 .. end-1``."""
+        cap = 0 if self.cache is None else self.cache.k.shape[1]
+        if end <= cap:
+            return
+        layer = self.block.layers[0]
+        new = layer.make_cache(max(end, 2 * cap, 64), self.target.dtype, self.target.device)
+        if self.cache is not None:  # everything, chained rows of the current propose included
+            new.k[:, :cap] = self.cache.k
+            new.v[:, :cap] = self.cache.v
+        self.cache = new
+
+    def _run(self, tokens: torch.Tensor, hidden: torch.Tensor, start: int) -> torch.Tensor:
+        """Rows ``(hidden[j], tokens[j])`` at positions ``start + j`` -> normed outputs ``[T, H]``."""
+        t = tokens.shape[0]
+        self._ensure(start + t)
+        ctx = self.target.step_context(start, t)
+        return self.block(self._embed(tokens), hidden.to(self.target.dtype), ctx, self.cache)
+
+    # --- the drafter protocol ---------------------------------------------------------
+    @torch.inference_mode()
+    def begin(self, prompt_ids: torch.Tensor, out: ForwardOut) -> None:
+        ids = prompt_ids.to(self.target.device).reshape(-1)
+        self.length = 0
+        self.cache = None
+        self._ensure(2 * ids.numel())
+        self._pending_h = [out.hidden[:-1]]
+        self._pending_t = [ids[1:]]
+        self._last_h = out.hidden[-1:]
+        self._fed_last = False
+
+    @torch.inference_mode()
+    def observe(self, tokens: torch.Tensor, out: ForwardOut) -> None:
+        tokens = tokens.to(self.target.device).reshape(-1)
+        n = tokens.shape[0]
+        if not self._fed_last:  # no propose this step: the row (last_h, tokens[0]) is still missing
+            self._pending_h.append(self._last_h)
+            self._pending_t.append(tokens[:1])
+        self._pending_h.append(out.hidden[:n - 1])
+        self._pending_t.append(tokens[1:])
+        self._last_h = out.hidden[n - 1:n]
+        self._fed_last = False
+
+    @torch.inference_mode()
+    def propose(self, last_token: int, k: int, params: SamplingParams, gen: torch.Generator | None) -> Proposal:
+        dev = self.target.device
+        if k <= 0:
+            return Proposal(torch.empty(0, dtype=torch.int64, device=dev))
+        if self._fed_last:
+            raise RuntimeError("MTPDrafter.propose called twice without observe in between")
+        # committed rows first, then (h_{L-1}, last_token): all real, all kept
+        hidden = torch.cat(self._pending_h + [self._last_h], dim=0)
+        toks = torch.cat(self._pending_t + [torch.tensor([int(last_token)], dtype=torch.int64, device=dev)])
+        g = self._run(toks, hidden, self.length)[-1:]
+        self.length += toks.shape[0]
+        self._pending_h, self._pending_t, self._fed_last = [], [], True
+
+        drafts, probs, logits_all = [], [], []
+        for j in range(k):
+            logits = self._head(g)  # [1, V]
+            logits_all.append(logits)
+            if params.greedy or not self.sample_drafts:
+                d = logits.argmax(-1)
+            else:
+                q = probs_from_logits(logits, params)
+                d = torch.multinomial(q, 1, generator=gen).reshape(1)
+                probs.append(q)
+            drafts.append(d)
+            if j + 1 < k:
+                # a chained row made from the block's own hidden state: at position length + j,
+                # past the committed rows, so the next propose overwrites it
+                g = self._run(d, g, self.length + j)
+        self.last_logits = torch.cat(logits_all)
+        return Proposal(torch.cat(drafts), torch.cat(probs) if probs else None)
+
+
+# --- loading ------------------------------------------------------------------------------
+
+def _strip(name: str) -> str | None:
+    for p in _PREFIXES:
+        if name.startswith(p):
+            return name[len(p):]
+    return None
+
+
+def load_mtp_drafter(loaded, sample_drafts: bool = True) -> MTPDrafter:
+    """Build the MTP drafter of a loaded Qwen3.5 / Qwen3.6 target from its own checkpoint."""
+    arch, cfg, target = loaded.arch, loaded.model.config, loaded.model
+    if "mtp" not in getattr(arch, "drafters", ()):
+        raise ConfigError(f"{loaded.path}: --draft mtp needs a Qwen3.5/Qwen3.6 target with an MTP block; "
+                          f"architecture '{arch.name}' has none (try --draft ngram)")
+    view = checkpoint_view(cfg, loaded.source, loaded.format, mtp=True)
+    n_layer = cfg.num_hidden_layers
+    extra = re.compile(r"^blk\.(\d+)\.")
+
+    def is_mtp(name: str) -> bool:
+        m = extra.match(name)  # GGUF tensors of MTP blocks the view did not rename: reported as unexpected
+        return _strip(name) is not None or (m is not None and int(m[1]) >= n_layer)
+
+    mtp_view = view.without(lambda n: not is_mtp(n))
+    infos = mtp_view.infos()
+    names = {n: _strip(n) or n for n in infos}
+    where = loaded.path
+
+    def ckpt_name(p: str) -> str:
+        if loaded.format == "gguf":
+            g = _GGUF_NEXTN.get(p)
+            return f"mtp.{p} (GGUF blk.{n_layer}.{g})" if g else f"mtp.{p} (GGUF under blk.{n_layer}.*)"
+        return f"mtp.{p}"
+
+    n_mtp = int(getattr(cfg, "mtp_num_hidden_layers", 0) or 0)
+    if not infos:
+        raise CheckpointError(f"{where}: the checkpoint has no MTP block (no mtp.* / blk.{n_layer}.nextn.* tensors); "
+                              f"--draft mtp needs one (try --draft ngram)")
+    if n_mtp == 0:
+        found = {int(m[1]) for n in names.values() if (m := re.match(r"^layers\.(\d+)\.", n))}
+        n_mtp = len(found) or 1  # config.json without mtp_num_hidden_layers: count the blocks
+    if n_mtp != 1:
+        raise ConfigError(f"{where}: mtp_num_hidden_layers={n_mtp}: only one MTP layer is supported "
+                          f"(every published Qwen3.5/3.6 checkpoint has one)")
+
+    params = set(names.values())
+    flag = bool(cfg.raw.get("mtp_use_dedicated_embeddings", False))
+    dedicated_embed = "embed_tokens.weight" in params
+    if flag and not dedicated_embed:
+        raise CheckpointError(f"{where}: config sets mtp_use_dedicated_embeddings=true but the checkpoint has no "
+                              f"tensor {ckpt_name('embed_tokens.weight')}")
+    dedicated_head = "shared_head.head.weight" in params
+    moe = hasattr(cfg, "moe_intermediate_size")
+    with torch.device("meta"):
+        block = MTPBlock(cfg, moe, dedicated_embed, dedicated_head)
+    missing = sorted(p for p in block.state_dict() if p not in params)
+    if missing:
+        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        raise CheckpointError(f"{where}: MTP block incomplete: missing tensor(s) "
+                              f"{', '.join(ckpt_name(p) for p in missing[:8])}{more}")
+    load_into(block, mtp_view, names, dtype=target.dtype, device=target.device, desc="loading MTP block")
+    block.eval()
+    return MTPDrafter(block, target, sample_drafts=sample_drafts)

@@ -1,0 +1,223 @@
+"""Speculative sampling must emit tokens that follow the target's distribution exactly.
+
+Two levels:
+- unit: ``accept_sampled`` driving a Markov-chain "target" (next-token distribution = a row of a
+  transition matrix), every token produced by speculation, so many samples are cheap and the exact
+  joint distribution of the first three tokens is known in closed form;
+- end to end: the real engine on a tiny Llama with a vocabulary of 8, four new tokens per run, the
+  exact joint computed from the target's own logits with ``probs_from_logits``.
+
+Drafters: the target's own distribution (q = p), uniform q, adversarial q (mass on the target's
+least likely tokens, including ones top-k/top-p removed) and argmax drafts with ``probs=None``.
+
+Statistics: Pearson chi-square with cells of expected count < 5 pooled. A test fails when its
+p-value is below ``ALPHA = 1e-4``: under a correct sampler each chi-square check has a 1e-4 chance
+of failing for a random seed, so the 44 checks in this file together have a false-positive rate
+below 0.5% (seeds are fixed, so a given run is deterministic). The sanity tests show the same
+checks reject broken acceptance rules with p-values far below ALPHA.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import random
+
+import pytest
+import torch
+
+import specdec.engine.generate as engine_generate
+from _engine_util import (DistDrafter, accept_always_broken, build_llama, model_next_logits, one_thread,
+                          pooled_chi2, resample_from_p_broken, total_variation)
+from specdec.engine import SpeculativeGenerator, accept_sampled
+from specdec.loading import load_model
+from specdec.sampling import SamplingParams, probs_from_logits
+
+ALPHA = 1e-4
+PARAMS = {
+    "plain": SamplingParams(temperature=1.0),
+    "filtered": SamplingParams(temperature=0.8, top_k=4, top_p=0.9),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _single_thread():
+    with one_thread():
+        yield
+
+
+# --- unit level: accept_sampled on a Markov-chain target ---------------------------------------------
+
+V = 5
+START = 0
+UNIT_N = 2000
+
+
+def _markov_logits(seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(V, V, generator=g) * 1.5  # row = previous token
+
+
+def _draft_table(mode: str, raw: torch.Tensor, p: torch.Tensor) -> torch.Tensor | None:
+    """``[V, V]`` draft distribution per previous token (None: argmax drafts)."""
+    if mode == "target":
+        return p
+    if mode == "uniform":
+        return torch.full((V, V), 1.0 / V)
+    if mode == "adversarial":
+        return torch.softmax(-2.0 * raw, -1)
+    return None
+
+
+def _simulate(mode: str, params: SamplingParams, n: int = UNIT_N, k: int = 2, accept=accept_sampled, seed: int = 0):
+    """Counts ``[V, V, V]`` of the first three emitted tokens, and their exact joint distribution.
+
+    Drafts are sampled with Python's ``random`` from precomputed CDFs (cheap); acceptance uses a
+    torch generator, as in the engine.
+    """
+    raw = _markov_logits()
+    p = probs_from_logits(raw, params)  # [V, V], the target's processed distribution per state
+    q = _draft_table(mode, raw, p)
+    cdf = None if q is None else q.double().cumsum(-1).tolist()
+    amax = raw.argmax(-1).tolist()
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(V, V, V)
+    for _ in range(n):
+        last, out = START, []
+        while len(out) < 3:
+            drafts, prev = [], last
+            for _ in range(min(k, 3 - len(out))):
+                prev = amax[prev] if cdf is None else min(bisect.bisect(cdf[prev], rng.random()), V - 1)
+                drafts.append(prev)
+            qs = None if q is None else q[[last] + drafts[:-1]]
+            res = accept(torch.tensor(drafts), qs, p[[last] + drafts], gen).tolist()
+            toks = res[1:res[0] + 2]
+            out.extend(toks)
+            last = toks[-1]
+        counts[out[0], out[1], out[2]] += 1
+    exact = p[START][:, None, None] * p[:, :, None] * p[None, :, :]
+    return counts, exact
+
+
+@pytest.mark.parametrize("mode", ["target", "uniform", "adversarial", "argmax"])
+@pytest.mark.parametrize("pname", list(PARAMS))
+def test_accept_sampled_joint_distribution(mode, pname):
+    counts, exact = _simulate(mode, PARAMS[pname])
+    stat, df, pv = pooled_chi2(counts, exact)
+    assert pv > ALPHA, (f"{mode} drafter, {pname}: joint of 3 tokens deviates (chi2={stat:.1f}, df={df}, "
+                        f"p={pv:.2e}, TV={total_variation(counts, exact):.3f})")
+    for pos, dims in ((0, (1, 2)), (1, (0, 2)), (2, (0, 1))):
+        stat, df, pv = pooled_chi2(counts.sum(dims), exact.sum(dims))
+        assert pv > ALPHA, f"{mode} drafter, {pname}: token {pos + 1} marginal deviates (p={pv:.2e})"
+
+
+@pytest.mark.parametrize("broken", [accept_always_broken, resample_from_p_broken])
+def test_chi_square_detects_broken_acceptance(broken):
+    """The statistical check has power: classic acceptance bugs fail it by a wide margin."""
+    counts, exact = _simulate("uniform", PARAMS["plain"], accept=broken)
+    _, _, pv = pooled_chi2(counts, exact)
+    assert pv < 1e-8, f"{broken.__name__} was not detected (p={pv:.2e})"
+
+
+def test_zero_probability_tokens_never_emitted():
+    """With top-k/top-p a draft outside the kept set must always be rejected."""
+    params = PARAMS["filtered"]
+    p = probs_from_logits(_markov_logits(), params)
+    gen = torch.Generator().manual_seed(3)
+    for prev in range(V):
+        banned = (p[prev] == 0).nonzero().flatten().tolist()
+        assert banned, "the filtered setting should remove some tokens"
+        for x in banned:
+            q = torch.zeros(1, V)
+            q[0, x] = 1.0
+            for probs in (q, None):
+                res = accept_sampled(torch.tensor([x]), probs, p[[prev, x]], gen).tolist()
+                assert res[0] == 0 and p[prev, res[1]] > 0
+
+
+# --- end to end through the engine -------------------------------------------------------------------
+
+E2E_V = 8
+E2E_NEW = 4
+E2E_N = 600
+PROMPT = [3, 1, 4, 1, 5]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(model, raw next-token logits after PROMPT + every prefix of up to E2E_NEW - 1 new tokens)."""
+    path = build_llama(tmp_path_factory.mktemp("llama_v8"), vocab=E2E_V, hidden=16, layers=1, heads=2, kv_heads=1,
+                       seed=3, head_scale=20.0)
+    model = load_model(path, "cpu", tokenizer=False).model
+    table = {}
+    for length in range(E2E_NEW):
+        for prefix in itertools.product(range(E2E_V), repeat=length):
+            seq = PROMPT + list(prefix)
+            table[prefix] = model(torch.tensor(seq), model.new_cache(len(seq)), logits="last").logits[-1]
+    return model, table
+
+
+def _exact_joint(table, params: SamplingParams) -> torch.Tensor:
+    """``[V] * E2E_NEW``: the exact joint distribution of the new tokens under ``params``."""
+    joint = torch.zeros([E2E_V] * E2E_NEW, dtype=torch.float64)
+    for prefix in itertools.product(range(E2E_V), repeat=E2E_NEW - 1):
+        pr = 1.0
+        for i in range(E2E_NEW - 1):
+            pr *= float(probs_from_logits(table[prefix[:i]], params)[prefix[i]])
+        joint[prefix] = pr * probs_from_logits(table[prefix], params).double()
+    return joint
+
+
+def _run(model, table, mode, params, n: int = E2E_N, k: int = 2) -> torch.Tensor:
+    # the drafter reads the target's logits from the precomputed table (drafting is then free)
+    lookup = lambda seq: table[tuple(seq[len(PROMPT):])]  # noqa: E731
+    counts = torch.zeros([E2E_V] * E2E_NEW)
+    for s in range(n):
+        p = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=1000 + s)
+        res = SpeculativeGenerator(model, DistDrafter(lookup, mode), k).generate(PROMPT, E2E_NEW, p)
+        counts[tuple(res.token_ids)] += 1
+    return counts
+
+
+def _check(counts, exact, what):
+    # token 1 is sampled at prefill, 2 and 3 are verified drafts, 4 is a bonus token or the first
+    # token of a second step: check tokens 1-3 jointly, and the pairs (3, 4) and (2, 4)
+    for dims, name in (((3,), "tokens 1-3"), ((0, 1), "tokens 3-4"), ((0, 2), "tokens 2,4")):
+        stat, df, pv = pooled_chi2(counts.sum(dims), exact.sum(dims))
+        assert pv > ALPHA, (f"{what}: {name} deviate from the target (chi2={stat:.1f}, df={df}, p={pv:.2e}, "
+                            f"TV={total_variation(counts.sum(dims), exact.sum(dims)):.3f})")
+
+
+def test_e2e_target_is_not_degenerate(tiny):
+    """The statistical tests only have power if the target spreads its mass (and k/p filter some)."""
+    _, table = tiny
+    p = probs_from_logits(table[()], PARAMS["plain"])
+    assert 0.3 < float(p.max()) < 0.95, p
+    assert int((probs_from_logits(table[()], PARAMS["filtered"]) > 0).sum()) < E2E_V
+
+
+@pytest.mark.parametrize("mode,pname", [("uniform", "plain"), ("argmax", "plain"), ("adversarial", "filtered"),
+                                        ("target", "filtered")])
+def test_engine_sampling_lossless(tiny, mode, pname):
+    model, table = tiny
+    params = PARAMS[pname]
+    _check(_run(model, table, mode, params), _exact_joint(table, params), f"{mode} drafter, {pname}")
+
+
+def test_engine_sampling_detects_broken_rule(tiny, monkeypatch):
+    """End-to-end sanity: swapping in a broken acceptance rule fails the same check."""
+    model, table = tiny
+    monkeypatch.setattr(engine_generate, "accept_sampled", resample_from_p_broken)
+    params = PARAMS["plain"]
+    counts = _run(model, table, "uniform", params, n=400)
+    with pytest.raises(AssertionError):
+        _check(counts, _exact_joint(table, params), "broken rule")
+
+
+def test_engine_sampling_seeded_is_reproducible(tiny):
+    model, _ = tiny
+    params = SamplingParams(temperature=1.0, seed=11)
+    drafter = DistDrafter(model_next_logits(model), "uniform")
+    runs = [SpeculativeGenerator(model, drafter, 3).generate(PROMPT, 12, params) for _ in range(2)]
+    assert runs[0].token_ids == runs[1].token_ids
