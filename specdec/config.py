@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from .errors import ConfigError
 
 C = TypeVar("C", bound="ModelConfig")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @dataclass
@@ -92,6 +93,9 @@ def parse_config(cls: type[C], d: dict, source: str = "config.json") -> C:
             kwargs[f.name] = d[f.name]
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
             raise ConfigError(f"{source}: required field '{f.name}' is missing (model_type={d.get('model_type')!r})")
+    kind = (d.get("rope_scaling") or {}).get("rope_type", "default")
+    if kind not in SUPPORTED_ROPE_TYPES:
+        raise ConfigError(f"{source}: rope_type '{kind}' is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
     try:
         return cls(raw=d, **kwargs)
     except TypeError as e:

@@ -39,9 +39,6 @@ else:  # pragma: no cover - torch < 2.4
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
-_ROPE_TYPES = ("default", "linear", "llama3", None)
-
-
 class RotaryEmbedding(nn.Module):
     """RoPE in the rotate-half (NeoX / HF) layout on the first ``rotary_dim`` channels.
 
@@ -56,9 +53,6 @@ class RotaryEmbedding(nn.Module):
         self.theta = theta
         self.scaling = dict(scaling or {})
         self.freq_factors: torch.Tensor | None = None  # set by a loader that found rope_freqs
-        kind = self.scaling.get("rope_type", "default")
-        if kind not in _ROPE_TYPES:
-            raise ConfigError(f"rope_type '{kind}' is not supported (supported: {', '.join(_ROPE_TYPES[:3])})")
         self._inv: dict[torch.device, torch.Tensor] = {}
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
