@@ -66,18 +66,23 @@ class LLM:
     drafts per step for n-gram/MTP; a block drafter (DFlash) drafts ``block_size - 1`` per step,
     where ``block_size`` (default: the checkpoint's) may lower its trained block size.
     ``cuda_graphs``: replay decode/verify steps as CUDA graphs where the target allows it
-    (CUDA and KV-cache-only models); output is the same either way.
+    (CUDA and KV-cache-only models); output is the same either way. ``batch_invariant``: run
+    every graphed step with the same number of rows (16), so that decode and verify compute each
+    position bit-identically and speculative output equals plain output also in bf16; turning it
+    off makes plain decoding faster but lets near-tie tokens differ in low precision.
     """
 
     def __init__(self, model: str | None = None, draft=None, device: str | None = None, dtype=None,
-                 num_draft_tokens: int = 4, block_size: int | None = None, cuda_graphs: bool = True):
+                 num_draft_tokens: int = 4, block_size: int | None = None, cuda_graphs: bool = True,
+                 batch_invariant: bool = True):
         self.loaded = load_model(model or default_model_path(), device, dtype)
         self.tokenizer = self.loaded.tokenizer
         self.drafter = make_drafter(draft, self.loaded, block_size=block_size)
         k = num_draft_tokens
         if self.drafter is not None and getattr(self.drafter, "block_size", None):
             k = self.drafter.block_size - 1  # a block drafter drafts its whole (possibly lowered) block
-        self.engine = SpeculativeGenerator(self.loaded.model, self.drafter, k, cuda_graphs=cuda_graphs)
+        self.engine = SpeculativeGenerator(self.loaded.model, self.drafter, k, cuda_graphs=cuda_graphs,
+                                           batch_invariant=batch_invariant)
 
     @property
     def model(self):

@@ -91,7 +91,7 @@ def _sync(device: torch.device) -> None:
 def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max_new_tokens: int, *,
               num_draft_tokens: int = 4, block_size: int | None = None, temperature: float = 0.0,
               device=None, dtype=None, data_dir: str | None = None, chat: bool = True, seed: int = 0,
-              cuda_graphs: bool = True) -> dict:
+              cuda_graphs: bool = True, batch_invariant: bool = True) -> dict:
     loaded = load_model(model, device, dtype)
     tgt, tok = loaded.model, loaded.tokenizer
     if tok is None:
@@ -102,7 +102,7 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
         k = num_draft_tokens
         if d is not None and getattr(d, "block_size", None):
             k = d.block_size - 1
-        gens[spec] = SpeculativeGenerator(tgt, d, k, cuda_graphs=cuda_graphs)
+        gens[spec] = SpeculativeGenerator(tgt, d, k, cuda_graphs=cuda_graphs, batch_invariant=batch_invariant)
     results = {spec: ConfigResult(spec) for spec in drafts}
     prompts = load_prompts(dataset, num_prompts, data_dir)
     params = SamplingParams(temperature=temperature, seed=seed)
@@ -146,7 +146,8 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
         })
     return {"machine": machine_description(dev), "commit": git_commit(), "model": model, "dataset": dataset,
             "num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "temperature": temperature,
-            "dtype": str(tgt.dtype).replace("torch.", ""), "device": str(dev), "cuda_graphs": cuda_graphs, "rows": rows}
+            "dtype": str(tgt.dtype).replace("torch.", ""), "device": str(dev), "cuda_graphs": cuda_graphs,
+            "batch_invariant": batch_invariant, "rows": rows}
 
 
 def machine_description(dev: torch.device) -> str:
@@ -156,6 +157,8 @@ def machine_description(dev: torch.device) -> str:
 
 
 def git_commit() -> str:
+    if os.environ.get("SPECDEC_COMMIT"):  # set where the tree was copied without .git (device runs)
+        return os.environ["SPECDEC_COMMIT"]
     try:
         here = os.path.dirname(os.path.abspath(__file__))
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
@@ -166,7 +169,8 @@ def git_commit() -> str:
 
 def format_table(report: dict) -> str:
     head = (f"machine: {report['machine']} | commit {report['commit']} | {report['dataset']} x{report['num_prompts']}"
-            f" | max_new_tokens {report['max_new_tokens']} | T={report['temperature']} | {report['dtype']} on {report['device']}\n")
+            f" | max_new_tokens {report['max_new_tokens']} | T={report['temperature']} | {report['dtype']} on {report['device']}"
+            f" | cuda_graphs={report['cuda_graphs']} batch_invariant={report['batch_invariant']}\n")
     cols = ["draft", "tokens_per_s", "speedup_vs_none", "tau", "acceptance_rate", "new_tokens", "seconds", "outputs_differing_from_none"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in report["rows"]:

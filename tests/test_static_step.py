@@ -1,7 +1,12 @@
 """The CUDA-graph step's math (static shapes, attention over the whole cache masked by position)
 equals the eager step. The graph capture itself needs CUDA and runs in the device checks."""
 
+import os
+import sys
+
 import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
 
 from specdec.models.llama import LlamaConfig, LlamaForCausalLM
 
@@ -34,3 +39,47 @@ def test_static_context_matches_eager():
         # rolling back and overwriting keeps the two paths equal
         eager.rollback(eager.length - 1)
         static.rollback(static.length - 1)
+
+
+def test_padded_static_steps_make_plain_and_speculative_identical():
+    """Batch-invariant mode: every decode/verify step runs as the same padded 16-row static step
+    (off CUDA without graph capture); speculative greedy output still equals plain greedy output,
+    and both equal the eager engine's."""
+    from _engine_util import RandomDrafter
+
+    from specdec.engine import SpeculativeGenerator
+
+    m = _tiny_llama()
+    prompt = torch.randint(0, 97, (9,)).tolist()
+    eager = SpeculativeGenerator(m, None, 0, cuda_graphs=False).generate(prompt, 40).token_ids
+    plain_gen = SpeculativeGenerator(m, None, 0, static_on_cpu=True)
+    plain = plain_gen.generate(prompt, 40).token_ids
+    assert list(plain_gen._graphed.steps) == [16]  # one step shape for every decode step
+    spec_gen = SpeculativeGenerator(m, RandomDrafter(97, seed=3), 3, static_on_cpu=True)
+    spec = spec_gen.generate(prompt, 40)
+    assert list(spec_gen._graphed.steps) == [16]
+    assert plain == eager
+    assert spec.token_ids == eager
+    assert spec.stats.drafted > 0
+
+
+def test_padded_eager_steps_on_hybrid_targets(tmp_path):
+    """Hybrid (linear-attention) targets are not graphed; in batch-invariant mode their steps are
+    padded to the fixed row count and the extra rows rolled back from the recurrent snapshots."""
+    from _engine_util import RandomDrafter
+    from _qwen35_util import hf_model
+
+    from specdec.engine import SpeculativeGenerator
+    from specdec.loading import load_model
+
+    for kind in ("dense", "moe"):
+        path = tmp_path / kind
+        hf_model(kind).save_pretrained(path)
+        m = load_model(str(path), "cpu", "float32").model
+        prompt = torch.randint(0, 256, (13,)).tolist()
+        eager = SpeculativeGenerator(m, None, 0, cuda_graphs=False).generate(prompt, 24).token_ids
+        plain = SpeculativeGenerator(m, None, 0, static_on_cpu=True).generate(prompt, 24).token_ids
+        spec = SpeculativeGenerator(m, RandomDrafter(256, seed=5), 3, static_on_cpu=True).generate(prompt, 24)
+        assert plain == eager, kind
+        assert spec.token_ids == eager, kind
+        assert spec.stats.drafted > 0

@@ -14,7 +14,7 @@ import torch
 
 from ..drafters.base import Drafter, Proposal, slice_out
 from ..errors import ContextOverflowError, RequestError
-from ..models.base import CausalLM
+from ..models.base import CausalLM, ForwardOut
 from ..models.graphs import GraphedTarget, graphable
 from ..sampling import SamplingParams, make_generator, probs_from_logits
 from .acceptance import accept_greedy, accept_sampled
@@ -94,11 +94,15 @@ class _Stopper:
         return False
 
 
+# Rows of every CUDA-graph decode/verify step in batch-invariant mode (k + 1 <= STEP_ROWS).
+STEP_ROWS = 16
+
+
 class SpeculativeGenerator:
     """Runs the loop for a target and an optional drafter (``num_draft_tokens`` per step)."""
 
     def __init__(self, target: CausalLM, drafter: Drafter | None = None, num_draft_tokens: int = 4,
-                 cuda_graphs: bool = True):
+                 cuda_graphs: bool = True, batch_invariant: bool = True, static_on_cpu: bool = False):
         if num_draft_tokens < 0:
             raise RequestError(f"num_draft_tokens must be >= 0, got {num_draft_tokens}")
         self.target = target
@@ -109,23 +113,27 @@ class SpeculativeGenerator:
             raise RequestError(f"{self.k} drafts per step need {self.k + 1}-token verify steps, but this target's "
                                f"linear-attention caches keep rollback snapshots for at most {limit}; use <= {limit - 1}")
         self.cuda_graphs = cuda_graphs
+        self.static_on_cpu = static_on_cpu  # run the graphed code path off CUDA too (no capture): for tests
+        # graphed steps padded to STEP_ROWS rows: identical kernels for decode and verify (see graphs.py)
+        self.pad_to = STEP_ROWS if batch_invariant and self.k + 1 <= STEP_ROWS else None
         self._graphed: GraphedTarget | None = None
 
     def _cache_for(self, need: int, capture: tuple[int, ...]):
         """A fresh cache, or on CUDA a reused one whose decode/verify steps replay CUDA graphs."""
         tgt = self.target
-        if not (self.cuda_graphs and tgt.device.type == "cuda"):
-            return tgt.new_cache(min(tgt.max_context, need)), None
+        if not (self.cuda_graphs and (tgt.device.type == "cuda" or self.static_on_cpu)):
+            return tgt.new_cache(min(tgt.max_context, need + (self.pad_to or 0))), None
         g = self._graphed
-        if g is not None and g.cache.max_len >= need and g.capture == capture:
+        if g is not None and g.cache.max_len >= need + (self.pad_to or 0) and g.capture == capture:
             g.cache.rollback(0)
             return g.cache, g
+        need += self.pad_to or 0
         size = min(tgt.max_context, max(1024, 1 << (need - 1).bit_length()))
         cache = tgt.new_cache(size)
-        if not graphable(tgt, cache):
+        if not graphable(tgt, cache, need_cuda=not self.static_on_cpu):
             return cache, None
         self._graphed = None  # free the old graphs and cache first
-        self._graphed = GraphedTarget(tgt, cache, capture, max_steps=self.k + 1)
+        self._graphed = GraphedTarget(tgt, cache, capture, max_steps=self.k + 1, pad_to=self.pad_to)
         return cache, self._graphed
 
     def generate(self, prompt_ids, max_new_tokens: int, params: SamplingParams = SamplingParams(), *,
@@ -180,7 +188,7 @@ class SpeculativeGenerator:
             t2 = time.perf_counter()
             start = cache.length
             ids = torch.cat([torch.tensor([last], device=dev), drafts])
-            out = graphed(ids) if graphed is not None else tgt(ids, cache, capture=capture)
+            out = graphed(ids) if graphed is not None else self._eager_step(ids, cache, capture)
             if params.greedy:
                 packed = accept_greedy(drafts, out.logits)
             else:
@@ -215,6 +223,18 @@ class SpeculativeGenerator:
             if stopper.text_cut is not None:
                 text = text[: stopper.text_cut]
         return GenerationResult(stopper.ids, text, stopper.reason or "length", stats)
+
+    def _eager_step(self, ids: torch.Tensor, cache, capture) -> ForwardOut:
+        """A decode/verify forward outside CUDA graphs; on CUDA in batch-invariant mode it is padded
+        to the same fixed number of rows as every other step (see graphs.py for why)."""
+        t, rows = ids.shape[0], self.pad_to
+        shape_it = rows is not None and (self.target.device.type == "cuda" or self.static_on_cpu)
+        if not shape_it or t > rows or cache.length + rows > cache.max_len:
+            return self.target(ids, cache, capture=capture)
+        start = cache.length
+        out = self.target(torch.cat([ids, ids[-1:].expand(rows - t)]), cache, capture=capture)
+        cache.rollback(start + t)
+        return slice_out(out, t)
 
     @staticmethod
     def _sample_one(logits: torch.Tensor, params: SamplingParams, gen) -> int:

@@ -18,13 +18,19 @@ from ..cache import KVCache, SequenceCache
 from .base import CausalLM, ForwardOut
 
 
-def graphable(model: CausalLM, cache: SequenceCache) -> bool:
-    return model.device.type == "cuda" and all(isinstance(c, KVCache) for c in cache.layers)
+def graphable(model: CausalLM, cache: SequenceCache, need_cuda: bool = True) -> bool:
+    return (model.device.type == "cuda" or not need_cuda) and all(isinstance(c, KVCache) for c in cache.layers)
 
 
 class _Step:
-    def __init__(self, graph, ids, out):
-        self.graph, self.ids, self.out = graph, ids, out
+    def __init__(self, graph, ids, out, run=None):
+        self.graph, self.ids, self.out, self.run = graph, ids, out, run
+
+    def replay(self):
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.out = self.run()
 
 
 class GraphedTarget:
@@ -34,14 +40,22 @@ class GraphedTarget:
     and ``captured`` are copies (drafters may keep them).
     """
 
-    def __init__(self, model: CausalLM, cache: SequenceCache, capture: Sequence[int] = (), max_steps: int = 64):
-        if not graphable(model, cache):
-            raise ValueError("CUDA graphs need a CUDA target whose caches are all KV caches")
+    def __init__(self, model: CausalLM, cache: SequenceCache, capture: Sequence[int] = (), max_steps: int = 64,
+                 pad_to: int | None = None):
+        if not graphable(model, cache, need_cuda=False):
+            raise ValueError("static steps need a target whose caches are all KV caches")
+        # Off CUDA (tests) the same static steps run eagerly: same shapes and padding, no capture.
+        self.use_graphs = model.device.type == "cuda"
         self.model, self.cache, self.capture = model, cache, tuple(capture)
         self.start = torch.zeros((), dtype=torch.int64, device=model.device)
         self.steps: dict[int, _Step] = {}
         self.pool = None
-        self.max_steps = max_steps
+        self.max_steps = max(max_steps, pad_to or 0)
+        # Batch invariance: run every step of <= pad_to tokens as one pad_to-row step, so a
+        # position's logits never depend on how many tokens were verified beside it (cuBLAS and
+        # attention pick kernels, hence summation orders, by shape). Plain decoding and
+        # speculative decoding then compute bit-identical rows, also in bf16.
+        self.pad_to = pad_to
 
     @torch.inference_mode()
     def _capture(self, t: int) -> _Step:
@@ -53,6 +67,10 @@ class GraphedTarget:
         def run():
             return m.run_layers(ids, m.static_context(self.start, t, cache.max_len), cache, self.capture, "all")
 
+        if not self.use_graphs:
+            step = _Step(None, ids, None, run)
+            self.steps[t] = step
+            return step
         side = torch.cuda.Stream(m.device)
         side.wait_stream(torch.cuda.current_stream(m.device))
         with torch.cuda.stream(side):
@@ -70,14 +88,16 @@ class GraphedTarget:
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor) -> ForwardOut:
         t = ids.shape[0]
-        if t > self.max_steps:
-            return self.model(ids, self.cache, self.capture)
-        if self.cache.length + t > self.cache.max_len:
-            self.cache.reserve(t)  # raises the context error
-        step = self.steps.get(t) or self._capture(t)
-        start = self.cache.reserve(t)
+        rows = self.pad_to if self.pad_to is not None and t <= self.pad_to else t
+        if rows > self.max_steps or self.cache.length + rows > self.cache.max_len:
+            return self.model(ids, self.cache, self.capture)  # eager (also raises the context error)
+        step = self.steps.get(rows) or self._capture(rows)
+        start = self.cache.reserve(rows)
         self.start.fill_(start)
-        step.ids.copy_(ids)
-        step.graph.replay()
+        step.ids[:t].copy_(ids)
+        if rows > t:
+            step.ids[t:] = ids[-1]  # padding rows: any token; their cache entries are dropped below
+            self.cache.rollback(start + t)
+        step.replay()
         o = step.out
-        return ForwardOut(o.logits, o.hidden.clone(), None if o.captured is None else o.captured.clone())
+        return ForwardOut(o.logits[:t], o.hidden[:t].clone(), None if o.captured is None else o.captured[:t].clone())
