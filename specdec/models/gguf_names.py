@@ -27,8 +27,8 @@ def dense_block_names(i: int, prefix: str) -> dict[str, str]:
     return {f"blk.{i}.{k}": f"{prefix}.{v}" for k, v in DENSE_BLOCK.items()}
 
 
-def gguf_meta(meta: dict, arch: str) -> dict:
-    """Translate the common ``{arch}.*`` GGUF metadata keys to an HF-style config dict."""
+def meta_getters(meta: dict, arch: str):
+    """``need(key)`` (error naming a missing ``{arch}.key``) and ``opt(key, default)`` readers."""
 
     def need(key: str):
         full = f"{arch}.{key}"
@@ -38,6 +38,13 @@ def gguf_meta(meta: dict, arch: str) -> dict:
 
     def opt(key: str, default=None):
         return meta.get(f"{arch}.{key}", default)
+
+    return need, opt
+
+
+def gguf_meta(meta: dict, arch: str) -> dict:
+    """Translate the common ``{arch}.*`` GGUF metadata keys to an HF-style config dict."""
+    need, opt = meta_getters(meta, arch)
 
     heads = int(need("attention.head_count"))
     hidden = int(need("embedding_length"))

@@ -39,7 +39,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..weights.source import TensorInfo, TensorSource
-from .gguf_names import gguf_meta
+from .gguf_names import gguf_meta, meta_getters
 from .moe import stacked_experts_view
 from .source_view import SourceView, ViewTensor, derived, passthrough
 
@@ -56,15 +56,7 @@ def hf_view(source: TensorSource) -> SourceView:
 def gguf_config(meta: dict) -> dict:
     """Translate ``qwen35.*`` / ``qwen35moe.*`` GGUF metadata to a Qwen3.5 config dict."""
     arch = str(meta.get("general.architecture"))
-
-    def need(key: str):
-        full = f"{arch}.{key}"
-        if full not in meta:
-            raise CheckpointError(f"GGUF metadata field '{full}' is missing")
-        return meta[full]
-
-    def opt(key: str, default=None):
-        return meta.get(f"{arch}.{key}", default)
+    need, opt = meta_getters(meta, arch)
 
     d = gguf_meta(meta, arch)
     nextn = int(opt("nextn_predict_layers", 0) or 0)
