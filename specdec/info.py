@@ -4,24 +4,22 @@ from __future__ import annotations
 
 import os
 
-from .loading import read_model_config
+from .config import read_json
+from .loading import is_dflash_config, read_model_config
 from .weights.safetensors_io import SafetensorsSource
 
 
 def describe(path: str) -> dict:
     """Architecture, sizes, storage types, tokenizer and the drafters that fit this target."""
     path = os.path.expanduser(path)
+    cfg_json = os.path.join(path, "config.json")
+    if os.path.isdir(path) and os.path.exists(cfg_json) and is_dflash_config(read_json(cfg_json)):
+        return describe_dflash(path)
     arch, cfg, gsrc = read_model_config(path)
     src = gsrc if gsrc is not None else SafetensorsSource(path)
     infos = src.infos()
-    types: dict[str, int] = {}
-    params = 0
-    for i in infos.values():
-        types[i.dtype] = types.get(i.dtype, 0) + 1
-        n = 1
-        for s in i.shape:
-            n *= s
-        params += n
+    types = _count_types(infos)
+    params = sum(_numel(i.shape) for i in infos.values())
     has_mtp = any(n.startswith("mtp.") or ".nextn." in n for n in infos)
     drafters = ["ngram", "dflash:PATH (a DFlash checkpoint trained for this target)"]
     if has_mtp and "mtp" in arch.drafters:
@@ -42,7 +40,7 @@ def describe(path: str) -> dict:
         "tied_embeddings": cfg.tie_word_embeddings,
         "parameters": params,
         "tensors": len(infos),
-        "storage_types": dict(sorted(types.items())),
+        "storage_types": types,
         "mtp_tensors": has_mtp,
         "drafters": drafters,
     }
@@ -60,6 +58,26 @@ def describe(path: str) -> dict:
         out["tokenizer"] = {"source": "tokenizer.json" if os.path.exists(tj) else None,
                             "chat_template": os.path.exists(os.path.join(path, "chat_template.jinja")) or _has_template(path)}
     return out
+
+
+def describe_dflash(path: str) -> dict:
+    """A DFlash drafter directory: its block, the target layers it reads, weight bytes."""
+    from .drafters.dflash_model import DFlashConfig
+
+    cfg_path = os.path.join(path, "config.json")
+    c = DFlashConfig.from_dict(read_json(cfg_path), cfg_path)
+    infos = SafetensorsSource(path).infos()
+    nbytes = sum(_numel(i.shape) * {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}.get(i.dtype, 1) for i in infos.values())
+    return {
+        "path": path, "format": "hf", "kind": "DFlash drafter (use as --draft dflash:PATH)",
+        "block_size": c.block_size, "drafts_per_step": c.block_size - 1, "layers": c.num_hidden_layers,
+        "hidden_size": c.hidden_size, "target_layers": c.num_target_layers,
+        "target_layer_ids": list(c.target_layer_ids), "mask_token_id": c.mask_token_id,
+        "layer_types": {t: list(c.layer_types).count(t) for t in dict.fromkeys(c.layer_types)},
+        "tensors": len(infos), "storage_types": _count_types(infos),
+        "weight_bytes": nbytes,
+        "shares": "embedding and LM head of the target",
+    }
 
 
 def _has_template(path: str) -> bool:
@@ -82,3 +100,17 @@ def format_info(d: dict) -> str:
             v = f"{v:,} ({v / 1e6:.1f} M)"
         lines.append(f"{k:>18}: {v}")
     return "\n".join(lines)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _count_types(infos) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for i in infos.values():
+        out[i.dtype] = out.get(i.dtype, 0) + 1
+    return dict(sorted(out.items()))

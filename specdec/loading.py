@@ -75,11 +75,20 @@ def read_model_config(path: str):
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: not a GGUF file or an HF checkpoint directory")
     cfg_path = os.path.join(path, "config.json")
-    d = text_config(read_json(cfg_path))
+    raw = read_json(cfg_path)
+    if is_dflash_config(raw):
+        raise ConfigError(f"{cfg_path}: this is a DFlash drafter checkpoint, not a target model; "
+                          f"use it as --draft dflash:{path}")
+    d = text_config(raw)
     if "model_type" not in d:
         raise ConfigError(f"{cfg_path}: field 'model_type' is missing")
     arch = by_hf_model_type(d["model_type"], cfg_path)
     return arch, parse_config(arch.config_cls, d, source=cfg_path), None
+
+
+def is_dflash_config(d: dict) -> bool:
+    """Whether a config.json describes a DFlash drafter (z-lab format)."""
+    return "dflash_config" in d or any("DFlash" in str(a) for a in d.get("architectures") or [])
 
 
 def load_model(path: str, device: str | torch.device | None = None, dtype=None, tokenizer: bool = True) -> LoadedModel:
