@@ -98,8 +98,8 @@ def main() -> None:
                     configs[s.split(":")[0]] = SpeculativeGenerator(loaded.model, d, k)
                 base = None
                 for label, gen in configs.items():
-                    gen.generate(prompts[0][:5], 8)  # warm-up
-                    t_all, toks, same, steps, acc = 0.0, 0, 0, 0, 0
+                    gen.generate(prompts[1], a.new_tokens)  # warm-up (graph capture, clocks)
+                    t_all, toks, same, steps, acc, d_s, v_s = 0.0, 0, 0, 0, 0, 0.0, 0.0
                     outs = []
                     for p in prompts:
                         if a.device.startswith("cuda"):
@@ -112,6 +112,8 @@ def main() -> None:
                         toks += r.stats.new_tokens
                         steps += r.stats.steps
                         acc += sum(r.stats.accepted)
+                        d_s += r.stats.draft_s
+                        v_s += r.stats.verify_s
                         outs.append(r.token_ids)
                     if base is None:
                         base = outs
@@ -123,6 +125,8 @@ def main() -> None:
                     s = gen.generate(prompts[0], 16, SamplingParams(temperature=0.8, top_p=0.95, seed=1))
                     row = {"target": name, "dtype": dtype, "draft": label, "tok_per_s": round(toks / t_all, 1),
                            "tau": round((acc + steps) / max(steps, 1), 3), "greedy_equal": f"{same}/{len(prompts)}",
+                           "draft_ms_per_step": round(1e3 * d_s / max(steps, 1), 2),
+                           "verify_ms_per_step": round(1e3 * v_s / max(steps, 1), 2),
                            "first_divergence": first_diff, "sampled_tokens": s.stats.new_tokens}
                     print(json.dumps(row), flush=True)
                     rows.append(row)

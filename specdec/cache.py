@@ -89,98 +89,115 @@ class SequenceCache:
 class LinearAttnCache:
     """Conv window and recurrent state of one linear-attention (Gated DeltaNet) layer.
 
-    Live state: the conv window (the last ``kernel - 1`` inputs of the causal conv,
-    ``[kernel-1, channels]`` in the model dtype) and the recurrent state
-    (``[heads, key_dim, value_dim]``, always fp32).
+    Static buffers (never reallocated once a step length has been seen, so CUDA graphs can
+    capture the steps that use them):
 
-    Rollback: a forward of ``T <= snapshot_tokens`` positions keeps the state after each of
-    its positions (``T`` recurrent states plus the ``kernel-1+T`` conv inputs), so
-    ``rollback(length)`` to any position inside that forward restores the exact state with no
-    recomputation. The snapshot memory is bounded by ``T`` (one verify step), never by the
-    context. A longer forward (prefill) keeps only its final state, and rolling back into it
-    is an error.
+    - ``conv [kernel-1+R, C]`` (model dtype): the window before the last forward, then the conv
+      inputs of its positions; the window after ``i`` of them is rows ``i .. i+kernel-2``;
+    - ``states [R+1, H, dk, dv]`` (fp32): the state before the last forward, then after each of
+      its positions.
+
+    ``cur`` (mirrored on the device as ``cur_t``) says how many positions of the last forward are
+    live. Rolling back inside the last forward only moves ``cur``: exact, no recomputation. ``R``
+    grows to the longest snapshot forward seen (at most ``snapshot_tokens``; one verify step), so
+    the snapshot memory is bounded by the draft length, never by the context. A longer forward
+    (prefill) keeps only its final state, and rolling back into it is an error.
     """
 
     def __init__(self, conv_channels: int, kernel: int, n_heads: int, key_dim: int, value_dim: int,
                  dtype: torch.dtype, device, snapshot_tokens: int = 32):
-        self.kernel = kernel
-        self.snapshot_tokens = snapshot_tokens
+        self.kernel, self.snapshot_tokens = kernel, snapshot_tokens
+        self.conv = torch.zeros(kernel - 1, conv_channels, dtype=dtype, device=device)
+        self.states = torch.zeros(1, n_heads, key_dim, value_dim, dtype=torch.float32, device=device)
+        self.cur_t = torch.zeros((), dtype=torch.int64, device=device)
+        self.cur = 0  # live positions of the last forward
+        self.base = 0  # cache length before the last forward
         self.length = 0
-        # conv inputs of the last forward, preceded by the window before it: [kernel-1+T, C];
-        # the window after i positions of that forward is rows i .. i+kernel-2.
-        self._conv = torch.zeros(kernel - 1, conv_channels, dtype=dtype, device=device)
-        self._prev = torch.zeros(n_heads, key_dim, value_dim, dtype=torch.float32, device=device)  # before the last forward
-        self._hist: torch.Tensor | None = None  # [T, H, dk, dv]: after each position of the last forward
-        self._base = 0  # cache length before the last forward
-        self._cur = 0  # positions of the last forward that are live (0 = none)
+        self.rollbackable = False  # the last forward kept per-position states
+
+    @property
+    def rows(self) -> int:
+        return self.states.shape[0] - 1
 
     # --- read by the layer -------------------------------------------------------
     def conv_window(self) -> torch.Tensor:
         """The live conv window ``[kernel-1, C]``."""
-        return self._conv[self._cur:self._cur + self.kernel - 1]
+        return self.conv[self.cur:self.cur + self.kernel - 1]
 
     def state(self) -> torch.Tensor:
         """The live recurrent state ``[H, dk, dv]`` (fp32)."""
-        return self._prev if self._cur == 0 else self._hist[self._cur - 1]
+        return self.states[self.cur]
+
+    def live_static(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the live window and state selected on the device by ``cur_t`` (graph-safe)."""
+        idx = self.cur_t + torch.arange(self.kernel - 1, device=self.conv.device)
+        return self.conv.index_select(0, idx), self.states.index_select(0, self.cur_t.reshape(1))[0]
 
     def keeps_snapshots(self, t: int) -> bool:
-        """Whether a forward of ``t`` positions must pass the state after each of them to :meth:`commit`."""
+        """Whether a forward of ``t`` positions keeps the state after each of them."""
         return t <= self.snapshot_tokens
 
-    # --- written by the layer ----------------------------------------------------
-    def commit(self, start: int, conv_inputs: torch.Tensor, states: torch.Tensor) -> None:
-        """Record a forward of ``T`` positions starting at ``start``.
+    def reserve_rows(self, t: int) -> None:
+        """Grow the buffers for snapshot forwards of ``t`` positions (before any graph capture)."""
+        if t <= self.rows:
+            return
+        conv = self.conv.new_zeros(self.kernel - 1 + t, self.conv.shape[1])
+        conv[: self.conv.shape[0]] = self.conv
+        states = self.states.new_zeros(t + 1, *self.states.shape[1:])
+        states[: self.states.shape[0]] = self.states
+        self.conv, self.states = conv, states
 
-        ``conv_inputs`` is ``[kernel-1+T, C]``: the window before the forward followed by the
-        T new conv inputs. ``states`` is ``[T, H, dk, dv]`` fp32, the state after each position
-        (when :meth:`keeps_snapshots`), or ``[1, H, dk, dv]``, the final state only.
+    # --- written by the layer ----------------------------------------------------
+    def write(self, conv_inputs: torch.Tensor, states: torch.Tensor, state0: torch.Tensor) -> None:
+        """Store a forward's results in place (no Python bookkeeping: graph-safe).
+
+        ``conv_inputs [kernel-1+T, C]``: the window before the forward, then its T inputs.
+        ``states``: ``[T, H, dk, dv]`` after each position (snapshot forwards) or ``[1, ...]``,
+        the final state. ``state0``: the state before the forward.
         """
-        if start != self.length:
-            raise RuntimeError(f"linear-attention cache holds {self.length} positions but the forward starts at {start}")
+        t = conv_inputs.shape[0] - (self.kernel - 1)
         if states.dtype != torch.float32:
             raise TypeError(f"recurrent state must be float32, got {states.dtype}")
-        t = conv_inputs.shape[0] - (self.kernel - 1)
-        if self.keeps_snapshots(t):
-            if states.shape[0] != t:
-                raise ValueError(f"a forward of {t} positions must record {t} states, got {states.shape[0]}")
-            live = self.state()
-            # a view into several snapshots would keep them all alive: copy the one we need
-            multi = self._cur > 0 and self._hist is not None and self._hist.shape[0] > 1
-            self._prev = live.clone() if multi else live
-            self._hist = states
-            self._conv = conv_inputs
-            self._cur = t
+        if states.shape[0] == t and self.keeps_snapshots(t):
+            if t > self.rows:
+                raise RuntimeError(f"linear-attention cache has {self.rows} snapshot rows, a forward wrote {t}; "
+                                   "call reserve_rows first")
+            self.states[0].copy_(state0)
+            self.states[1:t + 1].copy_(states)
+            self.conv[: self.kernel - 1 + t].copy_(conv_inputs)
         else:
-            self._prev = states[-1].clone()
-            self._hist = None
-            self._conv = conv_inputs[t:].clone()  # the last kernel-1 rows: the window after the forward
-            self._cur = 0
-        self._base = start
+            self.states[0].copy_(states[-1])
+            self.conv[: self.kernel - 1].copy_(conv_inputs[t:])
+
+    def commit(self, start: int, t: int, snapshots: bool) -> None:
+        """Python bookkeeping for a forward of ``t`` positions at ``start`` (after :meth:`write`)."""
+        if start != self.length:
+            raise RuntimeError(f"linear-attention cache holds {self.length} positions but the forward starts at {start}")
+        self.base, self.cur, self.rollbackable = (start, t, True) if snapshots else (start + t, 0, False)
         self.length = start + t
+        self.cur_t.fill_(self.cur)
 
     # --- the LayerCache protocol ------------------------------------------------
     def rollback(self, length: int) -> None:
         """Restore the state after ``length`` positions; it must lie inside the last forward."""
         if length == self.length:
             return
-        if self._hist is None or not self._base <= length < self.length:
-            kept = f"{self._base}..{self.length}" if self._hist is not None else f"only {self.length}"
+        if not self.rollbackable or not self.base <= length < self.length:
+            kept = f"{self.base}..{self.length}" if self.rollbackable else f"only {self.length}"
             raise ValueError(
                 f"linear-attention cache cannot roll back to {length}: it holds {self.length} positions and can "
                 f"restore {kept} (states are kept per position only for the last forward, and only when it "
                 f"had <= {self.snapshot_tokens} tokens)"
             )
-        self._cur = length - self._base
+        self.cur = length - self.base
         self.length = length
+        self.cur_t.fill_(self.cur)
 
     def nbytes(self) -> int:
-        n = self._conv.numel() * self._conv.element_size() + self._prev.numel() * self._prev.element_size()
-        if self._hist is not None:
-            n += self._hist.numel() * self._hist.element_size()
-        return n
+        return self.conv.numel() * self.conv.element_size() + self.states.numel() * self.states.element_size()
 
     def snapshot_nbytes(self) -> int:
-        """Bytes kept only for rollback: the per-position states and conv inputs of the last forward."""
-        live = self._prev.numel() * self._prev.element_size()
-        live += (self.kernel - 1) * self._conv.shape[1] * self._conv.element_size()
+        """Bytes kept only for rollback: per-position states and conv inputs of a verify step."""
+        live = self.states[0].numel() * self.states.element_size()
+        live += (self.kernel - 1) * self.conv.shape[1] * self.conv.element_size()
         return self.nbytes() - live

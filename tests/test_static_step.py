@@ -4,6 +4,7 @@ equals the eager step. The graph capture itself needs CUDA and runs in the devic
 import os
 import sys
 
+import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -63,9 +64,11 @@ def test_padded_static_steps_make_plain_and_speculative_identical():
     assert spec.stats.drafted > 0
 
 
-def test_padded_eager_steps_on_hybrid_targets(tmp_path):
-    """Hybrid (linear-attention) targets are not graphed; in batch-invariant mode their steps are
-    padded to the fixed row count and the extra rows rolled back from the recurrent snapshots."""
+@pytest.mark.parametrize("static", [True, False], ids=["static-steps", "eager-steps"])
+def test_padded_steps_on_hybrid_targets(tmp_path, static):
+    """Hybrid (linear-attention) targets: in batch-invariant mode every step is padded to the
+    fixed row count, either as a static (graph-ready) step whose live recurrent state is selected on
+    the device, or eagerly; the padding rows are rolled back from the recurrent snapshots."""
     from _engine_util import RandomDrafter
     from _qwen35_util import hf_model
 
@@ -76,10 +79,14 @@ def test_padded_eager_steps_on_hybrid_targets(tmp_path):
         path = tmp_path / kind
         hf_model(kind).save_pretrained(path)
         m = load_model(str(path), "cpu", "float32").model
-        prompt = torch.randint(0, 256, (13,)).tolist()
+        # 13 tokens: the prefill keeps snapshots (live state mid-buffer); 40: final state only
+        prompt = torch.randint(0, 256, (13 if kind == "dense" else 40,)).tolist()
         eager = SpeculativeGenerator(m, None, 0, cuda_graphs=False).generate(prompt, 24).token_ids
-        plain = SpeculativeGenerator(m, None, 0, static_on_cpu=True).generate(prompt, 24).token_ids
-        spec = SpeculativeGenerator(m, RandomDrafter(256, seed=5), 3, static_on_cpu=True).generate(prompt, 24)
+        plain_gen = SpeculativeGenerator(m, None, 0, cuda_graphs=static, static_on_cpu=True)
+        plain = plain_gen.generate(prompt, 24).token_ids
+        spec_gen = SpeculativeGenerator(m, RandomDrafter(256, seed=5), 3, cuda_graphs=static, static_on_cpu=True)
+        spec = spec_gen.generate(prompt, 24)
+        assert (spec_gen._graphed is not None) == static
         assert plain == eager, kind
         assert spec.token_ids == eager, kind
         assert spec.stats.drafted > 0

@@ -161,9 +161,16 @@ class GatedDeltaNet(nn.Module):
         out = F.conv1d(full.t()[None], self.conv1d.weight, groups=self.conv_dim)[0].t()  # [T, C]
         return F.silu(out), full
 
-    def forward(self, x: torch.Tensor, start: int, cache: LinearAttnCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start, cache: LinearAttnCache) -> torch.Tensor:
+        """``start``: an int (eager), or a 0-d device tensor in a static (CUDA-graph) step, where
+        the live state is selected on the device and the caller does the Python bookkeeping."""
         t = x.shape[0]
-        mixed, full = self.conv(cache.conv_window(), self.in_proj_qkv(x))
+        static = isinstance(start, torch.Tensor)
+        keep = cache.keeps_snapshots(t)
+        if keep:
+            cache.reserve_rows(t)
+        window, state0 = cache.live_static() if static else (cache.conv_window(), cache.state())
+        mixed, full = self.conv(window, self.in_proj_qkv(x))
         kd = self.hk * self.dk
         q = mixed[:, :kd].reshape(t, self.hk, self.dk).float()
         k = mixed[:, kd:2 * kd].reshape(t, self.hk, self.dk).float()
@@ -176,12 +183,13 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(self.in_proj_b(x).float())  # [T, Hv]
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
         q, k, v, g, beta = (y.transpose(0, 1).contiguous() for y in (q, k, v, g, beta))  # head-major
-        keep = cache.keeps_snapshots(t)
         if t == 1:
-            o, states = recurrent_gated_delta(q, k, v, g, beta, cache.state())
+            o, states = recurrent_gated_delta(q, k, v, g, beta, state0)
         else:
-            o, states = chunked_gated_delta(q, k, v, g, beta, cache.state(), self.chunk_size, all_states=keep)
-        cache.commit(start, full, states if keep else states[-1:])
+            o, states = chunked_gated_delta(q, k, v, g, beta, state0, self.chunk_size, all_states=keep)
+        cache.write(full, states if keep else states[-1:], state0)
+        if not static:
+            cache.commit(start, t, keep)
         o = o.transpose(0, 1).to(x.dtype)  # [T, Hv, dv]
         z = self.in_proj_z(x).view(t, self.hv, self.dv)
         return self.out_proj(self.norm(o, z).reshape(t, -1))

@@ -4,8 +4,8 @@ A decode step of a small model is a few hundred tiny kernels; launching them one
 Python costs far more than running them. Here each step length ``T`` (1 .. k+1) is captured once
 per cache as a CUDA graph over static buffers: the token ids, the start position (a 0-d device
 tensor), and attention over the whole preallocated KV cache masked by position. Replays then cost
-one launch. Only targets whose every layer cache is a :class:`~specdec.cache.KVCache` qualify
-(recurrent linear-attention caches keep Python-side snapshot bookkeeping); others run eagerly.
+one launch. Linear-attention caches select their live state on the device (``cur_t``) inside
+the graph; their Python bookkeeping (which position is live) is done here after each replay.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from typing import Sequence
 
 import torch
 
-from ..cache import KVCache, SequenceCache
+from ..cache import KVCache, LinearAttnCache, SequenceCache
 from .base import CausalLM, ForwardOut
 
 
 def graphable(model: CausalLM, cache: SequenceCache, need_cuda: bool = True) -> bool:
-    return (model.device.type == "cuda" or not need_cuda) and all(isinstance(c, KVCache) for c in cache.layers)
+    return (model.device.type == "cuda" or not need_cuda) and all(
+        isinstance(c, (KVCache, LinearAttnCache)) for c in cache.layers)
 
 
 class _Step:
@@ -56,6 +57,13 @@ class GraphedTarget:
         # attention pick kernels, hence summation orders, by shape). Plain decoding and
         # speculative decoding then compute bit-identical rows, also in bf16.
         self.pad_to = pad_to
+        self.linear = [c for c in cache.layers if isinstance(c, LinearAttnCache)]
+        for c in self.linear:
+            c.reserve_rows(min(self.max_steps, c.snapshot_tokens))
+        self._buffers = self._buffer_ids()
+
+    def _buffer_ids(self):
+        return tuple((id(c.conv), id(c.states)) for c in self.linear)
 
     @torch.inference_mode()
     def _capture(self, t: int) -> _Step:
@@ -68,15 +76,23 @@ class GraphedTarget:
             return m.run_layers(ids, m.static_context(self.start, t, cache.max_len), cache, self.capture, "all")
 
         if not self.use_graphs:
+            for c in self.linear:
+                c.reserve_rows(min(t, c.snapshot_tokens))
             step = _Step(None, ids, None, run)
             self.steps[t] = step
             return step
+        # warm-ups really run: keep the recurrent caches' live contents safe from them
+        saved = [(c.conv.clone(), c.states.clone()) for c in self.linear]
         side = torch.cuda.Stream(m.device)
         side.wait_stream(torch.cuda.current_stream(m.device))
         with torch.cuda.stream(side):
             for _ in range(2):
                 run()
         torch.cuda.current_stream(m.device).wait_stream(side)
+        for c, (conv, states) in zip(self.linear, saved):
+            c.conv.copy_(conv)
+            c.states.copy_(states)
+        self._buffers = self._buffer_ids()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             out = run()
@@ -91,13 +107,20 @@ class GraphedTarget:
         rows = self.pad_to if self.pad_to is not None and t <= self.pad_to else t
         if rows > self.max_steps or self.cache.length + rows > self.cache.max_len:
             return self.model(ids, self.cache, self.capture)  # eager (also raises the context error)
+        if self.linear and (rows > self.linear[0].snapshot_tokens or self._buffer_ids() != self._buffers):
+            if rows > self.linear[0].snapshot_tokens:
+                return self.model(ids, self.cache, self.capture)
+            self.steps.clear()  # an eager forward grew the recurrent buffers: recapture
         step = self.steps.get(rows) or self._capture(rows)
         start = self.cache.reserve(rows)
         self.start.fill_(start)
         step.ids[:t].copy_(ids)
         if rows > t:
             step.ids[t:] = ids[-1]  # padding rows: any token; their cache entries are dropped below
-            self.cache.rollback(start + t)
         step.replay()
+        for c in self.linear:
+            c.commit(start, rows, True)
+        if rows > t:
+            self.cache.rollback(start + t)
         o = step.out
         return ForwardOut(o.logits[:t], o.hidden[:t].clone(), None if o.captured is None else o.captured[:t].clone())

@@ -44,7 +44,8 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """``x [T, H]``, chosen experts ``idx [T, k]`` with ``weights [T, k]`` -> ``[T, H]``."""
         t, k = idx.shape
-        if t * k <= self.gather_max_pairs:
+        # Inside a CUDA-graph capture always gather: the grouped path reads counts on the host.
+        if t * k <= self.gather_max_pairs or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
             flat = idx.reshape(-1)
             xs = x.repeat_interleave(k, dim=0)[:, :, None]  # [T*k, H, 1]
             gate, up = torch.bmm(self.gate_up_proj[flat], xs)[..., 0].chunk(2, dim=-1)
