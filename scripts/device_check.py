@@ -121,6 +121,11 @@ def main() -> None:
                     for o, b in zip(outs, base):
                         same += o == b
                         first_diff.append(next((i for i, (x, y) in enumerate(zip(o, b)) if x != y), None))
+                    if os.environ.get("DC_PROFILE") == label and name == "llama":
+                        from torch.profiler import ProfilerActivity, profile
+                        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                            gen.generate(prompts[0], 16, SamplingParams())
+                        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25))
                     # sampling path smoke test
                     s = gen.generate(prompts[0], 16, SamplingParams(temperature=0.8, top_p=0.95, seed=1))
                     row = {"target": name, "dtype": dtype, "draft": label, "tok_per_s": round(toks / t_all, 1),

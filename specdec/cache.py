@@ -23,6 +23,10 @@ class LayerCache(Protocol):
     def nbytes(self) -> int:
         ...
 
+    def reset(self) -> None:
+        """Forget the sequence (a new one starts at position 0), keeping the buffers."""
+        ...
+
 
 class KVCache:
     """Keys and values of one attention layer: ``[n_kv_heads, max_len, head_dim]`` each."""
@@ -49,6 +53,9 @@ class KVCache:
 
     def rollback(self, length: int) -> None:
         pass  # stale entries past `length` are never read and get overwritten
+
+    def reset(self) -> None:
+        pass  # a new sequence overwrites positions from 0
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
@@ -84,6 +91,13 @@ class SequenceCache:
 
     def nbytes(self) -> int:
         return sum(c.nbytes() for c in self.layers if c is not None)
+
+    def reset(self) -> None:
+        """Empty the cache for a new sequence, keeping every buffer (captured graphs stay valid)."""
+        for c in self.layers:
+            if c is not None:
+                c.reset()
+        self.length = 0
 
 
 class LinearAttnCache:
@@ -192,6 +206,14 @@ class LinearAttnCache:
         self.cur = length - self.base
         self.length = length
         self.cur_t.fill_(self.cur)
+
+    def reset(self) -> None:
+        """Back to the empty sequence (zero state and window), in the same buffers."""
+        self.conv.zero_()
+        self.states.zero_()
+        self.cur = self.base = self.length = 0
+        self.rollbackable = False
+        self.cur_t.fill_(0)
 
     def nbytes(self) -> int:
         return self.conv.numel() * self.conv.element_size() + self.states.numel() * self.states.element_size()

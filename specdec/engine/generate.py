@@ -125,7 +125,7 @@ class SpeculativeGenerator:
             return tgt.new_cache(min(tgt.max_context, need + (self.pad_to or 0))), None
         g = self._graphed
         if g is not None and g.cache.max_len >= need + (self.pad_to or 0) and g.capture == capture:
-            g.cache.rollback(0)
+            g.cache.reset()
             return g.cache, g
         need += self.pad_to or 0
         size = min(tgt.max_context, max(1024, 1 << (need - 1).bit_length()))
