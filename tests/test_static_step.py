@@ -87,6 +87,8 @@ def test_padded_steps_on_hybrid_targets(tmp_path, static):
         spec_gen = SpeculativeGenerator(m, RandomDrafter(256, seed=5), 3, cuda_graphs=static, static_on_cpu=True)
         spec = spec_gen.generate(prompt, 24)
         assert (spec_gen._graphed is not None) == static
+        again = spec_gen.generate(prompt, 24)  # the cache (and its graphs) are reused: reset in place
+        assert again.token_ids == spec.token_ids
         assert plain == eager, kind
         assert spec.token_ids == eager, kind
         assert spec.stats.drafted > 0
