@@ -92,6 +92,7 @@ class SequenceCache:
     def nbytes(self) -> int:
         return sum(c.nbytes() for c in self.layers if c is not None)
 
+    @torch.inference_mode()
     def reset(self) -> None:
         """Empty the cache for a new sequence, keeping every buffer (captured graphs stay valid)."""
         for c in self.layers:

@@ -79,8 +79,9 @@ def test_padded_steps_on_hybrid_targets(tmp_path, static):
         path = tmp_path / kind
         hf_model(kind).save_pretrained(path)
         m = load_model(str(path), "cpu", "float32").model
-        # 13 tokens: the prefill keeps snapshots (live state mid-buffer); 40: final state only
-        prompt = torch.randint(0, 256, (13 if kind == "dense" else 40,)).tolist()
+        # 13 tokens: the prefill keeps snapshots (live state mid-buffer); 20: it also grows the
+        # snapshot buffers inside inference mode; 40: final state only
+        prompt = torch.randint(0, 256, ({"dense": 13, "moe": 40}[kind],)).tolist()
         eager = SpeculativeGenerator(m, None, 0, cuda_graphs=False).generate(prompt, 24).token_ids
         plain_gen = SpeculativeGenerator(m, None, 0, cuda_graphs=static, static_on_cpu=True)
         plain = plain_gen.generate(prompt, 24).token_ids
@@ -89,6 +90,10 @@ def test_padded_steps_on_hybrid_targets(tmp_path, static):
         assert (spec_gen._graphed is not None) == static
         again = spec_gen.generate(prompt, 24)  # the cache (and its graphs) are reused: reset in place
         assert again.token_ids == spec.token_ids
+        longer = torch.randint(0, 256, (20,)).tolist()
+        ref = SpeculativeGenerator(m, None, 0, cuda_graphs=False).generate(longer, 8).token_ids
+        assert spec_gen.generate(longer, 8).token_ids == ref
+        assert spec_gen.generate(prompt, 24).token_ids == eager
         assert plain == eager, kind
         assert spec.token_ids == eager, kind
         assert spec.stats.drafted > 0
