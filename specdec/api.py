@@ -65,8 +65,8 @@ class LLM:
     ``"float32"``, ``"bfloat16"`` or None (bf16 on CUDA, fp32 on CPU). ``num_draft_tokens``:
     drafts per step for n-gram/MTP; a block drafter (DFlash) drafts ``block_size - 1`` per step,
     where ``block_size`` (default: the checkpoint's) may lower its trained block size.
-    ``cuda_graphs``: replay decode/verify steps as CUDA graphs where the target allows it
-    (CUDA and KV-cache-only models); output is the same either way. ``batch_invariant``: run
+    ``cuda_graphs``: replay decode/verify steps as CUDA graphs on CUDA; output is the same
+    either way. ``batch_invariant``: run
     every graphed step with the same number of rows (16), so that decode and verify compute each
     position bit-identically and speculative output equals plain output also in bf16; turning it
     off makes plain decoding faster but lets near-tie tokens differ in low precision.

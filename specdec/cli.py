@@ -19,9 +19,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=None, help="DFlash block size (default: the checkpoint's); "
                    "drafts per step = block size - 1")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode/verify steps eagerly instead of "
-                   "replaying CUDA graphs (graphs are used on CUDA for KV-cache-only targets)")
-    p.add_argument("--no-batch-invariant", action="store_true", help="do not pad CUDA-graph steps to a fixed 16 "
-                   "rows: plain decoding gets faster, but in bf16 drafted output may then differ from plain "
+                   "replaying them as CUDA graphs (used on CUDA by default)")
+    p.add_argument("--no-batch-invariant", action="store_true", help="on CUDA, do not pad every decode/verify step "
+                   "to a fixed 16 rows: plain decoding gets faster, but in bf16 drafted output may then differ from plain "
                    "output where two tokens nearly tie")
 
 
