@@ -98,6 +98,10 @@ class MTPDrafter:
         self._last_h: torch.Tensor | None = None  # [1, H]: h of the last committed target position
         self._fed_last = False  # whether propose already cached the row (last_h, last token)
         self.last_logits: torch.Tensor | None = None  # [k, V] of the last propose (for inspection)
+        # Greedy proposals as one replayable static step (a CUDA graph on CUDA): the catch-up
+        # rows padded to k + 1, then the k chained rows, argmax on the device.
+        self.static_steps = target.device.type == "cuda"
+        self._static: dict[int, _StaticPropose] = {}
 
     # --- embedding / head (dedicated or the target's) ----------------------------------
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -163,6 +167,9 @@ class MTPDrafter:
         # committed rows first, then (h_{L-1}, last_token): all real, all kept
         hidden = torch.cat(self._pending_h + [self._last_h], dim=0)
         toks = torch.cat(self._pending_t + [torch.tensor([int(last_token)], dtype=torch.int64, device=dev)])
+        greedy = params.greedy or not self.sample_drafts
+        if greedy and self.static_steps and toks.shape[0] <= k + 1:
+            return self._propose_static(toks, hidden, k)
         g = self._run(toks, hidden, self.length)[-1:]
         self.length += toks.shape[0]
         self._pending_h, self._pending_t, self._fed_last = [], [], True
@@ -184,6 +191,76 @@ class MTPDrafter:
                 g = self._run(d, g, self.length + j)
         self.last_logits = torch.cat(logits_all)
         return Proposal(torch.cat(drafts), torch.cat(probs) if probs else None)
+
+
+    def _propose_static(self, toks: torch.Tensor, hidden: torch.Tensor, k: int) -> Proposal:
+        n, rows = toks.shape[0], k + 1
+        self._ensure(self.length + rows + k)
+        step = self._static.get(k)
+        if step is None or step.cache is not self.cache:
+            step = self._static[k] = _StaticPropose(self, k)  # new cache buffers: (re)capture
+        drafts, logits = step(toks, hidden, self.length, n)
+        self.length += n
+        self._pending_h, self._pending_t, self._fed_last = [], [], True
+        self.last_logits = logits
+        return Proposal(drafts)
+
+
+class _StaticPropose:
+    """One greedy propose of ``k`` drafts with static shapes: ``k + 1`` catch-up rows (the real
+    ones first; padding rows write cache entries past the committed rows, which the chained rows
+    and the next propose overwrite and the position mask hides), then ``k - 1`` chained rows.
+    Start position and the number of real rows are 0-d device tensors, so on CUDA the whole
+    proposal is captured once and replayed (off CUDA it runs eagerly, for tests)."""
+
+    def __init__(self, drafter: "MTPDrafter", k: int):
+        d, tgt = drafter, drafter.target
+        self.d, self.k, self.rows, self.cache = d, k, k + 1, d.cache
+        dev = tgt.device
+        self.tok = torch.zeros(self.rows, dtype=torch.int64, device=dev)
+        self.hid = torch.zeros(self.rows, tgt.config.hidden_size, dtype=tgt.dtype, device=dev)
+        self.start = torch.zeros((), dtype=torch.int64, device=dev)
+        self.n = torch.ones((), dtype=torch.int64, device=dev)
+        self.graph = None
+        self.out = None
+
+    def _compute(self):
+        d, tgt, cap = self.d, self.d.target, self.cache.k.shape[1]
+        x = d.block(d._embed(self.tok), self.hid, tgt.static_context(self.start, self.rows, cap), self.cache)
+        g = x.index_select(0, (self.n - 1).reshape(1))
+        drafts, logits_all = [], []
+        for j in range(self.k):
+            logits = d._head(g)
+            dj = logits.argmax(-1)
+            drafts.append(dj)
+            logits_all.append(logits)
+            if j + 1 < self.k:
+                ctx = tgt.static_context(self.start + self.n + j, 1, cap)
+                g = d.block(d._embed(dj), g, ctx, self.cache)
+        return torch.cat(drafts), torch.cat(logits_all)
+
+    def __call__(self, toks, hidden, start: int, n: int):
+        self.tok[:n].copy_(toks)
+        self.hid[:n].copy_(hidden)
+        self.start.fill_(start)
+        self.n.fill_(n)
+        if self.d.target.device.type != "cuda":
+            self.out = self._compute()
+        elif self.graph is None:
+            # warm-ups write the same real rows the replay writes; the rest lies past the commits
+            side = torch.cuda.Stream(self.tok.device)
+            side.wait_stream(torch.cuda.current_stream(self.tok.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._compute()
+            torch.cuda.current_stream(self.tok.device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = self._compute()
+            self.graph.replay()
+        else:
+            self.graph.replay()
+        return self.out[0].clone(), self.out[1].clone()
 
 
 # --- loading ------------------------------------------------------------------------------
