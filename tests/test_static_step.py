@@ -132,3 +132,41 @@ def test_static_mtp_proposals_equal_eager(tmp_path, moe):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     plain = SpeculativeGenerator(llm.model, None, 0).generate(prompt, 40).token_ids
     assert static.token_ids == plain
+
+
+def test_static_dflash_blocks_equal_eager(tmp_path):
+    """The DFlash drafter's static (CUDA-graph-ready) greedy block, run eagerly on the CPU, drafts
+    what the eager drafter drafts (wherever its argmax is well defined) at every step of a whole
+    generation, across a context-cache growth, with full-attention and sliding-window layers."""
+    from _dflash_util import write_drafter
+    from _engine_util import build_llama
+
+    from specdec import LLM
+    from specdec.drafters.dflash import DFlashDrafter
+
+    target = build_llama(tmp_path / "t", vocab=64, hidden=32, layers=4)
+    d_path, _ = write_drafter(tmp_path / "d", hidden=32, num_target_layers=4, n_layers=2, target_layer_ids=(1, 2),
+                              block_size=6, layer_types=["sliding_attention", "full_attention"], sliding_window=5)
+    llm = LLM(target, draft=f"dflash:{d_path}", device="cpu")
+    d: DFlashDrafter = llm.drafter
+    seen = []
+    block_logits = d.block_logits
+
+    def compare(last_token, k, params, gen):  # every step: static drafts == eager argmax
+        eager = block_logits(last_token)
+        d.static_steps = True
+        static = DFlashDrafter.propose(d, last_token, k, params, gen).tokens
+        d.static_steps = False
+        seen.append(d._static is not None)
+        top2 = eager.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 1e-4  # argmax is well defined
+        assert torch.equal(static[clear[:k]], eager[:k].argmax(-1)[clear[:k]])
+        return DFlashDrafter.propose(d, last_token, k, params, gen)
+
+    d.propose = compare
+    prompt = torch.randint(0, 64, (120,)).tolist()  # capacity 256: 150 new tokens make the cache grow
+    out = llm.generate(prompt, max_new_tokens=150)
+    assert all(seen) and len(seen) > 5
+    assert d.kv[0].k.shape[1] > 256
+    from specdec.engine import SpeculativeGenerator
+    assert out.token_ids == SpeculativeGenerator(llm.model, None, 0).generate(prompt, 150).token_ids

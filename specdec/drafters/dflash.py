@@ -71,6 +71,9 @@ class DFlashDrafter:
         self.capture_layers: tuple[int, ...] = tuple(c.target_layer_ids)
         self.length = 0  # committed positions whose context K/V are cached
         self.kv: list[_ContextKV] = []
+        # Greedy blocks as one static step (a CUDA graph on CUDA; eager elsewhere, for tests).
+        self.static_steps = target.device.type == "cuda"
+        self._static: _StaticBlock | None = None
 
     # --- the drafter protocol -----------------------------------------------------
     @torch.inference_mode()
@@ -93,6 +96,13 @@ class DFlashDrafter:
         Greedy: the argmax of each block row. Sampling: each row sampled from the drafter's
         own filtered distribution, returned with it so acceptance stays exact (z-lab does the same).
         """
+        if params.greedy and self.static_steps:
+            if not self.kv:
+                raise RuntimeError("DFlashDrafter.propose called before begin")
+            st = self._static
+            if st is None or st.buffers != self._buffers():
+                st = self._static = _StaticBlock(self)  # first use, or the context cache grew
+            return Proposal(st(int(last_token), self.length)[: max(0, k)])
         logits = self.block_logits(last_token)[: max(0, k)]
         if params.greedy:
             return Proposal(logits.argmax(-1))
@@ -128,6 +138,9 @@ class DFlashDrafter:
         h = self.model.block_hidden(x, start, ctx)
         return self.model.logits(h[1:], self.target.head_weight())
 
+    def _buffers(self) -> tuple:
+        return tuple((id(s.k), id(s.v)) for s in self.kv)
+
     # --- accounting -----------------------------------------------------------------
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -151,6 +164,48 @@ class DFlashDrafter:
             "weight_bytes": self.weight_bytes(), "cache_bytes": self.cache_bytes(),
             "resident_bytes": self.resident_bytes(),
         }
+
+
+class _StaticBlock:
+    """Greedy drafting of one block with static shapes: the last token and the start position
+    are device buffers, attention reads the whole context cache masked by position. On CUDA it
+    is captured once per context buffer and replayed; it writes no drafter state."""
+
+    def __init__(self, d: DFlashDrafter):
+        self.d, self.buffers = d, d._buffers()
+        c, dev = d.model.config, d.target.device
+        self.ids = torch.full((d.block_size,), c.mask_token_id, dtype=torch.int64, device=dev)
+        self.start = torch.zeros((), dtype=torch.int64, device=dev)
+        self.graph = None
+        self.out = None
+
+    def _compute(self) -> torch.Tensor:
+        d = self.d
+        c = d.model.config
+        x = torch.nn.functional.embedding(self.ids, d.target.embed_tokens.weight).to(d.model.fc.weight.dtype)
+        if c.input_embedding_scale != 1.0:
+            x = x * c.input_embedding_scale
+        h = d.model.block_hidden_static(x, self.start, [(s.k, s.v) for s in d.kv])
+        return d.model.logits(h[1:], d.target.head_weight()).argmax(-1)
+
+    @torch.inference_mode()
+    def __call__(self, last_token: int, start: int) -> torch.Tensor:
+        self.ids[0] = last_token
+        self.start.fill_(start)
+        if not self.ids.is_cuda:
+            return self._compute()
+        if self.graph is None:
+            side = torch.cuda.Stream(self.ids.device)
+            side.wait_stream(torch.cuda.current_stream(self.ids.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._compute()
+            torch.cuda.current_stream(self.ids.device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = self._compute()
+        self.graph.replay()
+        return self.out.clone()
 
 
 def check_fit(c: DFlashConfig, target: CausalLM, source: str) -> None:

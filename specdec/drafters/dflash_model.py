@@ -278,6 +278,34 @@ class DFlashDraftModel(nn.Module):
             x = layer(x, cos, sin, k_ctx[:, lo:start], v_ctx[:, lo:start], masks[key])
         return self.norm(x)
 
+    def block_hidden_static(self, x: torch.Tensor, start: torch.Tensor, ctx_kv) -> torch.Tensor:
+        """:meth:`block_hidden` with static shapes for CUDA graphs: ``start`` is a 0-d device
+        tensor and ``ctx_kv[i]`` are whole context buffers ``[n_kv, cap, d]``, slots at or past
+        ``start`` masked out; windows and causality become masks by position."""
+        b, cap = x.shape[0], ctx_kv[0][0].shape[1]
+        pos = start + torch.arange(b, device=x.device)
+        cos, sin = self.rotary.cos_sin(pos, x.dtype)
+        slots = torch.arange(cap, device=x.device)
+        kpos = torch.cat([slots, pos])[None, :]
+        valid = torch.cat([slots < start, torch.ones(b, dtype=torch.bool, device=x.device)])[None, :]
+        q = pos[:, None]
+        masks: dict = {}
+        for i, layer in enumerate(self.layers):
+            window, causal = self.config.windows[i], self.config.causal[i]
+            key = (window, causal)
+            if key not in masks:
+                ok = valid.expand(b, -1)
+                if causal:
+                    ok = ok & (kpos <= q)
+                if window is not None:
+                    ok = ok & ((q - kpos) < window)
+                    if not causal:
+                        ok = ok & ((kpos - q) < window)
+                masks[key] = ok
+            k_ctx, v_ctx = ctx_kv[i]
+            x = layer(x, cos, sin, k_ctx, v_ctx, masks[key])
+        return self.norm(x)
+
     def logits(self, h: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
         """Final-normed ``h`` through the target's LM head, with the drafter's own logit
         multiplier and soft cap (z-lab ``compute_logits``), fp32."""
