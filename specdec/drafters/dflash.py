@@ -16,6 +16,7 @@ import torch
 from ..config import read_json
 from ..errors import CheckpointError, ConfigError
 from ..models.base import CausalLM, ForwardOut
+from ..models.graphs import capture
 from ..sampling import SamplingParams, probs_from_logits
 from ..weights import load_into
 from ..weights.safetensors_io import SafetensorsSource
@@ -195,15 +196,7 @@ class _StaticBlock:
         if not self.ids.is_cuda:
             return self._compute()
         if self.graph is None:
-            side = torch.cuda.Stream(self.ids.device)
-            side.wait_stream(torch.cuda.current_stream(self.ids.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._compute()
-            torch.cuda.current_stream(self.ids.device).wait_stream(side)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.out = self._compute()
+            self.graph, self.out = capture(self._compute, self.ids.device)
         self.graph.replay()
         return self.out.clone()
 

@@ -47,6 +47,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from ..models.base import CausalLM, ForwardOut
+from ..models.graphs import capture
 from ..models.layers import RMSNorm
 from ..models.qwen35 import FullAttentionDecoderLayer, checkpoint_view
 from ..sampling import SamplingParams, probs_from_logits
@@ -246,19 +247,10 @@ class _StaticPropose:
         self.n.fill_(n)
         if self.d.target.device.type != "cuda":
             self.out = self._compute()
-        elif self.graph is None:
-            # warm-ups write the same real rows the replay writes; the rest lies past the commits
-            side = torch.cuda.Stream(self.tok.device)
-            side.wait_stream(torch.cuda.current_stream(self.tok.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._compute()
-            torch.cuda.current_stream(self.tok.device).wait_stream(side)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.out = self._compute()
-            self.graph.replay()
         else:
+            if self.graph is None:
+                # warm-ups write the same real rows the replay writes; the rest lies past the commits
+                self.graph, self.out = capture(self._compute, self.tok.device)
             self.graph.replay()
         return self.out[0].clone(), self.out[1].clone()
 

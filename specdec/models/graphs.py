@@ -23,6 +23,21 @@ def graphable(model: CausalLM, cache: SequenceCache, need_cuda: bool = True) -> 
         isinstance(c, (KVCache, LinearAttnCache)) for c in cache.layers)
 
 
+def capture(fn, device: torch.device, warmups: int = 2):
+    """Run ``fn`` ``warmups`` times on a side stream (allocator and library warm-up), then capture
+    one call as a CUDA graph. Returns ``(graph, outputs)``; replaying the graph refills outputs."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 class _Step:
     def __init__(self, graph, ids, out, run=None):
         self.graph, self.ids, self.out, self.run = graph, ids, out, run
@@ -50,7 +65,6 @@ class GraphedTarget:
         self.model, self.cache, self.capture = model, cache, tuple(capture)
         self.start = torch.zeros((), dtype=torch.int64, device=model.device)
         self.steps: dict[int, _Step] = {}
-        self.pool = None
         self.max_steps = max(max_steps, pad_to or 0)
         # Batch invariance: run every step of <= pad_to tokens as one pad_to-row step, so a
         # position's logits never depend on how many tokens were verified beside it (cuBLAS and
@@ -83,20 +97,11 @@ class GraphedTarget:
             return step
         # warm-ups really run: keep the recurrent caches' live contents safe from them
         saved = [(c.conv.clone(), c.states.clone()) for c in self.linear]
-        side = torch.cuda.Stream(m.device)
-        side.wait_stream(torch.cuda.current_stream(m.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream(m.device).wait_stream(side)
+        graph, out = capture(run, m.device)
         for c, (conv, states) in zip(self.linear, saved):
             c.conv.copy_(conv)
             c.states.copy_(states)
         self._buffers = self._buffer_ids()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = run()
-        self.pool = graph.pool()
         step = _Step(graph, ids, out)
         self.steps[t] = step
         return step
