@@ -140,7 +140,7 @@ class MTPDrafter:
         ids = prompt_ids.to(self.target.device).reshape(-1)
         self.length = 0
         self.cache = None
-        self._ensure(2 * ids.numel())
+        self._ensure(ids.numel() + 1024)  # room for the reply: each growth means a new graph capture
         self._pending_h = [out.hidden[:-1]]
         self._pending_t = [ids[1:]]
         self._last_h = out.hidden[-1:]
