@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -126,7 +125,3 @@ def text_config(d: dict) -> dict:
         inner.setdefault("model_type", d.get("model_type", ""))
         return inner
     return d
-
-
-def hf_config_path(model_dir: str) -> str:
-    return os.path.join(model_dir, "config.json")
