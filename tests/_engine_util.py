@@ -6,7 +6,6 @@ the point is to drive the engine through each accept / reject / rollback path, n
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -14,17 +13,6 @@ import torch
 from specdec.drafters.base import Proposal
 from specdec.engine import SpeculativeGenerator, accept_sampled
 from specdec.sampling import SamplingParams, probs_from_logits
-
-
-@contextlib.contextmanager
-def one_thread():
-    """Tiny models run far faster on one intra-op thread (no sync cost per op)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 # --- tiny targets ----------------------------------------------------------------------------------

@@ -15,27 +15,20 @@ import torch
 
 import specdec.engine.generate as engine_generate
 from _dflash_util import Steered, drafter_tensors, reference_block_logits, write_drafter
-from _engine_util import build_llama, one_thread, plain_generate, pooled_chi2
+from _engine_util import build_llama, plain_generate, pooled_chi2
 from specdec.drafters.dflash import load_dflash_drafter
 from specdec.drafters.dflash_model import DFlashConfig, default_target_layer_ids
 from specdec.engine import SpeculativeGenerator
 from specdec.errors import CheckpointError, ConfigError
 from specdec.loading import load_model
-from specdec.models.registry import supported
 from specdec.sampling import SamplingParams, probs_from_logits
 
 NEW = 64
 HIDDEN, LAYERS, VOCAB = 32, 6, 64
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
-
-def _qwen35_available() -> bool:
-    return "qwen3_5_text" in supported()[0] or "qwen3_5" in supported()[0]
 
 
 def _build(kind: str, path: str):
@@ -51,8 +44,6 @@ def _build(kind: str, path: str):
                                              num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                                              head_dim=8, max_position_embeddings=512))
     else:
-        if not _qwen35_available():
-            pytest.skip("specdec.models.qwen35 is not registered yet: the Qwen3.5 hybrid target cannot be tested")
         from _qwen35_util import hf_model
         model = hf_model("dense", seed=4)  # Gated DeltaNet + gated full attention, random norms
     model.save_pretrained(path)

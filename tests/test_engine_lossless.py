@@ -11,25 +11,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _engine_util import (OracleDrafter, RandomDrafter, build_llama, check_accept_accounting, one_thread,
-                          plain_generate)
+from _engine_util import (OracleDrafter, RandomDrafter, build_llama, check_accept_accounting, plain_generate)
 from specdec.drafters import NgramDrafter
 from specdec.engine import SpeculativeGenerator
 from specdec.loading import load_model
-from specdec.models.registry import supported
 
 NEW = 64
 PROMPT_LENS = (1, 6, 19)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
-
-def _qwen35_available() -> bool:
-    return "qwen3_5_text" in supported()[0] or "qwen3_5" in supported()[0]
 
 
 TARGETS = ["llama", "qwen35_dense", "qwen35_moe"]
@@ -43,8 +35,6 @@ def target(request, tmp_path_factory):
     if kind == "llama":
         build_llama(path, vocab=48, seed=1)
     else:
-        if not _qwen35_available():
-            pytest.skip("specdec.models.qwen35 is not registered yet: Qwen3.5 targets cannot be tested")
         from _mtp_util import build_qwen35
         build_qwen35(path, moe=kind == "qwen35_moe", mtp=False, seed=1)
     model = load_model(str(path), "cpu", tokenizer=False).model

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 import torch
 
-from _engine_util import check_accept_accounting, one_thread, plain_generate, pooled_chi2, resample_from_p_broken
+from _engine_util import check_accept_accounting, plain_generate, pooled_chi2, resample_from_p_broken
 from _mtp_util import ReferenceMTP, build_qwen35, edit_tensors, set_config
 from _qwen35_util import write_gguf
 from specdec import LLM
@@ -25,10 +25,7 @@ KINDS = ("dense", "moe")
 NEW = 64
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

@@ -34,13 +34,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models run far faster on one intra-op thread (and suffer less from a busy machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

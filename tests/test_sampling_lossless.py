@@ -27,8 +27,7 @@ import pytest
 import torch
 
 import specdec.engine.generate as engine_generate
-from _engine_util import (DistDrafter, accept_always_broken, build_llama, model_next_logits, one_thread,
-                          pooled_chi2, resample_from_p_broken, total_variation)
+from _engine_util import (DistDrafter, accept_always_broken, build_llama, model_next_logits, pooled_chi2, resample_from_p_broken, total_variation)
 from specdec.engine import SpeculativeGenerator, accept_sampled
 from specdec.loading import load_model
 from specdec.sampling import SamplingParams, probs_from_logits
@@ -40,10 +39,7 @@ PARAMS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 # --- unit level: accept_sampled on a Markov-chain target ---------------------------------------------

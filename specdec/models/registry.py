@@ -54,12 +54,7 @@ def register(arch: Architecture) -> None:
 
 def _load_all() -> None:
     # Importing the modules runs their register() calls.
-    from . import llama  # noqa: F401
-    try:
-        from . import qwen35  # noqa: F401
-    except ImportError as e:  # pragma: no cover - only while qwen35 is absent
-        if "qwen35" not in str(e):
-            raise
+    from . import llama, qwen35  # noqa: F401
 
 
 def supported() -> tuple[list[str], list[str]]:
