@@ -65,16 +65,17 @@ class LLM:
     ``"float32"``, ``"bfloat16"`` or None (bf16 on CUDA, fp32 on CPU). ``num_draft_tokens``:
     drafts per step for n-gram/MTP; a block drafter (DFlash) drafts ``block_size - 1`` per step,
     where ``block_size`` (default: the checkpoint's) may lower its trained block size.
-    ``cuda_graphs``: replay decode/verify steps as CUDA graphs on CUDA; output is the same
-    either way. ``batch_invariant``: run
-    every graphed step with the same number of rows (16), so that decode and verify compute each
-    position bit-identically and speculative output equals plain output also in bf16; turning it
-    off makes plain decoding faster but lets near-tie tokens differ in low precision.
+    ``cuda_graphs``: replay decode/verify steps as CUDA graphs on CUDA; the output is bitwise
+    the same either way (the same static steps run, captured or not). ``batch_invariant``
+    (default: on for CUDA, off for the CPU): run every decode/verify step with the same number of
+    rows (16), so that decode and verify compute each position bit-identically and speculative
+    output equals plain output also in bf16; off, plain decoding is faster but near-tie tokens may
+    differ in low precision (on the CPU, in fp32, greedy tokens are tested equal either way).
     """
 
     def __init__(self, model: str | None = None, draft=None, device: str | None = None, dtype=None,
                  num_draft_tokens: int = 4, block_size: int | None = None, cuda_graphs: bool = True,
-                 batch_invariant: bool = True):
+                 batch_invariant: bool | None = None):
         self.loaded = load_model(model or default_model_path(), device, dtype)
         self.tokenizer = self.loaded.tokenizer
         self.drafter = make_drafter(draft, self.loaded, block_size=block_size)

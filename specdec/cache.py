@@ -129,6 +129,7 @@ class LinearAttnCache:
         self.base = 0  # cache length before the last forward
         self.length = 0
         self.rollbackable = False  # the last forward kept per-position states
+        self.version = 0  # bumped when the buffers are reallocated (captured graphs then go stale)
 
     @property
     def rows(self) -> int:
@@ -161,19 +162,22 @@ class LinearAttnCache:
         states = self.states.new_zeros(t + 1, *self.states.shape[1:])
         states[: self.states.shape[0]] = self.states
         self.conv, self.states = conv, states
+        self.version += 1
 
     # --- written by the layer ----------------------------------------------------
-    def write(self, conv_inputs: torch.Tensor, states: torch.Tensor, state0: torch.Tensor) -> None:
+    def write(self, conv_inputs: torch.Tensor, states: torch.Tensor, state0: torch.Tensor, snapshots: bool) -> None:
         """Store a forward's results in place (no Python bookkeeping: graph-safe).
 
         ``conv_inputs [kernel-1+T, C]``: the window before the forward, then its T inputs.
-        ``states``: ``[T, H, dk, dv]`` after each position (snapshot forwards) or ``[1, ...]``,
-        the final state. ``state0``: the state before the forward.
+        ``states``: ``[T, H, dk, dv]`` after each position (``snapshots``) or ``[1, ...]``, the
+        final state. ``state0``: the state before the forward.
         """
         t = conv_inputs.shape[0] - (self.kernel - 1)
         if states.dtype != torch.float32:
             raise TypeError(f"recurrent state must be float32, got {states.dtype}")
-        if states.shape[0] == t and self.keeps_snapshots(t):
+        if snapshots:
+            if states.shape[0] != t:
+                raise RuntimeError(f"a snapshot forward of {t} positions wrote {states.shape[0]} states")
             if t > self.rows:
                 raise RuntimeError(f"linear-attention cache has {self.rows} snapshot rows, a forward wrote {t}; "
                                    "call reserve_rows first")

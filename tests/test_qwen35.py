@@ -114,9 +114,9 @@ def test_moe_gather_and_grouped_paths_agree():
     x = torch.randn(5, 16)
     idx = torch.stack([torch.randperm(6)[:2] for _ in range(5)])
     w = torch.rand(5, 2)
-    ex.gather_max_pairs = 0
+    ex.gather_max_rows = 0
     grouped = ex(x, idx, w)
-    ex.gather_max_pairs = 100
+    ex.gather_max_rows = 100
     gathered = ex(x, idx, w)
     assert torch.allclose(grouped, gathered, atol=1e-5)
 
@@ -138,7 +138,9 @@ def _delta_inputs(h=3, t=23, dk=8, dv=6, seed=0):
 def test_chunked_delta_rule_matches_recurrent(chunk, segment, monkeypatch):
     monkeypatch.setattr(deltanet, "SEGMENT_TOKENS", segment)  # 8: three segments of two chunks
     q, k, v, g, beta, s0 = _delta_inputs()
-    o_ref, states_ref = recurrent_gated_delta(q, k, v, g, beta, s0)
+    pm = [x.transpose(0, 1).contiguous() for x in (q, k, v, g, beta)]  # the recurrent form is position-major
+    o_ref, states_ref = recurrent_gated_delta(*pm, s0)
+    o_ref = o_ref.transpose(0, 1)
     o, states = chunked_gated_delta(q, k, v, g, beta, s0, chunk_size=chunk, all_states=True)
     assert torch.allclose(o, o_ref, atol=1e-5)
     assert torch.allclose(states, states_ref, atol=1e-5)

@@ -53,10 +53,10 @@ def test_padded_static_steps_make_plain_and_speculative_identical():
     m = _tiny_llama()
     prompt = torch.randint(0, 97, (9,)).tolist()
     eager = SpeculativeGenerator(m, None, 0, cuda_graphs=False).generate(prompt, 40).token_ids
-    plain_gen = SpeculativeGenerator(m, None, 0, static_on_cpu=True)
+    plain_gen = SpeculativeGenerator(m, None, 0, batch_invariant=True)
     plain = plain_gen.generate(prompt, 40).token_ids
     assert list(plain_gen._graphed.steps) == [16]  # one step shape for every decode step
-    spec_gen = SpeculativeGenerator(m, RandomDrafter(97, seed=3), 3, static_on_cpu=True)
+    spec_gen = SpeculativeGenerator(m, RandomDrafter(97, seed=3), 3, batch_invariant=True)
     spec = spec_gen.generate(prompt, 40)
     assert list(spec_gen._graphed.steps) == [16]
     assert plain == eager
@@ -64,39 +64,58 @@ def test_padded_static_steps_make_plain_and_speculative_identical():
     assert spec.stats.drafted > 0
 
 
-@pytest.mark.parametrize("static", [True, False], ids=["static-steps", "eager-steps"])
-def test_padded_steps_on_hybrid_targets(tmp_path, static):
-    """Hybrid (linear-attention) targets: in batch-invariant mode every step is padded to the
-    fixed row count, either as a static (graph-ready) step whose live recurrent state is selected on
-    the device, or eagerly; the padding rows are rolled back from the recurrent snapshots."""
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_padded_steps_on_hybrid_targets(tmp_path, kind):
+    """Hybrid (linear-attention) targets: in batch-invariant mode every step is the fixed-row static
+    (graph-ready) step whose live recurrent state is selected on the device; the padding rows are
+    rolled back from the recurrent snapshots. The cache and its steps are reused across requests."""
     from _engine_util import RandomDrafter
     from _qwen35_util import hf_model
 
     from specdec.engine import SpeculativeGenerator
     from specdec.loading import load_model
 
-    for kind in ("dense", "moe"):
-        path = tmp_path / kind
-        hf_model(kind).save_pretrained(path)
-        m = load_model(str(path), "cpu", "float32").model
-        # 13 tokens: the prefill keeps snapshots (live state mid-buffer); 20: it also grows the
-        # snapshot buffers inside inference mode; 40: final state only
-        prompt = torch.randint(0, 256, ({"dense": 13, "moe": 40}[kind],)).tolist()
-        eager = SpeculativeGenerator(m, None, 0, cuda_graphs=False).generate(prompt, 24).token_ids
-        plain_gen = SpeculativeGenerator(m, None, 0, cuda_graphs=static, static_on_cpu=True)
-        plain = plain_gen.generate(prompt, 24).token_ids
-        spec_gen = SpeculativeGenerator(m, RandomDrafter(256, seed=5), 3, cuda_graphs=static, static_on_cpu=True)
-        spec = spec_gen.generate(prompt, 24)
-        assert (spec_gen._graphed is not None) == static
-        again = spec_gen.generate(prompt, 24)  # the cache (and its graphs) are reused: reset in place
-        assert again.token_ids == spec.token_ids
-        longer = torch.randint(0, 256, (20,)).tolist()
-        ref = SpeculativeGenerator(m, None, 0, cuda_graphs=False).generate(longer, 8).token_ids
-        assert spec_gen.generate(longer, 8).token_ids == ref
-        assert spec_gen.generate(prompt, 24).token_ids == eager
-        assert plain == eager, kind
-        assert spec.token_ids == eager, kind
-        assert spec.stats.drafted > 0
+    path = tmp_path / kind
+    hf_model(kind).save_pretrained(path)
+    m = load_model(str(path), "cpu", "float32").model
+    # 13 tokens: a short prefill (recurrent form, no snapshots); 40: a chunked prefill
+    prompt = torch.randint(0, 256, ({"dense": 13, "moe": 40}[kind],)).tolist()
+    eager = SpeculativeGenerator(m, None, 0, batch_invariant=False).generate(prompt, 24).token_ids
+    plain_gen = SpeculativeGenerator(m, None, 0, batch_invariant=True)
+    plain = plain_gen.generate(prompt, 24).token_ids
+    spec_gen = SpeculativeGenerator(m, RandomDrafter(256, seed=5), 3, batch_invariant=True)
+    spec = spec_gen.generate(prompt, 24)
+    assert spec_gen._graphed is not None and list(spec_gen._graphed.steps) == [16]
+    steps = spec_gen._graphed.steps[16]
+    again = spec_gen.generate(prompt, 24)  # the cache (and its steps) are reused: reset in place
+    assert again.token_ids == spec.token_ids and spec_gen._graphed.steps[16] is steps
+    longer = torch.randint(0, 256, (20,)).tolist()
+    ref = SpeculativeGenerator(m, None, 0, batch_invariant=False).generate(longer, 8).token_ids
+    assert spec_gen.generate(longer, 8).token_ids == ref
+    assert spec_gen.generate(prompt, 24).token_ids == eager
+    assert plain == eager, kind
+    assert spec.token_ids == eager, kind
+    assert spec.stats.drafted > 0
+
+
+def test_static_steps_recapture_after_buffer_growth(tmp_path):
+    """A linear-attention cache that reallocates its buffers (an eager forward of more rows) bumps
+    its version, and the static steps are rebuilt instead of replaying over freed buffers."""
+    from _qwen35_util import hf_model
+
+    from specdec.loading import load_model
+    from specdec.models.graphs import GraphedTarget
+
+    hf_model("dense").save_pretrained(tmp_path / "d")
+    m = load_model(str(tmp_path / "d"), "cpu", "float32").model
+    cache = m.new_cache(64, spare=16)
+    g = GraphedTarget(m, cache, max_steps=4, pad_to=None, use_graphs=False)
+    m(torch.randint(0, 256, (5,)), cache, snapshots=False)
+    g(torch.tensor([1, 2]))
+    first = g.steps[2]
+    m(torch.randint(0, 256, (9,)), cache)  # 9 rows > the 4 reserved: the buffers grow
+    g(torch.tensor([3, 4]))
+    assert g.steps[2] is not first
 
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])

@@ -3,8 +3,8 @@
 A DFlash drafter drafts a whole block in one forward pass. The block is the last committed
 token followed by ``B - 1`` mask tokens, embedded with the *target's* embedding table. The
 context enters only through keys and values: the target's hidden states after the layers in
-``target_layer_ids`` (decoder-layer outputs before the final norm, concatenated in that order)
-go through ``fc`` and ``hidden_norm``, and every drafter layer projects that one context
+``target_layer_ids`` (decoder-layer outputs before the final norm, except the last layer's,
+which is taken after it as in HF's ``hidden_states``; concatenated in that order) go through ``fc`` and ``hidden_norm``, and every drafter layer projects that one context
 stream with its own ``k_proj``/``k_norm``/``v_proj`` (no ``input_layernorm``). The residual
 stream starts from the block embeddings; queries come from the block only. Full-attention
 layers are bidirectional inside the block, sliding-window layers are causal by default

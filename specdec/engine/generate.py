@@ -102,7 +102,13 @@ class SpeculativeGenerator:
     """Runs the loop for a target and an optional drafter (``num_draft_tokens`` per step)."""
 
     def __init__(self, target: CausalLM, drafter: Drafter | None = None, num_draft_tokens: int = 4,
-                 cuda_graphs: bool = True, batch_invariant: bool = True, static_on_cpu: bool = False):
+                 cuda_graphs: bool = True, batch_invariant: bool | None = None):
+        """``cuda_graphs``: on CUDA, replay every decode/verify step as a CUDA graph.
+        ``batch_invariant`` (default: on for CUDA, off for the CPU): run every decode/verify step as
+        the same fixed ``STEP_ROWS``-row static step, so a committed position's logits are bitwise the
+        same whatever its row in the step; speculative output then equals plain output bit for bit,
+        also in bf16. Off, steps run only their own rows: faster, and on the CPU (fp32) the greedy
+        tokens still match plain decoding (tested), though the last bits of logits may not."""
         if num_draft_tokens < 0:
             raise RequestError(f"num_draft_tokens must be >= 0, got {num_draft_tokens}")
         self.target = target
@@ -112,28 +118,33 @@ class SpeculativeGenerator:
         if limit is not None and self.k + 1 > limit:
             raise RequestError(f"{self.k} drafts per step need {self.k + 1}-token verify steps, but this target's "
                                f"linear-attention caches keep rollback snapshots for at most {limit}; use <= {limit - 1}")
-        self.cuda_graphs = cuda_graphs
-        self.static_on_cpu = static_on_cpu  # run the graphed code path off CUDA too (no capture): for tests
-        # graphed steps padded to STEP_ROWS rows: identical kernels for decode and verify (see graphs.py)
+        on_cuda = target.device.type == "cuda"
+        if batch_invariant is None:
+            batch_invariant = on_cuda
+        self.use_graphs = bool(cuda_graphs) and on_cuda
+        # every step padded to STEP_ROWS rows: identical kernels for decode and verify (see graphs.py)
         self.pad_to = STEP_ROWS if batch_invariant and self.k + 1 <= STEP_ROWS else None
+        self.static = self.use_graphs or self.pad_to is not None  # steps run as static steps (graphs.py)
         self._graphed: GraphedTarget | None = None
 
     def _cache_for(self, need: int, capture: tuple[int, ...]):
-        """A fresh cache, or on CUDA a reused one whose decode/verify steps replay CUDA graphs."""
+        """A fresh cache, or for static steps a reused one (its captured graphs stay valid)."""
         tgt = self.target
-        if not (self.cuda_graphs and (tgt.device.type == "cuda" or self.static_on_cpu)):
-            return tgt.new_cache(min(tgt.max_context, need + (self.pad_to or 0))), None
+        if not self.static:
+            return tgt.new_cache(need), None
+        spare = max(self.pad_to or 0, self.k + 1)  # rows only padding / unfinished verify rows occupy
+        size = min(tgt.max_context, max(1024, 1 << (need - 1).bit_length()))
         g = self._graphed
-        if g is not None and g.cache.max_len >= need + (self.pad_to or 0) and g.capture == capture:
+        if g is not None and g.cache.max_len >= min(tgt.max_context, need) + spare and g.capture == capture:
             g.cache.reset()
             return g.cache, g
-        need += self.pad_to or 0
-        size = min(tgt.max_context, max(1024, 1 << (need - 1).bit_length()))
-        cache = tgt.new_cache(size)
-        if not graphable(tgt, cache, need_cuda=not self.static_on_cpu):
-            return cache, None
         self._graphed = None  # free the old graphs and cache first
-        self._graphed = GraphedTarget(tgt, cache, capture, max_steps=self.k + 1, pad_to=self.pad_to)
+        cache = tgt.new_cache(size, spare=spare)
+        if not graphable(tgt, cache, need_cuda=False):
+            raise RequestError(f"{type(tgt).__name__} has a cache type that static steps do not support; "
+                               "use batch_invariant=False and cuda_graphs=False")
+        self._graphed = GraphedTarget(tgt, cache, capture, max_steps=self.k + 1, pad_to=self.pad_to,
+                                      use_graphs=self.use_graphs)
         return cache, self._graphed
 
     def generate(self, prompt_ids, max_new_tokens: int, params: SamplingParams = SamplingParams(), *,
@@ -166,10 +177,10 @@ class SpeculativeGenerator:
         gen = None if params.greedy else make_generator(params.seed, dev)
         drafter = self.drafter
         capture = tuple(drafter.capture_layers) if drafter is not None else ()
-        cache, graphed = self._cache_for(need + self.k + 1, capture)
+        cache, graphed = self._cache_for(need, capture)
 
         t0 = time.perf_counter()
-        out = tgt(prompt.to(dev), cache, capture=capture, logits="last")
+        out = tgt(prompt.to(dev), cache, capture=capture, logits="last", snapshots=False)
         first = self._sample_one(out.logits[-1], params, gen)
         if drafter is not None:
             drafter.begin(prompt.to(dev), out)
@@ -179,8 +190,7 @@ class SpeculativeGenerator:
             on_tokens(stopper.ids[-1:])
         last = first
         while not done:
-            room = cache.max_len - cache.length - 1
-            k = max(0, min(self.k, max_new_tokens - len(stopper.ids), room))
+            k = max(0, min(self.k, max_new_tokens - len(stopper.ids)))
             t1 = time.perf_counter()
             prop = drafter.propose(last, k, params, gen) if (drafter is not None and k > 0) else Proposal(
                 torch.empty(0, dtype=torch.int64, device=dev))
@@ -188,7 +198,7 @@ class SpeculativeGenerator:
             t2 = time.perf_counter()
             start = cache.length
             ids = torch.cat([torch.tensor([last], device=dev), drafts])
-            out = graphed(ids) if graphed is not None else self._eager_step(ids, cache, capture)
+            out = graphed(ids) if graphed is not None else tgt(ids, cache, capture=capture)
             if params.greedy:
                 packed = accept_greedy(drafts, out.logits)
             else:
@@ -223,18 +233,6 @@ class SpeculativeGenerator:
             if stopper.text_cut is not None:
                 text = text[: stopper.text_cut]
         return GenerationResult(stopper.ids, text, stopper.reason or "length", stats)
-
-    def _eager_step(self, ids: torch.Tensor, cache, capture) -> ForwardOut:
-        """A decode/verify forward outside CUDA graphs; on CUDA in batch-invariant mode it is padded
-        to the same fixed number of rows as every other step (see graphs.py for why)."""
-        t, rows = ids.shape[0], self.pad_to
-        shape_it = rows is not None and (self.target.device.type == "cuda" or self.static_on_cpu)
-        if not shape_it or t > rows or cache.length + rows > cache.max_len:
-            return self.target(ids, cache, capture=capture)
-        start = cache.length
-        out = self.target(torch.cat([ids, ids[-1:].expand(rows - t)]), cache, capture=capture)
-        cache.rollback(start + t)
-        return slice_out(out, t)
 
     @staticmethod
     def _sample_one(logits: torch.Tensor, params: SamplingParams, gen) -> int:

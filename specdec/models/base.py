@@ -27,13 +27,18 @@ class StepContext:
     cos: torch.Tensor  # [T, rotary_dim]
     sin: torch.Tensor
     mask: torch.Tensor | None  # [T, start+T] bool, None when T == 1
+    # Recurrent (linear-attention) caches keep the state after every position, so the forward can
+    # be rolled back (decode and verify steps). A prefill needs none and runs the chunked form.
+    snapshots: bool = True
 
 
 @dataclass
 class ForwardOut:
     logits: torch.Tensor | None  # [T, V] fp32 (or [1, V] with logits="last")
     hidden: torch.Tensor  # [T, H] final hidden state after the final norm
-    captured: torch.Tensor | None  # [T, len(capture) * H], decoder-layer outputs in capture order
+    # [T, len(capture) * H]: decoder-layer outputs in capture order; the last layer's entry is taken
+    # after the final norm, as HF's hidden_states[L] is (what DFlash drafters are trained on)
+    captured: torch.Tensor | None
 
 
 class CausalLM(nn.Module):
@@ -74,8 +79,10 @@ class CausalLM(nn.Module):
     def max_context(self) -> int:
         return int(self.config.max_position_embeddings)
 
-    def new_cache(self, max_len: int | None = None) -> SequenceCache:
-        max_len = min(max_len or self.max_context, self.max_context)
+    def new_cache(self, max_len: int | None = None, spare: int = 0) -> SequenceCache:
+        """A cache for ``max_len`` positions (at most the model's context), plus ``spare`` rows that
+        only padding rows of fixed-size steps ever occupy (they are rolled back, never committed)."""
+        max_len = min(max_len or self.max_context, self.max_context) + spare
         return SequenceCache([self.make_layer_cache(i, max_len, self.dtype, self.device) for i in range(len(self.layers))], max_len)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -93,10 +100,10 @@ class CausalLM(nn.Module):
             logits = torch.tanh(logits / c) * c
         return logits
 
-    def step_context(self, start: int, t: int) -> StepContext:
+    def step_context(self, start: int, t: int, snapshots: bool = True) -> StepContext:
         pos = torch.arange(start, start + t, device=self.device)
         cos, sin = self.rotary.cos_sin(pos, self.dtype)
-        return StepContext(start, t, cos, sin, causal_mask(start, t, self.device))
+        return StepContext(start, t, cos, sin, causal_mask(start, t, self.device), snapshots)
 
     def static_context(self, start: torch.Tensor, t: int, max_len: int) -> StepContext:
         """Context for a CUDA-graph step: ``start`` is a 0-d device tensor, shapes depend on ``t`` only,
@@ -107,12 +114,14 @@ class CausalLM(nn.Module):
         return StepContext(start, t, cos, sin, mask)
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, cache: SequenceCache, capture: Sequence[int] = (), logits: str = "all") -> ForwardOut:
-        """Run ``ids [T]`` at positions ``cache.length ..``; ``logits`` is "all", "last" or "none"."""
+    def forward(self, ids: torch.Tensor, cache: SequenceCache, capture: Sequence[int] = (), logits: str = "all",
+                snapshots: bool = True) -> ForwardOut:
+        """Run ``ids [T]`` at positions ``cache.length ..``; ``logits`` is "all", "last" or "none".
+        ``snapshots=False`` (a prefill) keeps no per-position recurrent states: no rollback into it."""
         ids = ids.to(self.device).reshape(-1)
         t = ids.shape[0]
         start = cache.reserve(t)
-        return self.run_layers(ids, self.step_context(start, t), cache, capture, logits)
+        return self.run_layers(ids, self.step_context(start, t, snapshots), cache, capture, logits)
 
     def run_layers(self, ids: torch.Tensor, ctx: StepContext, cache: SequenceCache, capture: Sequence[int] = (),
                    logits: str = "all") -> ForwardOut:
@@ -125,6 +134,8 @@ class CausalLM(nn.Module):
             if i in want:
                 caps[i] = x
         h = self.norm(x)
+        if len(self.layers) - 1 in want:
+            caps[len(self.layers) - 1] = h  # HF's hidden_states[L] is after the final norm
         out_logits = None
         if logits == "all":
             out_logits = self.head(h)

@@ -9,9 +9,10 @@ Per value head, with an fp32 state ``S`` of shape ``[dk, dv]``::
 
 with ``q, k`` L2-normalised (``q`` also scaled by ``1/sqrt(dk)``), ``beta = sigmoid(b)`` and
 ``g = -exp(A_log) * softplus(a + dt_bias)``. Two exact forms of the same recurrence:
-:func:`recurrent_gated_delta` steps through positions (decode), :func:`chunked_gated_delta`
-processes chunks of positions with a few matmuls (prefill and verification) and can return the
-state after every position, which the cache keeps for rollback.
+:func:`recurrent_gated_delta` steps through positions (decode and verification: its per-position
+arithmetic does not depend on the position's row in the step, which keeps speculative output
+bit-identical to plain decoding) and returns the state after every position, which the cache keeps
+for rollback; :func:`chunked_gated_delta` processes chunks of positions with a few matmuls (prefill).
 
 The projections feed a depthwise causal conv (+SiLU) over ``[q | k | v]`` whose window is
 carried across forwards by :class:`~specdec.cache.LinearAttnCache`.
@@ -32,18 +33,25 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def recurrent_gated_delta(q, k, v, g, beta, state):
-    """Step through positions. ``q, k [H, T, dk]``, ``v [H, T, dv]``, ``g, beta [H, T]``,
-    ``state [H, dk, dv]``, all fp32 -> (out ``[H, T, dv]``, states after each position ``[T, H, dk, dv]``)."""
+    """Step through positions. Position-major inputs: ``q, k [T, H, dk]``, ``v [T, H, dv]``,
+    ``g, beta [T, H]``, ``state [H, dk, dv]``, all fp32 -> (out ``[T, H, dv]``, states after each
+    position ``[T, H, dk, dv]``).
+
+    Position ``t`` is computed from the state before it and its own (contiguous) row only, by the
+    same ops on the same shapes whatever ``T`` is and wherever ``t`` sits in the step: this is the
+    form that keeps a position's numerics independent of its row (per-position invariance).
+    """
     outs, states = [], []
     s = state
-    for t in range(q.shape[1]):
-        s = s * g[:, t].exp()[:, None, None]
-        kt = k[:, t]
-        u = beta[:, t, None] * (v[:, t] - torch.einsum("hkv,hk->hv", s, kt))
-        s = s + kt[:, :, None] * u[:, None, :]
-        outs.append(torch.einsum("hkv,hk->hv", s, q[:, t]))
+    for t in range(q.shape[0]):
+        kt, qt = k[t], q[t]  # [H, dk]
+        s = s * g[t].exp()[:, None, None]
+        pred = torch.bmm(kt[:, None, :], s)[:, 0]  # S^T k: [H, dv]
+        u = beta[t][:, None] * (v[t] - pred)
+        s = torch.baddbmm(s, kt[:, :, None], u[:, None, :])  # S + k u^T
+        outs.append(torch.bmm(qt[:, None, :], s)[:, 0])
         states.append(s)
-    return torch.stack(outs, dim=1), torch.stack(states, dim=0)
+    return torch.stack(outs), torch.stack(states)
 
 
 # Longest stretch handed to one chunked pass: bounds its [H, T/C, C, C] temporaries.
@@ -134,7 +142,7 @@ class GatedDeltaNet(nn.Module):
     ``Hv / Hk`` consecutive value heads. ``conv1d.weight`` is ``[C, 1, kernel]``.
     """
 
-    # Positions per chunk of the chunked form (used for every forward of T > 1; T == 1 steps).
+    # Positions per chunk of the chunked form (prefill: forwards that keep no snapshots).
     chunk_size = 64
 
     def __init__(self, hidden: int, n_k_heads: int, n_v_heads: int, k_dim: int, v_dim: int, kernel: int, eps: float):
@@ -156,17 +164,28 @@ class GatedDeltaNet(nn.Module):
 
     def conv(self, window: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Depthwise causal conv + SiLU. ``window [K-1, C]``, ``x [T, C]`` -> (out ``[T, C]``,
-        conv inputs ``[K-1+T, C]``, which the cache keeps for rollback)."""
-        full = torch.cat([window.to(x.dtype), x], dim=0)
-        out = F.conv1d(full.t()[None], self.conv1d.weight, groups=self.conv_dim)[0].t()  # [T, C]
-        return F.silu(out), full
+        conv inputs ``[K-1+T, C]``, which the cache keeps for rollback).
 
-    def forward(self, x: torch.Tensor, start, cache: LinearAttnCache) -> torch.Tensor:
-        """``start``: an int (eager), or a 0-d device tensor in a static (CUDA-graph) step, where
-        the live state is selected on the device and the caller does the Python bookkeeping."""
+        Written as an explicit sum over the kernel taps in fp32 (not ``F.conv1d``, whose algorithm
+        and vector tails depend on ``T``), so every output row is computed the same way wherever it
+        sits in the step."""
+        full = torch.cat([window.to(x.dtype), x], dim=0)
+        taps = full.float().unfold(0, self.kernel, 1)  # [T, C, K]: row t holds inputs t .. t+K-1
+        out = (taps * self.conv1d.weight[:, 0].float()).sum(-1)
+        return F.silu(out).to(x.dtype), full
+
+    def forward(self, x: torch.Tensor, ctx, cache: LinearAttnCache) -> torch.Tensor:
+        """``ctx.start``: an int (eager), or a 0-d device tensor in a static (CUDA-graph) step, where
+        the live state is selected on the device and the caller does the Python bookkeeping.
+
+        Forwards that keep per-position snapshots (decode and verify steps, which may be rolled
+        back) and 1-token forwards use the recurrent form, whose per-position arithmetic does not
+        depend on the row: a position verified at row 3 gets the bits it gets at row 0 in plain
+        decoding. Longer forwards without snapshots (prefill) use the chunked form."""
         t = x.shape[0]
+        start = ctx.start
         static = isinstance(start, torch.Tensor)
-        keep = cache.keeps_snapshots(t)
+        keep = ctx.snapshots and cache.keeps_snapshots(t)
         if keep:
             cache.reserve_rows(t)
         window, state0 = cache.live_static() if static else (cache.conv_window(), cache.state())
@@ -182,14 +201,15 @@ class GatedDeltaNet(nn.Module):
             q, k = q.repeat_interleave(r, dim=1), k.repeat_interleave(r, dim=1)
         beta = torch.sigmoid(self.in_proj_b(x).float())  # [T, Hv]
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
-        q, k, v, g, beta = (y.transpose(0, 1).contiguous() for y in (q, k, v, g, beta))  # head-major
-        if t == 1:
-            o, states = recurrent_gated_delta(q, k, v, g, beta, state0)
+        if keep or t == 1:
+            o, states = recurrent_gated_delta(q.contiguous(), k.contiguous(), v.contiguous(), g, beta, state0)
         else:
-            o, states = chunked_gated_delta(q, k, v, g, beta, state0, self.chunk_size, all_states=keep)
-        cache.write(full, states if keep else states[-1:], state0)
+            hm = (y.transpose(0, 1).contiguous() for y in (q, k, v, g, beta))  # head-major
+            o, states = chunked_gated_delta(*hm, state0, self.chunk_size, all_states=False)
+            o = o.transpose(0, 1)
+        cache.write(full, states if keep else states[-1:], state0, keep)
         if not static:
             cache.commit(start, t, keep)
-        o = o.transpose(0, 1).to(x.dtype)  # [T, Hv, dv]
+        o = o.to(x.dtype)  # [T, Hv, dv]
         z = self.in_proj_z(x).view(t, self.hv, self.dv)
         return self.out_proj(self.norm(o, z).reshape(t, -1))

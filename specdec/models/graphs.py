@@ -6,6 +6,8 @@ per cache as a CUDA graph over static buffers: the token ids, the start position
 tensor), and attention over the whole preallocated KV cache masked by position. Replays then cost
 one launch. Linear-attention caches select their live state on the device (``cur_t``) inside
 the graph; their Python bookkeeping (which position is live) is done here after each replay.
+Without graphs (``--no-cuda-graphs``, or the CPU in batch-invariant mode) the same static steps
+run eagerly: one step function, two ways to launch it, the same numerics.
 """
 
 from __future__ import annotations
@@ -50,18 +52,25 @@ class _Step:
 
 
 class GraphedTarget:
-    """Runs ``model`` on one cache, replaying a captured graph per step length.
+    """Runs ``model`` on one cache as static steps, replaying a captured graph per step length.
 
-    The returned ``logits`` are the graph's static buffer, valid until the next call; ``hidden``
+    A static step has shapes that depend on its row count only: attention runs over the whole
+    preallocated cache masked by position, linear-attention layers select their live state on the
+    device, MoE layers gather their experts. ``use_graphs`` (default: on CUDA) captures each step
+    once and replays it; without it the very same step runs eagerly (``--no-cuda-graphs``, and the
+    CPU), so graphs and eager compute the same bits.
+
+    The returned ``logits`` are the step's static buffer, valid until the next call; ``hidden``
     and ``captured`` are copies (drafters may keep them).
     """
 
     def __init__(self, model: CausalLM, cache: SequenceCache, capture: Sequence[int] = (), max_steps: int = 64,
-                 pad_to: int | None = None):
+                 pad_to: int | None = None, use_graphs: bool | None = None):
         if not graphable(model, cache, need_cuda=False):
-            raise ValueError("static steps need a target whose caches are all KV caches")
-        # Off CUDA (tests) the same static steps run eagerly: same shapes and padding, no capture.
-        self.use_graphs = model.device.type == "cuda"
+            raise ValueError("static steps need a target whose caches are all KV or linear-attention caches")
+        self.use_graphs = model.device.type == "cuda" if use_graphs is None else use_graphs
+        if self.use_graphs and model.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
         self.model, self.cache, self.capture = model, cache, tuple(capture)
         self.start = torch.zeros((), dtype=torch.int64, device=model.device)
         self.steps: dict[int, _Step] = {}
@@ -73,35 +82,36 @@ class GraphedTarget:
         self.pad_to = pad_to
         self.linear = [c for c in cache.layers if isinstance(c, LinearAttnCache)]
         for c in self.linear:
-            c.reserve_rows(min(self.max_steps, c.snapshot_tokens))
-        self._buffers = self._buffer_ids()
+            if self.max_steps > c.snapshot_tokens:
+                raise ValueError(f"static steps of {self.max_steps} rows exceed the linear-attention caches' "
+                                 f"{c.snapshot_tokens} snapshot rows")
+            c.reserve_rows(self.max_steps)
+        self._versions = self._buffer_versions()
 
-    def _buffer_ids(self):
-        return tuple((id(c.conv), id(c.states)) for c in self.linear)
+    def _buffer_versions(self):
+        # a counter bumped whenever a cache reallocates its buffers (never an id(): ids are recycled)
+        return tuple(c.version for c in self.linear)
 
     @torch.inference_mode()
     def _capture(self, t: int) -> _Step:
         m, cache = self.model, self.cache
         ids = torch.zeros(t, dtype=torch.int64, device=m.device)
-        # warm-up writes land at positions cache.length.. which this very step overwrites next
-        self.start.fill_(cache.length)
 
         def run():
             return m.run_layers(ids, m.static_context(self.start, t, cache.max_len), cache, self.capture, "all")
 
         if not self.use_graphs:
-            for c in self.linear:
-                c.reserve_rows(min(t, c.snapshot_tokens))
             step = _Step(None, ids, None, run)
             self.steps[t] = step
             return step
+        # warm-up writes land at positions cache.length.. which this very step overwrites next
+        self.start.fill_(cache.length)
         # warm-ups really run: keep the recurrent caches' live contents safe from them
         saved = [(c.conv.clone(), c.states.clone()) for c in self.linear]
         graph, out = capture(run, m.device)
         for c, (conv, states) in zip(self.linear, saved):
             c.conv.copy_(conv)
             c.states.copy_(states)
-        self._buffers = self._buffer_ids()
         step = _Step(graph, ids, out)
         self.steps[t] = step
         return step
@@ -110,12 +120,14 @@ class GraphedTarget:
     def __call__(self, ids: torch.Tensor) -> ForwardOut:
         t = ids.shape[0]
         rows = self.pad_to if self.pad_to is not None and t <= self.pad_to else t
+        # Never fall back to an eager forward mid-generation: its numerics differ. The engine sizes
+        # the cache (spare rows for padding) and the step length so that every step fits.
         if rows > self.max_steps or self.cache.length + rows > self.cache.max_len:
-            return self.model(ids, self.cache, self.capture)  # eager (also raises the context error)
-        if self.linear and (rows > self.linear[0].snapshot_tokens or self._buffer_ids() != self._buffers):
-            if rows > self.linear[0].snapshot_tokens:
-                return self.model(ids, self.cache, self.capture)
-            self.steps.clear()  # an eager forward grew the recurrent buffers: recapture
+            raise RuntimeError(f"static step of {rows} rows at position {self.cache.length} does not fit "
+                               f"(max {self.max_steps} rows, cache of {self.cache.max_len})")
+        if self._buffer_versions() != self._versions:  # an eager forward grew the recurrent buffers
+            self.steps.clear()
+            self._versions = self._buffer_versions()
         step = self.steps.get(rows) or self._capture(rows)
         start = self.cache.reserve(rows)
         self.start.fill_(start)

@@ -31,9 +31,11 @@ from .source_view import SourceView, ViewTensor, derived, passthrough
 class Experts(nn.Module):
     """``E`` SwiGLU experts stored as 3-D tensors."""
 
-    # Up to this many (token, expert) pairs, gather each pair's weights (no host sync: decode
-    # and short verify steps); beyond it, group tokens by expert (prefill).
-    gather_max_pairs = 16
+    # Forwards of up to this many rows (every decode and verify step, padded or not) gather each
+    # (token, expert) pair's weights: no host sync, graph-safe, and one kernel path whose
+    # per-row arithmetic does not depend on the row or on the other rows' experts, with or without
+    # CUDA graphs. Longer forwards (prefill) group tokens by expert.
+    gather_max_rows = 16
 
     def __init__(self, num_experts: int, hidden: int, inter: int):
         super().__init__()
@@ -45,7 +47,7 @@ class Experts(nn.Module):
         """``x [T, H]``, chosen experts ``idx [T, k]`` with ``weights [T, k]`` -> ``[T, H]``."""
         t, k = idx.shape
         # Inside a CUDA-graph capture always gather: the grouped path reads counts on the host.
-        if t * k <= self.gather_max_pairs or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if t <= self.gather_max_rows or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
             flat = idx.reshape(-1)
             xs = x.repeat_interleave(k, dim=0)[:, :, None]  # [T*k, H, 1]
             gate, up = torch.bmm(self.gate_up_proj[flat], xs)[..., 0].chunk(2, dim=-1)

@@ -153,7 +153,7 @@ class LinearAttentionDecoderLayer(nn.Module):
         return self.linear_attn.make_cache(dtype, device, snapshot_tokens)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, cache: LinearAttnCache) -> torch.Tensor:
-        x = x + self.linear_attn(self.input_layernorm(x), ctx.start, cache)
+        x = x + self.linear_attn(self.input_layernorm(x), ctx, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

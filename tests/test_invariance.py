@@ -1,0 +1,159 @@
+"""Per-position invariance: a committed position's logits are bitwise the same whether plain
+decoding computed it (always row 0 of a step) or a verify step did (row 0..k, beside accepted and
+rejected drafts, then rolled back). This is what makes speculative output exactly plain output in
+bf16; here it is checked bit for bit in fp32 on the CPU, with a drafter that is actually accepted
+(the target's own continuation, partly spoiled), so rollback runs at every step.
+
+Paths: ``static`` is the batch-invariant step (fixed 16 rows, attention over the whole cache
+masked by position) that CUDA runs captured as a graph or, with ``--no-cuda-graphs``, eagerly;
+on the CPU it runs uncaptured. ``eager`` is the CPU default (each step runs its own rows only).
+"""
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from specdec.drafters.base import Proposal  # noqa: E402
+from specdec.engine import SpeculativeGenerator  # noqa: E402
+from specdec.engine import generate as engine_mod  # noqa: E402
+from specdec.models import deltanet  # noqa: E402
+
+TARGETS = ("llama", "qwen35-dense", "qwen35-moe")
+NEW_TOKENS = 48
+
+
+class SpoiledOracle:
+    """Proposes the target's own greedy continuation, each draft replaced by a wrong token with
+    probability ``spoil``: most drafts are accepted, and every spoiled one forces a rollback.
+    Unlike the test utility's oracle it never asserts, so a diverging run is reported by the
+    comparison, not by the drafter."""
+
+    name = "oracle"
+    capture_layers = ()
+
+    def __init__(self, reference, vocab, spoil=0.3, seed=0):
+        self.ref, self.vocab, self.spoil = list(reference), vocab, spoil
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def begin(self, prompt_ids, out):
+        self.n = prompt_ids.shape[0]
+
+    def observe(self, tokens, out):
+        self.n += tokens.shape[0]
+
+    def propose(self, last_token, k, params, gen):
+        toks = list(self.ref[self.n + 1:self.n + 1 + k])
+        toks += [0] * (k - len(toks))
+        for i in range(k):
+            if float(torch.rand(1, generator=self.rng)) < self.spoil:
+                toks[i] = (toks[i] + 1 + int(torch.randint(self.vocab - 1, (1,), generator=self.rng))) % self.vocab
+        return Proposal(torch.tensor(toks, dtype=torch.int64))
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory, single_thread):
+    from _engine_util import build_llama
+    from _qwen35_util import hf_model
+
+    from specdec.loading import load_model
+
+    root = tmp_path_factory.mktemp("inv")
+    paths = {"llama": build_llama(root / "llama", vocab=97, hidden=48, layers=3, seed=1)}
+    for kind in ("dense", "moe"):
+        p = root / kind
+        hf_model(kind, seed=2).save_pretrained(p)
+        paths[f"qwen35-{kind}"] = str(p)
+    return {name: load_model(p, "cpu", "float32").model for name, p in paths.items()}
+
+
+def record(model, drafter, k, prompt, batch_invariant, monkeypatch):
+    """Generate greedily; return (tokens, committed positions' logits [N, V] in order, stats)."""
+    rows = []
+    accept = engine_mod.accept_greedy
+
+    def recording(drafts, logits):
+        packed = accept(drafts, logits)
+        rows.append(logits[: int(packed[0]) + 1].clone())  # the rows whose positions are committed
+        return packed
+
+    monkeypatch.setattr(engine_mod, "accept_greedy", recording)
+    res = SpeculativeGenerator(model, drafter, k, batch_invariant=batch_invariant).generate(prompt, NEW_TOKENS)
+    monkeypatch.setattr(engine_mod, "accept_greedy", accept)
+    return res.token_ids, torch.cat(rows), res.stats
+
+
+def compare(model, prompt, batch_invariant, monkeypatch, k=4):
+    """Plain vs spoiled-oracle decoding: (number of positions whose logits differ, positions, stats)."""
+    plain, plain_rows, _ = record(model, None, 0, prompt, batch_invariant, monkeypatch)
+    oracle = SpoiledOracle(prompt + plain, model.config.vocab_size, spoil=0.3)
+    spec, spec_rows, stats = record(model, oracle, k, prompt, batch_invariant, monkeypatch)
+    n = min(len(plain_rows), len(spec_rows))
+    differ = int((plain_rows[:n] != spec_rows[:n]).any(-1).sum())
+    return differ, n, stats, plain == spec
+
+
+def _check_exercised(stats):
+    # the comparison means something only if drafts were accepted at rows > 0 and rejected too
+    acc = stats.accepted
+    assert sum(acc) >= 10 and any(a < 4 for a in acc) and any(a >= 2 for a in acc), acc
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_static_steps_are_per_position_invariant(targets, target, monkeypatch):
+    model = targets[target]
+    for seed in (0, 1):
+        prompt = torch.randint(0, model.config.vocab_size, (7 + 9 * seed,), generator=torch.Generator().manual_seed(seed)).tolist()
+        differ, n, stats, same = compare(model, prompt, True, monkeypatch)
+        _check_exercised(stats)
+        assert n >= NEW_TOKENS - 1
+        assert differ == 0, f"{target}: {differ} of {n} positions' logits differ between plain and speculative decoding"
+        assert same
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_eager_cpu_steps_keep_greedy_tokens(targets, target, monkeypatch):
+    """The CPU default runs each step's own rows only: padding every step to 16 rows costs CPU
+    decoding about 35-45% (SmolLM2-135M, 2 cores), so it is opt-in there (``batch_invariant=True``).
+    Its greedy tokens equal plain decoding; its logits differ in the last bits (the CPU's matrix
+    kernels change with the row count, and a KV entry computed in a 5-row step then differs for
+    every later position), which is why CUDA (bf16, where such bits flip near-tie tokens) runs the
+    static steps by default."""
+    model = targets[target]
+    prompt = torch.randint(0, model.config.vocab_size, (11,), generator=torch.Generator().manual_seed(3)).tolist()
+    differ, n, stats, same = compare(model, prompt, False, monkeypatch)
+    _check_exercised(stats)
+    assert same, f"{target}: speculative tokens differ from plain decoding"
+    assert n >= NEW_TOKENS - 1
+
+
+@pytest.mark.parametrize("target", ("qwen35-dense", "qwen35-moe"))
+def test_chunked_verify_steps_break_invariance(targets, target, monkeypatch):
+    """Mutation check: running verify steps through the chunked form (the old behaviour) makes a
+    position's arithmetic depend on its row, and the invariance test sees it."""
+
+    def chunked_instead(q, k, v, g, beta, state):
+        hm = [x.transpose(0, 1).contiguous() for x in (q, k, v, g, beta)]
+        o, states = deltanet.chunked_gated_delta(*hm, state, 64, all_states=True)
+        return o.transpose(0, 1), states
+
+    monkeypatch.setattr(deltanet, "recurrent_gated_delta", chunked_instead)
+    model = targets[target]
+    prompt = torch.randint(0, model.config.vocab_size, (7,), generator=torch.Generator().manual_seed(0)).tolist()
+    differ, n, _, _ = compare(model, prompt, True, monkeypatch)
+    assert differ > 0
+
+
+def test_grouped_moe_in_verify_steps_breaks_invariance(targets, monkeypatch):
+    """Mutation check: routing verify steps through the grouped MoE path (per-expert matmuls whose
+    row counts depend on the other rows' experts) makes the invariance test fail."""
+    from specdec.models.moe import Experts
+
+    monkeypatch.setattr(Experts, "gather_max_rows", 0)
+    model = targets["qwen35-moe"]
+    prompt = torch.randint(0, model.config.vocab_size, (7,), generator=torch.Generator().manual_seed(0)).tolist()
+    differ, n, _, _ = compare(model, prompt, True, monkeypatch)
+    assert differ > 0
