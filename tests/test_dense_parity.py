@@ -75,3 +75,19 @@ def test_bf16_checkpoint_loads_as_exact_fp32(tmp_path):
         ours = loaded.model.state_dict()[name.removeprefix("model.")]
         assert torch.equal(ours, p), f"{name} changed in bf16 -> fp32 loading"
     check_parity(loaded, hf)
+
+
+def test_captured_layers_match_hf_hidden_states(tmp_path):
+    """DFlash context features: capturing layer ``l`` gives HF's ``hidden_states[l + 1]``: the raw
+    decoder-layer output, except the last layer's, which HF (and DFlash training) take after the
+    final norm."""
+    hf = tiny_model("llama", seed=5)
+    model = load_model(save_hf(hf, str(tmp_path / "m")), "cpu", "float32").model
+    ids = prompt_ids(12)
+    n = len(model.layers)
+    with torch.no_grad():
+        hs = hf(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    for layer in (0, n - 2, n - 1):
+        got = model(torch.tensor(ids), model.new_cache(len(ids)), capture=(layer,)).captured
+        want = hs[layer + 1][0]
+        assert rel_err(got, want) < TOL, f"captured layer {layer} differs from HF hidden_states[{layer + 1}]"
