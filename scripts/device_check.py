@@ -1,35 +1,77 @@
-"""Run every target/drafter path once on a device: greedy lossless check, tau and speed.
+"""Device check: speculative output equals plain output, bit for bit, with drafters that are accepted.
 
-    python scripts/device_check.py --device cuda [--dtypes bfloat16 float32] [--out report.json]
+    python scripts/device_check.py build DIR                      # random checkpoints + drafters
+    python scripts/device_check.py run DIR --target T --mode graphs|eager --out F.json
+    python scripts/device_check.py compare F1.json F2.json ... [--out report.json]
+    python scripts/device_check.py time-forms DIR --out F.json    # cost of the recurrent verify form
 
-Builds mid-size random checkpoints with transformers (Llama; Qwen3.5 dense and MoE with an MTP
-block) and random DFlash drafters for them, then for each dtype compares every drafter's greedy
-output with plain greedy decoding of the same target and times both. Random weights make the
-drafts mostly wrong, so tau is near 1 here: this checks that paths run and stay lossless.
+Targets (random, transformers 5.x, hidden 1024): Llama (12 layers), Qwen3.5 dense and Qwen3.5 MoE
+(8 layers, every 4th full attention, 32 experts top-4 + shared; both with a random MTP block),
+each with a random 2-layer DFlash drafter of block 16. Drafters: ``ngram``, ``mtp`` (K=3),
+``dflash`` (block 16) and ``oracle``: the target's own plain greedy continuation with each draft
+spoiled (a wrong id) with probability 0.3, so most drafts are accepted and every spoiled one
+forces a rollback. Random drafters are almost never accepted (tau ~1) and would leave rollback
+unexercised; the oracle is what makes this a check of exactness. Random weights also make logits
+nearly flat, so near-ties are everywhere: any bit that depends on a position's row flips tokens.
+
+``run`` decodes every prompt plainly, then with each drafter, and records the token ids;
+``compare`` checks, per target, that every drafter's output equals plain output in the same mode
+and that the graphs and eager modes agree, and prints the table for BENCHMARKS.md.
 """
 
 import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
+from specdec.drafters.base import Proposal  # noqa: E402
 from specdec.drafters.factory import make_drafter  # noqa: E402
 from specdec.engine import SpeculativeGenerator  # noqa: E402
 from specdec.loading import load_model  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402
 
+VOCAB = 32000
+TARGETS = {"llama": 12, "qwen35": 8, "qwen35moe": 8}
 
-def build(root: str) -> dict:
+
+class SpoiledOracle:
+    """Drafts the target's own greedy continuation, each draft spoiled with probability ``spoil``."""
+
+    name = "oracle"
+    capture_layers = ()
+
+    def __init__(self, reference, spoil=0.3, seed=0):
+        self.ref, self.spoil = list(reference), spoil
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def begin(self, prompt_ids, out):
+        self.n, self.device = prompt_ids.shape[0], out.hidden.device
+
+    def observe(self, tokens, out):
+        self.n += tokens.shape[0]
+
+    def propose(self, last_token, k, params, gen):
+        toks = list(self.ref[self.n + 1:self.n + 1 + k]) + [0] * k
+        toks = toks[:k]
+        for i in range(k):
+            if float(torch.rand(1, generator=self.rng)) < self.spoil:
+                toks[i] = (toks[i] + 1 + int(torch.randint(VOCAB - 1, (1,), generator=self.rng))) % VOCAB
+        return Proposal(torch.tensor(toks, dtype=torch.int64, device=self.device))
+
+
+def build(root: str) -> None:
     from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM,
                               Qwen3_5MoeTextConfig, Qwen3_5TextConfig)
     from _dflash_util import write_drafter
     from _qwen35_util import read_tensors, write_tensors
+
+    h = 1024
+    torch.manual_seed(0)
 
     def add_mtp_tensors(path, layer_prefix, seed):
         t = read_tensors(path)
@@ -42,103 +84,170 @@ def build(root: str) -> dict:
                 t["mtp.layers.0." + name[len(layer_prefix):]] = v.clone()
         write_tensors(path, t)
 
-    torch.manual_seed(0)
-    h, vocab = (int(os.environ.get("DC_HIDDEN", 1024)), 32000)
-    out = {}
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=h, intermediate_size=2816, num_hidden_layers=12,
-                                         num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096))
-    out["llama"] = (os.path.join(root, "llama"), 12)
-    llama.save_pretrained(out["llama"][0])
-    text = dict(vocab_size=vocab, hidden_size=h, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+    LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=h, intermediate_size=2816, num_hidden_layers=12,
+                                 num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096)
+                     ).save_pretrained(os.path.join(root, "llama"))
+    text = dict(vocab_size=VOCAB, hidden_size=h, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
                 head_dim=128, linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
                 linear_num_key_heads=8, linear_num_value_heads=16, max_position_embeddings=4096,
                 full_attention_interval=4,
                 rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
                                  "mrope_section": [11, 11, 10], "mrope_interleaved": True})
     dense = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**text, intermediate_size=2816))
-    moe = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**text, moe_intermediate_size=512, shared_expert_intermediate_size=512,
-                                                    num_experts=32, num_experts_per_tok=4))
+    moe = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**text, moe_intermediate_size=512,
+                                                    shared_expert_intermediate_size=512, num_experts=32,
+                                                    num_experts_per_tok=4))
     for name, m in (("qwen35", dense), ("qwen35moe", moe)):
         p = os.path.join(root, name)
         m.save_pretrained(p)
-        add_mtp_tensors(p, "model.layers.3.", seed=1)  # layer 3 is a full-attention layer: same shapes as the MTP layer
+        add_mtp_tensors(p, "model.layers.3.", seed=1)  # layer 3 is full attention: the MTP layer's shapes
         cfg = json.load(open(os.path.join(p, "config.json")))
         cfg["mtp_num_hidden_layers"] = 1
         json.dump(cfg, open(os.path.join(p, "config.json"), "w"))
-        out[name] = (p, 8)
-    drafters = {}
-    for name, (p, n_layers) in out.items():
-        d = os.path.join(root, name + "-dflash")
-        write_drafter(d, hidden=h, num_target_layers=n_layers, n_layers=2, target_layer_ids=(1, n_layers // 2, n_layers - 2),
-                      block_size=16, heads=16, kv_heads=4, head_dim=64, inter=2816, dtype=torch.bfloat16)
-        drafters[name] = d
-    return {k: (v[0], drafters[k]) for k, v in out.items()}
+    for name, n_layers in TARGETS.items():
+        write_drafter(os.path.join(root, name + "-dflash"), hidden=h, num_target_layers=n_layers, n_layers=2,
+                      target_layer_ids=(1, n_layers // 2, n_layers - 1), block_size=16, heads=16, kv_heads=4,
+                      head_dim=64, inter=2816, dtype=torch.bfloat16)
+
+
+def prompts(n: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    lengths = [17, 70, 150, 300, 40, 220][:n]
+    return [torch.randint(0, VOCAB, (m,), generator=g).tolist() for m in lengths]
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _timed(gen, prompt, n):
+    _sync()
+    t0 = time.perf_counter()
+    r = gen.generate(prompt, n, SamplingParams())
+    _sync()
+    return r, time.perf_counter() - t0
+
+
+def run(a) -> None:
+    loaded = load_model(os.path.join(a.dir, a.target), a.device, a.dtype)
+    graphs = a.mode == "graphs"
+    ps = prompts(a.prompts)
+    rows = []
+
+    def record(label, gen, make=None):
+        gen.generate(ps[0][:8], 16)  # warm-up: graph capture, clocks
+        for i, p in enumerate(ps):
+            if make is not None:
+                gen.drafter = make(i)
+            r, dt = _timed(gen, p, a.new_tokens)
+            s = r.stats
+            rows.append({"target": a.target, "mode": a.mode, "draft": label, "prompt": i, "tokens": r.token_ids,
+                         "tok_per_s": round(len(r.token_ids) / dt, 1), "tau": round(s.tau, 3), "steps": s.steps,
+                         "verify_ms": round(1e3 * s.verify_s / max(s.steps, 1), 3),
+                         "draft_ms": round(1e3 * s.draft_s / max(s.steps, 1), 3)})
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens"}), flush=True)
+        json.dump(rows, open(a.out, "w"))  # what finished survives a time-out
+
+    record("none", SpeculativeGenerator(loaded.model, None, 0, cuda_graphs=graphs))
+    plain = [r["tokens"] for r in rows]
+    for spec in a.drafters:
+        if spec == "oracle":
+            gen = SpeculativeGenerator(loaded.model, SpoiledOracle([]), 3, cuda_graphs=graphs)
+            record("oracle", gen, lambda i: SpoiledOracle(ps[i] + plain[i], seed=i))
+            continue
+        if spec == "mtp" and not a.target.startswith("qwen35"):
+            continue
+        d = make_drafter(f"dflash:{os.path.join(a.dir, a.target + '-dflash')}" if spec == "dflash" else spec, loaded)
+        k = d.block_size - 1 if getattr(d, "block_size", None) else 3
+        record(spec, SpeculativeGenerator(loaded.model, d, k, cuda_graphs=graphs))
+    json.dump(rows, open(a.out, "w"))
+
+
+def compare(a) -> None:
+    rows = [r for f in a.files for r in json.load(open(f))]
+    plain = {(r["target"], r["mode"], r["prompt"]): r["tokens"] for r in rows if r["draft"] == "none"}
+    table, failures = {}, 0
+    for r in rows:
+        ref = plain[(r["target"], r["mode"], r["prompt"])]
+        other = plain.get((r["target"], "eager" if r["mode"] == "graphs" else "graphs", r["prompt"]))
+        same = r["tokens"] == ref
+        first = next((i for i, (x, y) in enumerate(zip(r["tokens"], ref)) if x != y), None)
+        t = table.setdefault((r["target"], r["draft"], r["mode"]), {"n": 0, "same": 0, "vs_other_mode": 0, "first": [],
+                                                                     "tau": [], "verify_ms": [], "draft_ms": [], "tok_s": []})
+        t["n"] += 1
+        t["same"] += same
+        t["vs_other_mode"] += other is not None and r["tokens"] == other
+        t["other_n"] = t.get("other_n", 0) + (other is not None)
+        t["first"].append(first)
+        for key, col in (("tau", "tau"), ("verify_ms", "verify_ms"), ("draft_ms", "draft_ms"), ("tok_s", "tok_per_s")):
+            t[key].append(r[col])
+        failures += not same
+    print("| target | drafter | mode | equal to plain | plain equal across modes | tau | verify ms/step | "
+          "draft ms/step | tok/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    report = []
+    for (target, draft, mode), t in sorted(table.items()):
+        mean = lambda xs: round(sum(xs) / len(xs), 2)  # noqa: E731
+        print(f"| {target} | {draft} | {mode} | {t['same']}/{t['n']} | {t['vs_other_mode']}/{t['other_n']} | {mean(t['tau'])} "
+              f"| {mean(t['verify_ms'])} | {mean(t['draft_ms'])} | {mean(t['tok_s'])} |")
+        report.append({"target": target, "draft": draft, "mode": mode, **{k: v for k, v in t.items()}})
+    print(f"outputs differing from plain decoding: {failures}")
+    if a.out:
+        json.dump(report, open(a.out, "w"), indent=1)
+
+
+def time_forms(a) -> None:
+    """ms per plain decode step (16-row graphed static step) with the recurrent verify form (now)
+    and the chunked one (before), on the hybrid targets."""
+    from specdec.models import deltanet
+
+    recurrent = deltanet.recurrent_gated_delta
+
+    def chunked(q, k, v, g, beta, state):
+        hm = [x.transpose(0, 1).contiguous() for x in (q, k, v, g, beta)]
+        o, states = deltanet.chunked_gated_delta(*hm, state, 64, all_states=True)
+        return o.transpose(0, 1), states
+
+    out = []
+    for target in ("qwen35", "qwen35moe"):
+        loaded = load_model(os.path.join(a.dir, target), "cuda", "bfloat16")
+        for form, fn in (("recurrent", recurrent), ("chunked", chunked), ("recurrent", recurrent)):
+            deltanet.recurrent_gated_delta = fn
+            gen = SpeculativeGenerator(loaded.model, None, 0)
+            gen.generate(prompts(1)[0], 16)
+            r, dt = _timed(gen, prompts(2)[1], 256)
+            row = {"target": target, "form": form, "ms_per_step": round(1e3 * r.stats.verify_s / r.stats.steps, 3)}
+            print(json.dumps(row), flush=True)
+            out.append(row)
+        deltanet.recurrent_gated_delta = recurrent
+    json.dump(out, open(a.out, "w"))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
-    ap.add_argument("--new-tokens", type=int, default=96)
-    ap.add_argument("--out", default=None)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("dir")
+    r = sub.add_parser("run")
+    r.add_argument("dir")
+    r.add_argument("--target", choices=list(TARGETS), required=True)
+    r.add_argument("--mode", choices=["graphs", "eager"], required=True)
+    r.add_argument("--drafters", nargs="+", default=["oracle", "ngram", "mtp", "dflash"])
+    r.add_argument("--prompts", type=int, default=4)
+    r.add_argument("--new-tokens", type=int, default=256)
+    r.add_argument("--out", required=True)
+    r.add_argument("--device", default="cuda")
+    r.add_argument("--dtype", default="bfloat16")
+    c = sub.add_parser("compare")
+    c.add_argument("files", nargs="+")
+    c.add_argument("--out", default=None)
+    t = sub.add_parser("time-forms")
+    t.add_argument("dir")
+    t.add_argument("--out", required=True)
     a = ap.parse_args()
-    rows = []
-    with tempfile.TemporaryDirectory() as root:
-        models = build(root)
-        g = torch.Generator().manual_seed(0)
-        prompts = [torch.randint(0, 32000, (n,), generator=g).tolist() for n in (17, 70)]
-        for dtype in a.dtypes:
-            for name, (path, dflash) in models.items():
-                loaded = load_model(path, a.device, dtype)
-                specs = ["ngram", f"dflash:{dflash}"] + (["mtp"] if name.startswith("qwen35") else [])
-                configs = {"none": SpeculativeGenerator(loaded.model, None, 0)}
-                for s in specs:
-                    d = make_drafter(s, loaded)
-                    k = d.block_size - 1 if getattr(d, "block_size", None) else 3
-                    configs[s.split(":")[0]] = SpeculativeGenerator(loaded.model, d, k)
-                base = None
-                for label, gen in configs.items():
-                    gen.generate(prompts[1], a.new_tokens)  # warm-up (graph capture, clocks)
-                    t_all, toks, same, steps, acc, d_s, v_s = 0.0, 0, 0, 0, 0, 0.0, 0.0
-                    outs = []
-                    for p in prompts:
-                        if a.device.startswith("cuda"):
-                            torch.cuda.synchronize()
-                        t0 = time.perf_counter()
-                        r = gen.generate(p, a.new_tokens, SamplingParams())
-                        if a.device.startswith("cuda"):
-                            torch.cuda.synchronize()
-                        t_all += time.perf_counter() - t0
-                        toks += r.stats.new_tokens
-                        steps += r.stats.steps
-                        acc += sum(r.stats.accepted)
-                        d_s += r.stats.draft_s
-                        v_s += r.stats.verify_s
-                        outs.append(r.token_ids)
-                    if base is None:
-                        base = outs
-                    first_diff = []
-                    for o, b in zip(outs, base):
-                        same += o == b
-                        first_diff.append(next((i for i, (x, y) in enumerate(zip(o, b)) if x != y), None))
-                    if os.environ.get("DC_PROFILE") == label and name == "llama":
-                        from torch.profiler import ProfilerActivity, profile
-                        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                            gen.generate(prompts[0], 16, SamplingParams())
-                        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25))
-                    # sampling path smoke test
-                    s = gen.generate(prompts[0], 16, SamplingParams(temperature=0.8, top_p=0.95, seed=1))
-                    row = {"target": name, "dtype": dtype, "draft": label, "tok_per_s": round(toks / t_all, 1),
-                           "tau": round((acc + steps) / max(steps, 1), 3), "greedy_equal": f"{same}/{len(prompts)}",
-                           "draft_ms_per_step": round(1e3 * d_s / max(steps, 1), 2),
-                           "verify_ms_per_step": round(1e3 * v_s / max(steps, 1), 2),
-                           "first_divergence": first_diff, "sampled_tokens": s.stats.new_tokens}
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
-                del loaded, configs
-                torch.cuda.empty_cache() if a.device.startswith("cuda") else None
-    if a.out:
-        json.dump(rows, open(a.out, "w"), indent=1)
+    {"build": lambda: build(a.dir), "run": lambda: run(a), "compare": lambda: compare(a),
+     "time-forms": lambda: time_forms(a)}[a.cmd]()
 
 
 if __name__ == "__main__":
