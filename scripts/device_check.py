@@ -129,10 +129,17 @@ def _timed(gen, prompt, n):
     return r, time.perf_counter() - t0
 
 
+def chat_prompts(loaded, path: str, n: int) -> list[list[int]]:
+    """The first ``n`` gsm8k questions as chat prompts (real weights)."""
+    tok = loaded.tokenizer
+    qs = [json.loads(line)["question"] for line in open(path)][:n]
+    return [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]), add_special=False) for q in qs]
+
+
 def run(a) -> None:
-    loaded = load_model(os.path.join(a.dir, a.target), a.device, a.dtype)
+    loaded = load_model(a.model or os.path.join(a.dir, a.target), a.device, a.dtype)
     graphs = a.mode == "graphs"
-    ps = prompts(a.prompts)
+    ps = chat_prompts(loaded, a.gsm8k, a.prompts) if a.gsm8k else prompts(a.prompts)
     rows = []
 
     def record(label, gen, make=None):
@@ -155,6 +162,8 @@ def run(a) -> None:
         if spec == "oracle":
             gen = SpeculativeGenerator(loaded.model, SpoiledOracle([]), 3, cuda_graphs=graphs)
             record("oracle", gen, lambda i: SpoiledOracle(ps[i] + plain[i], seed=i))
+            continue
+        if spec in ("mtp", "dflash") and a.model:
             continue
         if spec == "mtp" and not a.target.startswith("qwen35"):
             continue
@@ -231,7 +240,9 @@ def main() -> None:
     b.add_argument("dir")
     r = sub.add_parser("run")
     r.add_argument("dir")
-    r.add_argument("--target", choices=list(TARGETS), required=True)
+    r.add_argument("--target", required=True, help=f"{', '.join(TARGETS)} in DIR, or a label for --model")
+    r.add_argument("--model", default=None, help="real weights (HF dir or GGUF) instead of DIR/TARGET")
+    r.add_argument("--gsm8k", default=None, help="gsm8k .jsonl: chat prompts instead of random ids")
     r.add_argument("--mode", choices=["graphs", "eager"], required=True)
     r.add_argument("--drafters", nargs="+", default=["oracle", "ngram", "mtp", "dflash"])
     r.add_argument("--prompts", type=int, default=4)
