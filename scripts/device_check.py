@@ -136,7 +136,28 @@ def chat_prompts(loaded, path: str, n: int) -> list[list[int]]:
     return [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]), add_special=False) for q in qs]
 
 
+def chunked_verify(q, k, v, g, beta, state):
+    """The pre-invariance verify form (chunked), for ``--mutate chunked`` and ``time-forms``."""
+    from specdec.models import deltanet
+
+    hm = [x.transpose(0, 1).contiguous() for x in (q, k, v, g, beta)]
+    o, states = deltanet.chunked_gated_delta(*hm, state, 64, all_states=True)
+    return o.transpose(0, 1), states
+
+
+def mutate(kind: str) -> None:
+    """Bring back a known row dependence, to show that this check fails on it."""
+    if kind == "chunked":
+        from specdec.models import deltanet
+        deltanet.recurrent_gated_delta = chunked_verify
+    elif kind == "grouped":
+        from specdec.models.moe import Experts
+        Experts.gather_max_rows = 0
+
+
 def run(a) -> None:
+    if a.mutate:
+        mutate(a.mutate)
     loaded = load_model(a.model or os.path.join(a.dir, a.target), a.device, a.dtype)
     graphs = a.mode == "graphs"
     ps = chat_prompts(loaded, a.gsm8k, a.prompts) if a.gsm8k else prompts(a.prompts)
@@ -211,13 +232,7 @@ def time_forms(a) -> None:
     and the chunked one (before), on the hybrid targets."""
     from specdec.models import deltanet
 
-    recurrent = deltanet.recurrent_gated_delta
-
-    def chunked(q, k, v, g, beta, state):
-        hm = [x.transpose(0, 1).contiguous() for x in (q, k, v, g, beta)]
-        o, states = deltanet.chunked_gated_delta(*hm, state, 64, all_states=True)
-        return o.transpose(0, 1), states
-
+    recurrent, chunked = deltanet.recurrent_gated_delta, chunked_verify
     out = []
     for target in ("qwen35", "qwen35moe"):
         loaded = load_model(os.path.join(a.dir, target), "cuda", "bfloat16")
@@ -249,6 +264,8 @@ def main() -> None:
     r.add_argument("--new-tokens", type=int, default=256)
     r.add_argument("--out", required=True)
     r.add_argument("--device", default="cuda")
+    r.add_argument("--mutate", choices=["chunked", "grouped"], default=None,
+                   help="bring back a known row dependence (chunked verify form, grouped MoE) to see the check fail")
     r.add_argument("--dtype", default="bfloat16")
     c = sub.add_parser("compare")
     c.add_argument("files", nargs="+")
