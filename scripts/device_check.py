@@ -149,6 +149,7 @@ def mutate(kind: str) -> None:
     """Bring back a known row dependence, to show that this check fails on it."""
     if kind == "chunked":
         from specdec.models import deltanet
+        deltanet.use_fused_kernel = False
         deltanet.recurrent_gated_delta = chunked_verify
     elif kind == "grouped":
         from specdec.models.moe import Experts
@@ -233,10 +234,13 @@ def time_forms(a) -> None:
     from specdec.models import deltanet
 
     recurrent, chunked = deltanet.recurrent_gated_delta, chunked_verify
+    forms = (("fused", True, recurrent), ("torch-recurrent", False, recurrent), ("chunked", False, chunked),
+             ("fused", True, recurrent))
     out = []
     for target in ("qwen35", "qwen35moe"):
         loaded = load_model(os.path.join(a.dir, target), "cuda", "bfloat16")
-        for form, fn in (("recurrent", recurrent), ("chunked", chunked), ("recurrent", recurrent)):
+        for form, fused, fn in forms:
+            deltanet.use_fused_kernel = fused
             deltanet.recurrent_gated_delta = fn
             gen = SpeculativeGenerator(loaded.model, None, 0)
             gen.generate(prompts(1)[0], 16)
@@ -244,8 +248,35 @@ def time_forms(a) -> None:
             row = {"target": target, "form": form, "ms_per_step": round(1e3 * r.stats.verify_s / r.stats.steps, 3)}
             print(json.dumps(row), flush=True)
             out.append(row)
-        deltanet.recurrent_gated_delta = recurrent
+        deltanet.recurrent_gated_delta, deltanet.use_fused_kernel = recurrent, True
     json.dump(out, open(a.out, "w"))
+
+
+def kernel_check(a) -> None:
+    """The fused DeltaNet kernel against the torch recurrence (close), and its row invariance
+    (bitwise): position i of a 16-row call equals the 1-row call from the state before i."""
+    from specdec.models import delta_kernel, deltanet
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    t, h, dk, dv = 16, 16, 128, 128
+    q = torch.nn.functional.normalize(torch.randn(t, h, dk, device="cuda", generator=g), dim=-1) * dk ** -0.5
+    k = torch.nn.functional.normalize(torch.randn(t, h, dk, device="cuda", generator=g), dim=-1)
+    v = torch.randn(t, h, dv, device="cuda", generator=g)
+    gate = -torch.rand(t, h, device="cuda", generator=g) * 2
+    beta = torch.rand(t, h, device="cuda", generator=g)
+    s0 = torch.randn(h, dk, dv, device="cuda", generator=g)
+    o, st = delta_kernel.recurrent_gated_delta_fused(q, k, v, gate, beta, s0)
+    o_ref, st_ref = deltanet.recurrent_gated_delta(q, k, v, gate, beta, s0)
+    err = max(float((o - o_ref).abs().max()), float((st - st_ref).abs().max()))
+    bitwise = 0
+    for i in range(t):
+        prev = s0 if i == 0 else st[i - 1]
+        o1, st1 = delta_kernel.recurrent_gated_delta_fused(q[i:i + 1], k[i:i + 1], v[i:i + 1], gate[i:i + 1],
+                                                           beta[i:i + 1], prev)
+        bitwise += bool(torch.equal(o1[0], o[i]) and torch.equal(st1[0], st[i]))
+    print(json.dumps({"kernel_vs_torch_max_abs": err, "rows_bitwise_equal_to_1row_calls": f"{bitwise}/{t}"}))
+    if err > 1e-4 or bitwise != t:
+        raise SystemExit("fused DeltaNet kernel check failed")
 
 
 def main() -> None:
@@ -273,9 +304,10 @@ def main() -> None:
     t = sub.add_parser("time-forms")
     t.add_argument("dir")
     t.add_argument("--out", required=True)
+    sub.add_parser("kernel-check")
     a = ap.parse_args()
     {"build": lambda: build(a.dir), "run": lambda: run(a), "compare": lambda: compare(a),
-     "time-forms": lambda: time_forms(a)}[a.cmd]()
+     "time-forms": lambda: time_forms(a), "kernel-check": lambda: kernel_check(a)}[a.cmd]()
 
 
 if __name__ == "__main__":

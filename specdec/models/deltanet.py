@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cache import LinearAttnCache
+from . import delta_kernel
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -52,6 +53,17 @@ def recurrent_gated_delta(q, k, v, g, beta, state):
         outs.append(torch.bmm(qt[:, None, :], s)[:, 0])
         states.append(s)
     return torch.stack(outs), torch.stack(states)
+
+
+# On CUDA, run the recurrent form as one fused Triton kernel (delta_kernel.py) when available.
+use_fused_kernel = True
+
+
+def recurrent_step_form(q, k, v, g, beta, state):
+    """The recurrent form for a decode/verify step: the fused kernel on CUDA, else the torch loop."""
+    if use_fused_kernel and delta_kernel.available(q) and not (k.shape[-1] & (k.shape[-1] - 1)):
+        return delta_kernel.recurrent_gated_delta_fused(q, k, v, g, beta, state)
+    return recurrent_gated_delta(q, k, v, g, beta, state)
 
 
 # Longest stretch handed to one chunked pass: bounds its [H, T/C, C, C] temporaries.
@@ -202,7 +214,7 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(self.in_proj_b(x).float())  # [T, Hv]
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
         if keep or t == 1:
-            o, states = recurrent_gated_delta(q.contiguous(), k.contiguous(), v.contiguous(), g, beta, state0)
+            o, states = recurrent_step_form(q.contiguous(), k.contiguous(), v.contiguous(), g, beta, state0)
         else:
             hm = (y.transpose(0, 1).contiguous() for y in (q, k, v, g, beta))  # head-major
             o, states = chunked_gated_delta(*hm, state0, self.chunk_size, all_states=False)
