@@ -32,9 +32,16 @@ class LoadedModel:
 def resolve_device(device: str | None) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    d = torch.device(device)
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError):
+        d = None
+    if d is None or d.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device '{device}' is not supported; use cpu, cuda or cuda:N")
     if d.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device '{device}' requested but CUDA is not available; use --device cpu")
+    if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
+        raise ConfigError(f"device '{device}': this machine has {torch.cuda.device_count()} CUDA device(s)")
     return d
 
 
