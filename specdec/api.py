@@ -51,9 +51,23 @@ class Target:
         return self.model(ids, cache).logits
 
 
-def load_target(path: str, device: str | None = None, dtype=None) -> Target:
-    """Load a target model (HF directory or GGUF file)."""
-    return Target(load_model(path, device, dtype))
+def load_target(path: str | None = None, device: str | None = None, dtype=None) -> Target:
+    """Load a target model (HF directory or GGUF file; None: the embedded default, as for :class:`LLM`)."""
+    return Target(load_model(path or default_model_path(), device, dtype))
+
+
+def check_stop(stop) -> list[str] | None:
+    """``stop`` (a string, a list of strings or None) as a list of non-empty strings, or None.
+
+    An empty stop string would match at once and return an empty reply, so it is refused.
+    """
+    if stop is None:
+        return None
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    for s in stops:
+        if not isinstance(s, str) or not s:
+            raise RequestError(f"stop strings must be non-empty strings, got {s!r}")
+    return stops or None
 
 
 class LLM:
@@ -98,6 +112,8 @@ class LLM:
                 return self.tokenizer.encode(prompt, add_special=False)
             return self.tokenizer.encode(prompt)
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            if self.tokenizer is None:
+                raise RequestError("this model has no tokenizer; chat messages need one, pass token ids")
             text = self.tokenizer.apply_chat_template(prompt)
             return self.tokenizer.encode(text, add_special=False)
         ids = [int(t) for t in prompt]
@@ -111,10 +127,9 @@ class LLM:
         Returns a :class:`GenerationResult` with ``text``, ``token_ids``, ``finish_reason`` and
         ``stats`` (tau, acceptance, timings).
         """
-        ids = self.encode_prompt(prompt, chat)
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        if isinstance(stop, str):
-            stop = [stop]
+        stop = check_stop(stop)
+        ids = self.encode_prompt(prompt, chat)
         tok = self.tokenizer
         eos = tok.eos_ids if tok is not None else list(self.model.config.eos_token_id)
         decode = (lambda t: tok.decode(t)) if tok is not None else None

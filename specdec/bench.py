@@ -24,43 +24,61 @@ from .errors import ConfigError
 from .loading import load_model
 from .sampling import SamplingParams
 
-DATASETS = ("gsm8k", "humaneval", "mt_bench")
+DATASETS = {"gsm8k": "gsm8k_test.jsonl", "humaneval": "humaneval.jsonl", "mt_bench": "mt_bench.jsonl"}
+# the prompt sets shipped inside the package (package data), used when no folder is named
+PACKAGED_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "bench")
 
 
 def find_data_dir(explicit: str | None = None) -> str:
-    cands = [explicit, os.environ.get("SPECDEC_BENCH_DATA"), "bench-data", os.path.join("..", "shared", "bench-data"),
-             os.path.join(os.path.dirname(__file__), "..", "..", "shared", "bench-data")]
-    for c in cands:
-        if c and os.path.isdir(c):
+    """The folder with the prompt sets: ``explicit``, else ``$SPECDEC_BENCH_DATA``, else the shipped sets."""
+    for what, c in (("data_dir/--data-dir", explicit), ("$SPECDEC_BENCH_DATA", os.environ.get("SPECDEC_BENCH_DATA"))):
+        if c:
+            if not os.path.isdir(c):
+                raise ConfigError(f"{c}: no such directory (given as {what}; the folder with gsm8k_test.jsonl ...)")
             return c
-    raise ConfigError("bench data not found: pass --data-dir or set SPECDEC_BENCH_DATA (the folder with gsm8k_test.jsonl ...)")
+    if os.path.isdir(PACKAGED_DATA):
+        return PACKAGED_DATA
+    raise ConfigError(f"bench data not found (this install lacks {PACKAGED_DATA}): pass --data-dir or set "
+                      "SPECDEC_BENCH_DATA (the folder with gsm8k_test.jsonl ...)")
 
 
 def load_prompts(dataset: str, n: int, data_dir: str | None = None) -> list[list[str]]:
     """Up to ``n`` prompts as lists of user turns (one turn except MT-Bench), in the DFlash benchmark's formats."""
     if dataset not in DATASETS and not os.path.isfile(dataset):
         raise ConfigError(f"dataset '{dataset}': expected one of {', '.join(DATASETS)} or a .jsonl file with 'prompt' or 'turns'")
-    path = dataset if os.path.isfile(dataset) else os.path.join(find_data_dir(data_dir), {
-        "gsm8k": "gsm8k_test.jsonl", "humaneval": "humaneval.jsonl", "mt_bench": "mt_bench.jsonl"}[dataset])
+    path = dataset if os.path.isfile(dataset) else os.path.join(find_data_dir(data_dir), DATASETS[dataset])
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path}: no such file (the {dataset} prompt set)")
     out = []
     with open(path, encoding="utf-8") as fh:
-        for line in fh:
+        for lineno, line in enumerate(fh, 1):
             if len(out) >= n:
                 break
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            if dataset == "gsm8k":
-                out.append([f"{r['question']}\nPlease reason step by step, and put your final answer within \\boxed{{}}."])
-            elif dataset == "humaneval":
-                out.append([f"Write a solution to the following problem and make sure that it passes the tests:\n```python\n{r['prompt']}\n```"])
-            elif "turns" in r:
-                out.append(list(r["turns"]))
-            elif "prompt" in r:
-                out.append([r["prompt"]])
-            else:
-                raise ConfigError(f"{path}: record without 'turns' or 'prompt'")
+            if line.strip():
+                out.append(_turns(line, dataset, f"{path}:{lineno}"))
     return out
+
+
+def _turns(line: str, dataset: str, where: str) -> list[str]:
+    """The user turns of one JSON-lines record of ``dataset``; errors name the file and line."""
+    try:
+        r = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{where}: not valid JSON ({e})") from None
+    field = {"gsm8k": "question", "humaneval": "prompt"}.get(dataset)
+    if not isinstance(r, dict):
+        raise ConfigError(f"{where}: expected a JSON object")
+    if field is not None and field not in r:
+        raise ConfigError(f"{where}: {dataset} record without '{field}'")
+    if dataset == "gsm8k":
+        return [f"{r['question']}\nPlease reason step by step, and put your final answer within \\boxed{{}}."]
+    if dataset == "humaneval":
+        return [f"Write a solution to the following problem and make sure that it passes the tests:\n```python\n{r['prompt']}\n```"]
+    if "turns" in r:
+        return list(r["turns"])
+    if "prompt" in r:
+        return [r["prompt"]]
+    raise ConfigError(f"{where}: record without 'turns' or 'prompt'")
 
 
 @dataclass
@@ -92,6 +110,7 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
               num_draft_tokens: int = 4, block_size: int | None = None, temperature: float = 0.0,
               device=None, dtype=None, data_dir: str | None = None, chat: bool = True, seed: int = 0,
               cuda_graphs: bool = True, batch_invariant: bool = True) -> dict:
+    prompts = load_prompts(dataset, num_prompts, data_dir)  # a missing prompt set fails before loading
     loaded = load_model(model, device, dtype)
     tgt, tok = loaded.model, loaded.tokenizer
     if tok is None:
@@ -104,7 +123,6 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
             k = d.block_size - 1
         gens[spec] = SpeculativeGenerator(tgt, d, k, cuda_graphs=cuda_graphs, batch_invariant=batch_invariant)
     results = {spec: ConfigResult(spec) for spec in drafts}
-    prompts = load_prompts(dataset, num_prompts, data_dir)
     params = SamplingParams(temperature=temperature, seed=seed)
     # warm-up (allocator, kernels) on a short prompt, not timed
     warm = tok.encode("Hello")
@@ -146,8 +164,10 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
         })
     return {"machine": machine_description(dev), "commit": git_commit(), "model": model, "dataset": dataset,
             "num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "temperature": temperature,
-            "dtype": str(tgt.dtype).replace("torch.", ""), "device": str(dev), "cuda_graphs": cuda_graphs,
-            "batch_invariant": batch_invariant, "rows": rows}
+            "dtype": str(tgt.dtype).replace("torch.", ""), "device": str(dev),
+            # CUDA graphs and the fixed-row padding exist on CUDA only: None (n/a) elsewhere
+            "cuda_graphs": cuda_graphs if dev.type == "cuda" else None,
+            "batch_invariant": batch_invariant if dev.type == "cuda" else None, "rows": rows}
 
 
 def machine_description(dev: torch.device) -> str:
@@ -167,10 +187,14 @@ def git_commit() -> str:
         return "unknown"
 
 
+def _flag(v) -> str:
+    return "n/a" if v is None else str(v)
+
+
 def format_table(report: dict) -> str:
     head = (f"machine: {report['machine']} | commit {report['commit']} | {report['dataset']} x{report['num_prompts']}"
             f" | max_new_tokens {report['max_new_tokens']} | T={report['temperature']} | {report['dtype']} on {report['device']}"
-            f" | cuda_graphs={report['cuda_graphs']} batch_invariant={report['batch_invariant']}\n")
+            f" | cuda_graphs={_flag(report['cuda_graphs'])} batch_invariant={_flag(report['batch_invariant'])}\n")
     cols = ["draft", "tokens_per_s", "speedup_vs_none", "tau", "acceptance_rate", "new_tokens", "seconds", "outputs_differing_from_none"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in report["rows"]:

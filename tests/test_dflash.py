@@ -221,6 +221,46 @@ def test_runtime_block_size(tmp_path, llama):
     assert LLM(llama[0], draft=f"dflash:{path}", device="cpu", block_size=3).engine.k == 2
 
 
+def test_static_block_rebuilt_when_context_buffers_are_reallocated(tmp_path, llama, monkeypatch):
+    """The greedy static block (a CUDA graph on CUDA) is reused while the drafter's context buffers
+    stay the same and rebuilt when they are reallocated (a new request, a cache growth), even when
+    the new buffers' ``id()`` values equal the old ones' (CPython reuses the ids of freed objects;
+    a graph replayed over freed buffers reads freed memory). On the CPU the step runs uncaptured."""
+    import specdec.drafters.dflash as dflash
+
+    monkeypatch.setattr(dflash, "id", lambda obj: 0, raising=False)  # every id collides
+    path, _ = _write(tmp_path, block_size=4)
+    dr = load_dflash_drafter(path, llama[1])
+    dr.static_steps = True
+    steps, propose = [], dr.propose
+
+    def spy(last_token, k, params, gen):
+        eager = dr.block_logits(last_token)[:k]
+        prop = propose(last_token, k, params, gen)
+        assert dr._static.reads(dr.kv), "the static block reads buffers the drafter no longer uses"
+        top2 = eager.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 1e-4  # where the argmax is well defined
+        assert torch.equal(prop.tokens[clear], eager.argmax(-1)[clear])
+        steps.append(dr._static)
+        return prop
+
+    dr.propose = spy
+    gen = SpeculativeGenerator(llama[1].model, dr, 3)
+
+    def run(prompt, new):
+        steps.clear()
+        gen.generate(prompt, new)
+        return list(dict.fromkeys(steps))  # the distinct static blocks, in order of use
+
+    first = run(_prompt(5), 12)
+    assert len(first) == 1 and len(steps) > 2  # built once, then reused every step
+    second = run(_prompt(6, seed=1), 12)
+    assert len(second) == 1 and second[0] is not first[0]  # a new request: new buffers, new block
+    cap = dr.kv[0].k.shape[1]
+    grown = run(_prompt(5, seed=2), cap)  # runs past the context capacity: the buffers grow
+    assert dr.kv[0].k.shape[1] > cap and len(grown) == 2
+
+
 def test_default_target_layer_ids():
     # published z-lab configs: Qwen3-8B (36 layers, 5 drafter layers), Qwen3.5-122B-A10B (48, 8)
     assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]

@@ -81,6 +81,7 @@ class DFlashDrafter:
     def begin(self, prompt_ids: torch.Tensor, out: ForwardOut) -> None:
         c, w = self.model.config, self.model.fc.weight
         cap = max(256, 2 * int(prompt_ids.numel()))
+        self._static = None  # it holds the last request's buffers: free them before allocating
         self.kv = [_ContextKV(c.num_key_value_heads, c.head_dim, cap, w.dtype, w.device)
                    for _ in range(c.num_hidden_layers)]
         self.length = 0
@@ -101,8 +102,9 @@ class DFlashDrafter:
             if not self.kv:
                 raise RuntimeError("DFlashDrafter.propose called before begin")
             st = self._static
-            if st is None or st.buffers != self._buffers():
-                st = self._static = _StaticBlock(self)  # first use, or the context cache grew
+            if st is None or not st.reads(self.kv):
+                self._static = None  # free the old step and the buffers it holds first
+                st = self._static = _StaticBlock(self)  # first use, a new request, or the context cache grew
             return Proposal(st(int(last_token), self.length)[: max(0, k)])
         logits = self.block_logits(last_token)[: max(0, k)]
         if params.greedy:
@@ -139,9 +141,6 @@ class DFlashDrafter:
         h = self.model.block_hidden(x, start, ctx)
         return self.model.logits(h[1:], self.target.head_weight())
 
-    def _buffers(self) -> tuple:
-        return tuple((id(s.k), id(s.v)) for s in self.kv)
-
     # --- accounting -----------------------------------------------------------------
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -170,10 +169,16 @@ class DFlashDrafter:
 class _StaticBlock:
     """Greedy drafting of one block with static shapes: the last token and the start position
     are device buffers, attention reads the whole context cache masked by position. On CUDA it
-    is captured once per context buffer and replayed; it writes no drafter state."""
+    is captured once per context buffer and replayed; it writes no drafter state.
+
+    It holds the context buffers it was built for and reads only those: a captured graph
+    replays their addresses, so they must stay alive, and the drafter's check that its cache is
+    still these buffers (:meth:`reads`) compares objects, not ``id()`` values that a freed
+    buffer's successor may reuse."""
 
     def __init__(self, d: DFlashDrafter):
-        self.d, self.buffers = d, d._buffers()
+        self.d = d
+        self.buffers = [(s.k, s.v) for s in d.kv]
         c, dev = d.model.config, d.target.device
         self.ids = torch.full((d.block_size,), c.mask_token_id, dtype=torch.int64, device=dev)
         self.start = torch.zeros((), dtype=torch.int64, device=dev)
@@ -186,8 +191,13 @@ class _StaticBlock:
         x = torch.nn.functional.embedding(self.ids, d.target.embed_tokens.weight).to(d.model.fc.weight.dtype)
         if c.input_embedding_scale != 1.0:
             x = x * c.input_embedding_scale
-        h = d.model.block_hidden_static(x, self.start, [(s.k, s.v) for s in d.kv])
+        h = d.model.block_hidden_static(x, self.start, self.buffers)
         return d.model.logits(h[1:], d.target.head_weight()).argmax(-1)
+
+    def reads(self, kv: list[_ContextKV]) -> bool:
+        """Whether ``kv`` is still made of the buffers this step reads."""
+        return len(kv) == len(self.buffers) and all(
+            s.k is k and s.v is v for s, (k, v) in zip(kv, self.buffers))
 
     @torch.inference_mode()
     def __call__(self, last_token: int, start: int) -> torch.Tensor:

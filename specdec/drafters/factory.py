@@ -1,29 +1,47 @@
-"""Build a drafter from a user-facing spec: ``none``, ``ngram``, ``mtp``, ``dflash:PATH``."""
+"""Build a drafter from a user-facing spec: ``none``, ``ngram``, ``mtp``, ``dflash:PATH``.
+
+Importing this module is cheap (no torch): the CLI reads :data:`SPECS` and checks specs with
+:func:`check_spec` before any model is loaded.
+"""
 
 from __future__ import annotations
 
 from ..errors import ConfigError
-from .ngram import NgramDrafter
 
 SPECS = "none | ngram | mtp | dflash:PATH"
 
 
-def make_drafter(spec, loaded, *, block_size: int | None = None):
-    """``loaded`` is the target's :class:`~specdec.loading.LoadedModel`. Returns a drafter or None."""
+def check_spec(spec, block_size: int | None = None) -> None:
+    """Refuse a malformed drafter spec, or a ``block_size`` for a drafter that has none, without
+    loading anything. Drafter objects (not strings) are accepted as they are."""
     if spec is None or spec == "none":
         if block_size is not None:
             raise ConfigError("block_size was given but no DFlash drafter is used")
+        return
+    if not isinstance(spec, str):
+        return
+    if spec.startswith("dflash:"):
+        if not spec[len("dflash:"):].strip():
+            raise ConfigError(f"draft '{spec}' needs a path: dflash:PATH (a DFlash drafter directory)")
+        return
+    if spec not in ("ngram", "mtp"):
+        raise ConfigError(f"unknown drafter '{spec}'; expected {SPECS}")
+    if block_size is not None:
+        raise ConfigError(f"block_size applies to DFlash drafters only, not '{spec}' (use num_draft_tokens)")
+
+
+def make_drafter(spec, loaded, *, block_size: int | None = None):
+    """``loaded`` is the target's :class:`~specdec.loading.LoadedModel`. Returns a drafter or None."""
+    check_spec(spec, block_size)
+    if spec is None or spec == "none":
         return None
     if not isinstance(spec, str):
         return spec  # already a drafter object
-    if block_size is not None and not spec.startswith("dflash:"):
-        raise ConfigError(f"block_size applies to DFlash drafters only, not '{spec}' (use num_draft_tokens)")
     if spec == "ngram":
+        from .ngram import NgramDrafter
         return NgramDrafter()
     if spec == "mtp":
         from .mtp import load_mtp_drafter
         return load_mtp_drafter(loaded)
-    if spec.startswith("dflash:"):
-        from .dflash import load_dflash_drafter
-        return load_dflash_drafter(spec[len("dflash:"):], loaded, block_size=block_size)
-    raise ConfigError(f"unknown drafter '{spec}'; expected {SPECS}")
+    from .dflash import load_dflash_drafter
+    return load_dflash_drafter(spec[len("dflash:"):], loaded, block_size=block_size)

@@ -152,8 +152,9 @@ class GGUFSource:
             try:
                 qt = QT(ttype)
             except ValueError:
-                raise CheckpointError(f"{path}: tensor '{name}' has unknown GGML type {ttype}") from None
-            block, type_size = gguf.GGML_QUANT_SIZES[qt]
+                raise CheckpointError(f"{path}: tensor '{name}' has unknown GGML type id {ttype}; supported types: "
+                                      f"{_supported_names()}") from None
+            block, type_size = _block_sizes(qt, path, name)
             if dims[0] % block:
                 raise CheckpointError(f"{path}: tensor '{name}' rows of {dims[0]} are not a multiple of the "
                                       f"{qt.name} block size {block}")
@@ -199,7 +200,8 @@ class GGUFSource:
         raw = self.raw(name)
         qt = self._tensors[name][0]
         if qt not in SUPPORTED:
-            raise CheckpointError(f"{self.path}: tensor '{name}' has quantization type {qt.name}, which specdec cannot dequantize")
+            raise CheckpointError(f"{self.path}: tensor '{name}' has quantization type {qt.name}, which specdec cannot "
+                                  f"dequantize; supported types: {_supported_names()}")
         shape = self._infos[name].shape
         try:
             if qt == QT.F32:
@@ -216,7 +218,20 @@ class GGUFSource:
             raise CheckpointError(f"{self.path}: cannot decode tensor '{name}' ({qt.name}, shape {list(shape)}): {e}") from e
         return out.to(dtype)
 
-    @staticmethod
-    def _row_bytes(qt: QT, row: int) -> int:
-        block, type_size = gguf.GGML_QUANT_SIZES[qt]
+    def _row_bytes(self, qt: QT, row: int) -> int:
+        block, type_size = _block_sizes(qt, self.path)
         return row // block * type_size
+
+
+def _block_sizes(qt: QT, path: str, tensor: str | None = None) -> tuple[int, int]:
+    """(elements per block, bytes per block) of a GGML type, from the gguf package's table."""
+    sizes = gguf.GGML_QUANT_SIZES.get(qt)
+    if sizes is None:
+        where = f"tensor '{tensor}'" if tensor else "a tensor"
+        raise CheckpointError(f"{path}: {where} has GGML type {qt.name} (id {int(qt)}), whose block size the "
+                              f"installed gguf package does not know; supported types: {_supported_names()}")
+    return sizes
+
+
+def _supported_names() -> str:
+    return ", ".join(t.name for t in sorted(SUPPORTED))
