@@ -109,7 +109,7 @@ def _sync(device: torch.device) -> None:
 def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max_new_tokens: int, *,
               num_draft_tokens: int = 4, block_size: int | None = None, temperature: float = 0.0,
               device=None, dtype=None, data_dir: str | None = None, chat: bool = True, seed: int = 0,
-              cuda_graphs: bool = True, batch_invariant: bool = True) -> dict:
+              cuda_graphs: bool = True, batch_invariant: bool | None = None) -> dict:
     prompts = load_prompts(dataset, num_prompts, data_dir)  # a missing prompt set fails before loading
     loaded = load_model(model, device, dtype)
     tgt, tok = loaded.model, loaded.tokenizer
@@ -165,9 +165,10 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
     return {"machine": machine_description(dev), "commit": git_commit(), "model": model, "dataset": dataset,
             "num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "temperature": temperature,
             "dtype": str(tgt.dtype).replace("torch.", ""), "device": str(dev),
-            # CUDA graphs and the fixed-row padding exist on CUDA only: None (n/a) elsewhere
+            # CUDA graphs exist on CUDA only: None (n/a) elsewhere. The fixed-row padding defaults to
+            # on for CUDA and off for the CPU (see SpeculativeGenerator)
             "cuda_graphs": cuda_graphs if dev.type == "cuda" else None,
-            "batch_invariant": batch_invariant if dev.type == "cuda" else None, "rows": rows}
+            "batch_invariant": dev.type == "cuda" if batch_invariant is None else batch_invariant, "rows": rows}
 
 
 def machine_description(dev: torch.device) -> str:

@@ -35,9 +35,12 @@ def _model_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
                    "drafts per step = block size - 1")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode/verify steps eagerly instead of "
                    "replaying them as CUDA graphs (used on CUDA by default)")
-    p.add_argument("--no-batch-invariant", action="store_true", help="on CUDA, do not pad every decode/verify step "
-                   "to a fixed 16 rows: plain decoding gets faster, but in bf16 drafted output may then differ from plain "
-                   "output where two tokens nearly tie")
+    p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
+                   help="pad every decode/verify step to a fixed 16 rows, so that every position's logits are "
+                   "bitwise the same in plain and speculative decoding (default: on for CUDA, off for the CPU). "
+                   "--no-batch-invariant makes plain decoding faster on CUDA, but in bf16 drafted output may then "
+                   "differ from plain output where two tokens nearly tie; on the CPU (fp32) greedy tokens are equal "
+                   "either way")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -147,7 +150,7 @@ def _make_llm(args):
     from .api import LLM
     return LLM(args.model, draft=args.draft, device=args.device, dtype=args.dtype,
                num_draft_tokens=args.num_draft_tokens, block_size=args.block_size,
-               cuda_graphs=not args.no_cuda_graphs, batch_invariant=not args.no_batch_invariant)
+               cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant)
 
 
 def cmd_generate(args) -> int:
@@ -213,7 +216,7 @@ def cmd_bench(args) -> int:
     report = run_bench(args.model or default_model_path(), drafts, args.dataset, args.num_prompts, args.max_new_tokens,
                        num_draft_tokens=args.num_draft_tokens, block_size=args.block_size, temperature=args.temperature,
                        device=args.device, dtype=args.dtype, data_dir=args.data_dir, chat=not args.no_chat,
-                       cuda_graphs=not args.no_cuda_graphs, batch_invariant=not args.no_batch_invariant)
+                       cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant)
     print(format_table(report))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

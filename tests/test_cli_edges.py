@@ -118,8 +118,8 @@ def test_bench_draft_is_an_alias_that_adds_to_drafts():
 def test_bench_header_says_what_applies_on_the_device():
     report = {"machine": "m", "commit": "c", "dataset": "d", "num_prompts": 1, "max_new_tokens": 8,
               "temperature": 0.0, "dtype": "float32", "device": "cpu", "cuda_graphs": None,
-              "batch_invariant": None, "rows": []}
-    assert "cuda_graphs=n/a batch_invariant=n/a" in bench.format_table(report)
+              "batch_invariant": False, "rows": []}
+    assert "cuda_graphs=n/a batch_invariant=False" in bench.format_table(report)
     report.update(device="cuda:0", cuda_graphs=True, batch_invariant=False)
     assert "cuda_graphs=True batch_invariant=False" in bench.format_table(report)
 
@@ -142,9 +142,9 @@ def test_bench_package_data_is_declared():
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as fh:
         globs = tomllib.load(fh)["tool"]["setuptools"]["package-data"]["specdec.data.bench"]
     files = sorted(os.listdir(bench.PACKAGED_DATA))
-    assert {"gsm8k_test.jsonl", "humaneval.jsonl", "mt_bench.jsonl", "README.md"} <= set(files)
+    assert {"gsm8k_test.jsonl", "gsm8k_train.jsonl", "humaneval.jsonl", "mt_bench.jsonl", "README.md"} <= set(files)
     assert all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), (files, globs)
-    assert sum(os.path.getsize(os.path.join(bench.PACKAGED_DATA, f)) for f in files) < 2_000_000
+    assert sum(os.path.getsize(os.path.join(bench.PACKAGED_DATA, f)) for f in files) < 6_000_000
 
 
 def test_bench_data_overrides(tmp_path, monkeypatch):
@@ -253,3 +253,12 @@ def test_streamer_holds_back_what_may_be_a_stop_string():
     s([ord(c) for c in "abc"] + [0])
     s.finish("abc")
     assert out.getvalue() == "abc"
+
+
+def test_batch_invariant_flag_is_tri_state():
+    """Unset: the engine's default (on for CUDA, off for the CPU); --batch-invariant forces the
+    padded static steps (also on the CPU); --no-batch-invariant turns them off."""
+    p = cli.build_parser()
+    for argv, want in (([], None), (["--batch-invariant"], True), (["--no-batch-invariant"], False)):
+        for cmd in (["generate", "-p", "x"], ["bench"], ["chat"]):
+            assert p.parse_args(cmd + argv).batch_invariant is want, (cmd, argv)
