@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 
 from .drafters.factory import SPECS, check_spec
 from .errors import ConfigError, RequestError, SpecdecError
@@ -224,8 +225,13 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"specdec: warning: {message}\n"
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    warnings.formatwarning = _one_line_warning  # warnings read as one line, like errors
     try:
         return {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "bench": cmd_bench}[args.cmd](args)
     except SpecdecError as e:

@@ -157,3 +157,17 @@ def test_grouped_moe_in_verify_steps_breaks_invariance(targets, monkeypatch):
     prompt = torch.randint(0, model.config.vocab_size, (7,), generator=torch.Generator().manual_seed(0)).tolist()
     differ, n, _, _ = compare(model, prompt, True, monkeypatch)
     assert differ > 0
+
+
+def test_too_many_drafts_for_the_padded_step_warn(targets):
+    """More drafts than the 16-row step holds cannot be padded: say so instead of silently losing
+    bitwise exactness (the CPU default does not pad, so no warning there)."""
+    import warnings
+
+    model = targets["llama"]
+    with pytest.warns(UserWarning, match="16 rows"):
+        SpeculativeGenerator(model, SpoiledOracle([], 97), 16, batch_invariant=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        SpeculativeGenerator(model, SpoiledOracle([], 97), 15, batch_invariant=True)
+        SpeculativeGenerator(model, SpoiledOracle([], 97), 16)

@@ -8,6 +8,7 @@ With no drafter (or k = 0) the same loop is plain autoregressive decoding.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -124,6 +125,11 @@ class SpeculativeGenerator:
         self.use_graphs = bool(cuda_graphs) and on_cuda
         # every step padded to STEP_ROWS rows: identical kernels for decode and verify (see graphs.py)
         self.pad_to = STEP_ROWS if batch_invariant and self.k + 1 <= STEP_ROWS else None
+        if batch_invariant and self.pad_to is None:
+            warnings.warn(f"{self.k} drafts per step need {self.k + 1}-row verify steps, more than the {STEP_ROWS} rows "
+                          "every step is padded to: steps are not padded, and in low precision (bf16) drafted output "
+                          f"may differ from plain output at near-ties; use at most {STEP_ROWS - 1} drafts per step "
+                          f"(--block-size {STEP_ROWS} or less for DFlash) for exact output", stacklevel=2)
         self.static = self.use_graphs or self.pad_to is not None  # steps run as static steps (graphs.py)
         self._graphed: GraphedTarget | None = None
 
