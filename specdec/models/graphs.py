@@ -64,7 +64,7 @@ class GraphedTarget:
     and ``captured`` are copies (drafters may keep them).
     """
 
-    def __init__(self, model: CausalLM, cache: SequenceCache, capture: Sequence[int] = (), max_steps: int = 64,
+    def __init__(self, model: CausalLM, cache: SequenceCache, capture: Sequence[int] = (), max_steps: int = 16,
                  pad_to: int | None = None, use_graphs: bool | None = None):
         if not graphable(model, cache, need_cuda=False):
             raise ValueError("static steps need a target whose caches are all KV or linear-attention caches")
