@@ -18,7 +18,7 @@ from .plan import Plan
 from .quantize import TYPES, parse_type
 from .writer import write_plan
 
-__all__ = ["TYPES", "ConvertResult", "convert", "build_plan"]
+__all__ = ["TYPES", "ConvertResult", "convert", "build_plan", "parse_type"]
 
 
 @dataclass

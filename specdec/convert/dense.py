@@ -31,7 +31,7 @@ def permute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def llama3_rope_factors(rope: dict, rot_dim: int, theta: float) -> torch.Tensor:
     """The divisor of each RoPE frequency under Llama 3 scaling (``rope_freqs.weight``)."""
-    freqs = 1.0 / theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim)
+    freqs = 1.0 / theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim)  # as llama.cpp: fp32
     factor, lo, hi = float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
     old = float(rope["original_max_position_embeddings"])
     out = []
