@@ -122,9 +122,9 @@ def plan_qwen35(cfg, source: TensorSource) -> Plan:
         if hf.endswith("mlp.experts.gate_up_proj"):
             e, two_i, h = shape
             bid = int(hf.split(".")[2])
-            for part, tensor in ((0, gguf.MODEL_TENSOR.FFN_GATE_EXP), (1, gguf.MODEL_TENSOR.FFN_UP_EXP)):
-                plan.add(gguf.TENSOR_NAMES[tensor].format(bid=bid) + ".weight", (e, two_i // 2, h),
-                         _reader(view, name, [lambda t, p=part: t.chunk(2, dim=1)[p]]))
+            gate, up = _split_reader(view, name)
+            plan.add(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.FFN_GATE_EXP].format(bid=bid) + ".weight", (e, two_i // 2, h), gate)
+            plan.add(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.FFN_UP_EXP].format(bid=bid) + ".weight", (e, two_i // 2, h), up)
             continue
         if hf.endswith("linear_attn.dt_bias"):
             hf = hf[: -len("dt_bias")] + "dt_proj.bias"
@@ -180,6 +180,21 @@ def _metadata(plan: Plan, c, moe: bool, n_mtp: int) -> None:
         plan.u32(K.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, c.shared_expert_intermediate_size)
     if n_mtp:
         plan.u32(K.LLM.NEXTN_PREDICT_LAYERS, n_mtp)
+
+
+def _split_reader(view: TensorSource, name: str):
+    """Readers of the gate and the up half of a stacked ``gate_up_proj`` ``[E, 2I, H]``: the
+    tensor is read once, its up half kept until the writer asks for it (written right after)."""
+    held: dict[str, torch.Tensor] = {}
+
+    def gate() -> torch.Tensor:
+        g, u = view.get(name, torch.float32).chunk(2, dim=1)
+        held["up"] = u
+        return g
+
+    def up() -> torch.Tensor:
+        return held.pop("up") if "up" in held else view.get(name, torch.float32).chunk(2, dim=1)[1]
+    return gate, up
 
 
 def _reader(view: TensorSource, name: str, ops: list[Callable[[torch.Tensor], torch.Tensor]]):
