@@ -28,7 +28,9 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 import _dense_util as U
+import specdec
 from _mtp_util import build_qwen35
+from _qwen35_util import fuse_experts, hf_vl_model
 from _qwen35_util import hf_model as qwen35_hf
 from _qwen35_util import write_gguf as qwen35_reference_gguf
 from specdec.cli import CONVERT_TYPES, main
@@ -209,6 +211,35 @@ def test_mtp_drafter_from_gguf_drafts_like_hf(models, fam, tmp_path):
     assert a.stats.drafted > 0
 
 
+def test_fused_experts_and_vl_wrapper(models, tmp_path):
+    """A checkpoint with experts in transformers' fused layout converts to the same file; a
+    vision-language wrapper converts its language model only (vision tensors left out)."""
+    import shutil
+
+    path, _ = models["qwen35moe"]
+    fused = str(tmp_path / "fused")
+    shutil.copytree(path, fused)
+    fuse_experts(fused)
+    a, b = str(tmp_path / "a.gguf"), str(tmp_path / "b.gguf")
+    convert(path, a, "f32")
+    convert(fused, b, "f32")
+    ta, tb = ({t.name: np.asarray(t.data) for t in gguf.GGUFReader(p).tensors} for p in (a, b))
+    assert ta.keys() == tb.keys() and all(np.array_equal(ta[k], tb[k]) for k in ta)
+
+    vl = hf_vl_model()
+    vl_dir = str(tmp_path / "vl")
+    vl.save_pretrained(vl_dir)
+    write_tokenizer(vl_dir, 256)
+    out = str(tmp_path / "vl.gguf")
+    convert(vl_dir, out, "f32")
+    assert not any("visual" in t.name or t.name.startswith("v.") for t in gguf.GGUFReader(out).tensors)
+    ids = _prompt(256)
+    with torch.no_grad():
+        want = vl(input_ids=torch.tensor([ids])).logits[0]
+    err = U.rel_err(_logits(load_model(out, "cpu", tokenizer=False).model, ids), want)
+    assert err <= TIGHT[QT.F32], f"VL wrapper: relative max error {err:.3g}"
+
+
 def test_tokenizer_metadata(models, tmp_path):
     path, _ = models["llama3"]
     out = str(tmp_path / "m.gguf")
@@ -268,7 +299,8 @@ convert(sys.argv[1], sys.argv[2], "q8_0")
 def test_killed_conversion_leaves_no_output(models, tmp_path):
     path, _ = models["qwen35"]
     out = tmp_path / "killed.gguf"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH")] if p))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(specdec.__file__)))  # this specdec, not another install
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [root, os.environ.get("PYTHONPATH")] if p))
     proc = subprocess.Popen([sys.executable, "-c", _SLOW, path, str(out)], stdout=subprocess.PIPE, env=env, text=True)
     try:
         assert proc.stdout.readline().strip() == "writing", "the conversion never started writing"
