@@ -89,7 +89,7 @@ def plan_qwen35(cfg, source: TensorSource) -> Plan:
     n = c.num_hidden_layers
     mtp_layers = {int(m[1]) for name in infos if (m := re.match(r"^(?:model\.)?mtp\.layers\.(\d+)\.", name))}
     has_mtp = any(name.startswith(("mtp.", "model.mtp.")) for name in infos)
-    if has_mtp and mtp_layers != set(range(len(mtp_layers))) or has_mtp and not mtp_layers:
+    if has_mtp and (not mtp_layers or mtp_layers != set(range(len(mtp_layers)))):
         raise CheckpointError(f"{source.path}: the mtp.* tensors hold layers {sorted(mtp_layers)}, expected 0..k-1")
     n_mtp = len(mtp_layers)
     _metadata(plan, c, moe, n_mtp)

@@ -89,7 +89,9 @@ def _write(plan: Plan, path: str, requested: QT, types: dict[str, QT], progress:
             w.write_tensor_data(data)
             if bar is not None:
                 bar.update(data.nbytes)
-        w.close()
+        w.flush()
+        for fh in w.fout or []:
+            os.fsync(fh.fileno())  # on disk before the rename makes it the output
     finally:
         if bar is not None:
             bar.close()
