@@ -240,6 +240,31 @@ def test_fused_experts_and_vl_wrapper(models, tmp_path):
     assert err <= TIGHT[QT.F32], f"VL wrapper: relative max error {err:.3g}"
 
 
+def test_llama_attention_bias(tmp_path):
+    """q/k biases are permuted with their rows, as llama.cpp's converter does. (specdec's own
+    loader does not read llama GGUFs with attention biases yet, so the file is checked directly.)"""
+    from transformers import LlamaForCausalLM
+
+    cfg = U.tiny_config("llama")
+    cfg.attention_bias = True
+    torch.manual_seed(4)
+    hf = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for n, p in hf.named_parameters():
+            if n.endswith("bias"):
+                p.normal_(0, 0.5)
+    path = U.save_hf(hf, str(tmp_path / "hf"))
+    out = str(tmp_path / "m.gguf")
+    convert(path, out, "f32", vocab=False)
+    got = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(out).tensors}
+    attn = hf.model.layers[1].self_attn
+    for proj, heads in (("q", cfg.num_attention_heads), ("k", cfg.num_key_value_heads)):
+        for kind in ("weight", "bias"):
+            want = getattr(getattr(attn, f"{proj}_proj"), kind).detach().numpy()
+            assert np.array_equal(got[f"blk.1.attn_{proj}.{kind}"].reshape(want.shape), U.llama_permute(want, heads))
+    assert np.array_equal(got["blk.1.attn_v.bias"], attn.v_proj.bias.detach().numpy())
+
+
 def test_tokenizer_metadata(models, tmp_path):
     path, _ = models["llama3"]
     out = str(tmp_path / "m.gguf")

@@ -2,7 +2,7 @@
 ``qwen3`` GGUF.
 
 Names come from the ``gguf`` package's tensor map. Conventions: ``llama`` stores the q/k
-projection rows permuted per head for ggml's interleaved RoPE (specdec's loader undoes it
+projection rows (and biases) permuted per head for ggml's interleaved RoPE (specdec's loader undoes it
 with ``unpermute_qk``); ``qwen3`` is not permuted. Tied embeddings write no ``output.weight``.
 Llama 3 RoPE scaling becomes the ``rope_freqs`` tensor (frequency divisors per pair of dims).
 """
@@ -89,9 +89,9 @@ def plan_dense(cfg: ModelConfig, source: TensorSource) -> Plan:
         if gname is None:
             raise CheckpointError(f"{info.file}: tensor '{name}' has no llama.cpp name for {plan.arch}")
         fix = None
-        if plan.arch == "llama" and name.endswith("self_attn.q_proj.weight"):
+        if plan.arch == "llama" and name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
             fix = c.num_attention_heads
-        elif plan.arch == "llama" and name.endswith("self_attn.k_proj.weight"):
+        elif plan.arch == "llama" and name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
             fix = c.num_key_value_heads
         plan.add(gname, info.shape, _reader(source, name, fix))
     return plan
