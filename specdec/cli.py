@@ -1,4 +1,4 @@
-"""Command line: ``specdec generate | chat | info | bench``. Parsing only; the work lives elsewhere.
+"""Command line: ``specdec generate | chat | info | bench | convert``. Parsing only; the work lives elsewhere.
 
 Nothing heavy is imported at the top: ``specdec --help`` must not wait for torch. The handlers
 check the cheap arguments first, then import what they need and load the model.
@@ -13,6 +13,9 @@ import warnings
 
 from .drafters.factory import SPECS, check_spec
 from .errors import ConfigError, RequestError, SpecdecError
+
+
+CONVERT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k")  # specdec.convert.TYPES, without importing it
 
 
 def _version() -> str:
@@ -80,6 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="describe a checkpoint without loading its weights")
     i.add_argument("path", nargs="?", default=None, help="HF directory or .gguf (default: the embedded model)")
     i.add_argument("--json", action="store_true", help="print JSON")
+
+    v = sub.add_parser("convert", help="convert an HF checkpoint to a GGUF file (quantized, MTP kept)",
+                       description="Write an HF checkpoint directory (Llama/SmolLM2, Qwen3, Qwen3.5/3.6 dense or MoE) "
+                       "as one GGUF file with llama.cpp's names and conventions, tokenizer and chat template "
+                       "included; a Qwen3.5 MTP block is kept as blk.N.nextn.*. Norms and other small tensors stay "
+                       "F32; a weight whose rows are not whole blocks of the chosen type falls back to a wider one "
+                       "(q4_k -> q5_0, q6_k -> q8_0, then f16). The file is written under a temporary name and "
+                       "appears only when complete.")
+    v.add_argument("hf_dir", help="HF checkpoint directory (config.json, safetensors, tokenizer.json)")
+    v.add_argument("out", help="output .gguf file")
+    v.add_argument("--type", default="f16", help=f"weight type: {' | '.join(CONVERT_TYPES)} (default f16)")
+    v.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+    v.add_argument("--no-vocab", action="store_true", help="write no tokenizer metadata (for a checkpoint without "
+                   "tokenizer.json; such a file loads with tokenizer=False only)")
 
     b = sub.add_parser("bench", help="compare drafters side by side on a prompt set",
                        description="Runs every --draft configuration on the same prompts (interleaved) and reports "
@@ -193,6 +210,20 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_convert(args) -> int:
+    import time
+
+    from .convert import convert, parse_type
+
+    parse_type(args.type)  # before any reading
+    t0 = time.perf_counter()
+    res = convert(args.hf_dir, args.out, args.type, force=args.force, vocab=not args.no_vocab)
+    types = ", ".join(f"{n} {k}" for k, n in sorted(res.types.items(), key=lambda kv: -kv[1]))
+    print(f"{res.path}: {res.arch}, {res.tensors} tensors ({types}), {res.nbytes / 2**20:.1f} MiB "
+          f"in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
 def bench_drafts(drafts: list[str] | None, extra: list[str] | None) -> list[str]:
     """The configurations ``bench`` runs: ``--drafts`` (default ``none ngram`` when no ``--draft``
     is given either) plus every ``--draft``, the ``none`` baseline first, each once."""
@@ -233,7 +264,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     warnings.formatwarning = _one_line_warning  # warnings read as one line, like errors
     try:
-        return {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "bench": cmd_bench}[args.cmd](args)
+        return {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "bench": cmd_bench,
+                "convert": cmd_convert}[args.cmd](args)
     except SpecdecError as e:
         print(f"specdec {args.cmd}: error: {e}", file=sys.stderr)
         return 2
