@@ -185,9 +185,9 @@ def run(a) -> None:
             gen = SpeculativeGenerator(loaded.model, SpoiledOracle([]), 3, cuda_graphs=graphs)
             record("oracle", gen, lambda i: SpoiledOracle(ps[i] + plain[i], seed=i))
             continue
-        if spec in ("mtp", "dflash") and a.model:
+        if spec == "dflash" and a.model:
             continue
-        if spec == "mtp" and not a.target.startswith("qwen35"):
+        if spec == "mtp" and not a.model and not a.target.startswith("qwen35"):
             continue
         d = make_drafter(f"dflash:{os.path.join(a.dir, a.target + '-dflash')}" if spec == "dflash" else spec, loaded)
         k = d.block_size - 1 if getattr(d, "block_size", None) else 3
