@@ -2,12 +2,15 @@
 
 A decoder layer is sandwich-normed: ``x + post_attn_norm(attn(input_norm(x)))``, then
 ``x + post_ffw_norm(mlp(pre_ffw_norm(x)))``. Every RMSNorm (q/k norms and the final norm
-included) scales by ``1 + w`` with fp32 statistics. Attention has per-head q/k norms, GQA, a
-score scale of ``query_pre_attn_scalar ** -0.5`` and optional tanh soft-capping of the scores.
-Layers are ``sliding_attention`` (attend to the last ``sliding_window`` positions, RoPE base
-``rope_local_base_freq``, no RoPE scaling) or ``full_attention`` (RoPE base ``rope_theta`` with
-the configured scaling). Embeddings are scaled by ``sqrt(hidden_size)`` (rounded to the weight
-dtype, as transformers does), the MLP is GELU-tanh gated, and the final logits may be soft-capped.
+included) scales by ``1 + w`` with fp32 statistics. Attention has per-head q/k norms, GQA and a
+score scale of ``query_pre_attn_scalar ** -0.5``. Layers are ``sliding_attention`` (the last
+``sliding_window`` positions, RoPE base ``rope_local_base_freq``, unscaled unless
+``rope_parameters["sliding_attention"]`` says otherwise) or ``full_attention`` (RoPE base
+``rope_theta`` with the configured scaling). Embeddings are scaled by ``sqrt(hidden_size)``
+(rounded to the weight dtype, as transformers does), the MLP is GELU-tanh gated, and the final
+logits are soft-capped when ``final_logit_softcapping`` is set. The config also carries
+``attn_logit_softcapping``, but transformers' and llama.cpp's Gemma 3 never apply it (only
+Gemma 2 did); a set value is reported with a warning and not applied either.
 
 Every layer keeps a full-length KV cache; a sliding layer masks by window (in the eager and the
 static step alike), so rollback stays free. llama.cpp stores every ``*norm.weight`` with the
@@ -16,6 +19,7 @@ static step alike), so rollback stays free. llama.cpp stores every ``*norm.weigh
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +61,9 @@ class Gemma3Config(ModelConfig):
             raise ConfigError(f"{mt} config: hidden_activation '{self.hidden_activation}' is not supported (gelu_pytorch_tanh)")
         if self.use_bidirectional_attention:
             raise ConfigError(f"{mt} config: use_bidirectional_attention=true is not supported (a causal target is needed)")
+        if self.attn_logit_softcapping:
+            warnings.warn(f"{mt} config: attn_logit_softcapping={self.attn_logit_softcapping} is not applied: Gemma 3 "
+                          "attention has no soft-capping (transformers and llama.cpp ignore the field too)", stacklevel=2)
         if self.layer_types is None:
             k = int(self.raw.get("_sliding_window_pattern", self.sliding_window_pattern))
             if k < 1:
@@ -110,7 +117,7 @@ class Gemma3DecoderLayer(nn.Module):
         self.input_layernorm = _norm(c)
         self.self_attn = Attention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                                    bias=c.attention_bias, qk_norm_eps=c.rms_norm_eps, zero_centered_qk=True,
-                                   scale=float(c.query_pre_attn_scalar) ** -0.5, softcap=c.attn_logit_softcapping)
+                                   scale=float(c.query_pre_attn_scalar) ** -0.5)
         self.post_attention_layernorm = _norm(c)
         self.pre_feedforward_layernorm = _norm(c)
         self.mlp = GeluTanhGLU(c.hidden_size, c.intermediate_size)
@@ -216,9 +223,8 @@ def gguf_config(meta: dict) -> dict:
         d["query_pre_attn_scalar"] = 1.0 / float(scale) ** 2
     else:
         d["query_pre_attn_scalar"] = d["hidden_size"] / d["num_attention_heads"] if n == 62 else d["head_dim"]
-    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
-        if opt(key):
-            d[key] = float(opt(key))
+    if opt("final_logit_softcapping"):
+        d["final_logit_softcapping"] = float(opt("final_logit_softcapping"))
     return d
 
 

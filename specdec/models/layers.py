@@ -122,33 +122,15 @@ def sliding_causal_mask(start: int, t: int, window: int, device) -> torch.Tensor
     return (k <= q) & (k > q - window)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-           softcap: float | None = None) -> torch.Tensor:
-    """Scaled dot-product attention with GQA: q ``[H, T, d]``, k/v ``[Hkv, S, d]`` -> ``[H, T, dv]``.
-
-    ``softcap`` (Gemma 2 style) squashes the scores to ``softcap * tanh(s / softcap)`` before the
-    mask and softmax; SDPA cannot do that, so those layers take an explicit (fp32 softmax) path.
-    """
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Scaled dot-product attention with GQA: q ``[H, T, d]``, k/v ``[Hkv, S, d]`` -> ``[H, T, dv]``."""
     groups = q.shape[0] // k.shape[0]
-    if softcap:
-        return _attend_softcapped(q, k, v, mask, scale, softcap, groups)
     if groups > 1 and not _SDPA_GQA:
         k = k.repeat_interleave(groups, dim=0)
         v = v.repeat_interleave(groups, dim=0)
     if groups > 1 and _SDPA_GQA:
         return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale, enable_gqa=True)[0]
     return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale)[0]
-
-
-def _attend_softcapped(q, k, v, mask, scale: float, cap: float, groups: int) -> torch.Tensor:
-    if groups > 1:
-        k = k.repeat_interleave(groups, dim=0)
-        v = v.repeat_interleave(groups, dim=0)
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale  # [H, T, S]
-    s = torch.tanh(s / cap) * cap
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(s.float(), dim=-1).to(v.dtype), v)
 
 
 def _sdpa_has_gqa() -> bool:
@@ -172,13 +154,12 @@ class Attention(nn.Module):
 
     ``gated``: ``q_proj`` emits, per head, the query followed by a gate of the same width;
     the attention output is multiplied by ``sigmoid(gate)`` before ``o_proj`` (Qwen3.5).
-    ``scale`` replaces the usual ``head_dim ** -0.5`` (Gemma's ``query_pre_attn_scalar ** -0.5``);
-    ``softcap`` caps the attention scores (see :func:`attend`).
+    ``scale`` replaces the usual ``head_dim ** -0.5`` (Gemma's ``query_pre_attn_scalar ** -0.5``).
     """
 
     def __init__(self, hidden: int, n_heads: int, n_kv: int, head_dim: int, *, bias: bool = False,
                  qk_norm_eps: float | None = None, zero_centered_qk: bool = False, gated: bool = False,
-                 scale: float | None = None, softcap: float | None = None):
+                 scale: float | None = None):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim, self.gated = n_heads, n_kv, head_dim, gated
         self.q_proj = nn.Linear(hidden, n_heads * head_dim * (2 if gated else 1), bias=bias)
@@ -191,7 +172,6 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.scale = head_dim ** -0.5 if scale is None else scale
-        self.softcap = softcap
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """``x [T, hidden]`` -> q ``[H, T, d]``, k, v ``[Hkv, T, d]``, gate ``[T, H*d]`` or None."""
@@ -219,7 +199,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos, sin, cache: KVCache, start: int, mask: torch.Tensor | None) -> torch.Tensor:
         q, k, v, gate = self.project(x, cos, sin)
         k_all, v_all = cache.update(start, k, v)
-        return self.output(attend(q, k_all, v_all, mask, self.scale, self.softcap), gate)
+        return self.output(attend(q, k_all, v_all, mask, self.scale), gate)
 
 
 class SwiGLU(nn.Module):
