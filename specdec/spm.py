@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from .errors import CheckpointError
+from .errors import CheckpointError, RequestError
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 SPACE = "\u2581"  # ▁
@@ -108,7 +108,7 @@ class SpmTokenizer:
     # --- internals ------------------------------------------------------------------------------
     def _piece(self, i: int, skip_special: bool) -> bytes:
         if not 0 <= i < len(self.tokens):
-            raise CheckpointError(f"token id {i} is outside the vocabulary of {len(self.tokens)} tokens")
+            raise RequestError(f"token id {i} is outside the vocabulary of {len(self.tokens)} tokens")
         kind, text = self.types[i], self.tokens[i]
         if kind == NORMAL:
             return text.replace(SPACE, " ").encode("utf-8")

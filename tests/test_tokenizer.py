@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from specdec.errors import CheckpointError
+from specdec.errors import CheckpointError, RequestError
 from specdec.tokenizer import PRE_REGEXES, Tokenizer
 from specdec.weights.gguf_io import GGUFSource
 
@@ -114,6 +114,8 @@ def test_spm_merges_by_score_and_falls_back_to_bytes():
     assert tok.encode("a<turn>b</s>") == [ids["<s>"], ids["a"], ids["<turn>"], ids["b"], ids["</s>"]]
     assert tok.decode(tok.encode("zé € a<turn>b", add_special=False)) == "zé € a<turn>b"
     assert tok.decode([ids["<s>"], ids["a"], ids["</s>"]], skip_special=True) == "a"
+    with pytest.raises(RequestError, match="token id 999 is outside the vocabulary"):
+        tok.decode([999])
     assert tok.bos_id == 1 and tok.eos_ids == [2]
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "<s>x"
 
