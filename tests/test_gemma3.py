@@ -60,6 +60,32 @@ def test_hf_checkpoint_matches_transformers(kind, tmp_path):
     _check_parity(loaded, hf)
 
 
+def test_multimodal_checkpoint_loads_its_language_model(tmp_path):
+    """A ``gemma3`` (vision-language) checkpoint: the text model is the target, the vision tower
+    and projector are left out; text-only logits equal transformers' on the whole model."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+
+    from _gemma_util import tiny_config
+
+    torch.manual_seed(6)
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14)
+    cfg = Gemma3Config(text_config=tiny_config("base").to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                       image_token_index=300, boi_token_index=301, eoi_token_index=302)
+    hf = Gemma3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight") and "language_model" in name:
+                p.copy_(0.3 * torch.randn_like(p))
+    loaded = load_model(save_hf(hf, str(tmp_path / "mm")), "cpu", "float32")
+    assert loaded.arch.name == "gemma3" and loaded.model.config.model_type == "gemma3_text"
+    ids = [i % 300 for i in prompt_ids(40, 7)]  # no image tokens
+    with torch.no_grad():
+        want = hf(input_ids=torch.tensor([ids])).logits[0]
+    err = rel_err(loaded.model(torch.tensor(ids), loaded.model.new_cache(len(ids))).logits, want)
+    assert err <= TOL, f"relative max error {err:.3g} > {TOL}"
+
+
 def test_gguf_matches_transformers(tmp_path):
     hf = tiny_model("llama_cpp", seed=2)
     path = str(tmp_path / "tiny-gemma3.gguf")
@@ -218,3 +244,24 @@ def test_real_info_names_the_drafters():
     assert info["layer_types"] == {"sliding_attention": 15, "full_attention": 3}
     assert info["tokenizer"]["model"] == "llama"
     assert info["drafters"] == ["ngram"]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"use_bidirectional_attention": True}, "use_bidirectional_attention=true is not supported"),
+    ({"layer_types": ["sliding_attention", "chunked_attention"]}, r"layer_types \['chunked_attention'\] not supported"),
+    ({"layer_types": ["full_attention"]}, "layer_types has 1 entries for num_hidden_layers=2"),
+    ({"sliding_window": 0}, "sliding_window must be a positive integer"),
+    ({"hidden_activation": "silu"}, "hidden_activation 'silu' is not supported"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                          "sliding_attention": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}},
+     "sliding_attention rope_type 'yarn' is not supported"),
+])
+def test_bad_config_is_named(change, message):
+    from specdec.config import parse_config
+    from specdec.models.gemma3 import Gemma3Config
+
+    d = {"model_type": "gemma3_text", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+         "num_hidden_layers": 2, "num_attention_heads": 2, "head_dim": 8, "sliding_window": 4}
+    d.update(change)
+    with pytest.raises(ConfigError, match=message):
+        parse_config(Gemma3Config, d)
