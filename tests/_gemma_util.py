@@ -44,13 +44,13 @@ def tiny_config(kind: str = "base", layers: int = 4):
     local = {"rope_type": "default", "rope_theta": 10000.0}
     if kind == "base":
         return Gemma3TextConfig(**common, num_hidden_layers=layers, query_pre_attn_scalar=24,
-                                layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"][:layers],
+                                layer_types=(["sliding_attention"] * 2 + ["full_attention", "sliding_attention"])[:layers],
                                 rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                                                  "sliding_attention": dict(local)})
     if kind == "capped":
         return Gemma3TextConfig(**common, num_hidden_layers=layers, query_pre_attn_scalar=32,
                                 attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
-                                layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"][:layers],
+                                layer_types=(["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"])[:layers],
                                 rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
                                                  "sliding_attention": {"rope_type": "default", "rope_theta": 5000.0}})
     if kind == "llama_cpp":
@@ -113,7 +113,8 @@ def write_gguf(model, path: str) -> None:
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
     w.add_add_space_prefix(False)
-    w.add_chat_template("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}\n\n{% endfor %}")
+    w.add_chat_template("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
+                        "{{ m['content'] }}\n\n{% endfor %}")
     for name, t in model.state_dict().items():
         if name == "lm_head.weight":
             continue

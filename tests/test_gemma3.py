@@ -214,28 +214,23 @@ def test_real_tokenizer_matches_transformers(real, text):
 FACT = "Question: What is the capital of France?\nAnswer: The capital of France is"
 
 
-def test_real_greedy_is_sensible_and_matches_transformers(real):
+def test_real_greedy_is_sensible_and_ngram_lossless(real):
+    """Plain greedy names Paris and equals transformers' greedy; the n-gram drafter (which hits
+    when the model repeats the prompt's question) gives the same tokens."""
     loaded, hf, _ = real
     tok = loaded.tokenizer
     assert 106 in tok.eos_ids  # <end_of_turn>, found by its text as llama.cpp does
     ids = tok.encode(FACT)
-    out = SpeculativeGenerator(loaded.model).generate(ids, 16, SamplingParams(), eos_ids=tok.eos_ids, decode=tok.decode)
+    out = SpeculativeGenerator(loaded.model).generate(ids, 20, SamplingParams(), eos_ids=tok.eos_ids, decode=tok.decode)
     print(f"gemma-3-270m: {FACT!r} -> {out.text!r}")
     assert "Paris" in out.text, repr(out.text)
     with torch.no_grad():
         ref = hf.generate(torch.tensor([ids]), max_new_tokens=len(out.token_ids), do_sample=False,
                           eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
     assert out.token_ids == ref
-
-
-def test_real_ngram_speculation_is_lossless(real):
-    loaded, _, _ = real
-    tok = loaded.tokenizer
-    ids = tok.encode("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n")
-    plain = SpeculativeGenerator(loaded.model).generate(ids, 32, SamplingParams())
-    spec = SpeculativeGenerator(loaded.model, NgramDrafter(), 4).generate(ids, 32, SamplingParams())
-    assert spec.token_ids == plain.token_ids
-    assert sum(spec.stats.accepted) > 0, "the n-gram drafter never hit on a repetitive prompt"
+    spec = SpeculativeGenerator(loaded.model, NgramDrafter(), 4).generate(ids, 20, SamplingParams(), eos_ids=tok.eos_ids)
+    assert spec.token_ids == out.token_ids
+    assert sum(spec.stats.accepted) > 0, "the n-gram drafter never hit"
 
 
 def test_real_info_names_the_drafters():

@@ -58,7 +58,8 @@ class Gemma3Config(ModelConfig):
         super().__post_init__()
         mt = self.model_type
         if self.hidden_activation != "gelu_pytorch_tanh":
-            raise ConfigError(f"{mt} config: hidden_activation '{self.hidden_activation}' is not supported (gelu_pytorch_tanh)")
+            raise ConfigError(f"{mt} config: hidden_activation '{self.hidden_activation}' is not supported "
+                              "(gelu_pytorch_tanh)")
         if self.use_bidirectional_attention:
             raise ConfigError(f"{mt} config: use_bidirectional_attention=true is not supported (a causal target is needed)")
         if self.attn_logit_softcapping:
@@ -68,7 +69,8 @@ class Gemma3Config(ModelConfig):
             k = int(self.raw.get("_sliding_window_pattern", self.sliding_window_pattern))
             if k < 1:
                 raise ConfigError(f"{mt} config: sliding_window_pattern={k} must be at least 1")
-            self.layer_types = ["sliding_attention" if (i + 1) % k else "full_attention" for i in range(self.num_hidden_layers)]
+            self.layer_types = ["sliding_attention" if (i + 1) % k else "full_attention"
+                                for i in range(self.num_hidden_layers)]
         self.layer_types = list(self.layer_types)
         if len(self.layer_types) != self.num_hidden_layers:
             raise ConfigError(f"{mt} config: layer_types has {len(self.layer_types)} entries "
@@ -185,7 +187,8 @@ _GGUF_BLOCK.update({
 
 
 def _gguf_names(config: Gemma3Config) -> dict[str, str]:
-    names = {"token_embd.weight": "embed_tokens.weight", "output_norm.weight": "norm.weight", "output.weight": "lm_head.weight"}
+    names = {"token_embd.weight": "embed_tokens.weight", "output_norm.weight": "norm.weight",
+             "output.weight": "lm_head.weight"}
     for i in range(config.num_hidden_layers):
         names.update({f"blk.{i}.{k}": f"layers.{i}.{v}" for k, v in _GGUF_BLOCK.items()})
     return names
