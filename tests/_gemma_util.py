@@ -53,9 +53,9 @@ def tiny_config(kind: str = "base", layers: int = 4):
                                 layer_types=(["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"])[:layers],
                                 rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
                                                  "sliding_attention": {"rope_type": "default", "rope_theta": 5000.0}})
-    if kind == "llama_cpp":
+    if kind == "llama_cpp":  # linear RoPE scaling on global layers, as Gemma 3 4B+ has
         return Gemma3TextConfig(**common, num_hidden_layers=6, query_pre_attn_scalar=32,
-                                rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
                                                  "sliding_attention": dict(local)})
     raise ValueError(kind)
 
@@ -97,7 +97,11 @@ def write_gguf(model, path: str) -> None:
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_key_length(cfg.head_dim)
     w.add_value_length(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_parameters["full_attention"]["rope_theta"])
+    rope = cfg.rope_parameters["full_attention"]
+    w.add_rope_freq_base(rope["rope_theta"])
+    if rope.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
     w.add_sliding_window(cfg.sliding_window)
     w.add_file_type(0)
     tokens, scores, types = spm_vocab()

@@ -58,6 +58,15 @@ def test_hf_checkpoint_matches_transformers(kind, tmp_path):
     assert loaded.arch.name == "gemma3" and loaded.model.lm_head is None
     assert [layer.sliding for layer in loaded.model.layers] == [t == "sliding_attention" for t in hf.config.layer_types]
     _check_parity(loaded, hf)
+    # bf16: the embedding scale is rounded to bf16 as transformers rounds it (sqrt(64) is exact,
+    # so pretend hidden_size is 48: sqrt(48) = 6.93 rounds to 6.9375)
+    ids = torch.tensor(prompt_ids(8))
+    half = load_model(path, "cpu", "bfloat16").model
+    half.config.hidden_size = 48  # only the embedding scale reads it after construction
+    with torch.no_grad():
+        want = hf.to(torch.bfloat16).model.embed_tokens
+        want.embed_scale.fill_(48 ** 0.5)
+        assert torch.equal(half.embed(ids), want(ids[None])[0])
 
 
 def test_multimodal_checkpoint_loads_its_language_model(tmp_path):
