@@ -58,6 +58,8 @@ def test_hf_checkpoint_matches_transformers(kind, tmp_path):
     assert loaded.arch.name == "gemma3" and loaded.model.lm_head is None
     assert [layer.sliding for layer in loaded.model.layers] == [t == "sliding_attention" for t in hf.config.layer_types]
     _check_parity(loaded, hf)
+    if kind != "base":
+        return
     # bf16: the embedding scale is rounded to bf16 as transformers rounds it (sqrt(64) is exact,
     # so pretend hidden_size is 48: sqrt(48) = 6.93 rounds to 6.9375)
     ids = torch.tensor(prompt_ids(8))

@@ -106,8 +106,8 @@ class Gemma3StepContext(StepContext):
     local_mask: torch.Tensor | None = None
 
 
-def _norm(c: Gemma3Config, dim: int | None = None) -> RMSNorm:
-    return RMSNorm(dim or c.hidden_size, c.rms_norm_eps, zero_centered=True)
+def _norm(c: Gemma3Config) -> RMSNorm:
+    return RMSNorm(c.hidden_size, c.rms_norm_eps, zero_centered=True)
 
 
 class Gemma3DecoderLayer(nn.Module):
