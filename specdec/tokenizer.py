@@ -1,7 +1,9 @@
 """Tokenizers from HF directories (``tokenizer.json``) and from GGUF metadata, plus chat templates.
 
 GGUF BPE vocabularies are rebuilt as a ``tokenizers`` BPE model with llama.cpp's pre-tokenizer
-regexes for the file's ``tokenizer.ggml.pre`` type, so ids match llama.cpp's.
+regexes for the file's ``tokenizer.ggml.pre`` type, so ids match llama.cpp's. SentencePiece
+vocabularies (``tokenizer.ggml.model = "llama"``) use :class:`specdec.spm.SpmTokenizer`, which
+follows llama.cpp's SPM tokenizer.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ PRE_REGEXES["qwen35"] = [_QWEN35]
 IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"}
 # Pre-tokenizers for which llama.cpp adds BOS when the file has no tokenizer.ggml.add_bos_token.
 ADD_BOS_DEFAULT = IGNORE_MERGES
+# end-of-turn token texts llama.cpp recognises when a SentencePiece file names no EOT id
+SPM_EOT_TEXTS = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>", "<EOT>")
 # token types in tokenizer.ggml.token_type
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -140,8 +144,11 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, meta: dict, source: str) -> "Tokenizer":
         kind = meta.get("tokenizer.ggml.model")
+        if kind == "llama":
+            return cls._from_gguf_spm(meta, source)
         if kind != "gpt2":
-            raise CheckpointError(f"{source}: GGUF tokenizer model '{kind}' is not supported (supported: gpt2 BPE)")
+            raise CheckpointError(f"{source}: GGUF tokenizer model '{kind}' is not supported "
+                                  "(supported: gpt2 BPE, llama SentencePiece)")
         tokens = list(meta["tokenizer.ggml.tokens"])
         types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
         merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
@@ -163,4 +170,18 @@ class Tokenizer:
         bos = meta.get("tokenizer.ggml.bos_token_id")
         return cls(tok, bos_id=None if bos is None else int(bos), eos_ids=eos_ids,
                    add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", pre in ADD_BOS_DEFAULT)),
+                   chat_template=meta.get("tokenizer.chat_template"), source=source)
+
+    @classmethod
+    def _from_gguf_spm(cls, meta: dict, source: str) -> "Tokenizer":
+        from .spm import from_gguf_metadata
+
+        spm = from_gguf_metadata(meta, source)
+        eos_ids = [spm.eos_id] if spm.eos_id is not None else []
+        eot = meta.get("tokenizer.ggml.eot_token_id")
+        if eot is None:  # llama.cpp finds the end-of-turn token by its text when the file names none
+            eot = next((spm.vocab[t] for t in SPM_EOT_TEXTS if t in spm.vocab), None)
+        if eot is not None and int(eot) not in eos_ids:
+            eos_ids.append(int(eot))
+        return cls(spm, bos_id=spm.bos_id, eos_ids=eos_ids, add_bos=spm.add_bos,
                    chat_template=meta.get("tokenizer.chat_template"), source=source)

@@ -1,4 +1,4 @@
-"""GGUF BPE tokenizers against llama.cpp's reference token ids.
+"""GGUF BPE and SentencePiece tokenizers against llama.cpp's reference token ids.
 
 llama.cpp ships vocab-only GGUF files with ``.inp`` (test strings separated by a
 ``\\n__ggml_vocab_test__\\n`` line) and ``.out`` (one line of space-separated ids per string,
@@ -14,14 +14,15 @@ import os
 
 import pytest
 
-from specdec.errors import CheckpointError
+from specdec.errors import CheckpointError, RequestError
 from specdec.tokenizer import PRE_REGEXES, Tokenizer
 from specdec.weights.gguf_io import GGUFSource
 
 VOCAB_DIR = os.environ.get("SPECDEC_LLAMA_VOCAB_DIR", "/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp/models")
 SEP = "\n__ggml_vocab_test__\n"
-# The four the project targets, plus other BPE pre-tokenizers specdec maps (cheap to check).
-VOCABS = ["qwen2", "qwen35", "llama-bpe", "gpt-2", "starcoder", "refact", "mpt", "command-r"]
+# The four the project targets, plus other BPE pre-tokenizers specdec maps (cheap to check),
+# plus the SentencePiece (``llama`` model) vocabularies: Llama 2 (space prefix) and Phi-3.
+VOCABS = ["qwen2", "qwen35", "llama-bpe", "gpt-2", "starcoder", "refact", "mpt", "command-r", "llama-spm", "phi-3"]
 
 
 def read_cases(path: str) -> list[tuple[str, list[int]]]:
@@ -75,8 +76,57 @@ def test_unknown_pre_tokenizer_is_named():
 
 
 def test_unknown_tokenizer_model_is_named():
-    with pytest.raises(CheckpointError, match="'llama'.*not supported"):
+    with pytest.raises(CheckpointError, match="'t5'.*not supported") as e:
+        Tokenizer.from_gguf({"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["a"]}, "x.gguf")
+    assert "x.gguf" in str(e.value) and "llama" in str(e.value)
+
+
+def test_spm_vocabulary_without_scores_is_named():
+    with pytest.raises(CheckpointError, match="tokenizer.ggml.scores") as e:
         Tokenizer.from_gguf({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]}, "x.gguf")
+    assert "x.gguf" in str(e.value)
+
+
+def _spm(tokens: list[tuple[str, float, int]], **meta):
+    m = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": [t for t, _, _ in tokens],
+         "tokenizer.ggml.scores": [s for _, s, _ in tokens], "tokenizer.ggml.token_type": [k for _, _, k in tokens]}
+    m.update(meta)
+    return Tokenizer.from_gguf(m, "tiny.gguf")
+
+
+# a tiny SentencePiece vocabulary: specials, byte tokens, and pieces with scores
+_TINY = ([("<unk>", 0.0, 2), ("<s>", 0.0, 3), ("</s>", 0.0, 3), ("<turn>", 0.0, 4)]
+         + [(f"<0x{b:02X}>", 0.0, 6) for b in range(256)]
+         + [("▁", -1.0, 1), ("a", -2.0, 1), ("b", -3.0, 1), ("ab", -4.0, 1), ("▁a", -5.0, 1), ("ba", -0.5, 1),
+            ("aba", -6.0, 1), ("é", -7.0, 1)])
+
+
+def test_spm_merges_by_score_and_falls_back_to_bytes():
+    tok = _spm(_TINY, **{"tokenizer.ggml.add_space_prefix": False, "tokenizer.chat_template": "{{ bos_token }}x"})
+    ids = {t: i for i, (t, _, _) in enumerate(_TINY)}
+    # a b a b: "ba" (score -0.5) merges before either "ab" (-4.0); then a + ba = "aba" is a token
+    # and merges; "abab" is not, so "aba" "b" (plain left-to-right BPE by length would give ab ab)
+    assert tok.encode("abab", add_special=False) == [ids["aba"], ids["b"]]
+    # characters outside the vocabulary: UTF-8 bytes; "é" is a piece
+    assert tok.encode("zé", add_special=False) == [ids["<0x7A>"], ids["é"]]
+    assert tok.encode("€", add_special=False) == [ids["<0xE2>"], ids["<0x82>"], ids["<0xAC>"]]
+    # user-defined and control text is split out; BOS added (add_bos defaults to true)
+    assert tok.encode("a<turn>b</s>") == [ids["<s>"], ids["a"], ids["<turn>"], ids["b"], ids["</s>"]]
+    assert tok.decode(tok.encode("zé € a<turn>b", add_special=False)) == "zé € a<turn>b"
+    assert tok.decode([ids["<s>"], ids["a"], ids["</s>"]], skip_special=True) == "a"
+    with pytest.raises(RequestError, match="token id 999 is outside the vocabulary"):
+        tok.decode([999])
+    assert tok.bos_id == 1 and tok.eos_ids == [2]
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "<s>x"
+
+
+def test_spm_space_prefix():
+    tok = _spm(_TINY)  # add_space_prefix defaults to true (llama.cpp)
+    ids = {t: i for i, (t, _, _) in enumerate(_TINY)}
+    assert tok.encode("a a", add_special=False) == [ids["▁a"], ids["▁a"]]
+    # a fragment after a special token gets the prefix too
+    assert tok.encode("a<turn>a", add_special=False) == [ids["▁a"], ids["<turn>"], ids["▁a"]]
+    assert tok.decode(tok.encode("a a", add_special=False)) == "a a"
 
 
 def test_llama_cpp_pre_names_are_mapped():

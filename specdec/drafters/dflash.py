@@ -239,6 +239,10 @@ def load_dflash_drafter(path: str, loaded, block_size: int | None = None) -> DFl
     trained one) may be lowered at run time; the engine then drafts ``block_size - 1`` tokens.
     """
     target: CausalLM = getattr(loaded, "model", loaded)
+    arch = getattr(loaded, "arch", None)
+    if arch is not None and "dflash" not in arch.drafters:
+        raise ConfigError(f"{loaded.path}: DFlash drafters are not supported for {arch.name} targets yet "
+                          f"(drafters that fit: {', '.join(arch.drafters)})")
     path = os.path.expanduser(str(path))
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: a DFlash drafter is a directory with config.json and model.safetensors")

@@ -112,6 +112,16 @@ def causal_mask(start: int, t: int, device) -> torch.Tensor | None:
     return k <= q
 
 
+def sliding_causal_mask(start: int, t: int, window: int, device) -> torch.Tensor | None:
+    """Boolean ``[t, start + t]`` mask of a sliding-window layer: query i (at position p = start+i)
+    sees keys p-window+1 .. p, the ``window`` latest positions (HF's ``kv > q - window``)."""
+    if start + t <= window:
+        return causal_mask(start, t, device)
+    q = torch.arange(start, start + t, device=device)[:, None]
+    k = torch.arange(start + t, device=device)[None, :]
+    return (k <= q) & (k > q - window)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """Scaled dot-product attention with GQA: q ``[H, T, d]``, k/v ``[Hkv, S, d]`` -> ``[H, T, dv]``."""
     groups = q.shape[0] // k.shape[0]
@@ -144,10 +154,12 @@ class Attention(nn.Module):
 
     ``gated``: ``q_proj`` emits, per head, the query followed by a gate of the same width;
     the attention output is multiplied by ``sigmoid(gate)`` before ``o_proj`` (Qwen3.5).
+    ``scale`` replaces the usual ``head_dim ** -0.5`` (Gemma's ``query_pre_attn_scalar ** -0.5``).
     """
 
     def __init__(self, hidden: int, n_heads: int, n_kv: int, head_dim: int, *, bias: bool = False,
-                 qk_norm_eps: float | None = None, zero_centered_qk: bool = False, gated: bool = False):
+                 qk_norm_eps: float | None = None, zero_centered_qk: bool = False, gated: bool = False,
+                 scale: float | None = None):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim, self.gated = n_heads, n_kv, head_dim, gated
         self.q_proj = nn.Linear(hidden, n_heads * head_dim * (2 if gated else 1), bias=bias)
@@ -159,7 +171,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(head_dim, qk_norm_eps, zero_centered_qk)
         else:
             self.q_norm = self.k_norm = None
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim ** -0.5 if scale is None else scale
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """``x [T, hidden]`` -> q ``[H, T, d]``, k, v ``[Hkv, T, d]``, gate ``[T, H*d]`` or None."""
@@ -191,6 +203,8 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))``."""
+
     def __init__(self, hidden: int, inter: int, bias: bool = False):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, inter, bias=bias)
@@ -199,3 +213,10 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class GeluTanhGLU(SwiGLU):
+    """``down(gelu_tanh(gate(x)) * up(x))`` (Gemma's ``gelu_pytorch_tanh`` MLP), same parameter names."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))

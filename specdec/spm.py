@@ -1,0 +1,220 @@
+"""SentencePiece-style GGUF vocabularies (``tokenizer.ggml.model = "llama"``: Llama 2, Gemma 3 ...).
+
+The encoder follows llama.cpp's ``llm_tokenizer_spm`` so ids equal llama.cpp's:
+
+1. Special-token text is split out first, longest token first: control, user-defined and unknown
+   tokens (``tokenizer.ggml.token_type`` 3, 4, 2). User-defined tokens such as Gemma's ``"\\n\\n"``
+   therefore always come out whole.
+2. Each remaining fragment gets a leading space when ``add_space_prefix`` is set and it starts
+   the text or follows a special token; spaces become ``"▁"``.
+3. The fragment starts as one symbol per character; the adjacent pair whose concatenation is a
+   token with the highest score is merged (ties: the leftmost pair), until no pair is a token.
+4. A symbol that is not a token (a character outside the vocabulary) is emitted as its UTF-8
+   bytes, ``<0xNN>`` tokens (byte fallback).
+
+Decoding turns ``"▁"`` back into spaces, byte tokens into bytes, renders control tokens unless
+special tokens are skipped, and drops the one space ``add_space_prefix`` put in front.
+
+:class:`SpmTokenizer` offers the few methods of ``tokenizers.Tokenizer`` that
+:class:`specdec.tokenizer.Tokenizer` calls, so both kinds sit behind one wrapper.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from .errors import CheckpointError, RequestError
+
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+SPACE = "\u2581"  # ▁
+
+
+@dataclass(frozen=True)
+class Encoding:
+    ids: list[int]
+
+
+class SpmTokenizer:
+    """Scores-based SentencePiece BPE over a GGUF token list (see the module docstring)."""
+
+    def __init__(self, tokens: list[str], scores: list[float], types: list[int], *, add_space_prefix: bool,
+                 bos_id: int | None, eos_id: int | None, unk_id: int | None, add_bos: bool, add_eos: bool,
+                 source: str = "gguf"):
+        if not (len(tokens) == len(scores) == len(types)):
+            raise CheckpointError(f"{source}: tokenizer.ggml.tokens/scores/token_type have different lengths "
+                                  f"({len(tokens)}, {len(scores)}, {len(types)})")
+        # llama.cpp: an empty token text becomes "[EMPTY_i]", and a repeated text maps to its last id
+        self.tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        self.scores = [float(s) for s in scores]
+        self.types = [int(t) for t in types]
+        self.vocab = {t: i for i, t in enumerate(self.tokens)}
+        self.add_space_prefix = add_space_prefix
+        self.bos_id, self.eos_id, self.unk_id = bos_id, eos_id, unk_id
+        self.add_bos, self.add_eos = add_bos, add_eos
+        special = [i for i, t in enumerate(self.types) if t in (CONTROL, USER_DEFINED, UNKNOWN)]
+        # longest first (stable: lower id first among equal lengths)
+        self.special = sorted(special, key=lambda i: -len(self.tokens[i]))
+        self.byte_ids = [self._byte_token(b) for b in range(256)]
+
+    def _byte_token(self, b: int) -> int | None:
+        i = self.vocab.get(f"<0x{b:02X}>")
+        if i is None and b < 128:
+            i = self.vocab.get(chr(b))
+        return i if i is not None else self.unk_id
+
+    # --- the subset of tokenizers.Tokenizer the wrapper uses ---------------------------------
+    def get_vocab_size(self, with_added_tokens: bool = True) -> int:
+        return len(self.tokens)
+
+    def id_to_token(self, i: int) -> str | None:
+        return self.tokens[i] if 0 <= i < len(self.tokens) else None
+
+    def token_to_id(self, text: str) -> int | None:
+        return self.vocab.get(text)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> Encoding:
+        """Ids of ``text``, special-token text parsed. BOS is added by the wrapper; EOS here when the
+        vocabulary asks for it (``tokenizer.ggml.add_eos_token``)."""
+        out: list[int] = []
+        prev_special = True  # a space prefix goes before the first fragment
+        for frag in self._partition(text):
+            if isinstance(frag, int):
+                out.append(frag)
+                prev_special = True
+                continue
+            if self.add_space_prefix and prev_special:
+                frag = " " + frag
+            self._encode_fragment(frag.replace(" ", SPACE), out)
+            prev_special = False
+        if add_special_tokens and self.add_eos and self.eos_id is not None:
+            out.append(self.eos_id)
+        return Encoding(out)
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        ids = list(ids)
+        remove_space = self.add_space_prefix
+        if skip_special_tokens and self.add_bos and ids and ids[0] == self.bos_id:
+            ids, remove_space = ids[1:], False  # as llama.cpp: the BOS took the prefix's place
+        buf = bytearray()
+        for i in ids:
+            piece = self._piece(int(i), skip_special_tokens)
+            if remove_space and piece.startswith(b" "):
+                piece = piece[1:]
+            remove_space = False
+            buf += piece
+        return buf.decode("utf-8", errors="replace")
+
+    # --- internals ------------------------------------------------------------------------------
+    def _piece(self, i: int, skip_special: bool) -> bytes:
+        if not 0 <= i < len(self.tokens):
+            raise RequestError(f"token id {i} is outside the vocabulary of {len(self.tokens)} tokens")
+        kind, text = self.types[i], self.tokens[i]
+        if kind == NORMAL:
+            return text.replace(SPACE, " ").encode("utf-8")
+        if kind == BYTE:
+            return bytes([int(text[3:5], 16)])
+        if kind == CONTROL:
+            return b"" if skip_special else text.encode("utf-8")
+        if kind in (USER_DEFINED, UNKNOWN):
+            return text.encode("utf-8")
+        return b""  # unused tokens render as nothing (llama.cpp)
+
+    def _partition(self, text: str) -> list:
+        """``text`` as a list of raw strings and special-token ids (llama.cpp's st_partition)."""
+        frags: list = [text] if text else []
+        for sid in self.special:
+            tok = self.tokens[sid]
+            if tok not in text:
+                continue
+            nxt: list = []
+            for f in frags:
+                if isinstance(f, int) or tok not in f:
+                    nxt.append(f)
+                    continue
+                pos = 0
+                while True:
+                    hit = f.find(tok, pos)
+                    if hit < 0:
+                        break
+                    if hit > pos:
+                        nxt.append(f[pos:hit])
+                    nxt.append(sid)
+                    pos = hit + len(tok)
+                if pos < len(f):
+                    nxt.append(f[pos:])
+            frags = nxt
+        return frags
+
+    def _encode_fragment(self, text: str, out: list[int]) -> None:
+        n = len(text)
+        if n == 0:
+            return
+        # symbol i covers text[start[i] : start[i] + size[i]]; merged-away symbols have size 0
+        start = list(range(n))
+        size = [1] * n
+        prev = list(range(-1, n - 1))
+        nxt = list(range(1, n)) + [-1]
+        vocab, scores = self.vocab, self.scores
+        heap: list[tuple[float, int, int, int]] = []
+
+        def try_pair(left: int, right: int) -> None:
+            if left < 0 or right < 0:
+                return
+            piece = text[start[left]: start[left] + size[left] + size[right]]
+            tid = vocab.get(piece)
+            if tid is not None:
+                # highest score first; equal scores: leftmost first
+                heapq.heappush(heap, (-scores[tid], left, right, len(piece)))
+
+        for i in range(1, n):
+            try_pair(i - 1, i)
+        while heap:
+            _, left, right, length = heapq.heappop(heap)
+            if size[left] == 0 or size[right] == 0 or size[left] + size[right] != length:
+                continue  # stale: one side was merged into something else since
+            size[left] += size[right]
+            size[right] = 0
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prev[nxt[right]] = left
+            try_pair(prev[left], left)
+            try_pair(left, nxt[left])
+        i = 0
+        while i != -1:
+            piece = text[start[i]: start[i] + size[i]]
+            tid = vocab.get(piece)
+            if tid is not None:
+                out.append(tid)
+            else:  # a character outside the vocabulary: its UTF-8 bytes
+                for b in piece.encode("utf-8"):
+                    bid = self.byte_ids[b]
+                    if bid is None:
+                        raise CheckpointError(f"character {piece!r} is not in the vocabulary and it has no "
+                                              f"<0x{b:02X}> byte token nor an unknown token")
+                    out.append(bid)
+            i = nxt[i]
+
+
+def from_gguf_metadata(meta: dict, source: str) -> SpmTokenizer:
+    """An :class:`SpmTokenizer` from GGUF metadata, with llama.cpp's defaults for absent keys
+    (BOS 1, EOS 2, UNK 0, add BOS, add a space prefix)."""
+    if "tokenizer.ggml.tokens" not in meta:
+        raise CheckpointError(f"{source}: GGUF metadata field 'tokenizer.ggml.tokens' is missing")
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    if "tokenizer.ggml.scores" not in meta:
+        raise CheckpointError(f"{source}: GGUF metadata field 'tokenizer.ggml.scores' is missing "
+                              "(a SentencePiece vocabulary needs its scores)")
+    scores = list(meta["tokenizer.ggml.scores"])
+    types = list(meta.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens)))
+
+    def tid(key: str, default: int | None) -> int | None:
+        v = meta.get(key, default)
+        return None if v is None or int(v) < 0 else int(v)
+
+    return SpmTokenizer(tokens, scores, types,
+                        add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
+                        bos_id=tid("tokenizer.ggml.bos_token_id", 1), eos_id=tid("tokenizer.ggml.eos_token_id", 2),
+                        unk_id=tid("tokenizer.ggml.unknown_token_id", 0),
+                        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)),
+                        add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)), source=source)
