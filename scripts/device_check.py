@@ -7,7 +7,7 @@
 
 Targets (random, transformers 5.x, hidden 1024): Llama (12 layers), Qwen3.5 dense and Qwen3.5 MoE
 (8 layers, every 4th full attention, 32 experts top-4 + shared; both with a random MTP block),
-each with a random 2-layer DFlash drafter of block 16. Drafters: ``ngram``, ``mtp`` (K=3),
+each with a random 2-layer DFlash drafter of block 16, and Gemma 3 (12 layers, window 64). Drafters: ``ngram``, ``mtp`` (K=3),
 ``dflash`` (block 16) and ``oracle``: the target's own plain greedy continuation with each draft
 spoiled (a wrong id) with probability 0.3, so most drafts are accepted and every spoiled one
 forces a rollback. Random drafters are almost never accepted (tau ~1) and would leave rollback
@@ -36,7 +36,7 @@ from specdec.loading import load_model  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402
 
 VOCAB = 32000
-TARGETS = {"llama": 12, "qwen35": 8, "qwen35moe": 8}
+TARGETS = {"llama": 12, "qwen35": 8, "qwen35moe": 8, "gemma3": 12}
 
 
 class SpoiledOracle:
@@ -104,7 +104,18 @@ def build(root: str) -> None:
         cfg = json.load(open(os.path.join(p, "config.json")))
         cfg["mtp_num_hidden_layers"] = 1
         json.dump(cfg, open(os.path.join(p, "config.json"), "w"))
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    # Gemma 3: 5 sliding-window layers (window 64, so prompts of 70-300 tokens cross it) per global one
+    Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=h, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=128, query_pre_attn_scalar=128, sliding_window=64,
+        max_position_embeddings=4096, rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                                       "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    ).save_pretrained(os.path.join(root, "gemma3"))
     for name, n_layers in TARGETS.items():
+        if name == "gemma3":
+            continue  # DFlash drafters for Gemma targets are not supported yet
         write_drafter(os.path.join(root, name + "-dflash"), hidden=h, num_target_layers=n_layers, n_layers=2,
                       target_layer_ids=(1, n_layers // 2, n_layers - 1), block_size=16, heads=16, kv_heads=4,
                       head_dim=64, inter=2816, dtype=torch.bfloat16)
@@ -185,7 +196,7 @@ def run(a) -> None:
             gen = SpeculativeGenerator(loaded.model, SpoiledOracle([]), 3, cuda_graphs=graphs)
             record("oracle", gen, lambda i: SpoiledOracle(ps[i] + plain[i], seed=i))
             continue
-        if spec == "dflash" and a.model:
+        if spec == "dflash" and (a.model or a.target == "gemma3"):
             continue
         if spec == "mtp" and not a.model and not a.target.startswith("qwen35"):
             continue
