@@ -60,6 +60,9 @@ class ModelConfig:
         for f in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
             if not getattr(self, f) > 0:
                 raise ConfigError(f"field '{f}' must be positive, got {getattr(self, f)}")
+        if not self.rope_theta > 0 or self.rms_norm_eps < 0:
+            raise ConfigError(f"rope_theta={self.rope_theta} must be positive and rms_norm_eps={self.rms_norm_eps} "
+                              f"not negative")
         if self.num_hidden_layers > MAX_LAYERS:
             raise ConfigError(f"field 'num_hidden_layers' = {self.num_hidden_layers} exceeds {MAX_LAYERS}")
         if not self.num_key_value_heads:

@@ -120,9 +120,9 @@ class DFlashConfig:
                 raise ConfigError(f"{source}: field '{name}' must be an integer in {lo}..{hi}, got {v!r}")
             return v
 
-        def num(name, v):
-            if not is_number(v):
-                raise ConfigError(f"{source}: field '{name}' must be a finite number, got {str(repr(v))[:80]}")
+        def num(name, v, lo=float("-inf")):
+            if not is_number(v) or v < lo:
+                raise ConfigError(f"{source}: field '{name}' must be a finite number >= {lo:g}, got {str(repr(v))[:80]}")
             return float(v)
 
         hidden = req_int("hidden_size")
@@ -177,7 +177,7 @@ class DFlashConfig:
         return cls(
             hidden_size=hidden, intermediate_size=req_int("intermediate_size"), num_hidden_layers=n_layers,
             num_attention_heads=n_heads, num_key_value_heads=n_kv, head_dim=head_dim,
-            rms_norm_eps=num("rms_norm_eps", d.get("rms_norm_eps", 1e-6)), rope_theta=num("rope_theta", rope["rope_theta"]),
+            rms_norm_eps=num("rms_norm_eps", d.get("rms_norm_eps", 1e-6)), rope_theta=num("rope_theta", rope["rope_theta"], lo=1e-30),
             rope_scaling=rope.get("rope_scaling"),
             partial_rotary_factor=num("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0)),
             block_size=block_size, target_layer_ids=tuple(ids), target_layer_ids_default=derived, mask_token_id=mask,
