@@ -10,7 +10,10 @@ Four seeds, written once per run (``build_seeds``):
 - ``hf``: the same model as a sharded safetensors checkpoint (index, ``config.json``,
   ``tokenizer.json`` with the same vocabulary and merges);
 - ``dflash``: a DFlash drafter directory for the tiny Llama (loaded against it);
-- ``mtp``: a tiny Qwen3.5 checkpoint with ``mtp.*`` (loaded, then its MTP drafter built).
+- ``mtp``: a tiny Qwen3.5 checkpoint with ``mtp.*`` (loaded, then its MTP drafter built);
+- ``mtp-gguf``: the same in llama.cpp's GGUF layout (``blk.4.nextn.*``).
+
+Each corrupted copy is described with ``specdec info`` and then loaded (:func:`_steps`).
 
 Mutations (``mutate``): 1-8 byte flips in a binary file's header region (metadata and tensor
 table of a GGUF, JSON header of a safetensors file), a u64 field overwritten with a huge or zero
@@ -28,6 +31,7 @@ import shutil
 import signal
 import struct
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +41,7 @@ import gguf
 
 VOCAB = 320
 HIDDEN, INTER, HEADS, KV, LAYERS = 64, 128, 4, 2, 2
-KINDS = ("gguf", "hf", "dflash", "mtp")
+KINDS = ("gguf", "hf", "dflash", "mtp", "mtp-gguf")
 _U64S = (0, 1, 2**31, 2**32 - 1, 2**32, 2**62, 2**63, 2**64 - 1)
 
 
@@ -155,6 +159,17 @@ def write_mtp_seed(path: str) -> None:
     build_qwen35(path, moe=False, mtp=True)
 
 
+def write_mtp_gguf_seed(path: str) -> None:
+    """The Qwen3.5 checkpoint with ``mtp.*`` as llama.cpp writes it (``blk.4.nextn.*``, per-layer
+    ``recurrent_layers`` flags); it has no vocabulary, so it is loaded without a tokenizer."""
+    from _qwen35_util import write_gguf
+
+    hf = os.path.join(path, "hf")
+    write_mtp_seed(hf)
+    write_gguf(hf, os.path.join(path, "model.gguf"), recurrent_layers=True)
+    shutil.rmtree(hf)
+
+
 def _dump(path: str, obj) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(obj, fh)
@@ -194,7 +209,8 @@ def build_seeds(root: str, kinds=KINDS) -> dict[str, Seed]:
     """Write every seed under ``root`` and read it back as a :class:`Seed`."""
     vocab = smollm2_vocab()
     writers = {"gguf": lambda p: write_gguf_seed(os.path.join(p, "model.gguf"), vocab),
-               "hf": lambda p: write_hf_seed(p, vocab), "dflash": write_dflash_seed, "mtp": write_mtp_seed}
+               "hf": lambda p: write_hf_seed(p, vocab), "dflash": write_dflash_seed, "mtp": write_mtp_seed,
+               "mtp-gguf": write_mtp_gguf_seed}
     seeds = {}
     for kind in kinds:
         d = os.path.join(root, "seed-" + kind)
@@ -204,7 +220,7 @@ def build_seeds(root: str, kinds=KINDS) -> dict[str, Seed]:
         for f in sorted(os.listdir(d)):
             with open(os.path.join(d, f), "rb") as fh:
                 files[f] = fh.read()
-        seeds[kind] = Seed(kind, files, "model.gguf" if kind == "gguf" else "")
+        seeds[kind] = Seed(kind, files, "model.gguf" if "model.gguf" in files else "")
     return seeds
 
 
@@ -274,16 +290,20 @@ class Outcome:
     detail: str
 
 
-def _load(kind: str, path: str, target):
+def _steps(kind: str, path: str, target) -> list[tuple[str, object]]:
+    """What is done with one corrupted checkpoint: ``specdec info`` on it, then the load the CLI
+    does (target and tokenizer; DFlash drafter for the tiny target; target and MTP drafter)."""
+    from specdec.drafters.dflash import load_dflash_drafter
+    from specdec.drafters.mtp import load_mtp_drafter
+    from specdec.info import describe
     from specdec.loading import load_model
 
-    if kind in ("gguf", "hf"):
-        return load_model(path, device="cpu")
-    if kind == "dflash":
-        from specdec.drafters.dflash import load_dflash_drafter
-        return load_dflash_drafter(path, target)
-    from specdec.drafters.mtp import load_mtp_drafter
-    return load_mtp_drafter(load_model(path, device="cpu"))
+    load = {"gguf": lambda: load_model(path, device="cpu"),
+            "hf": lambda: load_model(path, device="cpu"),
+            "dflash": lambda: load_dflash_drafter(path, target),
+            "mtp": lambda: load_mtp_drafter(load_model(path, device="cpu")),
+            "mtp-gguf": lambda: load_mtp_drafter(load_model(path, device="cpu", tokenizer=False))}[kind]
+    return [("info", lambda: describe(path)), ("load", load)]
 
 
 def _peak_rss_mb() -> float:
@@ -295,9 +315,8 @@ def _on_alarm(signum, frame):
 
 
 def run_case(seed: Seed, files: dict[str, bytes], workdir: str, target, time_limit: float = 5.0) -> Outcome:
-    """Write ``files`` to a fresh ``workdir``, load them, and classify what happened."""
-    from specdec.errors import SpecdecError
-
+    """Write ``files`` to a fresh ``workdir``, run :func:`_steps` on them, and classify what
+    happened (a raw exception or a timeout in any step wins)."""
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
     for rel, data in files.items():
@@ -305,21 +324,31 @@ def run_case(seed: Seed, files: dict[str, bytes], workdir: str, target, time_lim
             fh.write(data)
     path = os.path.join(workdir, seed.entry) if seed.entry else workdir
     rss0, t0 = _peak_rss_mb(), time.perf_counter()
+    results = [_run_step(name, fn, time_limit) for name, fn in _steps(seed.kind, path, target)]
+    worst = next((r for r in results if r[0] in ("raw", "timeout")), results[-1])
+    return Outcome(worst[0], time.perf_counter() - t0, _peak_rss_mb() - rss0, worst[1])
+
+
+def _run_step(name: str, fn, time_limit: float) -> tuple[str, str]:
+    """(outcome kind, detail) of one step, under a SIGALRM time limit."""
+    from specdec.errors import SpecdecError
+
     old = signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, time_limit)
     try:
-        _load(seed.kind, path, target)
-        kind, detail = "loaded", ""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on zero-size meta tensors and the like
+            fn()
+        return "loaded", ""
     except SpecdecError as e:
-        kind, detail = "error", str(e)
+        return "error", f"{name}: {e}"
     except CaseTimeout:
-        kind, detail = "timeout", f"no outcome within {time_limit} s"
+        return "timeout", f"{name}: no outcome within {time_limit} s"
     except Exception as e:  # the point of the fuzz: anything else is a finding  # noqa: BLE001
-        kind, detail = "raw", f"{type(e).__name__}: {e}"
+        return "raw", f"{name}: {type(e).__name__}: {e}"
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-    return Outcome(kind, time.perf_counter() - t0, _peak_rss_mb() - rss0, detail)
 
 
 def load_target(seeds: dict[str, Seed], workdir: str):
