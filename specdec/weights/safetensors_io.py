@@ -1,8 +1,9 @@
 """Reading HF safetensors checkpoints (single file or sharded with an index).
 
-The header is parsed and checked here (offsets inside the file, no overlap, sizes that match
-shape x dtype) so a truncated or corrupt file is a clear :class:`CheckpointError` naming the
-file, not a failure deep inside a later read.
+The header is parsed and checked here (header length within the file, offsets inside the file,
+no overlap, sizes that match shape x dtype) so a truncated or corrupt file is a clear
+:class:`CheckpointError` naming the file, not a failure deep inside a later read. The format
+has no checksums: a flipped bit inside tensor data cannot be detected and loads as it is.
 """
 
 from __future__ import annotations
