@@ -13,7 +13,7 @@ from datetime import datetime
 from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 
 from .config import read_json
-from .errors import CheckpointError
+from .errors import CheckpointError, RequestError
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -85,7 +85,7 @@ class Tokenizer:
         """Render ``messages`` with the model's Jinja chat template (as transformers does)."""
         if not self.chat_template:
             raise CheckpointError(f"{self.source}: the model has no chat template; pass a plain prompt instead of --chat")
-        from jinja2.exceptions import TemplateError
+        from jinja2.exceptions import TemplateError, TemplateSyntaxError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(msg):
@@ -97,8 +97,15 @@ class Tokenizer:
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         bos = self.id_to_token(self.bos_id) if self.bos_id is not None else ""
         eos = self.id_to_token(self.eos_ids[0]) if self.eos_ids else ""
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos)
+        try:
+            template = env.from_string(self.chat_template)
+        except TemplateSyntaxError as e:
+            raise CheckpointError(f"{self.source}: the chat template does not parse (line {e.lineno}: {e.message})") from e
+        try:
+            return template.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos,
+                                   eos_token=eos)
+        except TemplateError as e:  # raise_exception() in the template, or a name it lacks
+            raise RequestError(f"{self.source}: the chat template refused these messages ({e})") from e
 
     # --- constructors -------------------------------------------------------------
     @classmethod

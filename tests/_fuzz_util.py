@@ -292,14 +292,19 @@ class Outcome:
 
 def _steps(kind: str, path: str, target) -> list[tuple[str, object]]:
     """What is done with one corrupted checkpoint: ``specdec info`` on it, then the load the CLI
-    does (target and tokenizer; DFlash drafter for the tiny target; target and MTP drafter)."""
+    does (target, tokenizer and a chat prompt; DFlash drafter for the tiny target; target and
+    MTP drafter)."""
     from specdec.drafters.dflash import load_dflash_drafter
     from specdec.drafters.mtp import load_mtp_drafter
     from specdec.info import describe
     from specdec.loading import load_model
 
-    load = {"gguf": lambda: load_model(path, device="cpu"),
-            "hf": lambda: load_model(path, device="cpu"),
+    def load_and_chat():
+        tok = load_model(path, device="cpu").tokenizer
+        if tok is not None and tok.chat_template:
+            tok.encode(tok.apply_chat_template([{"role": "user", "content": "Hi"}]), add_special=False)
+
+    load = {"gguf": load_and_chat, "hf": load_and_chat,
             "dflash": lambda: load_dflash_drafter(path, target),
             "mtp": lambda: load_mtp_drafter(load_model(path, device="cpu")),
             "mtp-gguf": lambda: load_mtp_drafter(load_model(path, device="cpu", tokenizer=False))}[kind]

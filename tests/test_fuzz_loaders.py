@@ -123,3 +123,10 @@ def test_cli_prints_a_corrupt_checkpoint_error_as_one_line(tmp_path, capsys):
     assert main(["generate", "--model", path, "--device", "cpu", "-p", "hi", "-n", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bad.gguf" in err and "tokenizer.ggml.merges" in err, err
+
+
+def test_corrupt_chat_template_is_checkpoint_error():
+    meta = _smollm2_meta(**{"tokenizer.chat_template": "{% for m in messages %}{{ m['content'] }{% endfor %}"})
+    tok = Tokenizer.from_gguf(meta, "model.gguf")
+    with pytest.raises(CheckpointError, match=r"model\.gguf: the chat template does not parse \(line 1"):
+        tok.apply_chat_template([{"role": "user", "content": "Hi"}])
