@@ -42,14 +42,17 @@ import gguf
 VOCAB = 320
 HIDDEN, INTER, HEADS, KV, LAYERS = 64, 128, 4, 2, 2
 KINDS = ("gguf", "hf", "dflash", "mtp", "mtp-gguf")
+# the tiny Llama with the whole SmolLM2 vocabulary (49152 tokens, 48900 merges): the issue's
+# corpus, ~0.3 s a case, so only for scripts/fuzz_loaders.py --kinds gguf-full
+EXTRA_KINDS = ("gguf-full",)
 _U64S = (0, 1, 2**31, 2**32 - 1, 2**32, 2**62, 2**63, 2**64 - 1)
 
 
 # --- seeds ------------------------------------------------------------------------------------
 
-def smollm2_vocab(n: int = VOCAB) -> tuple[list[str], list[int], list[str]]:
-    """The first ``n`` tokens of the real SmolLM2 vocabulary, their types, and the merges whose
-    parts and result are all among them (in the file's order)."""
+def smollm2_vocab(n: int | None = VOCAB) -> tuple[list[str], list[int], list[str]]:
+    """The first ``n`` tokens (None: all) of the real SmolLM2 vocabulary, their types, and the
+    merges whose parts and result are all among them (in the file's order)."""
     from specdec.api import default_model_path
     from specdec.weights.gguf_io import GGUFSource
 
@@ -62,12 +65,12 @@ def smollm2_vocab(n: int = VOCAB) -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
-def _dense_tensors(seed: int = 0) -> dict[str, np.ndarray]:
+def _dense_tensors(vocab: int = VOCAB, seed: int = 0) -> dict[str, np.ndarray]:
     """Random weights of a tied-embedding Llama, llama.cpp names, numpy shapes [rows, cols]."""
     rng = np.random.default_rng(seed)
     rnd = lambda *s: (rng.standard_normal(s) * 0.1).astype(np.float32)  # noqa: E731
     hd = HIDDEN // HEADS
-    t = {"token_embd.weight": rnd(VOCAB, HIDDEN), "output_norm.weight": 1 + rnd(HIDDEN)}
+    t = {"token_embd.weight": rnd(vocab, HIDDEN), "output_norm.weight": 1 + rnd(HIDDEN)}
     for i in range(LAYERS):
         p = f"blk.{i}."
         t.update({p + "attn_norm.weight": 1 + rnd(HIDDEN), p + "ffn_norm.weight": 1 + rnd(HIDDEN),
@@ -90,7 +93,7 @@ def write_gguf_seed(path: str, vocab) -> None:
     w.add_head_count_kv(KV)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(VOCAB)
+    w.add_vocab_size(len(tokens))
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
@@ -99,7 +102,7 @@ def write_gguf_seed(path: str, vocab) -> None:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
-    for name, a in _dense_tensors().items():
+    for name, a in _dense_tensors(len(tokens)).items():
         w.add_tensor(name, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -209,6 +212,7 @@ def build_seeds(root: str, kinds=KINDS) -> dict[str, Seed]:
     """Write every seed under ``root`` and read it back as a :class:`Seed`."""
     vocab = smollm2_vocab()
     writers = {"gguf": lambda p: write_gguf_seed(os.path.join(p, "model.gguf"), vocab),
+               "gguf-full": lambda p: write_gguf_seed(os.path.join(p, "model.gguf"), smollm2_vocab(None)),
                "hf": lambda p: write_hf_seed(p, vocab), "dflash": write_dflash_seed, "mtp": write_mtp_seed,
                "mtp-gguf": write_mtp_gguf_seed}
     seeds = {}
@@ -304,7 +308,7 @@ def _steps(kind: str, path: str, target) -> list[tuple[str, object]]:
         if tok is not None and tok.chat_template:
             tok.encode(tok.apply_chat_template([{"role": "user", "content": "Hi"}]), add_special=False)
 
-    load = {"gguf": load_and_chat, "hf": load_and_chat,
+    load = {"gguf": load_and_chat, "gguf-full": load_and_chat, "hf": load_and_chat,
             "dflash": lambda: load_dflash_drafter(path, target),
             "mtp": lambda: load_mtp_drafter(load_model(path, device="cpu")),
             "mtp-gguf": lambda: load_mtp_drafter(load_model(path, device="cpu", tokenizer=False))}[kind]
@@ -367,12 +371,13 @@ def load_target(seeds: dict[str, Seed], workdir: str):
     return load_model(path, device="cpu", tokenizer=False)
 
 
-def fuzz(seeds: dict[str, Seed], root: str, cases: int, seed: int = 0, time_limit: float = 5.0):
-    """Run ``cases`` corrupted checkpoints, round robin over the seeds; yields
-    (kind of seed, description of the corruption, :class:`Outcome`)."""
+def fuzz(seeds: dict[str, Seed], root: str, cases: int, seed: int = 0, time_limit: float = 5.0, kinds=None):
+    """Run ``cases`` corrupted checkpoints, round robin over ``kinds`` (default: every seed);
+    yields (kind of seed, description of the corruption, :class:`Outcome`). DFlash drafters
+    load against the uncorrupted ``gguf`` seed, which must then be among ``seeds``."""
     rng = random.Random(seed)
-    target = load_target(seeds, os.path.join(root, "target"))
-    kinds = sorted(seeds)
+    kinds = sorted(kinds or seeds)
+    target = load_target(seeds, os.path.join(root, "target")) if "dflash" in kinds else None
     for i in range(cases):
         s = seeds[kinds[i % len(kinds)]]
         files, what = mutate(s, rng)
