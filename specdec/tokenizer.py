@@ -160,9 +160,6 @@ class Tokenizer:
             bad = next(" ".join(m) for m in merges if len(m) != 2)
             raise CheckpointError(f"{source}: GGUF field 'tokenizer.ggml.merges' has an entry without a space: {bad!r}")
         vocab = {t: i for i, t in enumerate(tokens)}
-        if len(vocab) != len(tokens):
-            raise CheckpointError(f"{source}: GGUF field 'tokenizer.ggml.tokens' lists {len(tokens) - len(vocab)} "
-                                  f"token(s) twice")
         pre = _gguf_field(meta, "tokenizer.ggml.pre", str, source, "default")
         if pre not in PRE_REGEXES:
             raise CheckpointError(f"{source}: GGUF pre-tokenizer '{pre}' is not supported (supported: {', '.join(sorted(PRE_REGEXES))})")
