@@ -290,7 +290,7 @@ class CaseTimeout(BaseException):
 class Outcome:
     kind: str  # "loaded" | "error" | "raw" | "timeout"
     seconds: float
-    rss_growth_mb: float  # growth of the process's peak RSS during the case
+    rss_growth_mb: float  # growth of the process's peak RSS (a high-water mark) during the case
     detail: str
 
 

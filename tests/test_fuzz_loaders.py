@@ -1,8 +1,11 @@
 """Corrupted checkpoints end in one clear error (issue 15).
 
-A fixed-seed fuzz over four small checkpoints (see ``_fuzz_util``): every outcome must be a clean
-load or a :class:`SpecdecError`, each case within a time bound and without growing the process's
-peak RSS by more than a bound. ``scripts/fuzz_loaders.py --cases N`` runs the same for thousands
+A fixed-seed fuzz over five small checkpoints (a Llama GGUF with a slice of the real SmolLM2
+vocabulary, the same as a sharded HF directory, a DFlash drafter, a Qwen3.5 with ``mtp.*`` as HF
+and as GGUF; see ``_fuzz_util``): every outcome of ``specdec info`` and of the load must be a
+clean result or a :class:`SpecdecError`, each within a time bound (SIGALRM, so a hang fails the
+test) and without raising the process's peak RSS by more than a bound (a runaway allocation of
+gigabytes cannot hide under an earlier peak). ``scripts/fuzz_loaders.py --cases N`` runs the same for thousands
 of cases. Plus regression tests for the two raw exceptions the issue quotes.
 """
 
