@@ -267,7 +267,8 @@ def main(argv=None) -> int:
         return {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "bench": cmd_bench,
                 "convert": cmd_convert}[args.cmd](args)
     except SpecdecError as e:
-        print(f"specdec {args.cmd}: error: {e}", file=sys.stderr)
+        # one line, even when a message quotes a multi-line text from a checkpoint
+        print(f"specdec {args.cmd}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("\n")  # ^C leaves the cursor mid-line

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -18,6 +21,12 @@ from .errors import ConfigError
 
 C = TypeVar("C", bound="ModelConfig")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# Upper bound of every integer config field (sizes, counts, token ids): above any real model's,
+# and low enough that products of a few of them cannot overflow torch's int64 shapes.
+MAX_INT = 2**31 - 1
+# Upper bound of a layer count: far above any real model's, low enough that a corrupt count
+# cannot make the per-layer lists and modules built from it exhaust time or memory.
+MAX_LAYERS = 4096
 
 
 @dataclass
@@ -48,6 +57,14 @@ class ModelConfig:
     raw: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        for f in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
+            if not getattr(self, f) > 0:
+                raise ConfigError(f"field '{f}' must be positive, got {getattr(self, f)}")
+        if not self.rope_theta > 0 or self.rms_norm_eps < 0:
+            raise ConfigError(f"rope_theta={self.rope_theta} must be positive and rms_norm_eps={self.rms_norm_eps} "
+                              f"not negative")
+        if self.num_hidden_layers > MAX_LAYERS:
+            raise ConfigError(f"field 'num_hidden_layers' = {self.num_hidden_layers} exceeds {MAX_LAYERS}")
         if not self.num_key_value_heads:
             self.num_key_value_heads = self.num_attention_heads
         if not self.head_dim:
@@ -84,12 +101,14 @@ def parse_config(cls: type[C], d: dict, source: str = "config.json") -> C:
     """Build ``cls`` from a config dict, raising :class:`ConfigError` naming a missing field."""
     d = _normalise_rope(d)
     eos = d.get("eos_token_id")
-    d["eos_token_id"] = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
+    d["eos_token_id"] = [] if eos is None else ([eos] if isinstance(eos, int) and not isinstance(eos, bool) else eos)
+    hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if f.name == "raw":
             continue
         if f.name in d and d[f.name] is not None:
+            check_field(f.name, d[f.name], hints[f.name], source)
             kwargs[f.name] = d[f.name]
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
             raise ConfigError(f"{source}: required field '{f.name}' is missing (model_type={d.get('model_type')!r})")
@@ -100,6 +119,43 @@ def parse_config(cls: type[C], d: dict, source: str = "config.json") -> C:
         return cls(raw=d, **kwargs)
     except TypeError as e:
         raise ConfigError(f"{source}: {e}") from e
+    except ConfigError as e:  # __post_init__ checks do not know the file
+        raise e if str(e).startswith(source) else ConfigError(f"{source}: {e}") from e
+
+
+def check_field(name: str, value, hint, source: str) -> None:
+    """Refuse ``value`` unless it fits the field's annotation ``hint`` (int, float, bool, str,
+    dict, list, list[int], X | None). Integers must lie in 0..MAX_INT and floats be finite, so a
+    corrupt config fails here, naming the field, rather than deep inside torch."""
+    if _fits(value, hint):
+        return
+    raise ConfigError(f"{source}: field '{name}' must be {_describe(hint)}, got {str(repr(value))[:80]}")
+
+
+def _fits(value, hint) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if hint in (bool, str, dict, list):
+        return isinstance(value, hint)
+    if origin is list:
+        return isinstance(value, list) and all(_fits(v, args[0]) for v in value) if args else isinstance(value, list)
+    return True  # a type this checker does not know: left to the config class
+
+
+def _describe(hint) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    return {int: f"an integer in 0..{MAX_INT}", float: "a finite number", bool: "true or false", str: "a string",
+            dict: "an object", list: "a list", type(None): "null"}.get(hint) or (
+        f"a list of {_describe(args[0])}s" if origin is list and args else str(hint))
 
 
 def read_json(path: str) -> dict:
@@ -109,8 +165,10 @@ def read_json(path: str) -> dict:
             data = json.load(fh)
     except FileNotFoundError as e:
         raise ConfigError(f"{path}: file not found") from e
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid JSON ({e})") from e
+    except (OSError, RecursionError) as e:
+        raise ConfigError(f"{path}: cannot read ({e})") from e
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object at top level")
     return data

@@ -56,7 +56,7 @@ def describe(path: str) -> dict:
     if gsrc is not None:
         m = gsrc.metadata
         out["tokenizer"] = {"source": "gguf", "model": m.get("tokenizer.ggml.model"), "pre": m.get("tokenizer.ggml.pre"),
-                            "tokens": len(m.get("tokenizer.ggml.tokens", [])), "bos": m.get("tokenizer.ggml.bos_token_id"),
+                            "tokens": _count(m.get("tokenizer.ggml.tokens", [])), "bos": m.get("tokenizer.ggml.bos_token_id"),
                             "eos": m.get("tokenizer.ggml.eos_token_id"), "chat_template": "tokenizer.chat_template" in m}
     else:
         tj = os.path.join(path, "tokenizer.json")
@@ -86,12 +86,10 @@ def describe_dflash(path: str) -> dict:
 
 
 def _has_template(path: str) -> bool:
-    import json
     tc = os.path.join(path, "tokenizer_config.json")
     if not os.path.exists(tc):
         return False
-    with open(tc, encoding="utf-8") as fh:
-        return bool(json.load(fh).get("chat_template"))
+    return bool(read_json(tc).get("chat_template"))
 
 
 def format_info(d: dict) -> str:
@@ -105,6 +103,11 @@ def format_info(d: dict) -> str:
             v = f"{v:,} ({v / 1e6:.1f} M)"
         lines.append(f"{k:>18}: {v}")
     return "\n".join(lines)
+
+
+def _count(v) -> int | None:
+    """Length of a metadata array; None when a corrupt file stores something else there."""
+    return len(v) if isinstance(v, list) else None
 
 
 def _numel(shape) -> int:

@@ -13,6 +13,7 @@ from .models import CausalLM, by_gguf_arch, by_hf_model_type
 from .models.registry import Architecture
 from .tokenizer import Tokenizer
 from .weights import load_into
+from .weights.loader import check_layer_count
 from .weights.gguf_io import GGUFSource
 from .weights.safetensors_io import SafetensorsSource
 
@@ -76,7 +77,10 @@ def read_model_config(path: str):
     if is_gguf(path):
         src = GGUFSource(path)
         arch = by_gguf_arch(src.architecture, path)
-        d = arch.gguf_config(src.metadata)
+        try:
+            d = arch.gguf_config(src.metadata)
+        except CheckpointError as e:  # the metadata readers name the key, not the file
+            raise CheckpointError(f"{path}: {e}") from e
         d["tie_word_embeddings"] = "output.weight" not in src.infos()
         return arch, parse_config(arch.config_cls, d, source=path), src
     if not os.path.isdir(path):
@@ -89,6 +93,8 @@ def read_model_config(path: str):
     d = text_config(raw)
     if "model_type" not in d:
         raise ConfigError(f"{cfg_path}: field 'model_type' is missing")
+    if not isinstance(d["model_type"], str):
+        raise ConfigError(f"{cfg_path}: field 'model_type' must be a string, got {str(repr(d['model_type']))[:80]}")
     arch = by_hf_model_type(d["model_type"], cfg_path)
     cfg = parse_config(arch.config_cls, d, source=cfg_path)
     # stop ids named only in generation_config.json (an instruct model's end-of-turn token)
@@ -98,7 +104,8 @@ def read_model_config(path: str):
 
 def is_dflash_config(d: dict) -> bool:
     """Whether a config.json describes a DFlash drafter (z-lab format)."""
-    return "dflash_config" in d or any("DFlash" in str(a) for a in d.get("architectures") or [])
+    archs = d.get("architectures")
+    return "dflash_config" in d or isinstance(archs, list) and any("DFlash" in str(a) for a in archs)
 
 
 def load_model(path: str, device: str | torch.device | None = None, dtype=None, tokenizer: bool = True) -> LoadedModel:
@@ -109,10 +116,12 @@ def load_model(path: str, device: str | torch.device | None = None, dtype=None, 
     dev = resolve_device(str(device) if isinstance(device, torch.device) else device)
     dt = resolve_dtype(dtype, dev)
     arch, cfg, gsrc = read_model_config(path)
+    src = gsrc if gsrc is not None else SafetensorsSource(path)
+    check_layer_count(cfg.num_hidden_layers, len(src.infos()), path)
     with torch.device("meta"):
         model = arch.model_cls(cfg)
     if gsrc is not None:
-        src = view = gsrc
+        view = gsrc
         if arch.target_view is not None:
             view = arch.target_view(cfg, src, "gguf")
         names = arch.gguf_names(cfg)
@@ -120,7 +129,7 @@ def load_model(path: str, device: str | torch.device | None = None, dtype=None, 
         transform = arch.gguf_transform(cfg)
         fmt = "gguf"
     else:
-        src = view = SafetensorsSource(path)
+        view = src
         if arch.target_view is not None:
             view = arch.target_view(cfg, src, "hf")
         infos = view.infos()
@@ -142,7 +151,9 @@ def load_model(path: str, device: str | torch.device | None = None, dtype=None, 
     tok = None
     if tokenizer:
         if fmt == "gguf":
-            tok = Tokenizer.from_gguf(src.metadata, path)
+            # a GGUF written without a vocabulary (``convert --no-vocab``) loads with no tokenizer
+            if "tokenizer.ggml.model" in src.metadata:
+                tok = Tokenizer.from_gguf(src.metadata, path)
         elif os.path.exists(os.path.join(path, "tokenizer.json")):
             tok = Tokenizer.from_hf_dir(path, cfg.eos_token_id)
     return LoadedModel(model, tok, arch, path, src, fmt)

@@ -198,23 +198,36 @@ class SpmTokenizer:
 
 def from_gguf_metadata(meta: dict, source: str) -> SpmTokenizer:
     """An :class:`SpmTokenizer` from GGUF metadata, with llama.cpp's defaults for absent keys
-    (BOS 1, EOS 2, UNK 0, add BOS, add a space prefix)."""
-    if "tokenizer.ggml.tokens" not in meta:
-        raise CheckpointError(f"{source}: GGUF metadata field 'tokenizer.ggml.tokens' is missing")
-    tokens = list(meta["tokenizer.ggml.tokens"])
+    (BOS 1, EOS 2, UNK 0, add BOS, add a space prefix). Every field is type- and size-checked:
+    a corrupt vocabulary is a :class:`CheckpointError` naming the file and the field."""
+    from .tokenizer import _gguf_field, _gguf_strings
+
+    tokens = _gguf_strings(meta, "tokenizer.ggml.tokens", source, required=True)
     if "tokenizer.ggml.scores" not in meta:
         raise CheckpointError(f"{source}: GGUF metadata field 'tokenizer.ggml.scores' is missing "
                               "(a SentencePiece vocabulary needs its scores)")
-    scores = list(meta["tokenizer.ggml.scores"])
-    types = list(meta.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens)))
+    scores = _gguf_field(meta, "tokenizer.ggml.scores", list, source, [])
+    types = _gguf_field(meta, "tokenizer.ggml.token_type", list, source, [NORMAL] * len(tokens))
+    for key, arr, kind in (("tokenizer.ggml.scores", scores, (int, float)), ("tokenizer.ggml.token_type", types, int)):
+        if len(arr) != len(tokens):
+            raise CheckpointError(f"{source}: GGUF field '{key}' has {len(arr)} entries for {len(tokens)} tokens")
+        if not all(isinstance(x, kind) for x in arr):
+            raise CheckpointError(f"{source}: GGUF field '{key}' holds a value of the wrong type")
 
     def tid(key: str, default: int | None) -> int | None:
-        v = meta.get(key, default)
-        return None if v is None or int(v) < 0 else int(v)
+        if key not in meta:  # llama.cpp's default, where the vocabulary has it
+            return default if default is not None and default < len(tokens) else None
+        v = _gguf_field(meta, key, int, source, None)
+        if v is not None and v >= len(tokens):
+            raise CheckpointError(f"{source}: GGUF field '{key}' = {v} is outside the vocabulary of {len(tokens)} tokens")
+        return None if v is None or v < 0 else v  # llama.cpp: a negative id means none
+
+    def flag(key: str, default: bool) -> bool:
+        return bool(_gguf_field(meta, key, (bool, int), source, default))
 
     return SpmTokenizer(tokens, scores, types,
-                        add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
+                        add_space_prefix=flag("tokenizer.ggml.add_space_prefix", True),
                         bos_id=tid("tokenizer.ggml.bos_token_id", 1), eos_id=tid("tokenizer.ggml.eos_token_id", 2),
                         unk_id=tid("tokenizer.ggml.unknown_token_id", 0),
-                        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)),
-                        add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)), source=source)
+                        add_bos=flag("tokenizer.ggml.add_bos_token", True),
+                        add_eos=flag("tokenizer.ggml.add_eos_token", False), source=source)

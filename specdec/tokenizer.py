@@ -14,7 +14,8 @@ from datetime import datetime
 
 from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
 
-from .errors import CheckpointError
+from .config import read_json
+from .errors import CheckpointError, RequestError
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -88,7 +89,7 @@ class Tokenizer:
         """Render ``messages`` with the model's Jinja chat template (as transformers does)."""
         if not self.chat_template:
             raise CheckpointError(f"{self.source}: the model has no chat template; pass a plain prompt instead of --chat")
-        from jinja2.exceptions import TemplateError
+        from jinja2.exceptions import TemplateError, TemplateSyntaxError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(msg):
@@ -100,8 +101,15 @@ class Tokenizer:
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         bos = self.id_to_token(self.bos_id) if self.bos_id is not None else ""
         eos = self.id_to_token(self.eos_ids[0]) if self.eos_ids else ""
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos)
+        try:
+            template = env.from_string(self.chat_template)
+        except TemplateSyntaxError as e:
+            raise CheckpointError(f"{self.source}: the chat template does not parse (line {e.lineno}: {e.message})") from e
+        try:
+            return template.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos,
+                                   eos_token=eos)
+        except TemplateError as e:  # raise_exception() in the template, or a name it lacks
+            raise RequestError(f"{self.source}: the chat template refused these messages ({e})") from e
 
     # --- constructors -------------------------------------------------------------
     @classmethod
@@ -116,15 +124,15 @@ class Tokenizer:
         cfg = {}
         tc = os.path.join(path, "tokenizer_config.json")
         if os.path.exists(tc):
-            with open(tc, encoding="utf-8") as fh:
-                cfg = json.load(fh)
-        template = cfg.get("chat_template")
+            cfg = read_json(tc)
+        template = _chat_template(cfg.get("chat_template"), tc)
         jt = os.path.join(path, "chat_template.jinja")
         if os.path.exists(jt):
-            with open(jt, encoding="utf-8") as fh:
-                template = fh.read()
-        if isinstance(template, list):  # named templates: take the default one
-            template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
+            try:
+                with open(jt, encoding="utf-8") as fh:
+                    template = fh.read()
+            except (OSError, UnicodeDecodeError) as e:
+                raise CheckpointError(f"{jt}: cannot read the chat template ({e})") from e
 
         def tok_id(v):
             if isinstance(v, dict):
@@ -149,28 +157,39 @@ class Tokenizer:
         if kind != "gpt2":
             raise CheckpointError(f"{source}: GGUF tokenizer model '{kind}' is not supported "
                                   "(supported: gpt2 BPE, llama SentencePiece)")
-        tokens = list(meta["tokenizer.ggml.tokens"])
-        types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
-        merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+        tokens = _gguf_strings(meta, "tokenizer.ggml.tokens", source, required=True)
+        types = _gguf_field(meta, "tokenizer.ggml.token_type", list, source, [1] * len(tokens))
+        if len(types) != len(tokens):
+            raise CheckpointError(f"{source}: GGUF field 'tokenizer.ggml.token_type' has {len(types)} entries for "
+                                  f"{len(tokens)} tokens")
+        merges = [tuple(m.split(" ", 1)) for m in _gguf_strings(meta, "tokenizer.ggml.merges", source)]
+        if any(len(m) != 2 for m in merges):
+            bad = next(" ".join(m) for m in merges if len(m) != 2)
+            raise CheckpointError(f"{source}: GGUF field 'tokenizer.ggml.merges' has an entry without a space: {bad!r}")
         vocab = {t: i for i, t in enumerate(tokens)}
-        pre = meta.get("tokenizer.ggml.pre", "default")
-        tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in IGNORE_MERGES))
+        pre = _gguf_field(meta, "tokenizer.ggml.pre", str, source, "default")
         if pre not in PRE_REGEXES:
             raise CheckpointError(f"{source}: GGUF pre-tokenizer '{pre}' is not supported (supported: {', '.join(sorted(PRE_REGEXES))})")
+        try:
+            tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in IGNORE_MERGES))
+        except Exception as e:  # tokenizers raises plain Exception for a merge of unknown tokens
+            raise CheckpointError(f"{source}: GGUF field 'tokenizer.ggml.merges' does not fit "
+                                  f"'tokenizer.ggml.tokens' ({e})") from e
         splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_REGEXES[pre]]
         tok.pre_tokenizer = pre_tokenizers.Sequence(splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         tok.decoder = decoders.ByteLevel()
         special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty in (_CONTROL, _USER_DEFINED)]
         tok.add_special_tokens(special)
-        eos = meta.get("tokenizer.ggml.eos_token_id")
-        eos_ids = [int(eos)] if eos is not None else []
-        eot = meta.get("tokenizer.ggml.eot_token_id")
-        if eot is not None and int(eot) not in eos_ids:
-            eos_ids.append(int(eot))
-        bos = meta.get("tokenizer.ggml.bos_token_id")
-        return cls(tok, bos_id=None if bos is None else int(bos), eos_ids=eos_ids,
-                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", pre in ADD_BOS_DEFAULT)),
-                   chat_template=meta.get("tokenizer.chat_template"), source=source)
+        eos = _gguf_token_id(meta, "tokenizer.ggml.eos_token_id", len(tokens), source)
+        eos_ids = [eos] if eos is not None else []
+        eot = _gguf_token_id(meta, "tokenizer.ggml.eot_token_id", len(tokens), source)
+        if eot is not None and eot not in eos_ids:
+            eos_ids.append(eot)
+        bos = _gguf_token_id(meta, "tokenizer.ggml.bos_token_id", len(tokens), source)
+        add_bos = _gguf_field(meta, "tokenizer.ggml.add_bos_token", (bool, int), source, pre in ADD_BOS_DEFAULT)
+        return cls(tok, bos_id=bos, eos_ids=eos_ids, add_bos=bool(add_bos),
+                   chat_template=_gguf_field(meta, "tokenizer.chat_template", str, source, None), source=source)
+
 
     @classmethod
     def _from_gguf_spm(cls, meta: dict, source: str) -> "Tokenizer":
@@ -185,3 +204,44 @@ class Tokenizer:
             eos_ids.append(int(eot))
         return cls(spm, bos_id=spm.bos_id, eos_ids=eos_ids, add_bos=spm.add_bos,
                    chat_template=meta.get("tokenizer.chat_template"), source=source)
+
+
+def _chat_template(template, source: str) -> str | None:
+    """tokenizer_config.json's ``chat_template``: a string, or a list of named templates (take
+    the one named ``default``, else the first)."""
+    if template is None or isinstance(template, str):
+        return template
+    if isinstance(template, list) and template and all(
+            isinstance(t, dict) and isinstance(t.get("template"), str) for t in template):
+        return next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
+    raise CheckpointError(f"{source}: field 'chat_template' must be a string or a list of "
+                          f"{{\"name\": ..., \"template\": ...}} objects")
+
+
+def _gguf_field(meta: dict, key: str, kind, source: str, default):
+    """``meta[key]`` if present (it must be a ``kind``), else ``default``."""
+    v = meta.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, kind):
+        raise CheckpointError(f"{source}: GGUF field '{key}' has the wrong type ({type(v).__name__})")
+    return v
+
+
+def _gguf_strings(meta: dict, key: str, source: str, required: bool = False) -> list[str]:
+    """A GGUF array of strings; a missing, non-array or non-string entry names the field."""
+    if required and key not in meta:
+        raise CheckpointError(f"{source}: GGUF field '{key}' is missing")
+    v = _gguf_field(meta, key, list, source, [])
+    bad = next((i for i, x in enumerate(v) if not isinstance(x, str)), None)
+    if bad is not None:
+        raise CheckpointError(f"{source}: GGUF field '{key}' entry #{bad} is a {type(v[bad]).__name__}, not a string")
+    return v
+
+
+def _gguf_token_id(meta: dict, key: str, n_tokens: int, source: str) -> int | None:
+    """A token id field, checked against the vocabulary size."""
+    v = _gguf_field(meta, key, int, source, None)
+    if v is not None and not 0 <= v < n_tokens:
+        raise CheckpointError(f"{source}: GGUF field '{key}' = {v} is outside the vocabulary of {n_tokens} tokens")
+    return v

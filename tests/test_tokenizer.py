@@ -87,6 +87,22 @@ def test_spm_vocabulary_without_scores_is_named():
     assert "x.gguf" in str(e.value)
 
 
+@pytest.mark.parametrize("field,value,match", [
+    ("tokenizer.ggml.scores", [0.0], "tokenizer.ggml.scores"),  # one score for two tokens
+    ("tokenizer.ggml.token_type", [1, "x"], "tokenizer.ggml.token_type"),
+    ("tokenizer.ggml.tokens", ["a", 7], "tokenizer.ggml.tokens"),
+    ("tokenizer.ggml.bos_token_id", 9, "bos_token_id"),  # outside the vocabulary
+    ("tokenizer.ggml.add_bos_token", "yes", "add_bos_token"),
+])
+def test_corrupt_spm_vocabulary_is_named(field, value, match):
+    """Corrupt SentencePiece metadata ends in a CheckpointError naming the file and the field."""
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.scores": [0.0, -1.0],
+            "tokenizer.ggml.token_type": [1, 1], "tokenizer.ggml.unknown_token_id": -1, field: value}
+    with pytest.raises(CheckpointError, match=match) as e:
+        Tokenizer.from_gguf(meta, "x.gguf")
+    assert "x.gguf" in str(e.value)
+
+
 def _spm(tokens: list[tuple[str, float, int]], **meta):
     m = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": [t for t, _, _ in tokens],
          "tokenizer.ggml.scores": [s for _, s, _ in tokens], "tokenizer.ggml.token_type": [k for _, _, k in tokens]}

@@ -19,6 +19,7 @@ from ..models.base import CausalLM, ForwardOut
 from ..models.graphs import capture
 from ..sampling import SamplingParams, probs_from_logits
 from ..weights import load_into
+from ..weights.loader import check_layer_count
 from ..weights.safetensors_io import SafetensorsSource
 from .base import Proposal
 from .dflash_model import DFlashConfig, DFlashDraftModel
@@ -251,6 +252,7 @@ def load_dflash_drafter(path: str, loaded, block_size: int | None = None) -> DFl
     check_fit(cfg, target, cfg_path)
     _check_block_size(block_size, cfg.block_size, cfg_path)  # before reading any weights
     src = SafetensorsSource(path)
+    check_layer_count(cfg.num_hidden_layers, len(src.infos()), path)
     with torch.device("meta"):
         model = DFlashDraftModel(cfg)
     names = {n: n for n in model.state_dict()}

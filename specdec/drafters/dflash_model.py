@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import _normalise_rope
+from ..config import MAX_INT, MAX_LAYERS, _normalise_rope
+from ..models.gguf_names import is_number
 from ..errors import ConfigError
 from ..models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, attend
 
@@ -96,6 +97,8 @@ class DFlashConfig:
             return dc[name] if dc.get(name) is not None else (d[name] if d.get(name) is not None else default)
 
         archs = d.get("architectures") or []
+        if not isinstance(archs, list):
+            raise ConfigError(f"{source}: 'architectures' must be a list, got {str(repr(archs))[:80]}")
         if any("DFlash2" in str(a) for a in archs):
             raise ConfigError(f"{source}: architecture {archs} (DFlash2) is not supported; only DFlashDraftModel is")
         for key, what in _UNSUPPORTED.items():
@@ -109,16 +112,21 @@ class DFlashConfig:
         if d.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"{source}: hidden_act '{d.get('hidden_act')}' is not supported (expected silu)")
 
-        def req_int(name, lo=1, value=None):
+        def req_int(name, lo=1, value=None, hi=MAX_INT):
             v = get(name) if value is None else value
             if v is None:
                 raise ConfigError(f"{source}: required field '{name}' is missing")
-            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-                raise ConfigError(f"{source}: field '{name}' must be an integer >= {lo}, got {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                raise ConfigError(f"{source}: field '{name}' must be an integer in {lo}..{hi}, got {v!r}")
             return v
 
+        def num(name, v, lo=float("-inf")):
+            if not is_number(v) or v < lo:
+                raise ConfigError(f"{source}: field '{name}' must be a finite number >= {lo:g}, got {str(repr(v))[:80]}")
+            return float(v)
+
         hidden = req_int("hidden_size")
-        n_layers = req_int("num_hidden_layers")
+        n_layers = req_int("num_hidden_layers", hi=MAX_LAYERS)
         n_heads = req_int("num_attention_heads")
         n_kv = req_int("num_key_value_heads") if get("num_key_value_heads") is not None else n_heads
         if n_heads % n_kv:
@@ -169,13 +177,14 @@ class DFlashConfig:
         return cls(
             hidden_size=hidden, intermediate_size=req_int("intermediate_size"), num_hidden_layers=n_layers,
             num_attention_heads=n_heads, num_key_value_heads=n_kv, head_dim=head_dim,
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), rope_theta=float(rope["rope_theta"]),
-            rope_scaling=rope.get("rope_scaling"), partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)),
+            rms_norm_eps=num("rms_norm_eps", d.get("rms_norm_eps", 1e-6)), rope_theta=num("rope_theta", rope["rope_theta"], lo=1e-30),
+            rope_scaling=rope.get("rope_scaling"),
+            partial_rotary_factor=num("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0)),
             block_size=block_size, target_layer_ids=tuple(ids), target_layer_ids_default=derived, mask_token_id=mask,
             num_target_layers=n_target, layer_types=tuple(layer_types), windows=windows, causal=causal,
-            input_embedding_scale=float(get("input_embedding_scale", 1.0)),
-            output_multiplier=float(get("output_multiplier", 1.0)),
-            final_logit_softcapping=None if not softcap else float(softcap),
+            input_embedding_scale=num("input_embedding_scale", get("input_embedding_scale", 1.0)),
+            output_multiplier=num("output_multiplier", get("output_multiplier", 1.0)),
+            final_logit_softcapping=None if not softcap else num("final_logit_softcapping", softcap),
         )
 
 

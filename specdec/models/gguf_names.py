@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from ..errors import CheckpointError
 
 # llama.cpp block tensor suffix -> HF suffix inside a decoder layer (dense attention + FFN)
@@ -28,28 +30,55 @@ def dense_block_names(i: int, prefix: str) -> dict[str, str]:
 
 
 def meta_getters(meta: dict, arch: str):
-    """``need(key)`` (error naming a missing ``{arch}.key``) and ``opt(key, default)`` readers."""
+    """``need(key, kind)`` (error naming a missing ``{arch}.key``) and ``opt(key, default, kind)``
+    readers. ``kind`` is checked: ``number`` (finite int or float), ``count`` (an integer >= 1),
+    ``numbers`` (a list of numbers), ``list``, ``str`` or ``any``, so a corrupt value fails here
+    naming its key instead of inside the arithmetic that uses it."""
 
-    def need(key: str):
+    def need(key: str, kind: str = "number"):
         full = f"{arch}.{key}"
         if full not in meta:
             raise CheckpointError(f"GGUF metadata field '{full}' is missing")
-        return meta[full]
+        return _checked(full, meta[full], kind)
 
-    def opt(key: str, default=None):
-        return meta.get(f"{arch}.{key}", default)
+    def opt(key: str, default=None, kind: str = "number"):
+        full = f"{arch}.{key}"
+        return default if meta.get(full) is None else _checked(full, meta[full], kind)
 
     return need, opt
+
+
+def is_number(v) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+_KINDS = {
+    "number": (is_number, "a finite number"),
+    "count": (lambda v: is_number(v) and v >= 1 and v == int(v), "an integer >= 1"),
+    "numbers": (lambda v: isinstance(v, list) and all(is_number(x) for x in v), "an array of numbers"),
+    "list": (lambda v: isinstance(v, list), "an array"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "any": (lambda v: True, "anything"),
+}
+
+
+def _checked(key: str, value, kind: str):
+    ok, what = _KINDS[kind]
+    if not ok(value):
+        raise CheckpointError(f"GGUF metadata field '{key}' must be {what}, got {str(repr(value))[:80]}")
+    return int(value) if kind == "count" else value
 
 
 def gguf_meta(meta: dict, arch: str) -> dict:
     """Translate the common ``{arch}.*`` GGUF metadata keys to an HF-style config dict."""
     need, opt = meta_getters(meta, arch)
 
-    heads = int(need("attention.head_count"))
+    heads = need("attention.head_count", "count")
     hidden = int(need("embedding_length"))
     head_dim = opt("attention.key_length") or opt("rope.dimension_count") or hidden // heads
-    vocab = opt("vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+    tokens = meta.get("tokenizer.ggml.tokens", [])
+    vocab = opt("vocab_size") or (len(tokens) if isinstance(tokens, list) else 0)
     d = {
         "model_type": arch,
         "vocab_size": int(vocab),
@@ -65,7 +94,7 @@ def gguf_meta(meta: dict, arch: str) -> dict:
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
     }
-    kind = opt("rope.scaling.type")
+    kind = opt("rope.scaling.type", kind="str")
     if kind and kind != "none":
         d["rope_scaling"] = {"rope_type": kind, "factor": float(opt("rope.scaling.factor", 1.0))}
     return d

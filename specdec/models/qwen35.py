@@ -58,7 +58,10 @@ class Qwen35Config(ModelConfig):
     mtp_num_hidden_layers: int = 0
 
     def __post_init__(self) -> None:
-        for f in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads") + self._required():
+        sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
+                 "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
+                 "linear_num_value_heads", "full_attention_interval")
+        for f in sizes + self._required():
             if not int(getattr(self, f) or 0) > 0:
                 raise ConfigError(f"{self.model_type} config: field '{f}' is missing or not positive")
         super().__post_init__()

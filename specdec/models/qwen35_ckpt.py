@@ -39,7 +39,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..weights.source import TensorInfo, TensorSource
-from .gguf_names import gguf_meta, meta_getters
+from .gguf_names import gguf_meta, is_number, meta_getters
 from .moe import stacked_experts_view
 from .source_view import SourceView, ViewTensor, derived, passthrough
 
@@ -62,8 +62,11 @@ def gguf_config(meta: dict) -> dict:
     nextn = int(opt("nextn_predict_layers", 0) or 0)
     n_layer = d["num_hidden_layers"] - nextn
     head_dim = int(opt("attention.key_length") or d["hidden_size"] // d["num_attention_heads"])
+    if head_dim < 1:
+        raise CheckpointError(f"GGUF metadata: head dimension {head_dim} (from '{arch}.attention.key_length' or "
+                              f"'{arch}.embedding_length') is not positive")
     rot = int(opt("rope.dimension_count") or head_dim)  # llama.cpp's default n_rot is the head dim
-    n_v = int(need("ssm.time_step_rank"))
+    n_v = need("ssm.time_step_rank", "count")
     d.update(
         model_type="qwen3_5_moe_text" if arch == "qwen35moe" else "qwen3_5_text",
         num_hidden_layers=n_layer,
@@ -76,16 +79,19 @@ def gguf_config(meta: dict) -> dict:
         linear_num_value_heads=n_v,
         linear_value_head_dim=int(need("ssm.inner_size")) // n_v,
     )
-    sections = opt("rope.dimension_sections")
+    sections = opt("rope.dimension_sections", kind="numbers")
     if sections is not None and not d.get("rope_scaling"):
         d["rope_scaling"] = {"rope_type": "default", "mrope_section": [int(s) for s in sections][:3]}
-    recurrent = opt("attention.recurrent_layers")
+    recurrent = opt("attention.recurrent_layers", kind="list")
     if recurrent is not None:
         d["layer_types"] = ["linear_attention" if r else "full_attention" for r in list(recurrent)[:n_layer]]
     else:
         d["full_attention_interval"] = int(opt("full_attention_interval", 4))
     if arch == "qwen35moe":
-        ff = need("expert_feed_forward_length")
+        ff = need("expert_feed_forward_length", "any")
+        if not (is_number(ff) or isinstance(ff, list) and ff and all(is_number(x) for x in ff)):
+            raise CheckpointError(f"GGUF metadata '{arch}.expert_feed_forward_length' must be a number or an array "
+                                  f"of numbers, got {str(repr(ff))[:80]}")
         if isinstance(ff, (list, tuple)):
             if len(set(ff)) != 1:
                 raise CheckpointError(f"GGUF metadata '{arch}.expert_feed_forward_length' varies per layer ({sorted(set(ff))}); unsupported")

@@ -5,9 +5,12 @@ the ``gguf`` package's ``GGUFReader`` builds numpy views for every string of a v
 takes ~15 s on a 150k-token file, where a plain loop takes a fraction of a second. The
 ``gguf`` package still supplies the quantization constants and the dequantization kernels.
 
-Every read is bounds-checked, so a truncated or corrupt file is a :class:`CheckpointError`
-naming the file and the key or tensor being read. Names stay llama.cpp's here; each
-architecture maps them to HF names (see ``models/``).
+Every read is bounds-checked, and every declared count or length (keys, tensors, array
+elements, string bytes, tensor extents) is checked against the file size before anything is
+allocated, so a truncated or corrupt file is a :class:`CheckpointError` naming the file and the
+key or tensor being read, at once. GGUF has no checksums: a flipped bit inside tensor data (or a
+metadata value that stays plausible) cannot be detected and loads without complaint. Names stay
+llama.cpp's here; each architecture maps them to HF names (see ``models/``).
 """
 
 from __future__ import annotations

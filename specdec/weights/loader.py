@@ -80,3 +80,12 @@ def load_into(
     still_meta = [n for n, p in module.state_dict().items() if p.is_meta and n not in optional]
     if still_meta:
         raise CheckpointError(f"{source.path}: parameters left unloaded: {still_meta[:8]}")
+
+
+def check_layer_count(n_layers: int, n_tensors: int, path: str) -> None:
+    """Refuse a config whose layer count the checkpoint cannot hold (every layer has tensors of
+    its own) before building a module per layer: a corrupt count would otherwise spend minutes
+    building millions of layers before the strict load names the missing tensors."""
+    if n_layers > n_tensors:
+        raise CheckpointError(f"{path}: the config declares {n_layers} layers but the checkpoint holds only "
+                              f"{n_tensors} tensors")

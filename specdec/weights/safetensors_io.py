@@ -1,8 +1,9 @@
 """Reading HF safetensors checkpoints (single file or sharded with an index).
 
-The header is parsed and checked here (offsets inside the file, no overlap, sizes that match
-shape x dtype) so a truncated or corrupt file is a clear :class:`CheckpointError` naming the
-file, not a failure deep inside a later read.
+The header is parsed and checked here (header length within the file, offsets inside the file,
+no overlap, sizes that match shape x dtype) so a truncated or corrupt file is a clear
+:class:`CheckpointError` naming the file, not a failure deep inside a later read. The format
+has no checksums: a flipped bit inside tensor data cannot be detected and loads as it is.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ def read_header(path: str) -> dict[str, TensorInfo]:
         raise CheckpointError(f"{path}: cannot read ({e})") from e
     try:
         header = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from e
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise CheckpointError(f"{path}: corrupt safetensors header ({type(e).__name__}: {e})") from e
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
     data_size = size - 8 - n
@@ -82,6 +83,18 @@ def read_header(path: str) -> dict[str, TensorInfo]:
     return out
 
 
+def _index_files(index: str) -> set[str]:
+    """The shard file names of a ``model.safetensors.index.json`` (its ``weight_map`` values)."""
+    try:
+        with open(index, encoding="utf-8") as fh:
+            weight_map = json.load(fh)["weight_map"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{index}: unreadable shard index ({type(e).__name__}: {e})") from e
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) and f for f in weight_map.values()):
+        raise CheckpointError(f"{index}: field 'weight_map' must map tensor names to shard file names")
+    return set(weight_map.values())
+
+
 class SafetensorsSource:
     """All tensors of an HF checkpoint directory or a single ``.safetensors`` file."""
 
@@ -91,12 +104,7 @@ class SafetensorsSource:
             index = os.path.join(path, "model.safetensors.index.json")
             single = os.path.join(path, "model.safetensors")
             if os.path.exists(index):
-                try:
-                    with open(index, encoding="utf-8") as fh:
-                        weight_map = json.load(fh)["weight_map"]
-                except (OSError, json.JSONDecodeError, KeyError) as e:
-                    raise CheckpointError(f"{index}: unreadable shard index ({e})") from e
-                files = sorted({os.path.join(path, f) for f in weight_map.values()})
+                files = sorted({os.path.join(path, f) for f in _index_files(index)})
             elif os.path.exists(single):
                 files = [single]
             else:
