@@ -5,7 +5,9 @@ converted to F32 and Q8_0, read back by specdec and by the ``gguf`` package.
 Bounds (relative max error of the logits, max|a-b| / max|b|, 40-token prompt): F32 vs
 transformers 1e-5; Q8_0 vs transformers run on the weights specdec dequantized 1e-4. The F32
 file's tensors equal bit for bit those of ``_gemma_util.write_gguf`` (llama.cpp's layout, written
-independently), and its model metadata equals that file's.
+independently), and its model metadata equals that file's. Also: configs llama.cpp's gemma3
+cannot express by default (layer pattern, attention scale, local RoPE base, soft-capping), a
+vision-language wrapper, and tokenizers that no SentencePiece vocabulary reproduces (refused).
 """
 
 from __future__ import annotations
@@ -202,3 +204,32 @@ def test_scaled_local_rope_is_refused(tmp_path):
     path = save_hf(hf, str(tmp_path / "hf"))
     with pytest.raises(ConfigError, match="sliding_attention rope_type 'linear' cannot be converted"):
         convert(path, str(tmp_path / "m.gguf"), "f32", vocab=False)
+
+
+def test_vision_language_checkpoint_converts_its_language_model(tmp_path):
+    """A ``gemma3`` (vision-language) checkpoint: only the language model is written (no vision
+    tower or projector tensors), and text-only logits equal transformers' on the whole model."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+
+    from _gemma_util import tiny_config
+
+    torch.manual_seed(6)
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14)
+    cfg = Gemma3Config(text_config=tiny_config("llama_cpp").to_dict(), vision_config=vision.to_dict(),
+                       mm_tokens_per_image=4, image_token_index=300, boi_token_index=301, eoi_token_index=302)
+    hf = Gemma3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight") and "language_model" in name:
+                p.copy_(0.3 * torch.randn_like(p))
+    path = save_hf(hf, str(tmp_path / "mm"))
+    out = str(tmp_path / "mm.gguf")
+    convert(path, out, "f32", vocab=False)
+    names = {t.name for t in gguf.GGUFReader(out).tensors}
+    assert len(names) == 2 + 13 * 6 and all(n.startswith(("blk.", "token_embd", "output_norm")) for n in names)
+    ids = [i % 300 for i in prompt_ids(40, 7)]  # no image tokens
+    with torch.no_grad():
+        want = hf(input_ids=torch.tensor([ids])).logits[0]
+    err = rel_err(_logits(load_model(out, "cpu", "float32", tokenizer=False).model, ids), want)
+    assert err <= 1e-5, f"relative max error {err:.3g}"
