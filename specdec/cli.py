@@ -85,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="print JSON")
 
     v = sub.add_parser("convert", help="convert an HF checkpoint to a GGUF file (quantized, MTP kept)",
-                       description="Write an HF checkpoint directory (Llama/SmolLM2, Qwen3, Qwen3.5/3.6 dense or MoE) "
-                       "as one GGUF file with llama.cpp's names and conventions, tokenizer and chat template "
+                       description="Write an HF checkpoint directory (Llama/SmolLM2, Qwen3, Qwen3.5/3.6 dense or MoE, "
+                       "Gemma 3) as one GGUF file with llama.cpp's names and conventions, tokenizer and chat template "
                        "included; a Qwen3.5 MTP block is kept as blk.N.nextn.*. Norms and other small tensors stay "
                        "F32; a weight whose rows are not whole blocks of the chosen type falls back to a wider one "
                        "(q4_k -> q5_0, q6_k -> q8_0, then f16). The file is written under a temporary name and "
@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--type", default="f16", help=f"weight type: {' | '.join(CONVERT_TYPES)} (default f16)")
     v.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     v.add_argument("--no-vocab", action="store_true", help="write no tokenizer metadata (for a checkpoint without "
-                   "tokenizer.json; such a file loads with tokenizer=False only)")
+                   "tokenizer.json, or one whose tokenizer convert cannot write; such a file loads with "
+                   "tokenizer=False only)")
 
     b = sub.add_parser("bench", help="compare drafters side by side on a prompt set",
                        description="Runs every --draft configuration on the same prompts (interleaved) and reports "

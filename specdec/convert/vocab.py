@@ -1,10 +1,15 @@
 """The tokenizer as GGUF metadata, from an HF directory's ``tokenizer.json`` and
 ``tokenizer_config.json`` (plus ``chat_template.jinja`` when present).
 
-Only byte-level BPE tokenizers (llama.cpp's ``gpt2`` model: Llama 3, SmolLM2, Qwen) are
-supported. llama.cpp names the pre-tokenizer by hashing the token ids of a probe text; here it
-is read from ``tokenizer.json``'s pre-tokenizer itself (its split regex or its digit rule), so
-the name is one that llama.cpp (and specdec) map back to the same regexes.
+Two kinds are supported. Byte-level BPE (llama.cpp's ``gpt2`` model: Llama 3, SmolLM2, Qwen):
+tokens and merges as they are. SentencePiece BPE with byte fallback (llama.cpp's ``llama``
+model: Gemma), which llama.cpp's converter reads from ``tokenizer.model``: here the scores are
+rebuilt from ``tokenizer.json``'s merge ranks, after checking the merges are SentencePiece's
+(see :func:`_spm_scores`), so the file encodes as the HF tokenizer does.
+
+For byte-level BPE, llama.cpp names the pre-tokenizer by hashing the token ids of a probe text;
+here it is read from ``tokenizer.json``'s pre-tokenizer itself (its split regex or its digit
+rule), so the name is one that llama.cpp (and specdec) map back to the same regexes.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from ..errors import CheckpointError
 from .plan import Plan
 
 K = gguf.Keys.Tokenizer
+SPACE = "\u2581"  # ▁, SentencePiece's space
 # distinctive pieces of the split regex of each pre-tokenizer llama.cpp knows (checked in order)
 _REGEX_NAMES = (
     (r"[\p{L}\p{M}]+", "qwen35"),
@@ -89,7 +95,8 @@ def add_vocab(plan: Plan, hf_dir: str, vocab_size: int, config_eos: list[int]) -
     tj = _read_json(tj_path)
     model = tj.get("model") or {}
     if model.get("type") != "BPE":
-        raise CheckpointError(f"{tj_path}: tokenizer model '{model.get('type')}' is not supported (byte-level BPE only)")
+        raise CheckpointError(f"{tj_path}: tokenizer model '{model.get('type')}' is not supported "
+                              "(byte-level BPE, or SentencePiece BPE with byte fallback)")
     vocab: dict[str, int] = dict(model.get("vocab") or {})
     added = {a["content"]: a for a in tj.get("added_tokens", [])}
     for a in added.values():
@@ -97,6 +104,30 @@ def add_vocab(plan: Plan, hf_dir: str, vocab_size: int, config_eos: list[int]) -
     n = max(vocab.values()) + 1
     if n > vocab_size:
         raise CheckpointError(f"{tj_path}: {n} tokens, more than the model's vocab_size={vocab_size}")
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model.get("merges") or []]
+    cfg_path = os.path.join(hf_dir, "tokenizer_config.json")
+    cfg = _read_json(cfg_path) if os.path.isfile(cfg_path) else {}
+    if model.get("byte_fallback"):
+        _spm_vocab(plan, tj, tj_path, vocab, added, merges, vocab_size, model.get("unk_token"))
+        add_eos = cfg.get("add_eos_token")
+        plan.boolean(K.ADD_EOS, bool(add_eos))
+    else:
+        _gpt2_vocab(plan, tj, tj_path, vocab, added, merges, vocab_size)
+    _special_ids(plan, tj, cfg, vocab, config_eos)
+    template = cfg.get("chat_template")
+    jinja = os.path.join(hf_dir, "chat_template.jinja")
+    if os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8") as fh:
+            template = fh.read()
+    if isinstance(template, list):  # named templates: the default one
+        template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
+    if template:
+        plan.string(K.CHAT_TEMPLATE, template)
+
+
+def _gpt2_vocab(plan: Plan, tj: dict, tj_path: str, vocab: dict[str, int], added: dict, merges: list,
+                vocab_size: int) -> None:
+    """Byte-level BPE: llama.cpp's ``gpt2`` model (tokens, types, merges, pre-tokenizer name)."""
     tokens = [f"[PAD{i}]" for i in range(vocab_size)]
     types = [int(gguf.TokenType.UNUSED)] * vocab_size
     for tok, i in vocab.items():
@@ -104,16 +135,101 @@ def add_vocab(plan: Plan, hf_dir: str, vocab_size: int, config_eos: list[int]) -
         a = added.get(tok)
         types[i] = int(gguf.TokenType.NORMAL if a is None else
                        gguf.TokenType.CONTROL if a.get("special") else gguf.TokenType.USER_DEFINED)
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
-
-    cfg_path = os.path.join(hf_dir, "tokenizer_config.json")
-    cfg = _read_json(cfg_path) if os.path.isfile(cfg_path) else {}
     plan.string(K.MODEL, "gpt2")
     plan.string(K.PRE, pre_tokenizer_name(tj, tj_path))
     plan.array(K.LIST, tokens)
     plan.array(K.TOKEN_TYPE, types)
     if merges:
-        plan.array(K.MERGES, merges)
+        plan.array(K.MERGES, [" ".join(m) for m in merges])
+
+
+def _spm_space_prefix(tj: dict, tj_path: str) -> bool:
+    """``add_space_prefix`` of a SentencePiece-derived ``tokenizer.json``: spaces must become
+    ``"▁"`` in the normalizer (Gemma: ``Replace``; a ``Prepend("▁")`` adds the dummy prefix) or
+    a ``Metaspace`` pre-tokenizer; anything else is a tokenizer llama.cpp's SPM model cannot mirror."""
+    norms = [tj.get("normalizer") or {}]
+    if norms[0].get("type") == "Sequence":
+        norms = norms[0].get("normalizers", [])
+    kinds = [nm.get("type") for nm in norms if nm]
+    pre = _pre_parts(tj.get("pre_tokenizer"))
+    replaces = any(nm.get("type") == "Replace" and (nm.get("pattern") or {}).get("String") == " "
+                   and nm.get("content") == SPACE for nm in norms)
+    prepend = any(nm.get("type") == "Prepend" and nm.get("prepend") == SPACE for nm in norms)
+    if replaces and set(kinds) <= {"Replace", "Prepend"}:
+        # after the normalizer no space is left: only a split on " " (Gemma's) is a no-op
+        if all(p.get("type") == "Split" and (p.get("pattern") or {}).get("String") == " " for p in pre):
+            return prepend
+    elif not kinds and [p.get("type") for p in pre] == ["Metaspace"] and pre[0].get("replacement", SPACE) == SPACE \
+            and not pre[0].get("split", False):
+        return pre[0].get("prepend_scheme", "always") in ("always", "first")
+    raise CheckpointError(f"{tj_path}: a byte-fallback BPE tokenizer with normalizer {kinds or 'none'} and "
+                          f"pre-tokenizer {[p.get('type') for p in pre] or 'none'} is not supported "
+                          "(SentencePiece style needed: spaces as '\u2581', no other pre-tokenization)")
+
+
+def _spm_scores(tj_path: str, vocab: dict[str, int], merges: list, normal: set[str]) -> dict[str, float]:
+    """SentencePiece scores from the merge list: llama.cpp's SPM model merges the adjacent pair
+    whose result scores highest, HF's BPE the pair ranked first, so a token scores
+    ``-rank`` of the merges that make it. That is the same encoder only when the merges are
+    SentencePiece's (as transformers' converter writes them): every split of a token into two
+    tokens is a merge, and the merges making one token are consecutive. Checked, not assumed."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    pairs = set()
+    for r, (a, b) in enumerate(merges):
+        t = a + b
+        if t in last and last[t] != r - 1:
+            raise CheckpointError(f"{tj_path}: the merges making {t!r} are not consecutive; these are not "
+                                  "SentencePiece merges, so no SPM vocabulary encodes the same")
+        first.setdefault(t, r)
+        last[t] = r
+        pairs.add((a, b))
+    for t in normal:
+        for k in range(1, len(t)):
+            if t[:k] in vocab and t[k:] in vocab and (t[:k], t[k:]) not in pairs:
+                raise CheckpointError(f"{tj_path}: token {t!r} splits into {t[:k]!r} + {t[k:]!r} but that is no "
+                                      "merge; these are not SentencePiece merges, so no SPM vocabulary encodes "
+                                      "the same")
+    n = len(merges)
+    return {t: float(-first[t]) if t in first else float(-(n + vocab[t])) for t in normal}
+
+
+def _spm_vocab(plan: Plan, tj: dict, tj_path: str, vocab: dict[str, int], added: dict, merges: list,
+               vocab_size: int, unk: str | None) -> None:
+    """SentencePiece BPE with byte fallback (Gemma): llama.cpp's ``llama`` model (tokens, scores, types)."""
+    T = gguf.TokenType
+    prefix = _spm_space_prefix(tj, tj_path)
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    types = [int(T.UNUSED)] * vocab_size
+    scores = [-1000.0] * vocab_size
+    normal = set()
+    for tok, i in vocab.items():
+        tokens[i] = tok
+        a = added.get(tok)
+        if tok == unk:
+            types[i] = int(T.UNKNOWN)
+        elif a is not None:
+            types[i] = int(T.CONTROL if a.get("special") else T.USER_DEFINED)
+            if not a.get("special") and a.get("normalized"):  # HF matches it in the normalized text,
+                tokens[i] = tok.replace(SPACE, " ")  # llama.cpp in the raw text (as its converter writes it)
+        elif len(tok) == 6 and tok.startswith("<0x") and tok.endswith(">"):
+            types[i], scores[i] = int(T.BYTE), 0.0
+        else:
+            types[i] = int(T.NORMAL)
+            normal.add(tok)
+    for tok, s in _spm_scores(tj_path, vocab, merges, normal).items():
+        scores[vocab[tok]] = s
+    plan.string(K.MODEL, "llama")
+    plan.string(K.PRE, "default")
+    plan.array(K.LIST, tokens)
+    plan.array(K.SCORES, scores)
+    plan.array(K.TOKEN_TYPE, types)
+    plan.boolean(K.ADD_PREFIX, prefix)
+    if unk in vocab:
+        plan.u32(K.UNK_ID, vocab[unk])
+
+
+def _special_ids(plan: Plan, tj: dict, cfg: dict, vocab: dict[str, int], config_eos: list[int]) -> None:
     bos = _token_id(vocab, cfg.get("bos_token"))
     eos = _token_id(vocab, cfg.get("eos_token"))
     if eos is None and config_eos:
@@ -126,12 +242,3 @@ def add_vocab(plan: Plan, hf_dir: str, vocab_size: int, config_eos: list[int]) -
     bos_text = bos_text.get("content") if isinstance(bos_text, dict) else bos_text
     add_bos = cfg.get("add_bos_token")
     plan.boolean(K.ADD_BOS, bool(add_bos) if add_bos is not None else _adds_bos(tj, bos_text))
-    template = cfg.get("chat_template")
-    jinja = os.path.join(hf_dir, "chat_template.jinja")
-    if os.path.isfile(jinja):
-        with open(jinja, encoding="utf-8") as fh:
-            template = fh.read()
-    if isinstance(template, list):  # named templates: the default one
-        template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
-    if template:
-        plan.string(K.CHAT_TEMPLATE, template)
