@@ -29,7 +29,7 @@ from ..cache import KVCache
 from ..config import SUPPORTED_ROPE_TYPES, ModelConfig
 from ..errors import ConfigError
 from .base import CausalLM, StepContext
-from .gguf_names import DENSE_BLOCK, gguf_meta, meta_getters
+from .gguf_names import DENSE_BLOCK, gguf_meta, is_number, meta_getters
 from .layers import Attention, GeluTanhGLU, RMSNorm, RotaryEmbedding, sliding_causal_mask
 from .registry import Architecture, register
 
@@ -211,13 +211,18 @@ def gguf_config(meta: dict) -> dict:
     need, opt = meta_getters(meta, "gemma3")
     n = d["num_hidden_layers"]
     d["sliding_window"] = int(need("attention.sliding_window"))
-    pattern = opt("attention.sliding_window_pattern", 6)
+    pattern = opt("attention.sliding_window_pattern", 6, kind="any")
     if isinstance(pattern, (list, tuple)):  # one flag per layer: true = sliding
+        if not all(isinstance(p, (bool, int)) for p in pattern):
+            raise ConfigError("GGUF metadata field 'gemma3.attention.sliding_window_pattern' must hold one flag per layer")
         if len(pattern) != n:
             raise ConfigError(f"GGUF metadata field 'gemma3.attention.sliding_window_pattern' has {len(pattern)} "
                               f"entries for {n} layers")
         d["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
     else:
+        if not is_number(pattern) or pattern < 0 or pattern != int(pattern):
+            raise ConfigError("GGUF metadata field 'gemma3.attention.sliding_window_pattern' must be a layer count "
+                              f"or one flag per layer, got {str(pattern)[:40]}")
         p = int(pattern)
         d["layer_types"] = ["sliding_attention" if p == 0 or i % p < p - 1 else "full_attention" for i in range(n)]
     d["rope_local_base_freq"] = float(opt("rope.freq_base_swa", 10000.0))
