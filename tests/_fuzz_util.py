@@ -41,7 +41,7 @@ import gguf
 
 VOCAB = 320
 HIDDEN, INTER, HEADS, KV, LAYERS = 64, 128, 4, 2, 2
-KINDS = ("gguf", "hf", "dflash", "mtp", "mtp-gguf")
+KINDS = ("gguf", "hf", "dflash", "mtp", "mtp-gguf", "gemma-gguf")
 # the tiny Llama with the whole SmolLM2 vocabulary (49152 tokens, 48900 merges): the issue's
 # corpus, ~0.3 s a case, so only for scripts/fuzz_loaders.py --kinds gguf-full
 EXTRA_KINDS = ("gguf-full",)
@@ -208,13 +208,21 @@ def _gguf_data_start(data: bytes) -> int:
         return min(start for _, start, _ in src._tensors.values())
 
 
+def write_gemma_gguf_seed(path: str) -> None:
+    """A tiny Gemma 3 GGUF in llama.cpp's layout with a SentencePiece vocabulary (scores, byte
+    fallback, control tokens): the SPM tokenizer path."""
+    from _gemma_util import tiny_model, write_gguf
+
+    write_gguf(tiny_model("llama_cpp"), os.path.join(path, "model.gguf"))
+
+
 def build_seeds(root: str, kinds=KINDS) -> dict[str, Seed]:
     """Write every seed under ``root`` and read it back as a :class:`Seed`."""
     vocab = smollm2_vocab()
     writers = {"gguf": lambda p: write_gguf_seed(os.path.join(p, "model.gguf"), vocab),
                "gguf-full": lambda p: write_gguf_seed(os.path.join(p, "model.gguf"), smollm2_vocab(None)),
                "hf": lambda p: write_hf_seed(p, vocab), "dflash": write_dflash_seed, "mtp": write_mtp_seed,
-               "mtp-gguf": write_mtp_gguf_seed}
+               "mtp-gguf": write_mtp_gguf_seed, "gemma-gguf": write_gemma_gguf_seed}
     seeds = {}
     for kind in kinds:
         d = os.path.join(root, "seed-" + kind)
@@ -307,8 +315,10 @@ def _steps(kind: str, path: str, target) -> list[tuple[str, object]]:
         tok = load_model(path, device="cpu").tokenizer
         if tok is not None and tok.chat_template:
             tok.encode(tok.apply_chat_template([{"role": "user", "content": "Hi"}]), add_special=False)
+        if tok is not None:
+            tok.decode(tok.encode("Hello, world! 123 é"))
 
-    load = {"gguf": load_and_chat, "gguf-full": load_and_chat, "hf": load_and_chat,
+    load = {"gguf": load_and_chat, "gguf-full": load_and_chat, "hf": load_and_chat, "gemma-gguf": load_and_chat,
             "dflash": lambda: load_dflash_drafter(path, target),
             "mtp": lambda: load_mtp_drafter(load_model(path, device="cpu")),
             "mtp-gguf": lambda: load_mtp_drafter(load_model(path, device="cpu", tokenizer=False))}[kind]
