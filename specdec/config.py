@@ -69,6 +69,9 @@ class ModelConfig:
             self.num_key_value_heads = self.num_attention_heads
         if not self.head_dim:
             self.head_dim = self.hidden_size // self.num_attention_heads
+        if not self.head_dim > 0:
+            raise ConfigError(f"field 'head_dim' must be positive, got {self.head_dim} (hidden_size="
+                              f"{self.hidden_size} / num_attention_heads={self.num_attention_heads})")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "

@@ -228,6 +228,16 @@ def test_config_missing_required_field(hf_dir, tmp_path):
     assert cfg_path in str(e.value)
 
 
+def test_config_zero_head_dim_is_named(hf_dir, tmp_path):
+    """Found by the fuzz run: fewer hidden units than heads gave head_dim 0 and a raw
+    ZeroDivisionError in the attention scale."""
+    path = copy_dir(hf_dir, tmp_path / "m")
+    edit_config(path, lambda c: (c.pop("head_dim", None), c.__setitem__("num_attention_heads", c["hidden_size"] * 2),
+                                 c.__setitem__("num_key_value_heads", c["hidden_size"] * 2)))
+    with pytest.raises(ConfigError, match="head_dim"):
+        load_model(path, "cpu", "float32")
+
+
 def test_config_unsupported_option(hf_dir, tmp_path):
     path = copy_dir(hf_dir, tmp_path / "m")
     edit_config(path, lambda c: c.__setitem__("hidden_act", "gelu"))
