@@ -49,17 +49,9 @@ def default_attn_scalar(c) -> float:
 
 
 def _metadata(plan: Plan, c) -> None:
-    plan.u32(K.LLM.BLOCK_COUNT, c.num_hidden_layers)
-    plan.u32(K.LLM.CONTEXT_LENGTH, c.max_position_embeddings)
-    plan.u32(K.LLM.EMBEDDING_LENGTH, c.hidden_size)
-    plan.u32(K.LLM.FEED_FORWARD_LENGTH, c.intermediate_size)
-    plan.u32(K.Attention.HEAD_COUNT, c.num_attention_heads)
-    plan.u32(K.Attention.HEAD_COUNT_KV, c.num_key_value_heads)
-    plan.f32(K.Attention.LAYERNORM_RMS_EPS, c.rms_norm_eps)
+    plan.common_metadata(c)
     plan.u32(K.Attention.KEY_LENGTH, c.head_dim)
     plan.u32(K.Attention.VALUE_LENGTH, c.head_dim)
-    plan.f32(K.Rope.FREQ_BASE, c.rope_theta)
-    plan.u32(K.LLM.VOCAB_SIZE, c.vocab_size)
     rope = c.rope_scaling or {}
     kind = rope.get("rope_type", "default")
     if kind == "linear":

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import torch
 from gguf import GGUFValueType as VT
+from gguf import Keys as K
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,20 @@ class Plan:
         """A non-empty array; the element type follows the first element (int -> INT32)."""
         assert values, f"empty array for {key}"
         self.metadata[self.key(key)] = (list(values), VT.ARRAY)
+
+    def common_metadata(self, c, blocks: int | None = None, ffn: bool = True) -> None:
+        """The keys every family writes from its config ``c``: block count (``blocks``, default
+        ``c.num_hidden_layers``), context, widths, heads, norm epsilon, RoPE base, vocabulary."""
+        self.u32(K.LLM.BLOCK_COUNT, c.num_hidden_layers if blocks is None else blocks)
+        self.u32(K.LLM.CONTEXT_LENGTH, c.max_position_embeddings)
+        self.u32(K.LLM.EMBEDDING_LENGTH, c.hidden_size)
+        if ffn:
+            self.u32(K.LLM.FEED_FORWARD_LENGTH, c.intermediate_size)
+        self.u32(K.Attention.HEAD_COUNT, c.num_attention_heads)
+        self.u32(K.Attention.HEAD_COUNT_KV, c.num_key_value_heads)
+        self.f32(K.Attention.LAYERNORM_RMS_EPS, c.rms_norm_eps)
+        self.f32(K.Rope.FREQ_BASE, c.rope_theta)
+        self.u32(K.LLM.VOCAB_SIZE, c.vocab_size)
 
     def add(self, name: str, shape, read: Callable[[], torch.Tensor]) -> None:
         assert all(t.name != name for t in self.tensors[-8:]), f"tensor {name} planned twice"

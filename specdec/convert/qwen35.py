@@ -148,17 +148,9 @@ def _is_shifted_norm(hf: str) -> bool:
 
 
 def _metadata(plan: Plan, c, moe: bool, n_mtp: int) -> None:
-    plan.u32(K.LLM.BLOCK_COUNT, c.num_hidden_layers + n_mtp)
-    plan.u32(K.LLM.CONTEXT_LENGTH, c.max_position_embeddings)
-    plan.u32(K.LLM.EMBEDDING_LENGTH, c.hidden_size)
-    if not moe:
-        plan.u32(K.LLM.FEED_FORWARD_LENGTH, c.intermediate_size)
-    plan.u32(K.Attention.HEAD_COUNT, c.num_attention_heads)
-    plan.u32(K.Attention.HEAD_COUNT_KV, c.num_key_value_heads)
+    plan.common_metadata(c, blocks=c.num_hidden_layers + n_mtp, ffn=not moe)
     plan.u32(K.Attention.KEY_LENGTH, c.head_dim)
     plan.u32(K.Attention.VALUE_LENGTH, c.head_dim)
-    plan.f32(K.Attention.LAYERNORM_RMS_EPS, c.rms_norm_eps)
-    plan.f32(K.Rope.FREQ_BASE, c.rope_theta)
     plan.u32(K.Rope.DIMENSION_COUNT, int(c.head_dim * c.partial_rotary_factor))
     rope = c.rope_scaling or {}
     if rope.get("rope_type", "default") != "default":
@@ -166,7 +158,6 @@ def _metadata(plan: Plan, c, moe: bool, n_mtp: int) -> None:
     if rope.get("mrope_section"):
         sections = [int(s) for s in rope["mrope_section"]]
         plan.array(K.Rope.DIMENSION_SECTIONS, sections + [0] * (4 - len(sections)))
-    plan.u32(K.LLM.VOCAB_SIZE, c.vocab_size)
     plan.u32(K.LLM.FULL_ATTENTION_INTERVAL, _interval(c.layer_types))
     plan.u32(K.SSM.CONV_KERNEL, c.linear_conv_kernel_dim)
     plan.u32(K.SSM.STATE_SIZE, c.linear_key_head_dim)
