@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-from specdec.drafters.base import Proposal  # noqa: E402
+from _engine_util import SpoiledOracle, chunked_verify_form  # noqa: E402
 from specdec.drafters.factory import make_drafter  # noqa: E402
 from specdec.engine import SpeculativeGenerator  # noqa: E402
 from specdec.loading import load_model  # noqa: E402
@@ -37,31 +37,6 @@ from specdec.sampling import SamplingParams  # noqa: E402
 
 VOCAB = 32000
 TARGETS = {"llama": 12, "qwen35": 8, "qwen35moe": 8, "gemma3": 12}
-
-
-class SpoiledOracle:
-    """Drafts the target's own greedy continuation, each draft spoiled with probability ``spoil``."""
-
-    name = "oracle"
-    capture_layers = ()
-
-    def __init__(self, reference, spoil=0.3, seed=0):
-        self.ref, self.spoil = list(reference), spoil
-        self.rng = torch.Generator().manual_seed(seed)
-
-    def begin(self, prompt_ids, out):
-        self.n, self.device = prompt_ids.shape[0], out.hidden.device
-
-    def observe(self, tokens, out):
-        self.n += tokens.shape[0]
-
-    def propose(self, last_token, k, params, gen):
-        toks = list(self.ref[self.n + 1:self.n + 1 + k]) + [0] * k
-        toks = toks[:k]
-        for i in range(k):
-            if float(torch.rand(1, generator=self.rng)) < self.spoil:
-                toks[i] = (toks[i] + 1 + int(torch.randint(VOCAB - 1, (1,), generator=self.rng))) % VOCAB
-        return Proposal(torch.tensor(toks, dtype=torch.int64, device=self.device))
 
 
 def build(root: str) -> None:
@@ -147,21 +122,12 @@ def chat_prompts(loaded, path: str, n: int) -> list[list[int]]:
     return [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]), add_special=False) for q in qs]
 
 
-def chunked_verify(q, k, v, g, beta, state):
-    """The pre-invariance verify form (chunked), for ``--mutate chunked`` and ``time-forms``."""
-    from specdec.models import deltanet
-
-    hm = [x.transpose(0, 1).contiguous() for x in (q, k, v, g, beta)]
-    o, states = deltanet.chunked_gated_delta(*hm, state, 64, all_states=True)
-    return o.transpose(0, 1), states
-
-
 def mutate(kind: str) -> None:
     """Bring back a known row dependence, to show that this check fails on it."""
     if kind == "chunked":
         from specdec.models import deltanet
         deltanet.use_fused_kernel = False
-        deltanet.recurrent_gated_delta = chunked_verify
+        deltanet.recurrent_gated_delta = chunked_verify_form
     elif kind == "grouped":
         from specdec.models.moe import Experts
         Experts.gather_max_rows = 0
@@ -193,8 +159,8 @@ def run(a) -> None:
     plain = [r["tokens"] for r in rows]
     for spec in a.drafters:
         if spec == "oracle":
-            gen = SpeculativeGenerator(loaded.model, SpoiledOracle([]), 3, cuda_graphs=graphs)
-            record("oracle", gen, lambda i: SpoiledOracle(ps[i] + plain[i], seed=i))
+            gen = SpeculativeGenerator(loaded.model, SpoiledOracle([], loaded.model.config.vocab_size), 3, cuda_graphs=graphs)
+            record("oracle", gen, lambda i: SpoiledOracle(ps[i] + plain[i], loaded.model.config.vocab_size, seed=i))
             continue
         if spec == "dflash" and (a.model or a.target == "gemma3"):
             continue
@@ -244,7 +210,7 @@ def time_forms(a) -> None:
     and the chunked one (before), on the hybrid targets."""
     from specdec.models import deltanet
 
-    recurrent, chunked = deltanet.recurrent_gated_delta, chunked_verify
+    recurrent, chunked = deltanet.recurrent_gated_delta, chunked_verify_form
     forms = (("fused", True, recurrent), ("torch-recurrent", False, recurrent), ("chunked", False, chunked),
              ("fused", True, recurrent))
     out = []

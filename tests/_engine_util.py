@@ -80,6 +80,44 @@ class OracleDrafter(_HistoryDrafter):
         return Proposal(self._tensor(toks))
 
 
+class SpoiledOracle:
+    """Proposes the target's own greedy continuation (``reference`` = prompt + continuation), each
+    draft replaced by a wrong id with probability ``spoil``: most drafts are accepted and every
+    spoiled one forces a rollback. Unlike :class:`OracleDrafter` it never asserts that the engine
+    followed the reference, so a diverging run (a mutation test, a device check) is reported by
+    the comparison that follows, not by the drafter."""
+
+    name = "oracle"
+    capture_layers: tuple[int, ...] = ()
+
+    def __init__(self, reference: list[int], vocab: int, spoil: float = 0.3, seed: int = 0):
+        self.ref, self.vocab, self.spoil = list(reference), vocab, spoil
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def begin(self, prompt_ids, out) -> None:
+        self.n, self.device = prompt_ids.shape[0], out.hidden.device
+
+    def observe(self, tokens, out) -> None:
+        self.n += tokens.shape[0]
+
+    def propose(self, last_token, k, params, gen) -> Proposal:
+        toks = (list(self.ref[self.n + 1:self.n + 1 + k]) + [0] * k)[:k]
+        for i in range(k):
+            if float(torch.rand(1, generator=self.rng)) < self.spoil:
+                toks[i] = (toks[i] + 1 + int(torch.randint(self.vocab - 1, (1,), generator=self.rng))) % self.vocab
+        return Proposal(torch.tensor(toks, dtype=torch.int64, device=self.device))
+
+
+def chunked_verify_form(q, k, v, g, beta, state):
+    """A stand-in for ``deltanet.recurrent_gated_delta`` that runs the chunked form (the row
+    dependence the recurrent form removed): for mutation checks that must see the invariance break."""
+    from specdec.models import deltanet
+
+    hm = [x.transpose(0, 1).contiguous() for x in (q, k, v, g, beta)]
+    o, states = deltanet.chunked_gated_delta(*hm, state, 64, all_states=True)
+    return o.transpose(0, 1), states
+
+
 class RandomDrafter(_HistoryDrafter):
     """Uniformly random drafts (argmax-style: ``probs=None``); ``short`` sometimes proposes fewer than k."""
 

@@ -17,41 +17,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from specdec.drafters.base import Proposal  # noqa: E402
+from _engine_util import SpoiledOracle, chunked_verify_form  # noqa: E402
 from specdec.engine import SpeculativeGenerator  # noqa: E402
 from specdec.engine import generate as engine_mod  # noqa: E402
 from specdec.models import deltanet  # noqa: E402
 
 TARGETS = ("llama", "qwen35-dense", "qwen35-moe")
 NEW_TOKENS = 48
-
-
-class SpoiledOracle:
-    """Proposes the target's own greedy continuation, each draft replaced by a wrong token with
-    probability ``spoil``: most drafts are accepted, and every spoiled one forces a rollback.
-    Unlike the test utility's oracle it never asserts, so a diverging run is reported by the
-    comparison, not by the drafter."""
-
-    name = "oracle"
-    capture_layers = ()
-
-    def __init__(self, reference, vocab, spoil=0.3, seed=0):
-        self.ref, self.vocab, self.spoil = list(reference), vocab, spoil
-        self.rng = torch.Generator().manual_seed(seed)
-
-    def begin(self, prompt_ids, out):
-        self.n = prompt_ids.shape[0]
-
-    def observe(self, tokens, out):
-        self.n += tokens.shape[0]
-
-    def propose(self, last_token, k, params, gen):
-        toks = list(self.ref[self.n + 1:self.n + 1 + k])
-        toks += [0] * (k - len(toks))
-        for i in range(k):
-            if float(torch.rand(1, generator=self.rng)) < self.spoil:
-                toks[i] = (toks[i] + 1 + int(torch.randint(self.vocab - 1, (1,), generator=self.rng))) % self.vocab
-        return Proposal(torch.tensor(toks, dtype=torch.int64))
 
 
 @pytest.fixture(scope="module")
@@ -135,12 +107,7 @@ def test_chunked_verify_steps_break_invariance(targets, target, monkeypatch):
     """Mutation check: running verify steps through the chunked form (the old behaviour) makes a
     position's arithmetic depend on its row, and the invariance test sees it."""
 
-    def chunked_instead(q, k, v, g, beta, state):
-        hm = [x.transpose(0, 1).contiguous() for x in (q, k, v, g, beta)]
-        o, states = deltanet.chunked_gated_delta(*hm, state, 64, all_states=True)
-        return o.transpose(0, 1), states
-
-    monkeypatch.setattr(deltanet, "recurrent_gated_delta", chunked_instead)
+    monkeypatch.setattr(deltanet, "recurrent_gated_delta", chunked_verify_form)
     model = targets[target]
     prompt = torch.randint(0, model.config.vocab_size, (7,), generator=torch.Generator().manual_seed(0)).tolist()
     differ, n, _, _ = compare(model, prompt, True, monkeypatch)

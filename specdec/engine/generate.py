@@ -15,8 +15,8 @@ import torch
 
 from ..drafters.base import Drafter, Proposal, slice_out
 from ..errors import ContextOverflowError, RequestError
-from ..models.base import CausalLM, ForwardOut
-from ..models.graphs import GraphedTarget, graphable
+from ..models.base import CausalLM
+from ..models.graphs import GraphedTarget
 from ..sampling import SamplingParams, make_generator, probs_from_logits
 from .acceptance import accept_greedy, accept_sampled
 
@@ -146,9 +146,6 @@ class SpeculativeGenerator:
             return g.cache, g
         self._graphed = None  # free the old graphs and cache first
         cache = tgt.new_cache(size, spare=spare)
-        if not graphable(tgt, cache, need_cuda=False):
-            raise RequestError(f"{type(tgt).__name__} has a cache type that static steps do not support; "
-                               "use batch_invariant=False and cuda_graphs=False")
         self._graphed = GraphedTarget(tgt, cache, capture, max_steps=self.k + 1, pad_to=self.pad_to,
                                       use_graphs=self.use_graphs)
         return cache, self._graphed

@@ -22,9 +22,11 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 
-def available(x: torch.Tensor) -> bool:
-    """Whether the fused kernel can run on ``x``'s device."""
-    return triton is not None and x.is_cuda
+def available(k: torch.Tensor) -> bool:
+    """Whether the fused kernel can run for keys ``k [T, H, dk]``: Triton, a CUDA tensor, and a
+    power-of-two key head size (one register tile per head)."""
+    dk = k.shape[-1]
+    return triton is not None and k.is_cuda and dk & (dk - 1) == 0
 
 
 if triton is not None:
@@ -56,11 +58,9 @@ if triton is not None:
 
 def recurrent_gated_delta_fused(q, k, v, g, beta, state):
     """Same contract as :func:`~specdec.models.deltanet.recurrent_gated_delta` (position-major fp32
-    inputs) -> (out ``[T, H, dv]``, states ``[T, H, dk, dv]``)."""
+    inputs) -> (out ``[T, H, dv]``, states ``[T, H, dk, dv]``); only where :func:`available`."""
     t, h, dk = k.shape
     dv = v.shape[-1]
-    if dk & (dk - 1):
-        raise ValueError(f"the fused DeltaNet kernel needs a power-of-two key head size, got {dk}")
     q, k, v, g, beta, state = (x.contiguous() for x in (q, k, v, g, beta, state))
     out = torch.empty(t, h, dv, dtype=torch.float32, device=q.device)
     states = torch.empty(t, h, dk, dv, dtype=torch.float32, device=q.device)

@@ -61,7 +61,7 @@ use_fused_kernel = True
 
 def recurrent_step_form(q, k, v, g, beta, state):
     """The recurrent form for a decode/verify step: the fused kernel on CUDA, else the torch loop."""
-    if use_fused_kernel and delta_kernel.available(q) and not (k.shape[-1] & (k.shape[-1] - 1)):
+    if use_fused_kernel and delta_kernel.available(k):
         return delta_kernel.recurrent_gated_delta_fused(q, k, v, g, beta, state)
     return recurrent_gated_delta(q, k, v, g, beta, state)
 

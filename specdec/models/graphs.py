@@ -20,9 +20,9 @@ from ..cache import KVCache, LinearAttnCache, SequenceCache
 from .base import CausalLM, ForwardOut
 
 
-def graphable(model: CausalLM, cache: SequenceCache, need_cuda: bool = True) -> bool:
-    return (model.device.type == "cuda" or not need_cuda) and all(
-        isinstance(c, (KVCache, LinearAttnCache)) for c in cache.layers)
+def graphable(cache: SequenceCache) -> bool:
+    """Whether static steps can run on ``cache`` (every layer cache has static buffers)."""
+    return all(isinstance(c, (KVCache, LinearAttnCache)) for c in cache.layers)
 
 
 def capture(fn, device: torch.device, warmups: int = 2):
@@ -66,7 +66,7 @@ class GraphedTarget:
 
     def __init__(self, model: CausalLM, cache: SequenceCache, capture: Sequence[int] = (), max_steps: int = 16,
                  pad_to: int | None = None, use_graphs: bool | None = None):
-        if not graphable(model, cache, need_cuda=False):
+        if not graphable(cache):
             raise ValueError("static steps need a target whose caches are all KV or linear-attention caches")
         self.use_graphs = model.device.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and model.device.type != "cuda":
