@@ -228,3 +228,53 @@ class LinearAttnCache:
         live = self.states[0].numel() * self.states.element_size()
         live += (self.kernel - 1) * self.conv.shape[1] * self.conv.element_size()
         return self.nbytes() - live
+
+
+class BatchWrite:
+    """Where a batched step writes: row ``r`` of the step lives in cache slot ``slots[r]`` and
+    writes positions ``pos[r]`` (``[b, T]``); attention reads positions ``0 .. span-1``.
+    ``slots`` is a ``range`` (a contiguous block of slots: views, no gather) or a long tensor."""
+
+    def __init__(self, slots, pos: torch.Tensor, span: int):
+        self.slots, self.pos, self.span = slots, pos, span
+        if isinstance(slots, range):
+            self.rows = slice(slots.start, slots.stop)
+            self.index = torch.arange(slots.start, slots.stop, device=pos.device)
+        else:
+            self.rows, self.index = slots, slots
+
+
+class BatchKVCache:
+    """Keys and values of one attention layer for many sequences: ``[slots, n_kv, max_len, d]``."""
+
+    def __init__(self, slots: int, n_kv_heads: int, head_dim: int, max_len: int, dtype: torch.dtype, device):
+        self.k = torch.zeros(slots, n_kv_heads, max_len, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+
+    def update(self, w: BatchWrite, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``k, v [b, n_kv, T, d]`` at each row's positions; return ``[b, n_kv, span, d]``."""
+        rows = w.index[:, None]
+        self.k[rows, :, w.pos] = k.transpose(1, 2)
+        self.v[rows, :, w.pos] = v.transpose(1, 2)
+        return self.k[w.rows, :, : w.span], self.v[w.rows, :, : w.span]
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+class NoCache:
+    """A layer "cache" for whole-sequence forwards (training features): keys are the step's own."""
+
+    def update(self, w, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return k, v
+
+
+class BatchCache:
+    """The caches of ``slots`` sequences of at most ``max_len`` positions; a sequence's length is
+    kept by its owner (the batched engine), so rolling a slot back is free (KV only)."""
+
+    def __init__(self, layers: list, slots: int, max_len: int):
+        self.layers, self.slots, self.max_len = layers, slots, max_len
+
+    def nbytes(self) -> int:
+        return sum(c.nbytes() for c in self.layers)

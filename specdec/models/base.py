@@ -13,7 +13,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..cache import SequenceCache
+from ..cache import BatchCache, BatchKVCache, BatchWrite, NoCache, SequenceCache
+from ..errors import ConfigError
 from ..config import ModelConfig
 from .layers import RMSNorm, RotaryEmbedding, causal_mask
 
@@ -65,6 +66,10 @@ class CausalLM(nn.Module):
 
     def make_layer_cache(self, i: int, max_len: int, dtype: torch.dtype, device):
         raise NotImplementedError
+
+    # Families whose layers run batched steps (``[B, T, H]`` with a :class:`BatchWrite` as the
+    # start): attention-only stacks. Others raise a ConfigError from :meth:`forward_batch`.
+    batched = False
 
     # --- the contract -------------------------------------------------------------
     @property
@@ -143,3 +148,63 @@ class CausalLM(nn.Module):
             out_logits = self.head(h[-1:])
         captured = torch.cat([caps[i] for i in capture], dim=-1) if capture else None
         return ForwardOut(out_logits, h, captured)
+
+    # --- batched steps (many sequences; training data and the server) --------------------
+    def new_batch_cache(self, slots: int, max_len: int) -> BatchCache:
+        if not self.batched:
+            raise ConfigError(f"batched forwards are not supported for {self.config.model_type} targets yet")
+        c = self.config
+        max_len = min(max_len, self.max_context)
+        return BatchCache([BatchKVCache(slots, c.num_key_value_heads, c.head_dim, max_len, self.dtype, self.device)
+                           for _ in self.layers], slots, max_len)
+
+    @torch.inference_mode()
+    def forward_batch(self, ids: torch.Tensor, cache: BatchCache | None, starts: torch.Tensor, slots=None,
+                      span: int | None = None, capture: Sequence[int] = (), last: torch.Tensor | None = None,
+                      ) -> ForwardOut:
+        """Run ``ids [b, T]``: row ``r`` at positions ``starts[r] ..`` of cache slot ``slots[r]``
+        (``slots``: a ``range`` or a long tensor; default ``range(b)``). ``span``: attention
+        reads positions ``0 .. span-1`` (at least ``max(starts) + T``, known to the caller without
+        a device sync). ``cache=None``: whole sequences from position 0, no cache (features).
+        Rows shorter than ``T`` are right-padded: padding writes past the row's length, which the
+        next step overwrites. Returns hidden ``[b, T, H]``, captured ``[b, T, n*H]``, and logits
+        ``[b, V]`` of the position ``last[r]`` of each row (None without ``last``)."""
+        return self._forward_batch(ids, cache, starts, slots, span, capture, last)
+
+    def _forward_batch(self, ids, cache, starts, slots, span, capture, last) -> ForwardOut:
+        if not self.batched:
+            raise ConfigError(f"batched forwards are not supported for {self.config.model_type} targets yet")
+        ids = ids.to(self.device)
+        b, t = ids.shape
+        pos = starts.to(self.device)[:, None] + torch.arange(t, device=self.device)[None, :]
+        cos, sin = self.rotary.cos_sin(pos.reshape(-1), self.dtype)
+        cos, sin = cos.view(b, 1, t, -1), sin.view(b, 1, t, -1)
+        if cache is None:
+            keys = pos
+            layers = [NoCache()] * len(self.layers)
+            write = None
+        else:
+            span = int(span if span is not None else cache.max_len)
+            keys = torch.arange(span, device=self.device)[None, :].expand(b, -1)
+            layers = cache.layers
+            write = BatchWrite(range(b) if slots is None else slots, pos, span)
+        mask = (keys[:, None, :] <= pos[:, :, None])[:, None]  # [b, 1, T, S]
+        ctx = StepContext(write, t, cos, sin, mask)
+        out = self.run_layers(ids, ctx, _Layers(layers), capture, logits="none")
+        if last is not None:
+            h_last = out.hidden[torch.arange(b, device=self.device), last.to(self.device)]
+            out.logits = self.head(h_last)
+        return out
+
+    def forward_batch_train(self, ids: torch.Tensor, capture: Sequence[int] = ()) -> ForwardOut:
+        """Whole sequences ``ids [b, L]`` from position 0, no cache, no grad (training features)."""
+        with torch.no_grad():
+            starts = torch.zeros(ids.shape[0], dtype=torch.long, device=self.device)
+            return self._forward_batch(ids, None, starts, None, None, capture, None)
+
+
+class _Layers:
+    """Duck-typed stand-in for a SequenceCache in :meth:`CausalLM.run_layers`."""
+
+    def __init__(self, layers):
+        self.layers = layers

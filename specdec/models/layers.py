@@ -123,14 +123,20 @@ def sliding_causal_mask(start: int, t: int, window: int, device) -> torch.Tensor
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """Scaled dot-product attention with GQA: q ``[H, T, d]``, k/v ``[Hkv, S, d]`` -> ``[H, T, dv]``."""
-    groups = q.shape[0] // k.shape[0]
+    """Scaled dot-product attention with GQA: q ``[H, T, d]``, k/v ``[Hkv, S, d]`` -> ``[H, T, dv]``;
+    batched, q ``[B, H, T, d]``, k/v ``[B, Hkv, S, d]``, mask ``[B, 1, T, S]`` -> ``[B, H, T, dv]``."""
+    single = q.dim() == 3
+    if single:
+        q, k, v = q[None], k[None], v[None]
+    groups = q.shape[1] // k.shape[1]
     if groups > 1 and not _SDPA_GQA:
-        k = k.repeat_interleave(groups, dim=0)
-        v = v.repeat_interleave(groups, dim=0)
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
     if groups > 1 and _SDPA_GQA:
-        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale, enable_gqa=True)[0]
-    return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale)[0]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    else:
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return o[0] if single else o
 
 
 def _sdpa_has_gqa() -> bool:
@@ -174,24 +180,26 @@ class Attention(nn.Module):
         self.scale = head_dim ** -0.5 if scale is None else scale
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """``x [T, hidden]`` -> q ``[H, T, d]``, k, v ``[Hkv, T, d]``, gate ``[T, H*d]`` or None."""
-        t = x.shape[0]
+        """``x [T, hidden]`` -> q ``[H, T, d]``, k, v ``[Hkv, T, d]``, gate ``[T, H*d]`` or None.
+        Batched, ``x [B, T, hidden]`` -> ``[B, H, T, d]`` ... (cos/sin ``[B, 1, T, r]``)."""
+        lead = x.shape[:-1]
         q = self.q_proj(x)
         gate = None
         if self.gated:
-            q = q.view(t, self.n_heads, 2 * self.head_dim)
-            q, gate = q[..., : self.head_dim], q[..., self.head_dim :].reshape(t, -1)
-        q = q.reshape(t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(t, self.n_kv, self.head_dim)
+            q = q.view(*lead, self.n_heads, 2 * self.head_dim)
+            q, gate = q[..., : self.head_dim], q[..., self.head_dim :].reshape(*lead, -1)
+        q = q.reshape(*lead, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(*lead, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(*lead, self.n_kv, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        q, k, v = q.transpose(-3, -2), k.transpose(-3, -2), v.transpose(-3, -2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, gate
 
     def output(self, o: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-        """``o [H, T, d]`` -> ``[T, hidden]``."""
-        o = o.transpose(0, 1).reshape(o.shape[1], -1)
+        """``o [H, T, d]`` -> ``[T, hidden]`` (batched: ``[B, H, T, d]`` -> ``[B, T, hidden]``)."""
+        o = o.transpose(-3, -2)
+        o = o.reshape(*o.shape[:-2], -1)
         if gate is not None:
             o = o * torch.sigmoid(gate)
         return self.o_proj(o)

@@ -53,6 +53,7 @@ class DenseDecoderLayer(nn.Module):
 
 class LlamaForCausalLM(CausalLM):
     qk_norm = False
+    batched = True
 
     def __init__(self, config: ModelConfig):
         super().__init__(config)
