@@ -1,4 +1,4 @@
-"""Command line: ``specdec generate | chat | info | bench | convert``. Parsing only; the work lives elsewhere.
+"""Command line: ``specdec generate | chat | info | bench | convert | train``. Parsing only; the work lives elsewhere.
 
 Nothing heavy is imported at the top: ``specdec --help`` must not wait for torch. The handlers
 check the cheap arguments first, then import what they need and load the model.
@@ -116,6 +116,50 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default)")
     b.add_argument("--no-chat", action="store_true", help="use raw prompts instead of the chat template")
     b.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON to FILE")
+
+    t = sub.add_parser("train", help="train a DFlash or MTP drafter for a target by self-distillation",
+                       description="The target answers the prompts (chat template applied, greedy by default, many "
+                       "sequences per batched step); its replies are cached on disk as token ids. The drafter then "
+                       "learns them, the frozen target computing the features it reads on the fly. A checkpoint is "
+                       "kept beside OUT (OUT.ckpt.pt) every few minutes, each epoch, on Ctrl-C and at --time-limit: "
+                       "rerun the same command to resume. Each epoch reports a held-out tau measured by real "
+                       "speculative decoding of prompts never trained on. OUT is written whole or not at all, and "
+                       "loads with --draft dflash:OUT or --draft mtp:OUT.")
+    t.add_argument("kind", choices=("dflash", "mtp"), help="dflash: a block-diffusion drafter (SpecForge recipe); "
+                   "mtp: a multi-token-prediction head trained on the chained objective")
+    t.add_argument("--target", "-m", default=None, help="HF directory or .gguf of the target (default: the embedded "
+                   "SmolLM2-135M-Instruct)")
+    t.add_argument("--prompts", nargs="+", default=None, metavar="FILE", help="prompt files (.jsonl with prompt/"
+                   "question/instruction/turns, or .txt one per line) or shipped sets: gsm8k_train, chat, code "
+                   "(default: all three)")
+    t.add_argument("--out", required=True, help="output drafter directory")
+    t.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
+    t.add_argument("--dtype", default=None, help="the target's dtype (default: bf16 on CUDA, fp32 on CPU)")
+    t.add_argument("--max-prompts", type=int, default=None, help="use at most this many training prompts")
+    t.add_argument("--max-new-tokens", type=int, default=256, help="reply length cap for distillation (default 256)")
+    t.add_argument("--temperature", type=float, default=0.0, help="distillation temperature (default 0 = greedy)")
+    t.add_argument("--slots", type=int, default=256, help="sequences per batched generation step (default 256)")
+    t.add_argument("--data-cache", default="~/.cache/specdec/distill", help="where replies are cached")
+    t.add_argument("--distill-only", action="store_true", help="make (or check) the cached replies, then stop")
+    t.add_argument("--epochs", type=float, default=6.0, help="passes over the data (default 6)")
+    t.add_argument("--lr", type=float, default=6e-4, help="peak AdamW learning rate (default 6e-4)")
+    t.add_argument("--warmup", type=float, default=0.04, help="warm-up fraction of the steps (default 0.04); "
+                   "cosine decay after it")
+    t.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per batch (default 16384)")
+    t.add_argument("--seed", type=int, default=0, help="seed of the held-out split, batch order and anchors")
+    t.add_argument("--layers", type=int, default=5, help="dflash: drafter layers (default 5)")
+    t.add_argument("--block-size", type=int, default=16, help="dflash: block size (default 16)")
+    t.add_argument("--anchors", type=int, default=512, help="dflash: random anchors per sequence, among reply "
+                   "positions (default 512)")
+    t.add_argument("--gamma", type=float, default=7.0, help="dflash: loss weight exp(-(k-1)/gamma) of block "
+                   "position k (default 7)")
+    t.add_argument("--steps", type=int, default=3, help="mtp: chained steps trained, K (default 3)")
+    t.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for the per-epoch tau (default 8)")
+    t.add_argument("--eval-tokens", type=int, default=128, help="tokens per held-out reply (default 128)")
+    t.add_argument("--checkpoint-minutes", type=float, default=5.0, help="checkpoint interval (default 5)")
+    t.add_argument("--time-limit", type=float, default=None, metavar="MIN", help="stop after MIN minutes with a "
+                   "checkpoint (resume by rerunning)")
+    t.add_argument("--restart", action="store_true", help="ignore an existing checkpoint and start over")
     return ap
 
 
@@ -257,6 +301,11 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    from .train.run import run_train
+    return run_train(args)
+
+
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"specdec: warning: {message}\n"
 
@@ -266,7 +315,7 @@ def main(argv=None) -> int:
     warnings.formatwarning = _one_line_warning  # warnings read as one line, like errors
     try:
         return {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "bench": cmd_bench,
-                "convert": cmd_convert}[args.cmd](args)
+                "convert": cmd_convert, "train": cmd_train}[args.cmd](args)
     except SpecdecError as e:
         # one line, even when a message quotes a multi-line text from a checkpoint
         print(f"specdec {args.cmd}: error: {' '.join(str(e).split())}", file=sys.stderr)

@@ -1,0 +1,131 @@
+"""Training data by self-distillation: the target answers the prompts, the drafter learns the
+answers. Replies are cached on disk as token ids, so a rerun (or a resumed run) never
+regenerates them; the cache is keyed by the target file, the prompts and the decoding settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from ..bench import find_data_dir
+from ..errors import ConfigError
+
+GSM8K_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+# short names for the prompt sets shipped with the package
+TRAIN_SETS = {"gsm8k_train": ("bench", "gsm8k_train.jsonl"), "chat": ("train", "chat_prompts.jsonl"),
+              "code": ("train", "code_prompts.jsonl")}
+
+
+def resolve_prompt_file(name: str) -> str:
+    if os.path.isfile(name):
+        return name
+    if name in TRAIN_SETS:
+        sub, fname = TRAIN_SETS[name]
+        folder = find_data_dir() if sub == "bench" else os.path.join(os.path.dirname(find_data_dir()), "train")
+        path = os.path.join(folder, fname)
+        if os.path.isfile(path):
+            return path
+        raise ConfigError(f"{path}: the shipped prompt set '{name}' is missing from this install")
+    raise ConfigError(f"--prompts {name}: no such file (give .jsonl/.txt files or one of {', '.join(TRAIN_SETS)})")
+
+
+def read_prompts(name: str) -> list[str]:
+    """User prompts of one file: JSON lines with ``prompt``, ``question`` (GSM8K, asked as the
+    benchmark asks it), ``instruction`` or ``turns`` (the first turn); or plain text, one per line."""
+    path = resolve_prompt_file(name)
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line:
+                continue
+            if not path.endswith(".jsonl"):
+                out.append(line)
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{lineno}: not valid JSON ({e})") from None
+            if not isinstance(r, dict):
+                raise ConfigError(f"{path}:{lineno}: expected a JSON object")
+            if isinstance(r.get("prompt"), str):
+                out.append(r["prompt"])
+            elif isinstance(r.get("question"), str):
+                out.append(r["question"] + GSM8K_SUFFIX)
+            elif isinstance(r.get("instruction"), str):
+                out.append(r["instruction"])
+            elif isinstance(r.get("turns"), list) and r["turns"] and isinstance(r["turns"][0], str):
+                out.append(r["turns"][0])
+            else:
+                raise ConfigError(f"{path}:{lineno}: record without a string 'prompt', 'question', 'instruction' or 'turns'")
+    if not out:
+        raise ConfigError(f"{path}: no prompts")
+    return out
+
+
+@dataclass
+class Distilled:
+    prompts: list[list[int]]  # prompt token ids (chat template applied)
+    replies: list[list[int]]  # the target's replies (ending with a stop token unless cut at max_new_tokens)
+
+    def sequences(self) -> list[tuple[list[int], int]]:
+        """(prompt + reply, index of the first reply token) per example with a non-empty reply."""
+        return [(p + r, len(p)) for p, r in zip(self.prompts, self.replies) if r]
+
+    @property
+    def reply_tokens(self) -> int:
+        return sum(len(r) for r in self.replies)
+
+
+def file_identity(path: str) -> str:
+    st = os.stat(path)
+    return f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def distill(loaded, texts: list[str], *, max_new_tokens: int, temperature: float, seed: int, slots: int,
+            cache_dir: str, chat: bool = True, chunk: int = 2048) -> Distilled:
+    """The target's replies to ``texts``, from the cache when present. Generated in chunks of
+    ``chunk`` prompts, each saved as it ends, so an interrupted run keeps what it made."""
+    from ..engine.batch import generate_batch
+
+    tok, model = loaded.tokenizer, loaded.model
+    if tok is None:
+        raise ConfigError(f"{loaded.path}: training needs a tokenizer (the target has none)")
+    enc = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}]) if chat else t, add_special=not chat)
+           for t in texts]
+    limit = model.max_context - max_new_tokens
+    too_long = [i for i, e in enumerate(enc) if len(e) > limit]
+    if too_long:
+        raise ConfigError(f"prompt {too_long[0]} is {len(enc[too_long[0]])} tokens: more than the context "
+                          f"({model.max_context}) minus --max-new-tokens ({max_new_tokens})")
+    key = hashlib.sha256(json.dumps([file_identity(loaded.path), str(model.dtype), enc, max_new_tokens, temperature,
+                                     seed, sorted(tok.eos_ids)]).encode()).hexdigest()[:16]
+    os.makedirs(cache_dir, exist_ok=True)
+    path = os.path.join(cache_dir, f"replies-{key}.pt")
+    done: dict[int, list[int]] = torch.load(path)["replies"] if os.path.exists(path) else {}
+    todo = [i for i in range(len(enc)) if i not in done]
+    if todo:
+        bar = tqdm(total=len(enc), initial=len(done), desc="distilling", unit="prompt")
+        ntok = [0]
+
+        def on_done(i, reply):
+            ntok[0] += len(reply)
+            bar.update(1)
+            bar.set_postfix(tok_s=f"{ntok[0] / max(bar.format_dict['elapsed'], 1e-9):.0f}", refresh=False)
+
+        for c in range(0, len(todo), chunk):
+            part = todo[c:c + chunk]
+            replies = generate_batch(model, [enc[i] for i in part], max_new_tokens, set(tok.eos_ids), slots=slots,
+                                     temperature=temperature, seed=seed + c, on_done=on_done)
+            done.update(zip(part, replies))
+            tmp = path + ".tmp"
+            torch.save({"replies": done}, tmp)
+            os.replace(tmp, path)
+        bar.close()
+    return Distilled(enc, [done[i] for i in range(len(enc))])

@@ -1,0 +1,85 @@
+"""``specdec train dflash|mtp``: load the target, distil its replies, train, write the drafter."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shlex
+import sys
+
+from ..errors import ConfigError
+from .data import distill, read_prompts
+from .trainer import TrainConfig, train
+
+DEFAULT_PROMPTS = ("gsm8k_train", "chat", "code")
+
+
+def check_args(a) -> None:
+    """Refuse bad numbers before anything is loaded."""
+    for name, v, lo in (("--epochs", a.epochs, 1e-9), ("--lr", a.lr, 1e-12), ("--batch-tokens", a.batch_tokens, 1),
+                        ("--max-new-tokens", a.max_new_tokens, 1), ("--slots", a.slots, 1),
+                        ("--eval-prompts", a.eval_prompts, 0), ("--eval-tokens", a.eval_tokens, 1),
+                        ("--temperature", a.temperature, 0), ("--warmup", a.warmup, 0)):
+        if not v >= lo:
+            raise ConfigError(f"{name} must be >= {lo:g}, got {v}")
+    if a.warmup >= 1:
+        raise ConfigError(f"--warmup is a fraction of the steps in [0, 1), got {a.warmup}")
+    if a.max_prompts is not None and a.max_prompts < 1:
+        raise ConfigError(f"--max-prompts must be >= 1, got {a.max_prompts}")
+    if a.kind == "dflash":
+        if not 2 <= a.block_size <= 64:
+            raise ConfigError(f"--block-size must be in 2..64, got {a.block_size}")
+        if a.layers < 1 or a.anchors < 1:
+            raise ConfigError("--layers and --anchors must be >= 1")
+    if a.kind == "mtp" and not 1 <= a.steps <= 8:
+        raise ConfigError(f"--steps (chained MTP steps trained) must be in 1..8, got {a.steps}")
+    if a.time_limit is not None and a.time_limit <= 0:
+        raise ConfigError(f"--time-limit must be > 0 minutes, got {a.time_limit}")
+    if os.path.exists(a.out) and not os.path.isdir(a.out):
+        raise ConfigError(f"--out {a.out}: exists and is not a directory")
+
+
+def run_train(a, argv: list[str] | None = None) -> int:
+    from ..api import default_model_path
+    from ..loading import load_model
+    from .tasks import make_task
+
+    check_args(a)
+    texts: list[str] = []
+    for name in a.prompts or DEFAULT_PROMPTS:
+        texts.extend(read_prompts(name))
+    rng = random.Random(a.seed)
+    order = list(range(len(texts)))
+    rng.shuffle(order)
+    if a.max_prompts is not None:
+        order = order[: a.max_prompts + a.eval_prompts]
+    held = [texts[i] for i in order[: a.eval_prompts]]
+    texts = [texts[i] for i in order[a.eval_prompts:]]
+    if not texts:
+        raise ConfigError("no training prompts left after setting aside --eval-prompts")
+
+    target_path = a.target or default_model_path()
+    loaded = load_model(target_path, a.device, a.dtype)
+    tok = loaded.tokenizer
+    if tok is None:
+        raise ConfigError(f"{target_path}: training needs a tokenizer")
+    cache_dir = os.path.expanduser(a.data_cache)
+    data = distill(loaded, texts, max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed,
+                   slots=a.slots, cache_dir=cache_dir)
+    print(f"data: {len(data.prompts)} prompts, {data.reply_tokens} reply tokens (cache {cache_dir})", file=sys.stderr)
+    if a.distill_only:
+        return 0
+    eval_ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}]), add_special=False) for t in held]
+    task = make_task(a, loaded)
+    cfg = TrainConfig(epochs=a.epochs, lr=a.lr, warmup=a.warmup, batch_tokens=a.batch_tokens, seed=a.seed,
+                      checkpoint_minutes=a.checkpoint_minutes, time_limit_minutes=a.time_limit,
+                      eval_prompts=eval_ids, eval_tokens=a.eval_tokens)
+    command = "specdec train " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[2:]))
+    task.provenance = {"command": command, "target": os.path.basename(target_path),
+                       "prompts": [os.path.basename(p) for p in (a.prompts or DEFAULT_PROMPTS)],
+                       "train_prompts": len(texts), "held_out_prompts": len(held), "max_new_tokens": a.max_new_tokens,
+                       "temperature": a.temperature, "seed": a.seed}
+    summary = train(task, loaded, data, a.out, cfg, restart=a.restart, log=lambda m: print(m, file=sys.stderr))
+    print(json.dumps({"out": a.out, **{k: summary[k] for k in ("steps", "seconds", "final_loss", "held_out_tau")}}))
+    return 0

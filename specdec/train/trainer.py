@@ -1,0 +1,230 @@
+"""The training loop shared by every drafter kind: batches, schedule, checkpoints, held-out tau.
+
+A *task* (``tasks.DFlashTask``, ``tasks.MTPTask``) owns the drafter being trained and knows its
+loss; this module owns everything else:
+
+- batches of whole sequences (prompt + the target's reply) under a token budget, in a seeded
+  order per epoch, so a resumed run replays exactly the batches it had not yet seen;
+- AdamW with linear warm-up and cosine decay, gradient clipping, bf16 autocast on CUDA;
+- the frozen target computes the features the drafter needs, batch by batch, on the fly;
+- a checkpoint (``OUT.ckpt.pt``: weights, optimiser, step) every few minutes, at each epoch's
+  end, on Ctrl-C / SIGTERM and at ``--time-limit``; rerunning the same command resumes it;
+- a held-out tau each epoch, by real speculative decoding of prompts never trained on;
+- the drafter directory is written to a temporary sibling and renamed when done.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from ..errors import ConfigError
+from .data import Distilled
+
+
+@dataclass
+class TrainConfig:
+    epochs: float = 6.0
+    lr: float = 6e-4
+    warmup: float = 0.04  # fraction of the steps
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    batch_tokens: int = 16384  # padded tokens per batch (sequences x longest)
+    max_len: int = 2048  # longer sequences are cut
+    seed: int = 0
+    checkpoint_minutes: float = 5.0
+    time_limit_minutes: float | None = None
+    eval_prompts: list = field(default_factory=list)  # token ids of held-out prompts
+    eval_tokens: int = 128
+
+
+class Stopped(Exception):
+    """Training stopped early (time limit or a signal) after saving a checkpoint."""
+
+
+def make_batches(seqs: list[tuple[list[int], int]], batch_tokens: int, max_len: int) -> list[list[int]]:
+    """Indices of sequences grouped by length so that ``len(batch) * longest <= batch_tokens``."""
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
+    batches, cur, longest = [], [], 0
+    for i in order:
+        n = min(len(seqs[i][0]), max_len)
+        if cur and (len(cur) + 1) * max(longest, n) > batch_tokens:
+            batches.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def collate(seqs, idx: list[int], max_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids ``[B, L]`` and ``label_valid [B, L]`` (True at reply tokens)."""
+    width = min(max(len(seqs[i][0]) for i in idx), max_len)
+    ids = torch.zeros(len(idx), width, dtype=torch.long)
+    valid = torch.zeros(len(idx), width, dtype=torch.bool)
+    for r, i in enumerate(idx):
+        toks, first = seqs[i]
+        toks = toks[:width]
+        ids[r, : len(toks)] = torch.tensor(toks)
+        valid[r, first: len(toks)] = True
+    return ids.to(device), valid.to(device)
+
+
+def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+    warm = max(1, int(cfg.warmup * total))
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    p = (step - warm) / max(1, total - warm)
+    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, p)))
+
+
+def held_out_tau(task, target, prompts: list[list[int]], n_tokens: int, stop_ids) -> float:
+    """Mean accepted tokens per target step (drafts accepted + the target's own), greedy."""
+    from ..engine import SpeculativeGenerator
+    from ..sampling import SamplingParams
+
+    if not prompts:
+        return float("nan")
+    drafter, k = task.inference_drafter()
+    gen = SpeculativeGenerator(target, drafter, k)
+    steps = accepted = 0
+    for p in prompts:
+        res = gen.generate(p, n_tokens, SamplingParams(), eos_ids=list(stop_ids))
+        steps += res.stats.steps
+        accepted += sum(res.stats.accepted)
+    return (accepted + steps) / max(steps, 1)
+
+
+def commit_id() -> str:
+    if os.environ.get("SPECDEC_COMMIT"):
+        return os.environ["SPECDEC_COMMIT"]
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def machine() -> str:
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+    return f"{platform.machine()} CPU x{os.cpu_count()}, torch {torch.__version__}"
+
+
+def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart: bool = False, log=print) -> dict:
+    """Train ``task``'s drafter on ``data``; write it to ``out``. Returns a summary dict."""
+    target = loaded.model
+    dev = target.device
+    seqs = data.sequences()
+    if not seqs:
+        raise ConfigError("no training sequences: every reply is empty")
+    batches = make_batches(seqs, cfg.batch_tokens, cfg.max_len)
+    per_epoch = len(batches)
+    total = max(1, int(round(cfg.epochs * per_epoch)))
+    params = [p for p in task.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    ckpt = out.rstrip("/") + ".ckpt.pt"
+    recipe = {"task": task.recipe(), "sequences": len(seqs), "batches": per_epoch, "total": total, "seed": cfg.seed}
+    step, spent = 0, 0.0
+    if os.path.exists(ckpt) and not restart:
+        state = torch.load(ckpt, map_location=dev, weights_only=False)
+        if state.get("recipe") != recipe:
+            raise ConfigError(f"{ckpt}: a checkpoint of a different run (other data or settings); "
+                              "pass --restart to discard it, or rerun the original command")
+        task.load_state_dict(state["task"])
+        opt.load_state_dict(state["opt"])
+        step, spent = state["step"], state.get("seconds", 0.0)
+        log(f"resuming from {ckpt} at step {step}/{total}")
+
+    def save_ckpt():
+        tmp = ckpt + ".tmp"
+        torch.save({"recipe": recipe, "task": task.state_dict(), "opt": opt.state_dict(), "step": step,
+                    "seconds": spent + time.perf_counter() - t_run}, tmp)
+        os.replace(tmp, ckpt)
+
+    stop_flag = {"sig": None}
+
+    def on_signal(signum, frame):
+        stop_flag["sig"] = signum
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    t_run = time.perf_counter()
+    last_ckpt = t_run
+    taus: list[tuple[int, float]] = []
+    bar = tqdm(total=total, initial=step, desc=f"train {task.kind}", unit="step", dynamic_ncols=True)
+    n_tok, t_tok = 0, time.perf_counter()
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else _Null()
+    loss_avg = None
+    stats: dict = {}
+    try:
+        while step < total:
+            epoch, pos = divmod(step, per_epoch)
+            order = torch.randperm(per_epoch, generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch)).tolist()
+            ids, valid = collate(seqs, batches[order[pos]], cfg.max_len, dev)
+            feats = target.forward_batch_train(ids, capture=task.capture)
+            gen = torch.Generator(device=dev).manual_seed(cfg.seed * 1_000_003 + step)
+            task.train()
+            with amp:
+                loss, stats = task.loss(ids, valid, feats, gen)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, total, cfg)
+            opt.step()
+            step += 1
+            n_tok += int(valid.sum())
+            lv = float(loss)
+            loss_avg = lv if loss_avg is None else 0.98 * loss_avg + 0.02 * lv
+            bar.update(1)
+            el = time.perf_counter() - t_tok
+            bar.set_postfix(loss=f"{loss_avg:.3f}", **{k: f"{v:.2f}" for k, v in stats.items() if k in task.show},
+                            tok_s=f"{n_tok / max(el, 1e-9):.0f}", refresh=False)
+            now = time.perf_counter()
+            if step % per_epoch == 0 or step == total:
+                tau = held_out_tau(task, target, cfg.eval_prompts, cfg.eval_tokens, loaded.tokenizer.eos_ids
+                                   if loaded.tokenizer else [])
+                taus.append((step, tau))
+                log(f"epoch {step / per_epoch:.2f}: loss {loss_avg:.3f}, held-out tau {tau:.2f}")
+                save_ckpt()
+                last_ckpt = now
+            elif now - last_ckpt > 60 * cfg.checkpoint_minutes:
+                save_ckpt()
+                last_ckpt = now
+            over = cfg.time_limit_minutes is not None and (now - t_run) > 60 * cfg.time_limit_minutes
+            if (stop_flag["sig"] is not None or over) and step < total:
+                save_ckpt()
+                why = "the time limit" if over else f"signal {stop_flag['sig']}"
+                raise Stopped(f"stopped by {why} at step {step}/{total}; checkpoint {ckpt} "
+                              "(rerun the same command to resume)")
+    finally:
+        bar.close()
+        for s, h in old.items():
+            signal.signal(s, h)
+    seconds = spent + time.perf_counter() - t_run
+    summary = {"steps": total, "epochs": cfg.epochs, "sequences": len(seqs), "reply_tokens": data.reply_tokens,
+               "batches_per_epoch": per_epoch, "seconds": round(seconds, 1), "final_loss": loss_avg,
+               "held_out_tau": taus, "stats": {k: float(v) for k, v in stats.items()}, "machine": machine(),
+               "commit": commit_id()}
+    task.save(out, summary)
+    if os.path.exists(ckpt):
+        os.remove(ckpt)
+    return summary
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
