@@ -45,7 +45,7 @@ def step(model, t, b, l, a, mode, chunk, gen):
         hid = dflash_block_hidden(model, t.embed_tokens.weight, feats, tokens, anchors, valid, anchor_chunk=chunk)
         loss, stats = dflash_loss(model, hid, t.head_weight(), tokens, anchors, valid, label_valid)
     loss.backward()
-    return float(loss), float(stats["accept_len"])
+    return float(loss.detach()), float(stats["accept_len"])
 
 
 def main() -> None:
