@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _dflash_util import write_drafter
 from _engine_util import build_llama, plain_generate
 from specdec.drafters.dflash import DFlashDrafter, load_dflash_drafter
 from specdec.loading import load_model
@@ -55,13 +56,9 @@ def test_config_fits_the_target(target):
     assert model.fc.weight.dtype == torch.float32
 
 
-def test_block_hidden_matches_inference(target):
+def _check_parity(model, t):
     """Every anchor's block rows equal the real drafter's block logits after committing
     ``tokens[:a]`` with last token ``tokens[a]`` (blocks near the end run past L)."""
-    loaded = target[1]
-    t = loaded.model
-    cfg, model = _drafter(loaded)
-    model.eval()
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(VOCAB, (2, 20), generator=g)
     anchors = torch.tensor([[1, 5, 6, 12, 18, 0], [3, 4, 9, 17, 19, 2]])
@@ -79,14 +76,30 @@ def test_block_hidden_matches_inference(target):
             a = int(anchors[b, j])
             if not valid[b, j]:
                 continue
-            cache = t.new_cache(a + 1)
-            drafter.begin(tokens[b, :a], t.forward(tokens[b, :a], cache, capture=ids))
+            drafter.begin(tokens[b, :a], t.forward(tokens[b, :a], t.new_cache(a + 1), capture=ids))
             want = drafter.block_logits(int(tokens[b, a]))
             got = model.logits(hid[b, j, 1:], t.head_weight())
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
             if a + 1 < 20:  # the block one position later is a different computation
                 drafter.begin(tokens[b, :a + 1], t.forward(tokens[b, :a + 1], t.new_cache(a + 2), capture=ids))
                 assert not torch.allclose(got, drafter.block_logits(int(tokens[b, a + 1])), atol=1e-3)
+
+
+def test_block_hidden_matches_inference(target):
+    _, model = _drafter(target[1])
+    _check_parity(model.eval(), target[1].model)
+
+
+@pytest.mark.parametrize("kind", ["sliding", "causal"])
+def test_block_hidden_matches_inference_zlab_layer_kinds(tmp_path, target, kind):
+    """Loaded z-lab checkpoints may have sliding-window (causal by default) or causal layers."""
+    kw = (dict(layer_types=["sliding_attention", "full_attention"], sliding_window=3) if kind == "sliding"
+          else dict(config={"is_causal": True}))
+    path, _ = write_drafter(tmp_path / kind, hidden=HIDDEN, num_target_layers=LAYERS, target_layer_ids=(1, 4),
+                            block_size=BS, mask_token_id=VOCAB - 1, seed=5, **kw)
+    model = load_dflash_drafter(path, target[1]).model
+    assert any(model.config.causal) and (kind == "causal" or model.config.windows[0] == 3)
+    _check_parity(model, target[1].model)
 
 
 def test_saved_drafter_loads_strictly_and_is_lossless(tmp_path, target):
