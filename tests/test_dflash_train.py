@@ -185,3 +185,32 @@ def test_sample_anchors_respect_labels_and_count():
         assert anchors[1, :2].tolist() == [27, 28]
     wide, wide_valid = sample_anchors(label_valid[:, :5], 8, 4, g)
     assert wide.shape == (3, 8) and not wide_valid.any()
+
+
+def test_chunked_loss_gradient_equals_direct(target):
+    """The chunked, checkpointed head gives the loss and gradient of the plain formula."""
+    t = target[1].model
+    _, model = _drafter(target[1], seed=6)
+    g = torch.Generator().manual_seed(7)
+    tokens = torch.randint(VOCAB, (2, 12), generator=g)
+    label_valid = torch.rand(2, 12, generator=g) < 0.7
+    anchors, valid = sample_anchors(label_valid, 4, BS, g)
+    hid = torch.randn(2, 4, BS, HIDDEN, generator=g, requires_grad=True)
+    loss, _ = dflash_loss(model, hid, t.head_weight(), tokens, anchors, valid, label_valid, gamma=3.0, chunk_rows=3)
+    (grad,) = torch.autograd.grad(loss, hid)
+
+    ref = hid.new_zeros(()).double()
+    wsum = 0.0
+    for b in range(2):
+        for j in range(4):
+            for k in range(1, BS):
+                p = int(anchors[b, j]) + k
+                if valid[b, j] and p < 12 and label_valid[b, p]:
+                    w = torch.exp(torch.tensor(-(k - 1) / 3.0))
+                    logits = model.logits(hid[b, j, k], t.head_weight())
+                    ref = ref + w * torch.nn.functional.cross_entropy(logits[None], tokens[b, p][None])
+                    wsum += float(w)
+    ref = ref / wsum
+    (ref_grad,) = torch.autograd.grad(ref, hid)
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad, ref_grad.float(), rtol=1e-4, atol=1e-6)
