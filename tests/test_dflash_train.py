@@ -68,7 +68,7 @@ def _check_parity(model, t):
         feats = _features(t, tokens, ids)
         hid = dflash_block_hidden(model, t.embed_tokens.weight, feats, tokens, anchors, valid)
         chunked = dflash_block_hidden(model, t.embed_tokens.weight, feats, tokens, anchors, valid, anchor_chunk=4)
-    assert hid.shape == (2, 6, BS, HIDDEN)
+    assert hid.shape == (2, 6, BS, model.config.hidden_size)
     torch.testing.assert_close(chunked, hid, rtol=1e-5, atol=1e-5)
     drafter = DFlashDrafter(model, t)
     for b in range(2):
@@ -88,6 +88,21 @@ def _check_parity(model, t):
 def test_block_hidden_matches_inference(target):
     _, model = _drafter(target[1])
     _check_parity(model.eval(), target[1].model)
+
+
+def test_qwen3_target_init_and_parity(tmp_path):
+    """A Qwen3 target (q/k norms, head_dim != hidden / heads): the copied layers keep its norms."""
+    from _dense_util import tiny_model
+    path = str(tmp_path / "qwen3")
+    tiny_model("qwen3", seed=2, layers=4).save_pretrained(path)
+    loaded = load_model(path, "cpu", tokenizer=False)
+    cfg = new_dflash_config(loaded, num_layers=2, block_size=BS, mask_token_id=3)
+    assert cfg["head_dim"] == loaded.model.config.head_dim != cfg["hidden_size"] // cfg["num_attention_heads"]
+    model = new_dflash_model(loaded, cfg)
+    src = loaded.model.layers[-1].self_attn
+    assert torch.equal(model.layers[-1].self_attn.k_norm.weight, src.k_norm.weight)
+    assert torch.equal(model.norm.weight, loaded.model.norm.weight)
+    _check_parity(model.eval(), loaded.model)
 
 
 @pytest.mark.parametrize("kind", ["sliding", "causal"])
