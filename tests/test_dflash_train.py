@@ -90,18 +90,22 @@ def test_block_hidden_matches_inference(target):
     _check_parity(model.eval(), target[1].model)
 
 
-def test_qwen3_target_init_and_parity(tmp_path):
-    """A Qwen3 target (q/k norms, head_dim != hidden / heads): the copied layers keep its norms."""
+@pytest.mark.parametrize("kind", ["qwen3", "llama3"])
+def test_other_targets_init_and_parity(tmp_path, kind):
+    """Qwen3 (q/k norms, head_dim != hidden / heads): the copied layers keep its norms; Llama 3
+    (llama3 RoPE scaling): the drafter's config carries the scaling."""
     from _dense_util import tiny_model
-    path = str(tmp_path / "qwen3")
-    tiny_model("qwen3", seed=2, layers=4).save_pretrained(path)
+    path = str(tmp_path / kind)
+    tiny_model(kind, seed=2, layers=4).save_pretrained(path)
     loaded = load_model(path, "cpu", tokenizer=False)
     cfg = new_dflash_config(loaded, num_layers=2, block_size=BS, mask_token_id=3)
-    assert cfg["head_dim"] == loaded.model.config.head_dim != cfg["hidden_size"] // cfg["num_attention_heads"]
     model = new_dflash_model(loaded, cfg)
-    src = loaded.model.layers[-1].self_attn
-    assert torch.equal(model.layers[-1].self_attn.k_norm.weight, src.k_norm.weight)
     assert torch.equal(model.norm.weight, loaded.model.norm.weight)
+    if kind == "qwen3":
+        assert cfg["head_dim"] == loaded.model.config.head_dim != cfg["hidden_size"] // cfg["num_attention_heads"]
+        assert torch.equal(model.layers[-1].self_attn.k_norm.weight, loaded.model.layers[-1].self_attn.k_norm.weight)
+    else:
+        assert cfg["rope_scaling"]["rope_type"] == "llama3" and model.rotary.scaling["factor"] == 8.0
     _check_parity(model.eval(), loaded.model)
 
 

@@ -87,12 +87,12 @@ def new_dflash_model(target, cfg_dict: dict, init: str = "target") -> DFlashDraf
     k/v projections can already read. ``hidden_norm`` is ones; ``norm`` is the target's final norm
     (the target's LM head reads it). ``init="random"``: small normal weights (std 0.02), norms ones.
     """
+    if init not in ("target", "random"):
+        raise ConfigError(f"init must be 'target' or 'random', got {init!r}")
     target: CausalLM = getattr(target, "model", target)
     c = DFlashConfig.from_dict(cfg_dict, source="new_dflash_model")
     check_fit(c, target, "new_dflash_model")
     model = DFlashDraftModel(c).to(device=target.device, dtype=torch.float32)
-    if init not in ("target", "random"):
-        raise ConfigError(f"init must be 'target' or 'random', got {init!r}")
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
