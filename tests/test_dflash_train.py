@@ -144,7 +144,9 @@ def test_adamw_lowers_the_loss(target):
     tokens = torch.randint(VOCAB, (2, 24), generator=g)
     label_valid = torch.ones_like(tokens, dtype=torch.bool)
     label_valid[:, :6] = False  # the prompt
-    feats = _features(t, tokens, model.config.target_layer_ids)
+    with torch.inference_mode():  # as a trainer would get them from CausalLM.forward
+        feats = _features(t, tokens, model.config.target_layer_ids)
+    assert feats.is_inference()
     anchors, valid = sample_anchors(label_valid, 8, BS, g)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []

@@ -144,7 +144,8 @@ def dflash_block_hidden(model: DFlashDraftModel, embed: torch.Tensor, feats: tor
 
     ``embed [V, H]``: the target's embedding table (``target.embed_tokens.weight``; the block is
     embedded with the raw table times the drafter's ``input_embedding_scale``, as at inference).
-    ``feats [B, L, n*H]``: the target's captured features of whole sequences (no grad needed).
+    ``feats [B, L, n*H]``: the target's captured features of whole sequences (no grad needed;
+    inference-mode tensors, as ``CausalLM.forward`` returns them, are cloned).
     ``tokens [B, L]``; ``anchors [B, A]`` long positions in ``0..L-1``; ``anchor_valid [B, A]``
     bool (invalid anchors are computed at position 0 and are the loss's to ignore).
     Row ``k`` of anchor ``a``'s block equals what :meth:`DFlashDrafter.block_logits` computes
@@ -156,6 +157,8 @@ def dflash_block_hidden(model: DFlashDraftModel, embed: torch.Tensor, feats: tor
         raise ValueError(f"shapes disagree: feats {tuple(feats.shape)}, tokens {tuple(tokens.shape)}, "
                          f"anchors {tuple(anchors.shape)}, anchor_valid {tuple(anchor_valid.shape)}")
     dt = model.fc.weight.dtype
+    if feats.is_inference():  # the target forwards in inference mode; autograd cannot save such tensors
+        feats = feats.clone()
     anchors = torch.where(anchor_valid, anchors, torch.zeros_like(anchors))
     ctx = model.hidden_norm(model.fc(feats.to(dt)))  # [B, L, H], the context stream
     cos, sin = model.rotary.cos_sin(torch.arange(l, device=tokens.device), dt)
