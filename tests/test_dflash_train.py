@@ -158,6 +158,7 @@ def test_adamw_lowers_the_loss(target):
         opt.step()
         losses.append(float(loss.detach()))
     assert losses[-1] < losses[0] - 0.5 and losses[-1] == min(losses), losses
+    assert t.embed_tokens.weight.grad is None and t.head_weight().grad is None  # the target stays frozen
     assert stats["acc"].shape == (BS - 1,) and 0 <= float(stats["accept_len"]) <= BS - 1
     assert int(stats["blocks"]) == int(valid.sum())
 

@@ -142,8 +142,9 @@ def dflash_block_hidden(model: DFlashDraftModel, embed: torch.Tensor, feats: tor
                         anchor_chunk: int | None = None) -> torch.Tensor:
     """Final-normed hidden rows of every anchor's block, ``[B, A, bs, H]`` (differentiable).
 
-    ``embed [V, H]``: the target's embedding table (``target.embed_tokens.weight``; the block is
-    embedded with the raw table times the drafter's ``input_embedding_scale``, as at inference).
+    ``embed [V, H]``: the target's embedding table (``target.embed_tokens.weight``, frozen: no
+    gradient reaches it; the block is embedded with the raw table times the drafter's
+    ``input_embedding_scale``, as at inference).
     ``feats [B, L, n*H]``: the target's captured features of whole sequences (no grad needed;
     inference-mode tensors, as ``CausalLM.forward`` returns them, are cloned).
     ``tokens [B, L]``; ``anchors [B, A]`` long positions in ``0..L-1``; ``anchor_valid [B, A]``
@@ -179,7 +180,7 @@ def _blocks(model: DFlashDraftModel, embed: torch.Tensor, ctx_kv, tokens: torch.
     dev = tokens.device
     ids = torch.full((b, n_a, bs), c.mask_token_id, dtype=torch.int64, device=dev)
     ids[:, :, 0] = tokens.gather(1, anchors)
-    x = F.embedding(ids.view(b, t), embed).to(dt)
+    x = F.embedding(ids.view(b, t), embed.detach()).to(dt)  # the target's table stays frozen
     if c.input_embedding_scale != 1.0:
         x = x * c.input_embedding_scale
     pos = (anchors[:, :, None] + torch.arange(bs, device=dev)).view(b, t)  # [B, T]
