@@ -10,6 +10,7 @@ import torch
 from _dflash_util import write_drafter
 from _engine_util import build_llama, plain_generate
 from specdec.drafters.dflash import DFlashDrafter, load_dflash_drafter
+from specdec.errors import ConfigError
 from specdec.loading import load_model
 from specdec.train.dflash_batch import (dflash_block_hidden, dflash_loss, new_dflash_config, new_dflash_model,
                                         sample_anchors, save_dflash_dir)
@@ -135,6 +136,23 @@ def test_saved_drafter_loads_strictly_and_is_lossless(tmp_path, target):
     prompt = torch.randint(VOCAB, (7,), generator=torch.Generator().manual_seed(5)).tolist()
     res = llm.generate(prompt, 40)
     assert res.token_ids == plain_generate(llm.model, prompt, 40).token_ids
+
+
+def test_sharded_save_loads_back(tmp_path, target):
+    """Several shards and an index (SmolLM2's 5-layer drafter is ~39 MB in bf16: 3 shards)."""
+    import os
+    cfg, model = _drafter(target[1], seed=4)
+    out = str(tmp_path / "sharded")
+    save_dflash_dir(model, cfg, out, max_shard_bytes=20_000)
+    files = sorted(os.listdir(out))
+    assert "model.safetensors.index.json" in files and sum(f.endswith(".safetensors") for f in files) > 2
+    back = load_dflash_drafter(out, target[1]).model.state_dict()
+    for name, p in model.state_dict().items():
+        assert torch.equal(back[name], p.to(torch.bfloat16).float()), name
+    save_dflash_dir(model, cfg, out, dtype=None)  # overwrites in place, fp32 kept
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    with pytest.raises(ConfigError, match="another drafter"):
+        save_dflash_dir(model, dict(cfg, block_size=BS + 1), str(tmp_path / "bad"))
 
 
 def test_adamw_lowers_the_loss(target):

@@ -330,9 +330,10 @@ def sample_anchors(label_valid: torch.Tensor, num_anchors: int, bs: int,
 # --- saving ------------------------------------------------------------------------------------
 
 def save_dflash_dir(model: DFlashDraftModel, cfg_dict: dict, path: str, extra_files: dict[str, str] | None = None,
-                    dtype: torch.dtype | None = torch.bfloat16) -> None:
+                    dtype: torch.dtype | None = torch.bfloat16, max_shard_bytes: int = 15 * 2**20) -> None:
     """Write ``cfg_dict`` and the drafter's weights (``DFlashDraftModel.state_dict()`` names,
-    converted to ``dtype``) to directory ``path`` atomically, in shards of at most 15 MiB;
+    converted to ``dtype``; None keeps fp32 for resuming) to directory ``path`` atomically, in
+    shards of at most ``max_shard_bytes`` with an index when there are several;
     :func:`load_dflash_drafter` loads it strictly. ``extra_files``: name -> text written beside."""
     c = DFlashConfig.from_dict(cfg_dict, source="save_dflash_dir")
     mc = model.config
@@ -341,4 +342,4 @@ def save_dflash_dir(model: DFlashDraftModel, cfg_dict: dict, path: str, extra_fi
         raise ConfigError("save_dflash_dir: cfg_dict describes another drafter than the model's config "
                           "(hidden_size, num_hidden_layers, target_layer_ids, block_size)")
     tensors = {n: t for n, t in model.state_dict().items()}
-    save_drafter_dir(path, cfg_dict, tensors, dtype=dtype, extra_files=extra_files)
+    save_drafter_dir(path, cfg_dict, tensors, dtype=dtype, extra_files=extra_files, max_shard_bytes=max_shard_bytes)
