@@ -203,10 +203,11 @@ class DFlashAttention(nn.Module):
         self.scale = c.head_dim ** -0.5
 
     def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x [T, H]`` -> roped, normed keys and plain values, each ``[n_kv, T, d]``."""
-        t = x.shape[0]
-        k = self.k_norm(self.k_proj(x).view(t, self.n_kv, self.head_dim)).transpose(0, 1)
-        v = self.v_proj(x).view(t, self.n_kv, self.head_dim).transpose(0, 1)
+        """``x [..., T, H]`` -> roped, normed keys and plain values, each ``[..., n_kv, T, d]``
+        (leading batch dimensions are for training, see :mod:`specdec.train.dflash_batch`)."""
+        shape = (*x.shape[:-1], self.n_kv, self.head_dim)
+        k = self.k_norm(self.k_proj(x).view(shape)).transpose(-3, -2)
+        v = self.v_proj(x).view(shape).transpose(-3, -2)
         return apply_rope(k, cos, sin), v
 
     def forward(self, x, cos, sin, k_ctx, v_ctx, mask):
