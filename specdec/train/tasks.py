@@ -1,0 +1,139 @@
+"""What ``specdec train`` trains: one task per drafter kind, each owning its drafter's weights,
+its loss on a batch (the frozen target's features given), an inference copy for the held-out
+tau, and how it is saved. The math lives in :mod:`.dflash_batch` and :mod:`.mtp_batch`."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import torch
+
+from ..errors import ConfigError
+
+
+def pick_mask_token(tok, vocab_size: int) -> int:
+    """A token for DFlash's mask rows: one named like a mask, else the last special ``<...>``
+    token among the first 256 ids that is neither BOS/EOS nor in the chat template."""
+    if tok is None:
+        raise ConfigError("DFlash training needs a tokenizer to pick the mask token")
+    names = [(i, tok.id_to_token(i) or "") for i in range(min(256, vocab_size))]
+    for i, n in names:
+        if "mask" in n.lower():
+            return i
+    used = set(tok.eos_ids) | ({tok.bos_id} if getattr(tok, "bos_id", None) is not None else set())
+    template = tok.chat_template or ""
+    special = [i for i, n in names if n.startswith("<") and n.endswith(">") and len(n) > 2 and i not in used
+               and n not in template]
+    if not special:
+        raise ConfigError("found no unused special token for DFlash's mask rows in the first 256 ids")
+    return special[-1]
+
+
+class _Task:
+    kind = ""
+    capture: tuple[int, ...] = ()
+    show: tuple[str, ...] = ()
+    provenance: dict = {}
+
+    def parameters(self):
+        return self.module.parameters()
+
+    def train(self):
+        self.module.train()
+
+    def state_dict(self):
+        return self.module.state_dict()
+
+    def load_state_dict(self, sd):
+        self.module.load_state_dict(sd)
+
+    def _notes(self, summary: dict) -> dict[str, str]:
+        info = {**self.provenance, **summary, "recipe": self.recipe()}
+        lines = [f"# {self.kind} drafter trained by `specdec train`", ""]
+        for k, v in info.items():
+            lines.append(f"- **{k}**: {v if not isinstance(v, (dict, list)) else json.dumps(v)}")
+        return {"TRAINING.md": "\n".join(lines) + "\n", "training.json": json.dumps(info, indent=2) + "\n"}
+
+
+class DFlashTask(_Task):
+    kind = "dflash"
+    show = ("acc1", "accept")
+
+    def __init__(self, a, loaded):
+        from ..drafters.dflash_model import DFlashConfig
+        from .dflash_batch import new_dflash_config, new_dflash_model
+
+        self.target = loaded.model
+        mask = pick_mask_token(loaded.tokenizer, self.target.config.vocab_size)
+        self.cfg = new_dflash_config(self.target, a.layers, a.block_size, mask_token_id=mask)
+        self.module = new_dflash_model(self.target, self.cfg)
+        self.block_size, self.anchors, self.gamma = a.block_size, a.anchors, a.gamma
+        self.capture = tuple(DFlashConfig.from_dict(self.cfg).target_layer_ids)
+
+    def recipe(self) -> dict:
+        return {"kind": self.kind, "config": self.cfg, "anchors": self.anchors, "gamma": self.gamma}
+
+    def loss(self, ids, valid, out, gen):
+        from .dflash_batch import dflash_block_hidden, dflash_loss, sample_anchors
+
+        anchors, ok = sample_anchors(valid, self.anchors, self.block_size, generator=gen)
+        h = dflash_block_hidden(self.module, self.target.embed_tokens.weight, out.captured, ids, anchors, ok)
+        loss, st = dflash_loss(self.module, h, self.target.head_weight(), ids, anchors, ok, valid, self.gamma)
+        return loss, {"acc1": st["acc"][0], "accept": st["accept_len"]}
+
+    def inference_drafter(self):
+        from ..drafters.dflash import DFlashDrafter
+
+        m = copy.deepcopy(self.module).to(self.target.dtype).eval().requires_grad_(False)
+        return DFlashDrafter(m, self.target, None, "the drafter in training"), self.block_size - 1
+
+    def save(self, out: str, summary: dict) -> None:
+        from .dflash_batch import save_dflash_dir
+
+        save_dflash_dir(self.module, self.cfg, out, extra_files=self._notes(summary))
+
+
+class MTPTask(_Task):
+    kind = "mtp"
+    show = ("acc1", "acc2")
+
+    def __init__(self, a, loaded):
+        from ..drafters.mtp_dir import new_mtp_block
+
+        self.target = loaded.model
+        last = len(self.target.layers) - 1
+        try:
+            block = new_mtp_block(self.target, init_from_layer=last, generator=torch.Generator().manual_seed(a.seed))
+        except ConfigError:  # a hybrid target whose last layer is not full attention: random init
+            block = new_mtp_block(self.target, generator=torch.Generator().manual_seed(a.seed))
+        self.module = block.float()
+        self.steps = a.steps
+
+    def recipe(self) -> dict:
+        return {"kind": self.kind, "steps": self.steps}
+
+    def loss(self, ids, valid, out, gen):
+        from .mtp_batch import mtp_chain_loss
+
+        t = self.target
+        res = mtp_chain_loss(self.module, t.embed, t.head_weight(), out.hidden, ids, valid, self.steps, t.rotary,
+                             softcap=t.final_logit_softcap)
+        stats = {f"acc{s + 1}": res.step_acc[s] for s in range(self.steps)}
+        return res.loss, stats
+
+    def inference_drafter(self):
+        from ..drafters.mtp import MTPDrafter
+
+        b = copy.deepcopy(self.module).to(self.target.dtype).eval().requires_grad_(False)
+        return MTPDrafter(b, self.target), self.steps
+
+    def save(self, out: str, summary: dict) -> None:
+        from ..drafters.mtp_dir import save_mtp_dir
+
+        save_mtp_dir(self.module, self.target, out, steps=self.steps, extra_files=self._notes(summary))
+
+
+def make_task(a, loaded):
+    loaded.model.requires_grad_(False)  # frozen: embedding, head and features get no gradient
+    return {"dflash": DFlashTask, "mtp": MTPTask}[a.kind](a, loaded)
