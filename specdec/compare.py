@@ -13,6 +13,7 @@ import secrets
 from dataclasses import dataclass
 
 from .engine import GenerationResult
+from .errors import RequestError
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def compare(llm, prompt, gen: dict, *, label: str | None = None, chat: bool = Fa
     ``trace`` applies to it. ``label`` names the speculative row (default: the drafter's name).
     """
     if llm.drafter is None:
-        raise ValueError("compare needs an LLM with a drafter")
+        raise RequestError("compare needs an LLM with a drafter (draft='ngram', 'mtp' or 'dflash:PATH')")
     seed = gen.get("seed")
     greedy = gen.get("temperature", 0.0) == 0
     if seed is None and not greedy:
