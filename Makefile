@@ -1,4 +1,5 @@
-# specdec: `make demo` sets everything up and runs the embedded default model; `make test` runs the tests.
+# specdec: `make demo` sets everything up and runs the embedded default model (plain, then speculative,
+# side by side); `make test` runs the tests.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -24,7 +25,7 @@ setup: $(BIN)/specdec
 
 demo: setup
 	$(BIN)/specdec info
-	$(BIN)/specdec generate --chat --draft ngram --max-new-tokens 96 \
+	$(BIN)/specdec generate --chat --compare --draft ngram --max-new-tokens 96 \
 		--prompt "Explain in two sentences why the sky is blue."
 
 # llama.cpp's reference vocabularies (with expected token ids) for the tokenizer tests;

@@ -98,6 +98,8 @@ class LLM:
             k = self.drafter.block_size - 1  # a block drafter drafts its whole (possibly lowered) block
         self.engine = SpeculativeGenerator(self.loaded.model, self.drafter, k, cuda_graphs=cuda_graphs,
                                            batch_invariant=batch_invariant)
+        self._engine_options = {"cuda_graphs": cuda_graphs, "batch_invariant": batch_invariant}
+        self._plain: SpeculativeGenerator | None = None  # target-only decoding, built on first use
 
     @property
     def model(self):
@@ -121,9 +123,12 @@ class LLM:
 
     def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, seed: int | None = None, stop: list[str] | str | None = None, *,
-                 chat: bool = False, trace: bool = False, on_tokens=None) -> GenerationResult:
+                 chat: bool = False, trace: bool = False, on_tokens=None, speculative: bool = True
+                 ) -> GenerationResult:
         """Generate from a string, a list of chat messages, or token ids.
 
+        ``speculative=False`` decodes with the target alone (same model, same engine options,
+        no drafter): the baseline that speculative output must equal token for token when greedy.
         Returns a :class:`GenerationResult` with ``text``, ``token_ids``, ``finish_reason`` and
         ``stats`` (tau, acceptance, timings).
         """
@@ -133,5 +138,11 @@ class LLM:
         tok = self.tokenizer
         eos = tok.eos_ids if tok is not None else list(self.model.config.eos_token_id)
         decode = (lambda t: tok.decode(t)) if tok is not None else None
-        return self.engine.generate(ids, max_new_tokens, params, eos_ids=eos, stop=stop, decode=decode, trace=trace,
-                                    on_tokens=on_tokens)
+        engine = self.engine if speculative or self.drafter is None else self._plain_engine()
+        return engine.generate(ids, max_new_tokens, params, eos_ids=eos, stop=stop, decode=decode, trace=trace,
+                               on_tokens=on_tokens)
+
+    def _plain_engine(self) -> SpeculativeGenerator:
+        if self._plain is None:
+            self._plain = SpeculativeGenerator(self.loaded.model, None, 0, **self._engine_options)
+        return self._plain

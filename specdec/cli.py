@@ -72,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     _sampling_args(g)
     g.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids and stats")
     g.add_argument("--trace", action="store_true", help="add stats.trace: per step the drafted ids and how many were accepted")
+    g.add_argument("--compare", action="store_true", help="what speculation buys: run the prompt twice, plain decoding "
+                   "then with --draft (same sampling and seed), print the speculative text, whether its token ids "
+                   "equal the plain ones, and a table of tokens, seconds, tok/s and tau with the speed-up. Greedy "
+                   "output that differs is a bug (exit code 1); sampled output may differ by design. Needs a "
+                   "drafter (--draft ngram|mtp|dflash:PATH)")
 
     c = sub.add_parser("chat", help="interactive chat in the terminal", description="Multi-turn chat; an empty line, "
                        "EOF or Ctrl-C at the prompt ends it, Ctrl-C during a reply stops that reply. Stats of each "
@@ -219,10 +224,14 @@ def _make_llm(args):
 def cmd_generate(args) -> int:
     gen = _generation_kwargs(args)
     _check_model_args(args, [args.draft])
+    if args.compare and args.draft == "none":
+        raise RequestError("--compare needs a drafter to compare with plain decoding: give --draft ngram|mtp|dflash:PATH")
     prompt = _read_prompt(args)
     from .chat import Streamer
 
     llm = _make_llm(args)
+    if args.compare:
+        return _generate_compare(args, llm, prompt, gen)
     stream = None if args.json else Streamer(llm.tokenizer, gen["stop"])
     res = llm.generate(prompt, chat=args.chat, trace=args.trace, on_tokens=stream, **gen)
     stats = res.stats.to_dict()
@@ -236,6 +245,31 @@ def cmd_generate(args) -> int:
           f"finish {res.finish_reason}]", file=sys.stderr)
     if args.trace:
         print(json.dumps(stats.get("trace")), file=sys.stderr)
+    return 0
+
+
+def _generate_compare(args, llm, prompt, gen: dict) -> int:
+    """``generate --compare``: exit code 1 when greedy speculative output differs from plain output."""
+    from .chat import Streamer
+    from .compare import compare, format_table, verdict
+
+    stream = None if args.json else Streamer(llm.tokenizer, gen["stop"])
+    c = compare(llm, prompt, gen, label=args.draft, chat=args.chat, trace=args.trace, on_tokens=stream)
+    bug = c.greedy and not c.identical
+    if args.json:
+        print(json.dumps(c.to_dict(), ensure_ascii=False))
+    else:
+        stream.finish(c.speculative.text)
+        sys.stdout.write("\n")
+        if not c.identical:
+            print(f"--- plain decoding gave:\n{c.plain.text}", file=sys.stderr if bug else sys.stdout)
+        sampling = "greedy" if c.greedy else f"T={args.temperature}, seed {c.seed}"
+        print(f"\n[{verdict(c)}]\n\n{sampling}, finish {c.speculative.finish_reason}\n{format_table(c)}")
+        if args.trace:
+            print(json.dumps(c.speculative.stats.to_dict().get("trace")), file=sys.stderr)
+    if bug:
+        print(f"specdec generate: error: {verdict(c)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,0 +1,96 @@
+"""``specdec generate --compare`` end to end on a tiny GGUF (byte-level vocabulary, so text prompts
+work): both table rows, the identity statement and tau; sampled runs that may differ; a greedy
+mismatch is loud with exit code 1; ``--draft none`` is refused before the model is opened."""
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _dense_util import tiny_model, write_gguf  # noqa: E402
+
+from specdec.api import LLM  # noqa: E402
+from specdec.cli import main  # noqa: E402
+
+PROMPT = "abcabcabcabcabcabc"
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
+    write_gguf(tiny_model("llama"), path)
+    return path
+
+
+def _run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_compare_prints_both_rows_identity_and_tau(gguf_path, capsys):
+    rc, out, err = _run(capsys, "generate", "-m", gguf_path, "--device", "cpu", "-p", PROMPT, "-n", "24",
+                        "--draft", "ngram", "--compare")
+    assert rc == 0, err
+    assert "[identical: the speculative token ids equal plain decoding's (24 of 24 tokens)]" in out
+    assert "| mode | tokens | seconds | tok/s | tau |" in out
+    rows = [line for line in out.splitlines() if line.startswith("| plain |") or line.startswith("| ngram |")]
+    assert [r.split(" | ")[0] for r in rows] == ["| plain", "| ngram"]
+    assert all(r.split(" | ")[1] == "24" for r in rows)
+    assert rows[0].split(" | ")[4].rstrip(" |") == "1.0"  # plain decoding: one token per target step
+    assert "speed-up: " in out and "greedy" in out
+
+
+def test_compare_json_holds_both_runs(gguf_path, capsys):
+    rc, out, err = _run(capsys, "generate", "-m", gguf_path, "--device", "cpu", "-p", PROMPT, "-n", "16",
+                        "--draft", "ngram", "--compare", "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["identical"] is True and d["first_difference"] is None
+    assert d["plain"]["token_ids"] == d["speculative"]["token_ids"] and len(d["plain"]["token_ids"]) == 16
+    assert [r["mode"] for r in d["rows"]] == ["plain", "ngram"] and d["rows"][0]["tau"] == 1.0
+    assert d["speculative"]["stats"]["tau"] >= 1.0
+
+
+def test_compare_sampled_reports_seed_and_never_fails(gguf_path, capsys):
+    rc, out, err = _run(capsys, "generate", "-m", gguf_path, "--device", "cpu", "-p", PROMPT, "-n", "24",
+                        "--draft", "ngram", "--compare", "-t", "1.0", "--seed", "7")
+    assert rc == 0, err
+    assert "T=1.0, seed 7" in out
+    assert ("[identical:" in out) or ("[sampled: texts differ by design; both follow the target distribution]" in out)
+
+
+def test_greedy_mismatch_is_loud_and_exits_1(gguf_path, capsys, monkeypatch):
+    """A spoiled speculative run (one token changed) stands for an engine bug."""
+    real = LLM.generate
+
+    def spoiled(self, *a, speculative=True, **kw):
+        res = real(self, *a, speculative=speculative, **kw)
+        if speculative and len(res.token_ids) > 8:
+            res.token_ids[5] = (res.token_ids[5] + 1) % 256
+        return res
+
+    monkeypatch.setattr(LLM, "generate", spoiled)
+    rc, out, err = _run(capsys, "generate", "-m", gguf_path, "--device", "cpu", "-p", PROMPT, "-n", "24",
+                        "--draft", "ngram", "--compare")
+    assert rc == 1
+    assert "specdec generate: error: MISMATCH" in err and "at token 5" in err
+    assert "--- plain decoding gave:" in err
+
+
+def test_compare_without_a_drafter_is_refused_before_loading(capsys):
+    for extra in ([], ["--draft", "none"]):
+        rc, out, err = _run(capsys, "generate", "-m", "/nonexistent/model.gguf", "-p", "x", "--compare", *extra)
+        assert rc == 2 and out == ""
+        assert err == ("specdec generate: error: --compare needs a drafter to compare with plain decoding: "
+                       "give --draft ngram|mtp|dflash:PATH\n")
+
+
+def test_help_explains_compare(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = capsys.readouterr().out
+    assert "--compare" in out and "what speculation buys" in out
