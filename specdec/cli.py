@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "positions (default 512)")
     t.add_argument("--gamma", type=float, default=7.0, help="dflash: loss weight exp(-(k-1)/gamma) of block "
                    "position k (default 7)")
+    t.add_argument("--mask-token-id", type=int, default=None, help="dflash: the token of the block's mask rows "
+                   "(default: a special token the data never uses, e.g. <empty_output> for SmolLM2)")
+    t.add_argument("--no-chat", action="store_true", help="feed prompts as raw text (targets without a chat template)")
     t.add_argument("--steps", type=int, default=3, help="mtp: chained steps trained, K (default 3)")
     t.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for the per-epoch tau (default 8)")
     t.add_argument("--eval-tokens", type=int, default=128, help="tokens per held-out reply (default 128)")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from ..bench import find_data_dir
+from ..bench import PACKAGED_DATA, find_data_dir
 from ..errors import ConfigError
 
 GSM8K_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -27,7 +27,7 @@ def resolve_prompt_file(name: str) -> str:
         return name
     if name in TRAIN_SETS:
         sub, fname = TRAIN_SETS[name]
-        folder = find_data_dir() if sub == "bench" else os.path.join(os.path.dirname(find_data_dir()), "train")
+        folder = find_data_dir() if sub == "bench" else os.path.join(os.path.dirname(PACKAGED_DATA), "train")
         path = os.path.join(folder, fname)
         if os.path.isfile(path):
             return path

@@ -10,7 +10,7 @@ import sys
 
 from ..errors import ConfigError
 from .data import distill, read_prompts
-from .trainer import TrainConfig, train
+from .trainer import Stopped, TrainConfig, train
 
 DEFAULT_PROMPTS = ("gsm8k_train", "chat", "code")
 
@@ -66,11 +66,12 @@ def run_train(a, argv: list[str] | None = None) -> int:
         raise ConfigError(f"{target_path}: training needs a tokenizer")
     cache_dir = os.path.expanduser(a.data_cache)
     data = distill(loaded, texts, max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed,
-                   slots=a.slots, cache_dir=cache_dir)
+                   slots=a.slots, cache_dir=cache_dir, chat=not a.no_chat)
     print(f"data: {len(data.prompts)} prompts, {data.reply_tokens} reply tokens (cache {cache_dir})", file=sys.stderr)
     if a.distill_only:
         return 0
-    eval_ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}]), add_special=False) for t in held]
+    eval_ids = [tok.encode(t, add_special=True) if a.no_chat else
+                tok.encode(tok.apply_chat_template([{"role": "user", "content": t}]), add_special=False) for t in held]
     task = make_task(a, loaded)
     cfg = TrainConfig(epochs=a.epochs, lr=a.lr, warmup=a.warmup, batch_tokens=a.batch_tokens, seed=a.seed,
                       checkpoint_minutes=a.checkpoint_minutes, time_limit_minutes=a.time_limit,
@@ -80,6 +81,10 @@ def run_train(a, argv: list[str] | None = None) -> int:
                        "prompts": [os.path.basename(p) for p in (a.prompts or DEFAULT_PROMPTS)],
                        "train_prompts": len(texts), "held_out_prompts": len(held), "max_new_tokens": a.max_new_tokens,
                        "temperature": a.temperature, "seed": a.seed}
-    summary = train(task, loaded, data, a.out, cfg, restart=a.restart, log=lambda m: print(m, file=sys.stderr))
+    try:
+        summary = train(task, loaded, data, a.out, cfg, restart=a.restart, log=lambda m: print(m, file=sys.stderr))
+    except Stopped as e:
+        print(f"specdec train: {e}", file=sys.stderr)
+        return 3
     print(json.dumps({"out": a.out, **{k: summary[k] for k in ("steps", "seconds", "final_loss", "held_out_tau")}}))
     return 0

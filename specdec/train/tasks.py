@@ -13,21 +13,19 @@ from ..errors import ConfigError
 
 
 def pick_mask_token(tok, vocab_size: int) -> int:
-    """A token for DFlash's mask rows: one named like a mask, else the last special ``<...>``
-    token among the first 256 ids that is neither BOS/EOS nor in the chat template."""
-    if tok is None:
-        raise ConfigError("DFlash training needs a tokenizer to pick the mask token")
-    names = [(i, tok.id_to_token(i) or "") for i in range(min(256, vocab_size))]
-    for i, n in names:
-        if "mask" in n.lower():
+    """A token for DFlash's mask rows: a special (added) token named like a mask, else the last
+    special token that is neither BOS/EOS nor used by the chat template."""
+    added = getattr(getattr(tok, "tok", None), "get_added_tokens_decoder", lambda: {})()
+    special = sorted((i, a.content) for i, a in added.items() if getattr(a, "special", False) and i < vocab_size)
+    for i, name in special:
+        if "mask" in name.lower():
             return i
     used = set(tok.eos_ids) | ({tok.bos_id} if getattr(tok, "bos_id", None) is not None else set())
     template = tok.chat_template or ""
-    special = [i for i, n in names if n.startswith("<") and n.endswith(">") and len(n) > 2 and i not in used
-               and n not in template]
-    if not special:
-        raise ConfigError("found no unused special token for DFlash's mask rows in the first 256 ids")
-    return special[-1]
+    free = [i for i, name in special if i not in used and name not in template]
+    if not free:
+        raise ConfigError("found no unused special token for DFlash's mask rows; pass --mask-token-id")
+    return free[-1]
 
 
 class _Task:
@@ -65,7 +63,11 @@ class DFlashTask(_Task):
         from .dflash_batch import new_dflash_config, new_dflash_model
 
         self.target = loaded.model
-        mask = pick_mask_token(loaded.tokenizer, self.target.config.vocab_size)
+        mask = a.mask_token_id
+        if mask is None:
+            mask = pick_mask_token(loaded.tokenizer, self.target.config.vocab_size)
+        elif not 0 <= mask < self.target.config.vocab_size:
+            raise ConfigError(f"--mask-token-id {mask} is outside the vocabulary (0..{self.target.config.vocab_size - 1})")
         self.cfg = new_dflash_config(self.target, a.layers, a.block_size, mask_token_id=mask)
         self.module = new_dflash_model(self.target, self.cfg)
         self.block_size, self.anchors, self.gamma = a.block_size, a.anchors, a.gamma

@@ -164,7 +164,7 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
     bar = tqdm(total=total, initial=step, desc=f"train {task.kind}", unit="step", dynamic_ncols=True)
     n_tok, t_tok = 0, time.perf_counter()
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else _Null()
-    loss_avg = None
+    loss_avg = first_loss = None
     stats: dict = {}
     try:
         while step < total:
@@ -184,11 +184,12 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
             opt.step()
             step += 1
             n_tok += int(valid.sum())
-            lv = float(loss)
+            lv = float(loss.detach())
+            first_loss = lv if first_loss is None else first_loss
             loss_avg = lv if loss_avg is None else 0.98 * loss_avg + 0.02 * lv
             bar.update(1)
             el = time.perf_counter() - t_tok
-            bar.set_postfix(loss=f"{loss_avg:.3f}", **{k: f"{v:.2f}" for k, v in stats.items() if k in task.show},
+            bar.set_postfix(loss=f"{loss_avg:.3f}", **{k: f"{float(v):.2f}" for k, v in stats.items() if k in task.show},
                             tok_s=f"{n_tok / max(el, 1e-9):.0f}", refresh=False)
             now = time.perf_counter()
             if step % per_epoch == 0 or step == total:
@@ -213,8 +214,8 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
             signal.signal(s, h)
     seconds = spent + time.perf_counter() - t_run
     summary = {"steps": total, "epochs": cfg.epochs, "sequences": len(seqs), "reply_tokens": data.reply_tokens,
-               "batches_per_epoch": per_epoch, "seconds": round(seconds, 1), "final_loss": loss_avg,
-               "held_out_tau": taus, "stats": {k: float(v) for k, v in stats.items()}, "machine": machine(),
+               "batches_per_epoch": per_epoch, "seconds": round(seconds, 1), "first_loss": first_loss, "final_loss": loss_avg,
+               "held_out_tau": taus, "stats": {k: float(v.detach() if torch.is_tensor(v) else v) for k, v in stats.items()}, "machine": machine(),
                "commit": commit_id()}
     task.save(out, summary)
     if os.path.exists(ckpt):

@@ -1,0 +1,104 @@
+"""``specdec train`` end to end on a tiny target (CPU): the loss falls, the written drafter loads
+and drafts losslessly, an interrupted run resumes from its checkpoint, replies are cached."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from _dense_util import tiny_model, write_gguf
+from specdec.api import LLM
+from specdec.cli import main
+
+MASK = 300  # a padding token of the tiny vocabulary (no special tokens to pick from)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tgt") / "tiny.gguf")
+    write_gguf(tiny_model("llama", seed=4), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    path = tmp_path_factory.mktemp("p") / "prompts.txt"
+    g = torch.Generator().manual_seed(0)
+    words = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "seven", "paper", "green"]
+    lines = [" ".join(words[int(i)] for i in torch.randint(0, len(words), (6,), generator=g)) for _ in range(40)]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _train(capsys, target, prompts, out, cache, kind, *extra):
+    argv = ["train", kind, "--target", target, "--prompts", prompts, "--no-chat", "--out", out, "--device", "cpu",
+            "--max-new-tokens", "24", "--batch-tokens", "640", "--eval-prompts", "2", "--eval-tokens", "12",
+            "--data-cache", cache, "--lr", "3e-3", "--warmup", "0.1"]
+    argv += (["--layers", "1", "--block-size", "4", "--anchors", "8", "--mask-token-id", str(MASK)] if kind == "dflash"
+             else ["--steps", "2"])
+    rc = main(argv + list(extra))
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def _lossless(target, spec, prompts):
+    spec_llm, plain = LLM(target, draft=spec, device="cpu"), LLM(target, device="cpu")
+    for p in open(prompts).read().splitlines()[:3]:
+        a = spec_llm.generate(p, max_new_tokens=20)
+        b = plain.generate(p, max_new_tokens=20)
+        assert a.token_ids == b.token_ids
+
+
+@pytest.mark.parametrize("kind", ["dflash", "mtp"])
+def test_train_lowers_loss_and_writes_a_lossless_drafter(kind, target, prompts, tmp_path, capsys):
+    out = str(tmp_path / kind)
+    rc, stdout, err = _train(capsys, target, prompts, out, str(tmp_path / "cache"), kind, "--epochs", "8")
+    assert rc == 0, err
+    info = json.load(open(os.path.join(out, "training.json")))
+    assert info["final_loss"] < 0.8 * info["first_loss"], info
+    assert "held-out tau" in err and os.path.exists(os.path.join(out, "TRAINING.md"))
+    assert not os.path.exists(out + ".ckpt.pt")  # removed once the drafter is written
+    _lossless(target, f"{kind}:{out}", prompts)
+
+
+def test_interrupted_run_resumes_from_its_step(target, prompts, tmp_path, capsys):
+    out, cache = str(tmp_path / "d"), str(tmp_path / "cache")
+    rc, _, err = _train(capsys, target, prompts, out, cache, "dflash", "--epochs", "2", "--time-limit", "1e-6")
+    assert rc == 3 and "stopped by the time limit at step 1/" in err, err
+    assert os.path.exists(out + ".ckpt.pt") and not os.path.exists(out)
+    saved = torch.load(out + ".ckpt.pt", weights_only=False)["step"]
+    rc, _, err = _train(capsys, target, prompts, out, cache, "dflash", "--epochs", "2")
+    assert rc == 0, err
+    assert f"resuming from {out}.ckpt.pt at step {saved}/" in err
+    assert "distilling" not in err  # the replies came from the cache
+    assert os.path.isdir(out) and not os.path.exists(out + ".ckpt.pt")
+    # a different recipe refuses the checkpoint of this one
+    rc, _, err = _train(capsys, target, prompts, out, cache, "dflash", "--epochs", "2", "--time-limit", "1e-6")
+    assert rc == 3
+    rc, _, err = _train(capsys, target, prompts, out, cache, "dflash", "--epochs", "3")
+    assert rc == 2 and "checkpoint of a different run" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--epochs", "0"], "--epochs must be >= "),
+    (["--block-size", "1"], "--block-size must be in 2..64"),
+    (["--prompts", "nope.jsonl"], "--prompts nope.jsonl: no such file"),
+    (["--mask-token-id", "99999"], "--mask-token-id 99999 is outside the vocabulary"),
+])
+def test_bad_train_arguments_are_one_line_errors(argv, needle, target, tmp_path, capsys):
+    base = ["train", "dflash", "--target", target, "--out", str(tmp_path / "o"), "--device", "cpu", "--no-chat",
+            "--data-cache", str(tmp_path / "c"), "--max-new-tokens", "4", "--prompts", str(tmp_path / "p.txt")]
+    (tmp_path / "p.txt").write_text("one\ntwo\nthree\n")
+    rc = main(base + argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_bad_prompt_record_names_file_and_line(target, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"text": 3}\n')
+    rc = main(["train", "mtp", "--target", target, "--out", str(tmp_path / "o"), "--prompts", str(bad)])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{bad}:2: record without a string 'prompt'" in err
