@@ -27,6 +27,8 @@ def describe(path: str) -> dict:
     drafters = ["ngram"]
     if "dflash" in arch.drafters:
         drafters.append("dflash:PATH (a DFlash checkpoint trained for this target)")
+    if "mtp:PATH" in arch.drafters:
+        drafters.append("mtp:PATH (an MTP head directory trained for this target)")
     if has_mtp and "mtp" in arch.drafters:
         drafters.insert(0, "mtp")
     out = {
