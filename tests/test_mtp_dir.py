@@ -282,3 +282,14 @@ def test_spec_and_cli(capsys):
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("specdec generate: error: ") and err.count("\n") == 1, err
     assert "draft 'mtp:' needs a path: mtp:PATH" in err and "/nonexistent" not in err, err
+
+
+def test_gemma3_target_is_refused(heads, tmp_path):
+    """Gemma 3 has no MTP head format yet: one line naming the target and the families that fit."""
+    from _gemma_util import tiny_model as gemma_model
+
+    path = str(tmp_path / "gemma")
+    gemma_model().save_pretrained(path)
+    with pytest.raises(ConfigError) as e:
+        LLM(path, draft=f"mtp:{heads['llama'][1]}", device="cpu")
+    _one_line_error(e, path, "llama, qwen3, qwen3_5, qwen3_5_moe", "gemma3")
