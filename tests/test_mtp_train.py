@@ -59,26 +59,36 @@ def setup(request, tmp_path_factory):
     return loaded.model, block
 
 
-def _inference_chain(target, block, prefix: list[int], last: int):
-    """Greedy ``propose(last, K)`` after the target committed ``prefix``: (drafts, logits [K, V])."""
+def _inference_chain(target, block, prefix: list[int], last: int, cuts: tuple[int, ...] = ()):
+    """Greedy ``propose(last, K)`` after the target committed ``prefix``: (drafts, logits [K, V]).
+
+    ``cuts``: the prompt is ``prefix[:cuts[0]]`` and the rest is committed in steps as the engine
+    does (propose, then observe the committed tokens), so the drafter's cache holds committed
+    rows computed in several forwards and overwritten chained rows."""
     drafter = MTPDrafter(block, target)
-    out = target(torch.tensor(prefix), target.new_cache(64), logits="last")
-    drafter.begin(torch.tensor(prefix), out)
+    cache = target.new_cache(64)
+    a = cuts[0] if cuts else len(prefix)
+    drafter.begin(torch.tensor(prefix[:a]), target(torch.tensor(prefix[:a]), cache, logits="last"))
+    for a, b in zip(cuts, cuts[1:] + (len(prefix),)):
+        drafter.propose(prefix[a], 3, SamplingParams(), None)
+        ids = torch.tensor(prefix[a:b])
+        drafter.observe(ids, target(ids, cache))
     prop = drafter.propose(last, K, SamplingParams(), None)
     return prop.tokens.tolist(), drafter.last_logits
 
 
 def test_training_forward_matches_inference(setup):
     """Three sequences, each ``prefix + [last] + greedy drafts + filler``, batched and padded to one
-    length: at anchor ``len(prefix) - 1`` the K training logits equal the propose's logits."""
+    length: at anchor ``len(prefix) - 1`` the K training logits equal the propose's logits (one
+    drafter reached that point through earlier proposes and commits)."""
     target, block = setup
     vocab = target.config.vocab_size
     g = torch.Generator().manual_seed(7)
     length = 24
     seqs, anchors, want = [], [], []
-    for n in (3, 9, 14):
+    for n, cuts in ((3, ()), (9, ()), (14, (5, 8, 9))):
         prefix = torch.randint(vocab, (n + 1,), generator=g).tolist()
-        drafts, logits = _inference_chain(target, block, prefix[:-1], prefix[-1])
+        drafts, logits = _inference_chain(target, block, prefix[:-1], prefix[-1], cuts)
         filler = torch.randint(vocab, (length - n - 1 - K,), generator=g).tolist()  # must not leak back
         seqs.append(prefix + drafts + filler)
         anchors.append(n - 1)
