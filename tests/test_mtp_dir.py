@@ -244,7 +244,7 @@ def test_bad_tensors_are_named(heads, tmp_path, case):
 
 @pytest.mark.parametrize("field, value", [("hidden_size", 64), ("vocab_size", 999), ("num_target_layers", 7),
                                           ("target_model_type", "qwen3"), ("model_type", "llama"),
-                                          ("num_key_value_heads", None)])
+                                          ("num_key_value_heads", None), ("num_draft_steps_trained", "four")])
 def test_head_for_another_target_is_refused(heads, tmp_path, field, value):
     path = _copy_head(heads, tmp_path)
     _edit_config(path, **{field: value})
@@ -293,3 +293,10 @@ def test_gemma3_target_is_refused(heads, tmp_path):
     with pytest.raises(ConfigError) as e:
         LLM(path, draft=f"mtp:{heads['llama'][1]}", device="cpu")
     _one_line_error(e, path, "llama, qwen3, qwen3_5, qwen3_5_moe", "gemma3")
+
+
+def test_info_describes_a_head(heads, capsys):
+    rc = main(["info", heads["qwen3"][1], "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["kind"] == "MTP drafter (use as --draft mtp:PATH)", d
+    assert d["target_model_type"] == "qwen3" and d["num_draft_steps_trained"] == 4 and d["tensors"] == 15, d

@@ -41,6 +41,10 @@ from .mtp import MTPBlock, MTPDrafter
 MODEL_TYPE = "specdec_mtp"
 ARCHITECTURE = "SpecdecMTPDrafter"
 FAMILIES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe")
+# every field any family checks against its target (a family checks those its target has)
+FIT_FIELDS = ("target_model_type", "hidden_size", "intermediate_size", "moe_intermediate_size",
+              "shared_expert_intermediate_size", "num_experts", "num_experts_per_tok", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "vocab_size", "num_target_layers")
 
 
 def _family(target: CausalLM) -> str:
@@ -163,8 +167,12 @@ def check_fit(d: dict, target: CausalLM, source: str) -> None:
         if field not in d:
             raise ConfigError(f"{source}: required field '{field}' is missing")
         if d[field] != want or type(d[field]) is not type(want):
-            raise ConfigError(f"{source}: field '{field}'={d[field]!r} but the target has {want!r}; "
+            raise ConfigError(f"{source}: field '{field}'={str(repr(d[field]))[:80]} but the target has {want!r}; "
                               f"this MTP drafter was made for another model")
+    steps = d.get("num_draft_steps_trained")
+    if steps is not None and (type(steps) is not int or steps < 1):
+        raise ConfigError(f"{source}: field 'num_draft_steps_trained' must be a positive integer or null, "
+                          f"got {str(repr(steps))[:80]}")
 
 
 def load_mtp_dir(path: str, loaded, sample_drafts: bool = True) -> MTPDrafter:
