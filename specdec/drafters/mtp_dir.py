@@ -34,6 +34,7 @@ from torch import nn
 from ..config import read_json
 from ..errors import CheckpointError, ConfigError
 from ..models.base import CausalLM
+from ..models.layers import RMSNorm
 from ..weights import load_into
 from ..weights.safetensors_io import SafetensorsSource
 from .mtp import MTPBlock, MTPDrafter
@@ -110,10 +111,10 @@ def new_mtp_block(target: CausalLM, init_from_layer: int | None = None,
                 nn.init.normal_(m.weight, 0.0, std, generator=generator)
                 if m.bias is not None:
                     m.bias.zero_()
-            elif hasattr(m, "zero_centered") and isinstance(getattr(m, "weight", None), nn.Parameter):
-                m.weight.fill_(0.0 if m.zero_centered else 1.0)  # an RMSNorm that starts as the identity
+            elif isinstance(m, RMSNorm):
+                m.weight.fill_(0.0 if m.zero_centered else 1.0)  # the identity, in either convention
             else:
-                for name, p in m.named_parameters(recurse=False):  # stacked MoE experts and routers
+                for p in m.parameters(recurse=False):  # stacked MoE experts
                     nn.init.normal_(p, 0.0, std, generator=generator)
     block = block.to(device=target.device, dtype=target.dtype)
     if init_from_layer is not None:
