@@ -183,7 +183,7 @@ def test_init_from_layer(heads):
     block = new_mtp_block(target, init_from_layer=1)
     for name, t in target.layers[1].state_dict().items():
         assert torch.equal(block.layers[0].state_dict()[name], t), name
-    with pytest.raises(ConfigError, match=r"init_from_layer=2 is not a layer of the target \(0\.\.1\)"):
+    with pytest.raises(ConfigError, match=r"init_from_layer=2 is not a layer of the target \(-2\.\.1\)"):
         new_mtp_block(target, init_from_layer=2)
 
 

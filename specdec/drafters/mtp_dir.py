@@ -98,8 +98,9 @@ def new_mtp_block(target: CausalLM, init_from_layer: int | None = None,
 
     Linear weights are drawn from N(0, ``initializer_range``) (the target config's, default
     0.02), biases are zero and every norm starts as the identity. ``init_from_layer``: start the
-    decoder layer as a copy of the target's layer of that index instead (the last layer is a
-    good start: it already reads the target's final-layer features). ``generator`` (a CPU
+    decoder layer as a copy of the target's layer of that index instead (negative: from the end;
+    the last layer, -1, is a good start: it already reads the target's final-layer features; a
+    Qwen3.5 target needs a full-attention layer). ``generator`` (a CPU
     generator) makes the draw reproducible on any device.
     """
     std = float(target.config.raw.get("initializer_range", 0.02))
@@ -119,8 +120,8 @@ def new_mtp_block(target: CausalLM, init_from_layer: int | None = None,
     block = block.to(device=target.device, dtype=target.dtype)
     if init_from_layer is not None:
         n = len(target.layers)
-        if not isinstance(init_from_layer, int) or not -n <= init_from_layer < n:
-            raise ConfigError(f"init_from_layer={init_from_layer!r} is not a layer of the target (0..{n - 1})")
+        if type(init_from_layer) is not int or not -n <= init_from_layer < n:
+            raise ConfigError(f"init_from_layer={init_from_layer!r} is not a layer of the target (-{n}..{n - 1})")
         src = target.layers[init_from_layer]
         if type(src) is not type(block.layers[0]):
             raise ConfigError(f"init_from_layer={init_from_layer}: the target's layer is a {type(src).__name__}, "
