@@ -74,10 +74,11 @@ class LLM:
     """Generate text with a target model and an optional drafter.
 
     ``model``: path to an HF checkpoint directory or a ``.gguf`` file (None: the embedded
-    default). ``draft``: ``None``/``"none"``, ``"ngram"``, ``"mtp"``, ``"dflash:PATH"`` or a
-    drafter object. ``device``: ``"cpu"``, ``"cuda"`` or None (CUDA when present). ``dtype``:
-    ``"float32"``, ``"bfloat16"`` or None (bf16 on CUDA, fp32 on CPU). ``num_draft_tokens``:
-    drafts per step for n-gram/MTP; a block drafter (DFlash) drafts ``block_size - 1`` per step,
+    default). ``draft``: ``None``/``"none"``, ``"ngram"``, ``"mtp"`` (the target's own MTP block),
+    ``"mtp:PATH"`` (a trained MTP head directory), ``"dflash:PATH"`` or a drafter object.
+    ``device``: ``"cpu"``, ``"cuda"`` or None (CUDA when present). ``dtype``: ``"float32"``,
+    ``"bfloat16"`` or None (bf16 on CUDA, fp32 on CPU). ``num_draft_tokens``: drafts per step
+    for n-gram/MTP; a block drafter (DFlash) drafts ``block_size - 1`` per step,
     where ``block_size`` (default: the checkpoint's) may lower its trained block size.
     ``cuda_graphs``: replay decode/verify steps as CUDA graphs on CUDA; the output is bitwise
     the same either way (the same static steps run, captured or not). ``batch_invariant``

@@ -33,8 +33,10 @@ def _model_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available, else cpu)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)")
     if draft:
-        p.add_argument("--draft", default="none", help=f"drafter: {SPECS} (default: none = plain decoding)")
-    p.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafts per step for mtp/ngram (default 4)")
+        p.add_argument("--draft", default="none", help=f"drafter: {SPECS} (default: none = plain decoding; mtp = "
+                       "the target's own MTP block, mtp:PATH = a trained MTP head directory)")
+    p.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafts per step for mtp and ngram "
+                   "(default 4)")
     p.add_argument("--block-size", type=int, default=None, help="DFlash block size (default: the checkpoint's); "
                    "drafts per step = block size - 1")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode/verify steps eagerly instead of "

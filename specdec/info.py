@@ -18,6 +18,10 @@ def describe(path: str) -> dict:
     cfg_json = os.path.join(path, "config.json")
     if os.path.isdir(path) and os.path.exists(cfg_json) and is_dflash_config(read_json(cfg_json)):
         return describe_dflash(path)
+    if os.path.isdir(path) and os.path.exists(cfg_json):
+        from .drafters.mtp_dir import is_mtp_config
+        if is_mtp_config(read_json(cfg_json)):
+            return describe_mtp(path)
     arch, cfg, gsrc = read_model_config(path)
     src = gsrc if gsrc is not None else SafetensorsSource(path)
     infos = src.infos()
@@ -27,6 +31,8 @@ def describe(path: str) -> dict:
     drafters = ["ngram"]
     if "dflash" in arch.drafters:
         drafters.append("dflash:PATH (a DFlash checkpoint trained for this target)")
+    if "mtp:PATH" in arch.drafters:
+        drafters.append("mtp:PATH (an MTP head directory trained for this target)")
     if has_mtp and "mtp" in arch.drafters:
         drafters.insert(0, "mtp")
     out = {
@@ -81,6 +87,21 @@ def describe_dflash(path: str) -> dict:
         "layer_types": {t: list(c.layer_types).count(t) for t in dict.fromkeys(c.layer_types)},
         "tensors": len(infos), "storage_types": _count_types(infos),
         "weight_bytes": nbytes,
+        "shares": "embedding and LM head of the target",
+    }
+
+
+def describe_mtp(path: str) -> dict:
+    """An MTP drafter directory: the target it was made for, the chain it was trained on, weight bytes."""
+    from .drafters.mtp_dir import FIT_FIELDS
+
+    d = read_json(os.path.join(path, "config.json"))
+    infos = SafetensorsSource(path).infos()
+    nbytes = sum(_numel(i.shape) * {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}.get(i.dtype, 1) for i in infos.values())
+    return {
+        "path": path, "format": "hf", "kind": "MTP drafter (use as --draft mtp:PATH)",
+        **{f: d.get(f) for f in FIT_FIELDS if f in d}, "num_draft_steps_trained": d.get("num_draft_steps_trained"),
+        "tensors": len(infos), "storage_types": _count_types(infos), "weight_bytes": nbytes,
         "shares": "embedding and LM head of the target",
     }
 

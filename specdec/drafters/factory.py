@@ -1,4 +1,5 @@
-"""Build a drafter from a user-facing spec: ``none``, ``ngram``, ``mtp``, ``dflash:PATH``.
+"""Build a drafter from a user-facing spec: ``none``, ``ngram``, ``mtp`` (the target's own MTP
+block), ``mtp:PATH`` (a trained MTP head directory), ``dflash:PATH``.
 
 Importing this module is cheap (no torch): the CLI reads :data:`SPECS` and checks specs with
 :func:`check_spec` before any model is loaded.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-SPECS = "none | ngram | mtp | dflash:PATH"
+SPECS = "none | ngram | mtp | mtp:PATH | dflash:PATH"
 
 
 def check_spec(spec, block_size: int | None = None) -> None:
@@ -24,7 +25,9 @@ def check_spec(spec, block_size: int | None = None) -> None:
         if not spec[len("dflash:"):].strip():
             raise ConfigError(f"draft '{spec}' needs a path: dflash:PATH (a DFlash drafter directory)")
         return
-    if spec not in ("ngram", "mtp"):
+    if spec.startswith("mtp:") and not spec[len("mtp:"):].strip():
+        raise ConfigError(f"draft '{spec}' needs a path: mtp:PATH (an MTP drafter directory)")
+    if spec not in ("ngram", "mtp") and not spec.startswith("mtp:"):
         raise ConfigError(f"unknown drafter '{spec}'; expected {SPECS}")
     if block_size is not None:
         raise ConfigError(f"block_size applies to DFlash drafters only, not '{spec}' (use num_draft_tokens)")
@@ -43,5 +46,8 @@ def make_drafter(spec, loaded, *, block_size: int | None = None):
     if spec == "mtp":
         from .mtp import load_mtp_drafter
         return load_mtp_drafter(loaded)
+    if spec.startswith("mtp:"):
+        from .mtp_dir import load_mtp_dir
+        return load_mtp_dir(spec[len("mtp:"):], loaded)
     from .dflash import load_dflash_drafter
     return load_dflash_drafter(spec[len("dflash:"):], loaded, block_size=block_size)

@@ -1,6 +1,8 @@
-"""Qwen3.5 / Qwen3.6 multi-token prediction ("NextN") drafter.
+"""Multi-token prediction ("NextN") drafter: Qwen3.5 / Qwen3.6's own block, or a trained one.
 
-The MTP block that these checkpoints carry beside the main stack predicts the token after next:
+The MTP block that Qwen3.5 checkpoints carry beside the main stack predicts the token after next
+(a head trained for a Llama-family target has the same structure with the target's own kind of
+decoder layer and plain norms, and lives in a directory of its own: :mod:`.mtp_dir`):
 
     x = fc([pre_fc_norm_embedding(embed(t_{i+1})), pre_fc_norm_hidden(h_i)])    # embedding first
     x = FullAttentionDecoderLayer(x)        # gated attention, its own KV cache, dense or MoE FFN
@@ -63,16 +65,23 @@ _GGUF_NEXTN = {"fc.weight": "nextn.eh_proj.weight", "pre_fc_norm_embedding.weigh
 
 
 class MTPBlock(nn.Module):
-    """The MTP weights under HF names less the ``mtp.`` prefix (see the module docstring)."""
+    """The MTP weights under HF names less the ``mtp.`` prefix (see the module docstring).
 
-    def __init__(self, config, moe: bool, dedicated_embed: bool = False, dedicated_head: bool = False):
+    ``layer`` is the one decoder layer, of the target's own kind: Qwen3.5's
+    :class:`FullAttentionDecoderLayer` or a Llama-family ``DenseDecoderLayer``; it is called as
+    ``layer(x, ctx, cache)`` with a cache from ``layer.make_cache``. ``zero_centered``: the
+    wrapper norms scale by ``1 + w`` (Qwen3.5) or by ``w`` (Llama family).
+    """
+
+    def __init__(self, config, layer: nn.Module, zero_centered: bool = True, dedicated_embed: bool = False,
+                 dedicated_head: bool = False):
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
         self.fc = nn.Linear(2 * h, h, bias=False)
-        self.pre_fc_norm_embedding = RMSNorm(h, eps, zero_centered=True)
-        self.pre_fc_norm_hidden = RMSNorm(h, eps, zero_centered=True)
-        self.layers = nn.ModuleList([FullAttentionDecoderLayer(config, moe)])
-        self.norm = RMSNorm(h, eps, zero_centered=True)
+        self.pre_fc_norm_embedding = RMSNorm(h, eps, zero_centered)
+        self.pre_fc_norm_hidden = RMSNorm(h, eps, zero_centered)
+        self.layers = nn.ModuleList([layer])
+        self.norm = RMSNorm(h, eps, zero_centered)
         self.embed_tokens = nn.Embedding(config.vocab_size, h) if dedicated_embed else None
         self.shared_head = nn.Module() if dedicated_head else None
         if dedicated_head:
@@ -309,7 +318,7 @@ def load_mtp_drafter(loaded, sample_drafts: bool = True) -> MTPDrafter:
     dedicated_head = "shared_head.head.weight" in params
     moe = hasattr(cfg, "moe_intermediate_size")
     with torch.device("meta"):
-        block = MTPBlock(cfg, moe, dedicated_embed, dedicated_head)
+        block = MTPBlock(cfg, FullAttentionDecoderLayer(cfg, moe), True, dedicated_embed, dedicated_head)
     missing = sorted(p for p in block.state_dict() if p not in params)
     if missing:
         more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""

@@ -38,13 +38,21 @@ class Qwen3Config(LlamaConfig):
 
 
 class DenseDecoderLayer(nn.Module):
+    """Attention + SwiGLU with HF names; ``layer(x [T, H], ctx, cache)`` with a :class:`KVCache`
+    from :meth:`make_cache` (the target's own layers, and the MTP head of a Llama-family target)."""
+
     def __init__(self, c: ModelConfig, qk_norm: bool):
         super().__init__()
+        self.config = c
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = Attention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                                    bias=c.attention_bias, qk_norm_eps=c.rms_norm_eps if qk_norm else None)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, c.mlp_bias)
+
+    def make_cache(self, max_len: int, dtype: torch.dtype, device) -> KVCache:
+        c = self.config
+        return KVCache(c.num_key_value_heads, c.head_dim, max_len, dtype, device)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
@@ -60,8 +68,7 @@ class LlamaForCausalLM(CausalLM):
         self.layers = nn.ModuleList(DenseDecoderLayer(config, self.qk_norm) for _ in range(config.num_hidden_layers))
 
     def make_layer_cache(self, i, max_len, dtype, device):
-        c = self.config
-        return KVCache(c.num_key_value_heads, c.head_dim, max_len, dtype, device)
+        return self.layers[i].make_cache(max_len, dtype, device)
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
@@ -100,8 +107,10 @@ register(Architecture(
     name="llama", hf_model_types=("llama",), gguf_archs=("llama",), config_cls=LlamaConfig,
     model_cls=LlamaForCausalLM, gguf_config=lambda m: _gguf_config(m, "llama"), gguf_names=_dense_gguf_names,
     gguf_transform=_llama_gguf_transform, gguf_ignore=("rope_freqs.weight",),
+    drafters=("ngram", "dflash", "mtp:PATH"),
 ))
 register(Architecture(
     name="qwen3", hf_model_types=("qwen3",), gguf_archs=("qwen3",), config_cls=Qwen3Config,
     model_cls=Qwen3ForCausalLM, gguf_config=lambda m: _gguf_config(m, "qwen3"), gguf_names=_dense_gguf_names,
+    drafters=("ngram", "dflash", "mtp:PATH"),
 ))

@@ -224,5 +224,5 @@ for _name, _types, _gguf, _cfg, _cls in (
         gguf_config=gguf_config, gguf_names=_param_names(_cls),
         hf_ignore_prefixes=HF_HIDDEN_PREFIXES,
         target_view=lambda config, source, fmt: checkpoint_view(config, source, fmt),
-        drafters=("ngram", "dflash", "mtp"),
+        drafters=("ngram", "dflash", "mtp", "mtp:PATH"),
     ))
