@@ -351,6 +351,7 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     warnings.formatwarning = _one_line_warning  # warnings read as one line, like errors
     try:
         return {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "bench": cmd_bench,

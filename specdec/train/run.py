@@ -64,6 +64,7 @@ def run_train(a, argv: list[str] | None = None) -> int:
     tok = loaded.tokenizer
     if tok is None:
         raise ConfigError(f"{target_path}: training needs a tokenizer")
+    task = None if a.distill_only else make_task(a, loaded)  # a bad drafter setting fails before distilling
     cache_dir = os.path.expanduser(a.data_cache)
     data = distill(loaded, texts, max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed,
                    slots=a.slots, cache_dir=cache_dir, chat=not a.no_chat)
@@ -72,11 +73,11 @@ def run_train(a, argv: list[str] | None = None) -> int:
         return 0
     eval_ids = [tok.encode(t, add_special=True) if a.no_chat else
                 tok.encode(tok.apply_chat_template([{"role": "user", "content": t}]), add_special=False) for t in held]
-    task = make_task(a, loaded)
     cfg = TrainConfig(epochs=a.epochs, lr=a.lr, warmup=a.warmup, batch_tokens=a.batch_tokens, seed=a.seed,
                       checkpoint_minutes=a.checkpoint_minutes, time_limit_minutes=a.time_limit,
                       eval_prompts=eval_ids, eval_tokens=a.eval_tokens)
-    command = "specdec train " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[2:]))
+    argv = getattr(a, "argv", None) if argv is None else argv
+    command = "specdec " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
     task.provenance = {"command": command, "target": os.path.basename(target_path),
                        "prompts": [os.path.basename(p) for p in (a.prompts or DEFAULT_PROMPTS)],
                        "train_prompts": len(texts), "held_out_prompts": len(held), "max_new_tokens": a.max_new_tokens,
@@ -86,5 +87,5 @@ def run_train(a, argv: list[str] | None = None) -> int:
     except Stopped as e:
         print(f"specdec train: {e}", file=sys.stderr)
         return 3
-    print(json.dumps({"out": a.out, **{k: summary[k] for k in ("steps", "seconds", "final_loss", "held_out_tau")}}))
+    print(json.dumps({"out": a.out, **{k: summary[k] for k in ("steps", "seconds", "last_epoch_loss", "held_out_tau")}}))
     return 0

@@ -164,7 +164,8 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
     bar = tqdm(total=total, initial=step, desc=f"train {task.kind}", unit="step", dynamic_ncols=True)
     n_tok, t_tok = 0, time.perf_counter()
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else _Null()
-    loss_avg = first_loss = None
+    loss_avg = first_loss = last_loss = None
+    epoch_losses: list[float] = []
     stats: dict = {}
     try:
         while step < total:
@@ -185,7 +186,7 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
             step += 1
             n_tok += int(valid.sum())
             lv = float(loss.detach())
-            first_loss = lv if first_loss is None else first_loss
+            epoch_losses.append(lv)
             loss_avg = lv if loss_avg is None else 0.98 * loss_avg + 0.02 * lv
             bar.update(1)
             el = time.perf_counter() - t_tok
@@ -193,10 +194,13 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
                             tok_s=f"{n_tok / max(el, 1e-9):.0f}", refresh=False)
             now = time.perf_counter()
             if step % per_epoch == 0 or step == total:
+                mean = sum(epoch_losses) / len(epoch_losses)
+                first_loss = mean if first_loss is None else first_loss
+                last_loss, epoch_losses = mean, []
                 tau = held_out_tau(task, target, cfg.eval_prompts, cfg.eval_tokens, loaded.tokenizer.eos_ids
                                    if loaded.tokenizer else [])
                 taus.append((step, tau))
-                log(f"epoch {step / per_epoch:.2f}: loss {loss_avg:.3f}, held-out tau {tau:.2f}")
+                log(f"epoch {step / per_epoch:.2f}: mean loss {mean:.3f}, held-out tau {tau:.2f}")
                 save_ckpt()
                 last_ckpt = now
             elif now - last_ckpt > 60 * cfg.checkpoint_minutes:
@@ -214,7 +218,7 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
             signal.signal(s, h)
     seconds = spent + time.perf_counter() - t_run
     summary = {"steps": total, "epochs": cfg.epochs, "sequences": len(seqs), "reply_tokens": data.reply_tokens,
-               "batches_per_epoch": per_epoch, "seconds": round(seconds, 1), "first_loss": first_loss, "final_loss": loss_avg,
+               "batches_per_epoch": per_epoch, "seconds": round(seconds, 1), "first_epoch_loss": first_loss, "last_epoch_loss": last_loss,
                "held_out_tau": taus, "stats": {k: float(v.detach() if torch.is_tensor(v) else v) for k, v in stats.items()}, "machine": machine(),
                "commit": commit_id()}
     task.save(out, summary)
