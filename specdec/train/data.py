@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -108,7 +110,7 @@ def distill(loaded, texts: list[str], *, max_new_tokens: int, temperature: float
                                      seed, sorted(tok.eos_ids)]).encode()).hexdigest()[:16]
     os.makedirs(cache_dir, exist_ok=True)
     path = os.path.join(cache_dir, f"replies-{key}.pt")
-    done: dict[int, list[int]] = torch.load(path)["replies"] if os.path.exists(path) else {}
+    done = _load_replies(path) if os.path.exists(path) else {}
     todo = [i for i in range(len(enc)) if i not in done]
     if todo:
         bar = tqdm(total=len(enc), initial=len(done), desc="distilling", unit="prompt")
@@ -119,13 +121,40 @@ def distill(loaded, texts: list[str], *, max_new_tokens: int, temperature: float
             bar.update(1)
             bar.set_postfix(tok_s=f"{ntok[0] / max(bar.format_dict['elapsed'], 1e-9):.0f}", refresh=False)
 
+        t0 = time.perf_counter()
         for c in range(0, len(todo), chunk):
             part = todo[c:c + chunk]
             replies = generate_batch(model, [enc[i] for i in part], max_new_tokens, set(tok.eos_ids), slots=slots,
                                      temperature=temperature, seed=seed + c, on_done=on_done)
             done.update(zip(part, replies))
-            tmp = path + ".tmp"
-            torch.save({"replies": done}, tmp)
-            os.replace(tmp, path)
+            _save_replies(path, done)
         bar.close()
+        secs = time.perf_counter() - t0
+        print(f"distilled {len(todo)} replies, {ntok[0]} tokens in {secs:.1f} s ({ntok[0] / max(secs, 1e-9):.0f} tok/s)",
+              file=sys.stderr)
     return Distilled(enc, [done[i] for i in range(len(enc))])
+
+
+def _save_replies(path: str, done: dict[int, list[int]]) -> None:
+    """Replies as one flat int32 tensor with lengths (compact: ~4 bytes a token), atomically."""
+    idx = sorted(done)
+    flat = [t for i in idx for t in done[i]]
+    tmp = path + ".tmp"
+    torch.save({"index": torch.tensor(idx, dtype=torch.int64), "lengths": torch.tensor([len(done[i]) for i in idx]),
+                "tokens": torch.tensor(flat, dtype=torch.int32)}, tmp)
+    os.replace(tmp, path)
+
+
+def _load_replies(path: str) -> dict[int, list[int]]:
+    try:
+        d = torch.load(path, weights_only=True)
+        toks = d["tokens"].tolist()
+        out, at = {}, 0
+        for i, n in zip(d["index"].tolist(), d["lengths"].tolist()):
+            out[i] = toks[at:at + n]
+            at += n
+        if at != len(toks):
+            raise ValueError("lengths do not add up")
+        return out
+    except Exception as e:  # noqa: BLE001 - any unreadable cache is reported, never trusted
+        raise ConfigError(f"{path}: unreadable reply cache ({e}); delete it to regenerate") from None
