@@ -159,8 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "cosine decay after it")
     t.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per batch (default 16384)")
     t.add_argument("--seed", type=int, default=0, help="seed of the held-out split, batch order and anchors")
-    t.add_argument("--layers", type=int, default=5, help="dflash: drafter layers (default 5)")
-    t.add_argument("--block-size", type=int, default=16, help="dflash: block size (default 16)")
+    t.add_argument("--init", default=None, metavar="DIR", help="start from this drafter directory (a dflash or mtp "
+                   "drafter for the same target; its architecture is kept) instead of a new one")
+    t.add_argument("--layers", type=int, default=None, help="dflash: drafter layers (default 5)")
+    t.add_argument("--block-size", type=int, default=None, help="dflash: block size (default 16)")
     t.add_argument("--anchors", type=int, default=512, help="dflash: random anchors per sequence, among reply "
                    "positions (default 512)")
     t.add_argument("--gamma", type=float, default=7.0, help="dflash: loss weight exp(-(k-1)/gamma) of block "

@@ -31,12 +31,12 @@ def prompts(tmp_path_factory):
     return str(path)
 
 
-def _train(capsys, target, prompts, out, cache, kind, *extra):
+def _train(capsys, target, prompts, out, cache, kind, *extra, arch=True):
     argv = ["train", kind, "--target", target, "--prompts", prompts, "--no-chat", "--out", out, "--device", "cpu",
             "--max-new-tokens", "24", "--batch-tokens", "640", "--eval-prompts", "2", "--eval-tokens", "12",
             "--data-cache", cache, "--lr", "3e-3", "--warmup", "0.1"]
-    argv += (["--layers", "1", "--block-size", "4", "--anchors", "8", "--mask-token-id", str(MASK)] if kind == "dflash"
-             else ["--steps", "2"])
+    argv += (["--anchors", "8"] + (["--layers", "1", "--block-size", "4", "--mask-token-id", str(MASK)] if arch else [])
+             if kind == "dflash" else ["--steps", "2"])
     rc = main(argv + list(extra))
     cap = capsys.readouterr()
     return rc, cap.out, cap.err
@@ -105,3 +105,30 @@ def test_bad_prompt_record_names_file_and_line(target, tmp_path, capsys):
     rc = main(["train", "mtp", "--target", target, "--out", str(tmp_path / "o"), "--prompts", str(bad)])
     err = capsys.readouterr().err
     assert rc == 2 and f"{bad}:2: record without a string 'prompt'" in err
+
+
+def test_reply_cache_serves_any_split_and_a_new_output_folder(target, prompts, tmp_path, capsys):
+    cache = str(tmp_path / "cache")
+    rc, _, err = _train(capsys, target, prompts, str(tmp_path / "a"), cache, "mtp", "--distill-only")
+    assert rc == 0 and "distilled 38 replies" in err
+    # another held-out split and fewer prompts: every reply is already cached
+    rc, _, err = _train(capsys, target, prompts, str(tmp_path / "b"), cache, "mtp", "--distill-only",
+                        "--eval-prompts", "5", "--max-prompts", "20")
+    assert rc == 0 and "distilling" not in err and "data: 20 prompts" in err
+    # the checkpoint of an output in a folder that does not exist yet
+    out = str(tmp_path / "new" / "deeper" / "m")
+    rc, _, err = _train(capsys, target, prompts, out, cache, "mtp", "--time-limit", "1e-6")
+    assert rc == 3 and os.path.exists(out + ".ckpt.pt")
+
+
+@pytest.mark.parametrize("kind", ["dflash", "mtp"])
+def test_init_continues_from_a_trained_drafter(kind, target, prompts, tmp_path, capsys):
+    cache, first, second = str(tmp_path / "cache"), str(tmp_path / "one"), str(tmp_path / "two")
+    rc, _, err = _train(capsys, target, prompts, first, cache, kind, "--epochs", "3")
+    assert rc == 0, err
+    rc, _, err = _train(capsys, target, prompts, second, cache, kind, "--epochs", "3", "--init", first, arch=False)
+    assert rc == 0, err
+    a = json.load(open(os.path.join(first, "training.json")))
+    b = json.load(open(os.path.join(second, "training.json")))
+    assert b["first_epoch_loss"] < a["first_epoch_loss"]  # it starts where the first run ended, not from scratch
+    _lossless(target, f"{kind}:{second}", prompts)

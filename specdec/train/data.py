@@ -85,9 +85,27 @@ class Distilled:
         return sum(len(r) for r in self.replies)
 
 
-def file_identity(path: str) -> str:
-    st = os.stat(path)
-    return f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}"
+def target_fingerprint(path: str) -> str:
+    """A content fingerprint of a checkpoint (stable across copies, unlike a path or mtime): the
+    size and the first and last MiB of every file (a GGUF file, or an HF directory's files)."""
+    files = [path] if os.path.isfile(path) else sorted(
+        os.path.join(path, f) for f in os.listdir(path) if f.endswith((".json", ".safetensors", ".gguf")))
+    h = hashlib.sha256()
+    for f in files:
+        size = os.path.getsize(f)
+        h.update(f"{os.path.basename(f)}:{size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            if size > 2 << 20:
+                fh.seek(size - (1 << 20))
+                h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
+def prompt_key(ids: list[int]) -> int:
+    """A 63-bit key of a prompt's token ids (the reply cache is indexed by it)."""
+    d = hashlib.sha256(json.dumps(ids).encode()).digest()
+    return int.from_bytes(d[:8], "little") & ((1 << 63) - 1)
 
 
 def distill(loaded, texts: list[str], *, max_new_tokens: int, temperature: float, seed: int, slots: int,
@@ -106,12 +124,15 @@ def distill(loaded, texts: list[str], *, max_new_tokens: int, temperature: float
     if too_long:
         raise ConfigError(f"prompt {too_long[0]} is {len(enc[too_long[0]])} tokens: more than the context "
                           f"({model.max_context}) minus --max-new-tokens ({max_new_tokens})")
-    key = hashlib.sha256(json.dumps([file_identity(loaded.path), str(model.dtype), enc, max_new_tokens, temperature,
+    # one cache file per target and decoding settings, indexed by prompt: any subset or split of
+    # the prompts (another --max-prompts or --eval-prompts) reuses what was made
+    key = hashlib.sha256(json.dumps([target_fingerprint(loaded.path), str(model.dtype), max_new_tokens, temperature,
                                      seed, sorted(tok.eos_ids)]).encode()).hexdigest()[:16]
     os.makedirs(cache_dir, exist_ok=True)
     path = os.path.join(cache_dir, f"replies-{key}.pt")
     done = _load_replies(path) if os.path.exists(path) else {}
-    todo = [i for i in range(len(enc)) if i not in done]
+    keys = [prompt_key(e) for e in enc]
+    todo = [i for i in range(len(enc)) if keys[i] not in done]
     if todo:
         bar = tqdm(total=len(enc), initial=len(done), desc="distilling", unit="prompt")
         ntok = [0]
@@ -126,17 +147,17 @@ def distill(loaded, texts: list[str], *, max_new_tokens: int, temperature: float
             part = todo[c:c + chunk]
             replies = generate_batch(model, [enc[i] for i in part], max_new_tokens, set(tok.eos_ids), slots=slots,
                                      temperature=temperature, seed=seed + c, on_done=on_done)
-            done.update(zip(part, replies))
+            done.update(zip((keys[i] for i in part), replies))
             _save_replies(path, done)
         bar.close()
         secs = time.perf_counter() - t0
-        print(f"distilled {len(todo)} replies, {ntok[0]} tokens in {secs:.1f} s ({ntok[0] / max(secs, 1e-9):.0f} tok/s)",
+        print(f"distilled {len(todo)} replies (cached in {path}), {ntok[0]} tokens in {secs:.1f} s ({ntok[0] / max(secs, 1e-9):.0f} tok/s)",
               file=sys.stderr)
-    return Distilled(enc, [done[i] for i in range(len(enc))])
+    return Distilled(enc, [done[k] for k in keys])
 
 
 def _save_replies(path: str, done: dict[int, list[int]]) -> None:
-    """Replies as one flat int32 tensor with lengths (compact: ~4 bytes a token), atomically."""
+    """Replies (by prompt key) as one flat int32 tensor with lengths: ~4 bytes a token; atomically."""
     idx = sorted(done)
     flat = [t for i in idx for t in done[i]]
     tmp = path + ".tmp"

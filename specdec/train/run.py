@@ -28,10 +28,15 @@ def check_args(a) -> None:
     if a.max_prompts is not None and a.max_prompts < 1:
         raise ConfigError(f"--max-prompts must be >= 1, got {a.max_prompts}")
     if a.kind == "dflash":
-        if not 2 <= a.block_size <= 64:
+        if a.block_size is not None and not 2 <= a.block_size <= 64:
             raise ConfigError(f"--block-size must be in 2..64, got {a.block_size}")
-        if a.layers < 1 or a.anchors < 1:
+        if (a.layers is not None and a.layers < 1) or a.anchors < 1:
             raise ConfigError("--layers and --anchors must be >= 1")
+    if a.init is not None:
+        if not os.path.isfile(os.path.join(a.init, "config.json")):
+            raise ConfigError(f"--init {a.init}: not a drafter directory (no config.json)")
+        if a.kind == "dflash" and (a.layers is not None or a.block_size is not None or a.mask_token_id is not None):
+            raise ConfigError("--init keeps the drafter's architecture: drop --layers/--block-size/--mask-token-id")
     if a.kind == "mtp" and not 1 <= a.steps <= 8:
         raise ConfigError(f"--steps (chained MTP steps trained) must be in 1..8, got {a.steps}")
     if a.time_limit is not None and a.time_limit <= 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 
 import torch
 
@@ -63,14 +64,23 @@ class DFlashTask(_Task):
         from .dflash_batch import new_dflash_config, new_dflash_model
 
         self.target = loaded.model
-        mask = a.mask_token_id
-        if mask is None:
-            mask = pick_mask_token(loaded.tokenizer, self.target.config.vocab_size)
-        elif not 0 <= mask < self.target.config.vocab_size:
-            raise ConfigError(f"--mask-token-id {mask} is outside the vocabulary (0..{self.target.config.vocab_size - 1})")
-        self.cfg = new_dflash_config(self.target, a.layers, a.block_size, mask_token_id=mask)
-        self.module = new_dflash_model(self.target, self.cfg)
-        self.block_size, self.anchors, self.gamma = a.block_size, a.anchors, a.gamma
+        if a.init is not None:  # continue from a trained drafter: its config and weights
+            from ..config import read_json
+            from ..drafters.dflash import load_dflash_drafter
+
+            self.cfg = read_json(os.path.join(a.init, "config.json"))
+            self.module = load_dflash_drafter(a.init, loaded).model.float().requires_grad_(True)
+        else:
+            mask = a.mask_token_id
+            if mask is None:
+                mask = pick_mask_token(loaded.tokenizer, self.target.config.vocab_size)
+            elif not 0 <= mask < self.target.config.vocab_size:
+                raise ConfigError(f"--mask-token-id {mask} is outside the vocabulary "
+                                  f"(0..{self.target.config.vocab_size - 1})")
+            self.cfg = new_dflash_config(self.target, a.layers or 5, a.block_size or 16, mask_token_id=mask)
+            self.module = new_dflash_model(self.target, self.cfg)
+        self.block_size = self.module.config.block_size
+        self.anchors, self.gamma = a.anchors, a.gamma
         self.capture = tuple(DFlashConfig.from_dict(self.cfg).target_layer_ids)
 
     def recipe(self) -> dict:
@@ -104,13 +114,18 @@ class MTPTask(_Task):
         from ..drafters.mtp_dir import new_mtp_block
 
         self.target = loaded.model
+        self.steps = a.steps
+        if a.init is not None:  # continue from a trained head
+            from ..drafters.mtp_dir import load_mtp_dir
+
+            self.module = load_mtp_dir(a.init, loaded).block.float().requires_grad_(True)
+            return
         last = len(self.target.layers) - 1
         try:
             block = new_mtp_block(self.target, init_from_layer=last, generator=torch.Generator().manual_seed(a.seed))
         except ConfigError:  # a hybrid target whose last layer is not full attention: random init
             block = new_mtp_block(self.target, generator=torch.Generator().manual_seed(a.seed))
         self.module = block.float()
-        self.steps = a.steps
 
     def recipe(self) -> dict:
         return {"kind": self.kind, "steps": self.steps}

@@ -147,6 +147,7 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
         log(f"resuming from {ckpt} at step {step}/{total}")
 
     def save_ckpt():
+        os.makedirs(os.path.dirname(os.path.abspath(ckpt)), exist_ok=True)
         tmp = ckpt + ".tmp"
         torch.save({"recipe": recipe, "task": task.state_dict(), "opt": opt.state_dict(), "step": step,
                     "seconds": spent + time.perf_counter() - t_run}, tmp)
