@@ -75,3 +75,19 @@ def test_batched_forward_refused_for_hybrid_targets(tmp_path):
     model = load_model(path, "cpu", "float32", tokenizer=False).model
     with pytest.raises(ConfigError, match="batched forwards are not supported"):
         generate_batch(model, [[1, 2, 3]], 4, set())
+
+
+def test_folded_gqa_attention_equals_expanded(llama, monkeypatch):
+    """The batched-step GQA fold (query groups as rows) computes the same attention."""
+    import specdec.models.layers as layers
+
+    prompts = _prompts(5, seed=9)
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, : len(p)] = torch.tensor(p)
+    ref = llama.forward_batch_train(ids, capture=(1,))
+    monkeypatch.setattr(layers, "FOLD_GQA_BATCHED", True)
+    got = llama.forward_batch_train(ids, capture=(1,))
+    torch.testing.assert_close(got.hidden, ref.hidden, atol=1e-5, rtol=1e-5)
+    assert generate_batch(llama, prompts, 12, set(), slots=3) == [_single_greedy(llama, p, 12, set()) for p in prompts]

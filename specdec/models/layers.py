@@ -129,6 +129,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     if single:
         q, k, v = q[None], k[None], v[None]
     groups = q.shape[1] // k.shape[1]
+    if not single and groups > 1 and FOLD_GQA_BATCHED:
+        return _attend_folded(q, k, v, mask, scale, groups)
     if groups > 1 and not _SDPA_GQA:
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
@@ -137,6 +139,25 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     else:
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return o[0] if single else o
+
+
+# Batched steps (many sequences, few rows each): fold each KV head's query group into its rows,
+# so that attention reads every key/value once, with no GQA expansion and any SDPA kernel that
+# takes a mask. Off until measured on the GPU (scripts/profile_batch.py compares both).
+FOLD_GQA_BATCHED = False
+
+
+def _attend_folded(q, k, v, mask, scale: float, groups: int) -> torch.Tensor:
+    """``q [B, H, T, d]`` with ``H = Hkv * groups`` (head ``h`` reads KV head ``h // groups``) as
+    ``[B, Hkv, groups*T, d]``; the mask ``[B, 1, T, S]`` repeated per group row."""
+    b, h, t, d = q.shape
+    kv = k.shape[1]
+    qf = q.reshape(b, kv, groups * t, d)
+    m = None
+    if mask is not None:
+        m = mask.unsqueeze(2).expand(mask.shape[0], 1, groups, t, mask.shape[-1]).reshape(mask.shape[0], 1, groups * t, -1)
+    o = F.scaled_dot_product_attention(qf, k, v, attn_mask=m, scale=scale)
+    return o.reshape(b, h, t, o.shape[-1])
 
 
 def _sdpa_has_gqa() -> bool:
