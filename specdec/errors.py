@@ -23,3 +23,7 @@ class RequestError(SpecdecError, ValueError):
 
 class ContextOverflowError(RequestError):
     """The prompt plus the requested tokens do not fit in the model's context."""
+
+
+class QueueFullError(SpecdecError):
+    """The serving engine's request queue is full; the request may be retried later."""
