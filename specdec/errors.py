@@ -26,4 +26,8 @@ class ContextOverflowError(RequestError):
 
 
 class QueueFullError(SpecdecError):
-    """The serving engine's request queue is full; the request may be retried later."""
+    """The serving engine already holds as many waiting requests as it was built to queue."""
+
+
+class EngineStoppedError(SpecdecError):
+    """A request was submitted to a serving engine that has been stopped."""

@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from specdec.errors import QueueFullError, RequestError
+from specdec.errors import EngineStoppedError, QueueFullError, RequestError
 
 
 @dataclass
@@ -64,10 +64,9 @@ class FakeEngine:
         for t in self._threads:
             t.join(timeout=5)
 
-    def is_running(self) -> bool:
-        return self.running
-
     def submit(self, req, on_event=None) -> FakeHandle:
+        if not self.running:
+            raise EngineStoppedError("the engine was stopped; no new requests are taken")
         if self.full:
             raise QueueFullError("2 requests are queued, the limit is 2")
         if len(req.prompt_ids) + req.max_new_tokens > self.max_context:
@@ -118,4 +117,4 @@ class FakeEngine:
         busy = sum(1 for h in self.handles if not h.finished.is_set())
         return {"queue_depth": 0, "slots_in_use": busy, "max_slots": 4, "requests_total": len(self.handles),
                 "tokens_total": 10, "steps_total": 4, "accepted_total": 6, "drafted_total": 8,
-                "step_seconds": [0.01, 0.02, 0.03]}
+                "step_seconds": [0.01, 0.02, 0.03], "context": self.max_context, "running": self.running}

@@ -290,6 +290,8 @@ def test_models_health_metrics(served):
     assert 'specdec_recent_step_seconds{quantile="0.5"} 0.02' in text
     engine.stop()
     assert client.get("/health").status_code == 503
+    r = client.post("/v1/completions", json={"prompt": "Hi"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stopped"
 
 
 # --- a live server and the official client ------------------------------------------------------
@@ -347,3 +349,36 @@ def test_closed_stream_cancels_the_request(live):
     h = engine.handles[-1]
     assert h.cancelled.wait(5), "closing the stream did not cancel the engine request"
     assert h.finished.wait(5)
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+def test_cli_serve_builds_engine_and_runs_uvicorn(monkeypatch, tmp_path):
+    import sys
+    import types
+
+    import uvicorn
+
+    from specdec import cli
+
+    built, ran = {}, {}
+
+    class Loop(FakeEngine):
+        def __init__(self, loaded, draft, **kw):
+            super().__init__(TOK.encode(REPLY), EOS)
+            built.update(kw, loaded=loaded, draft=draft)
+
+    loaded = types.SimpleNamespace(tokenizer=TOK)
+    monkeypatch.setitem(sys.modules, "specdec.engine.serve_loop", types.SimpleNamespace(EngineLoop=Loop))
+    monkeypatch.setattr("specdec.loading.load_model", lambda path, device, dtype: loaded)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: ran.update(kw, app=app))
+    model = tmp_path / "tiny.gguf"
+    rc = cli.main(["serve", "--model", str(model), "--draft", "ngram", "--max-slots", "3", "--max-queue", "5",
+                   "--port", "0", "--api-key", "k", "--max-context", "64"])
+    assert rc == 0
+    assert built == {"loaded": loaded, "draft": "ngram", "max_slots": 3, "max_queue": 5, "num_draft_tokens": 4,
+                     "block_size": None, "max_context": 64}
+    assert ran["host"] == "127.0.0.1" and ran["port"] == 0
+    client = TestClient(ran["app"])
+    assert client.get("/v1/models").status_code == 401
+    assert client.get("/v1/models", headers={"Authorization": "Bearer k"}).json()["data"][0]["id"] == "tiny.gguf"

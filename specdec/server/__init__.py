@@ -6,6 +6,12 @@ with stop strings, ``metrics`` holds the Prometheus registry, ``app`` wires them
 Nothing below this package imports it.
 """
 
-from .app import create_app
-
 __all__ = ["create_app"]
+
+
+def __getattr__(name):
+    # lazily: `specdec serve --help` and its argument checks must work without fastapi installed
+    if name == "create_app":
+        from .app import create_app
+        return create_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

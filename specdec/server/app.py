@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import CheckpointError, QueueFullError, RequestError
+from ..errors import CheckpointError, EngineStoppedError, QueueFullError, RequestError
 from .detok import TextStream
 from .metrics import CONTENT_TYPE, CountRequests, ServerMetrics
 from .protocol import APIError, Parsed, bad, chunk_body, error_body, new_id, now, parse_chat, parse_completion, \
@@ -52,11 +52,11 @@ def create_app(engine, tokenizer, model_name: str, *, api_key: str | None = None
     only). ``model_name``: the one id ``/v1/models`` lists and requests may name. ``api_key``:
     when set, every ``/v1`` request needs ``Authorization: Bearer KEY``. ``max_body_bytes``
     bounds a request body (413 beyond); ``max_tokens_limit`` bounds ``max_tokens`` and is the
-    default when a request gives none; ``context_length`` (default: ``engine.max_context`` when
-    the engine has one) bounds prompt plus ``max_tokens``.
+    default when a request gives none; ``context_length`` (default: the ``context`` that
+    ``engine.metrics()`` reports) bounds prompt plus ``max_tokens``.
     """
     if context_length is None:
-        context_length = getattr(engine, "max_context", None)
+        context_length = engine.metrics().get("context")
     server = _Server(engine, tokenizer, model_name, api_key, max_body_bytes, max_tokens_limit, context_length)
     app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
@@ -101,8 +101,7 @@ def create_app(engine, tokenizer, model_name: str, *, api_key: str | None = None
     @app.get("/health")
     async def health():
         try:
-            running = engine.is_running() if hasattr(engine, "is_running") else True
-            engine.metrics()
+            running = engine.metrics().get("running", True)
         except Exception as e:  # an engine that cannot answer is not healthy; say why
             return JSONResponse({"status": "error", "message": f"{type(e).__name__}: {e}"}, status_code=503)
         if not running:
@@ -218,6 +217,8 @@ class _Server:
                            kind="rate_limit_error") from None
         except RequestError as e:
             raise bad(str(e), "messages" if p.chat else "prompt") from None
+        except EngineStoppedError as e:
+            raise APIError(503, str(e), code="engine_stopped", kind="server_error") from None
         rid, created = new_id(p.chat), now()
         if p.stream:
             return StreamingResponse(self._sse(p, len(ids), handle, events, rid, created), media_type="text/event-stream",
