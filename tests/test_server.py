@@ -359,6 +359,7 @@ def test_cli_serve_builds_engine_and_runs_uvicorn(monkeypatch, tmp_path):
 
     import uvicorn
 
+    import specdec.api  # noqa: F401  imported before load_model is patched, so it keeps the real one
     from specdec import cli
 
     built, ran = {}, {}

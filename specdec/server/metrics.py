@@ -75,10 +75,14 @@ class _EngineCollector:
             if key in m:
                 yield GaugeMetricFamily(f"specdec_{key}", doc, value=m[key])
         for key, doc in (("requests_total", "requests the engine accepted"),
+                         ("requests_finished", "requests that ended with stop or length"),
+                         ("requests_cancelled", "requests cancelled (stop strings, clients gone)"),
+                         ("requests_failed", "requests the engine failed"),
+                         ("prompt_tokens_total", "prompt tokens the engine prefilled"),
                          ("tokens_total", "tokens the engine committed"), ("steps_total", "engine steps"),
                          ("accepted_total", "drafted tokens accepted"), ("drafted_total", "tokens drafted")):
             if key in m:
-                yield CounterMetricFamily(f"specdec_engine_{key[:-len('_total')]}", doc, value=m[key])
+                yield CounterMetricFamily(f"specdec_engine_{key.removesuffix('_total')}", doc, value=m[key])
         steps = m.get("steps_total", 0)
         if steps:
             # tau: tokens committed per target step, the bonus token included
