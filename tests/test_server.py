@@ -26,8 +26,8 @@ TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% en
 
 def byte_tokenizer(template: str | None = TEMPLATE) -> Tokenizer:
     """A byte-level BPE vocabulary without merges: one token per byte, EOS = 256."""
-    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
-            "tokenizer.ggml.tokens": _bytes_to_unicode() + ["<|endoftext|>"] + [f"<|pad{i}|>" for i in range(VOCAB - 257)],
+    tokens = _bytes_to_unicode() + ["<|endoftext|>"] + [f"<|pad{i}|>" for i in range(VOCAB - 257)]
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.tokens": tokens,
             "tokenizer.ggml.token_type": [1] * 256 + [3] + [5] * (VOCAB - 257), "tokenizer.ggml.merges": [],
             "tokenizer.ggml.eos_token_id": EOS, "tokenizer.ggml.add_bos_token": False}
     if template:
@@ -132,6 +132,16 @@ def test_held_back_text_is_sent_when_no_stop_follows():
     texts = [e["choices"][0]["text"] for e in events]
     # "a", "ab" held until "c" rules the stop string out; the last "ab" is held until the reply ends
     assert texts == ["abc", "ab", ""] and events[-1]["choices"][0]["finish_reason"] == "stop"
+    engine.stop()
+
+
+def test_multibyte_characters_are_never_split():
+    engine, client = make(reply="héllo wörld ✓", chunk=1)  # one byte per event
+    with client.stream("POST", "/v1/completions", json={"prompt": "x", "stream": True, "stop": "ö"}) as r:
+        texts = [e["choices"][0]["text"] for e in sse_events(r.read().decode())]
+    assert "".join(texts) == "héllo w" and not any("\ufffd" in t for t in texts)
+    r = client.post("/v1/completions", json={"prompt": "x"})
+    assert r.json()["choices"][0]["text"] == "héllo wörld ✓"
     engine.stop()
 
 

@@ -206,6 +206,8 @@ class _Server:
         return p.max_tokens
 
     async def generate(self, request: Request, p: Parsed):
+        if p.stop and self.tok is None:
+            raise bad("stop strings need a tokenizer to decode with; this model has none", "stop")
         ids = await asyncio.to_thread(self.encode, p)
         req = GenRequest(prompt_ids=ids, max_new_tokens=self.budget(p, len(ids)), params=p.params,
                          stop_ids=list(self.eos_ids))
@@ -221,7 +223,8 @@ class _Server:
             raise APIError(503, str(e), code="engine_stopped", kind="server_error") from None
         rid, created = new_id(p.chat), now()
         if p.stream:
-            return StreamingResponse(self._sse(p, len(ids), handle, events, rid, created), media_type="text/event-stream",
+            return StreamingResponse(self._sse(p, len(ids), handle, events, rid, created),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         text, reason, n_out = [], None, 0
         async for kind, value, n_out in self._run(p, handle, events, request):
