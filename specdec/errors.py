@@ -23,3 +23,11 @@ class RequestError(SpecdecError, ValueError):
 
 class ContextOverflowError(RequestError):
     """The prompt plus the requested tokens do not fit in the model's context."""
+
+
+class QueueFullError(SpecdecError):
+    """The serving engine already holds as many waiting requests as it was built to queue."""
+
+
+class EngineStoppedError(SpecdecError):
+    """A request was submitted to a serving engine that has been stopped."""
