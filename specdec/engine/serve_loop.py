@@ -89,8 +89,9 @@ class EngineLoop:
                  block_size: int | None = None, max_context: int | None = None, controller: bool = True):
         model: CausalLM = getattr(loaded, "model", loaded)
         if not model.batched:
-            raise ConfigError(f"{getattr(loaded, 'path', model.config.model_type)}: continuous batching is not "
-                              f"supported for {model.config.model_type} targets yet")
+            arch = getattr(getattr(loaded, "arch", None), "name", None) or model.config.model_type
+            raise ConfigError(f"{getattr(loaded, 'path', arch)}: continuous batching is not supported for {arch} "
+                              "targets yet (attention-only targets are: llama, qwen3)")
         for name, v, lo in (("max_slots", max_slots, 1), ("max_queue", max_queue, 0),
                             ("num_draft_tokens", num_draft_tokens, 0)):
             if type(v) is not int or v < lo:
@@ -130,16 +131,16 @@ class EngineLoop:
             if block_size is not None:
                 raise ConfigError("block_size was given but no DFlash drafter is used")
             return "none", None, None
-        if isinstance(draft, str) or hasattr(draft, "propose"):
-            proto = make_drafter(draft, loaded, block_size=block_size)
-            if not callable(getattr(proto, "spawn", None)):
-                raise ConfigError(f"drafter {type(proto).__name__} has no spawn(): the serving loop needs one "
-                                  "drafter instance per slot (or pass a factory)")
-            return (draft if isinstance(draft, str) else proto.name), proto.spawn, proto
-        if callable(draft):
+        if callable(draft) and not isinstance(draft, str):  # a factory (a class or a function)
+            if block_size is not None:
+                raise ConfigError("block_size applies to drafter specs, not to a drafter factory")
             proto = draft()
             return getattr(proto, "name", "custom"), draft, proto
-        raise ConfigError(f"draft must be a spec string, a drafter or a drafter factory, got {type(draft).__name__}")
+        proto = make_drafter(draft, loaded, block_size=block_size)
+        if not callable(getattr(proto, "spawn", None)):
+            raise ConfigError(f"drafter {type(proto).__name__} has no spawn(): the serving loop needs one "
+                              "drafter instance per slot (or pass a factory)")
+        return (draft if isinstance(draft, str) else proto.name), proto.spawn, proto
 
     # --- client side (any thread) -------------------------------------------------------
     def start(self) -> None:
