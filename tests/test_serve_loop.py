@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _engine_util import build_llama, plain_generate, pooled_chi2
+from _engine_util import DistDrafter, build_llama, model_next_logits, plain_generate, pooled_chi2
 from specdec.drafters.base import Proposal
 from specdec.drafters.factory import make_drafter
 from specdec.drafters.mtp_dir import new_mtp_block, save_mtp_dir
@@ -315,3 +315,65 @@ def test_controller_reexplores():
         ctl.record(1, k, 1.0 + k)
         picks.append(k)
     assert set(picks) > {0}, "a losing k is measured again now and then"
+
+
+def test_accept_greedy_rows_equals_per_row():
+    from specdec.engine import accept_greedy
+    from specdec.engine.acceptance import accept_greedy_rows
+    g = torch.Generator().manual_seed(0)
+    b, k, v = 6, 4, 5
+    logits = torch.randn(b, k + 1, v, generator=g)
+    n = torch.tensor([0, 1, 4, 2, 4, 3])
+    drafts = logits[:, :k].argmax(-1)  # drafts the target agrees with, some spoiled below
+    drafts[1, 0] = (drafts[1, 0] + 1) % v
+    drafts[4, 2] = (drafts[4, 2] + 1) % v
+    drafts[torch.arange(k)[None, :] >= n[:, None]] = 0  # padding
+    rows = accept_greedy_rows(drafts, n, logits)
+    for i in range(b):
+        want = accept_greedy(drafts[i, : n[i]], logits[i, : n[i] + 1])
+        assert rows[i, : want.numel()].tolist() == want.tolist(), i
+
+
+def test_greedy_exact_beside_sampled_requests(setup):
+    """Greedy and sampled requests share steps; the greedy ones still equal plain decoding."""
+    loaded, dirs = setup
+    reqs = _requests(8, seed=6)
+    for i in (1, 4, 6):
+        reqs[i].params = SamplingParams(temperature=1.0, top_p=0.9, seed=i)
+    got = _serve(EngineLoop(loaded, f"mtp:{dirs['mtp']}", max_slots=4, num_draft_tokens=2), reqs)
+    for i, (r, (toks, done)) in enumerate(zip(reqs, got)):
+        assert done.kind == "done", done.message
+        assert len(toks) == r.max_new_tokens
+        if r.params.greedy:
+            assert toks == _reference(loaded.model, r)
+
+
+@pytest.mark.parametrize("kind", ["mtp", "adversarial"])
+def test_sampled_two_tokens_follow_the_target(tmp_path, kind):
+    """The second token comes out of a verify step (sampled drafts with their probabilities,
+    rejection sampling per slot): the joint of the first two tokens must be the target's. The
+    adversarial drafter samples the target's unlikely tokens: misused draft probabilities show."""
+    path = build_llama(tmp_path / "t8", vocab=8, hidden=32, layers=2, seed=1, head_scale=2.0)
+    loaded = load_model(path, "cpu", "float32", tokenizer=False)
+    model = loaded.model
+    if kind == "mtp":
+        save_mtp_dir(new_mtp_block(model, init_from_layer=-1, generator=torch.Generator().manual_seed(2)), model,
+                     str(tmp_path / "h"), dtype=None)
+        draft = f"mtp:{tmp_path / 'h'}"
+    else:
+        draft = lambda: DistDrafter(model_next_logits(model), "adversarial")  # noqa: E731
+    prompt, params, n = [3, 1, 4, 1, 5], SamplingParams(temperature=1.0), 800
+    reqs = [GenRequest(prompt, 2, SamplingParams(temperature=1.0, seed=i)) for i in range(n)]
+    engine = EngineLoop(loaded, draft, max_slots=8, max_queue=n, num_draft_tokens=1, controller=False)
+    got = _serve(engine, reqs)
+    counts = torch.zeros(8, 8)
+    for toks, _ in got:
+        counts[toks[0], toks[1]] += 1
+
+    def probs(seq):
+        return probs_from_logits(model(torch.tensor(seq), model.new_cache(16), logits="last").logits[-1], params)
+    p1 = probs(prompt)
+    joint = torch.stack([p1[a] * probs(prompt + [a]) for a in range(8)])
+    _, _, pval = pooled_chi2(counts, joint)
+    assert pval > 1e-4, pval
+    assert engine.metrics()["accepted_total"] > 0  # some second tokens were accepted drafts

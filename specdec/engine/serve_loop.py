@@ -35,7 +35,7 @@ from ..drafters.factory import make_drafter
 from ..errors import ConfigError, ContextOverflowError, EngineStoppedError, QueueFullError, RequestError
 from ..models.base import CausalLM, ForwardOut
 from ..sampling import SamplingParams, make_generator, probs_from_logits
-from .acceptance import accept_greedy, accept_sampled
+from .acceptance import accept_greedy_rows, accept_sampled
 from .controller import DraftController
 from .requests import Event, GenRequest, RequestHandle
 
@@ -335,34 +335,41 @@ class EngineLoop:
                 self._fail(s, e)
         if not rows:
             return
-        width = 1 + max(r.drafts.numel() for r in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.int64, device=dev)
-        for i, r in enumerate(rows):
-            ids[i, 0] = self._slots[r.s].last
-            ids[i, 1:1 + r.drafts.numel()] = r.drafts
+        n_drafts = [r.drafts.numel() for r in rows]
+        width = 1 + max(n_drafts)
+        lasts = torch.tensor([[self._slots[r.s].last] for r in rows], device=dev)
+        drafts = torch.nn.utils.rnn.pad_sequence([r.drafts for r in rows], batch_first=True)  # [b, width-1]
+        ids = torch.cat([lasts, drafts], dim=1)  # row i: [last, d_1 .. d_k_i, padding]
         lengths = [self._slots[r.s].length for r in rows]
+        greedy = [i for i, r in enumerate(rows) if self._slots[r.s].req.params.greedy]
+        sampled = [i for i, r in enumerate(rows) if not self._slots[r.s].req.params.greedy]
         try:
             out = self.model.forward_batch(ids, self.cache, torch.tensor(lengths, device=dev),
                                            slots=torch.tensor([r.s for r in rows], device=dev),
                                            span=max(lengths) + width, capture=self.capture, logits="all")
             packed = []
-            for i, r in enumerate(rows):
-                p, n = self._slots[r.s].req.params, r.drafts.numel()
-                logits = out.logits[i, : n + 1]
-                if p.greedy:
-                    packed.append(accept_greedy(r.drafts, logits))
-                else:
-                    packed.append(accept_sampled(r.drafts, r.probs, probs_from_logits(logits, p), self._slots[r.s].gen))
-            res = torch.cat(packed).tolist()  # the one host sync of the step
+            if greedy:
+                g = torch.tensor(greedy, device=dev)
+                packed.append(accept_greedy_rows(drafts[g], torch.tensor([n_drafts[i] for i in greedy], device=dev),
+                                                 out.logits[g]).reshape(-1))
+            for i in sampled:
+                slot, n = self._slots[rows[i].s], n_drafts[i]
+                p = probs_from_logits(out.logits[i, : n + 1], slot.req.params)
+                packed.append(accept_sampled(rows[i].drafts, rows[i].probs, p, slot.gen))
+            flat = torch.cat(packed).tolist()  # the one host sync of the step
         except Exception as e:  # noqa: BLE001 - the step's requests fail, the loop goes on
             for r in rows:
                 self._fail(r.s, e)
             return
-        off, accepted, drafted = 0, 0, 0
+        res, off = {}, 0
+        sampled_set = set(sampled)
+        for i in greedy + sampled:  # greedy rows are width + 1 wide, sampled ones n_drafts + 2
+            w = n_drafts[i] + 2 if i in sampled_set else width + 1
+            res[i], off = flat[off:off + w], off + w
+        accepted, drafted = 0, 0
         for i, r in enumerate(rows):
-            slot, nd = self._slots[r.s], r.drafts.numel()
-            n, toks = res[off], res[off + 1: off + res[off] + 2]
-            off += nd + 2
+            slot, nd = self._slots[r.s], n_drafts[i]
+            n, toks = res[i][0], res[i][1:res[i][0] + 2]
             slot.length += n + 1  # positions past it hold rejected rows: overwritten next step
             slot.accepted.append(n)
             slot.drafted += nd
