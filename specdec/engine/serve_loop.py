@@ -36,6 +36,7 @@ from ..errors import ConfigError, ContextOverflowError, EngineStoppedError, Queu
 from ..models.base import CausalLM, ForwardOut
 from ..sampling import SamplingParams, make_generator, probs_from_logits
 from .acceptance import accept_greedy_rows, accept_sampled
+from .batch import prefill_slots
 from .controller import DraftController
 from .requests import Event, GenRequest, RequestHandle
 
@@ -259,7 +260,8 @@ class EngineLoop:
         dev = self.model.device
         prompts = [torch.tensor(req.prompt_ids, dtype=torch.int64) for req, _, _ in joining]
         try:
-            outs = self._prefill(prompts, free)
+            outs = prefill_slots(self.model, self.cache, prompts, free, self.capture, self.prefill_chunk,
+                                 keep_rows=self._spawn is not None)  # only a drafter reads the prompt rows
         except Exception as e:  # noqa: BLE001 - the joining requests fail, the running ones go on
             for _, handle, _ in joining:
                 self._count("requests_failed")
@@ -281,38 +283,6 @@ class EngineLoop:
                 self._fail(s, e)
                 continue
             self._commit(s, [first])
-
-    def _prefill(self, prompts: list[torch.Tensor], slots: list[int]) -> list[ForwardOut]:
-        """Prefill ``prompts`` into ``slots`` together, right-padded, ``prefill_chunk`` positions
-        per forward. Returns per prompt its rows (hidden / captured ``[L, ...]``, for the drafter)
-        and the logits ``[1, V]`` of its last position."""
-        dev, lens = self.model.device, [p.numel() for p in prompts]
-        keep = self._spawn is not None  # only a drafter reads the prompt rows
-        hid: list[list] = [[] for _ in prompts]
-        cap: list[list] = [[] for _ in prompts]
-        last: list = [None] * len(prompts)
-        for c0 in range(0, max(lens), self.prefill_chunk):
-            rows = [i for i in range(len(prompts)) if lens[i] > c0]
-            t = min(self.prefill_chunk, max(lens[i] for i in rows) - c0)
-            ids = torch.zeros(len(rows), t, dtype=torch.int64)
-            for r, i in enumerate(rows):
-                seg = prompts[i][c0:c0 + t]
-                ids[r, : seg.numel()] = seg
-            at = torch.tensor([min(lens[i] - c0, t) - 1 for i in rows], device=dev)
-            out = self.model.forward_batch(ids, self.cache, torch.full((len(rows),), c0, device=dev),
-                                           slots=torch.tensor([slots[i] for i in rows], device=dev), span=c0 + t,
-                                           capture=self.capture, last=at)
-            for r, i in enumerate(rows):
-                m = min(lens[i] - c0, t)
-                if keep:
-                    hid[i].append(out.hidden[r, :m])
-                    if out.captured is not None:
-                        cap[i].append(out.captured[r, :m])
-                if lens[i] <= c0 + t:
-                    last[i] = out.logits[r: r + 1]
-        none = torch.empty(0, device=dev)
-        return [ForwardOut(last[i], torch.cat(hid[i]) if keep else none, torch.cat(cap[i]) if cap[i] else None)
-                for i in range(len(prompts))]
 
     def _step(self) -> None:
         """One verify step over every active slot (see the module docstring)."""
