@@ -377,3 +377,48 @@ def test_sampled_two_tokens_follow_the_target(tmp_path, kind):
     _, _, pval = pooled_chi2(counts, joint)
     assert pval > 1e-4, pval
     assert engine.metrics()["accepted_total"] > 0  # some second tokens were accepted drafts
+
+
+def test_full_context_beside_drafting_rows(setup):
+    """A request that fills its context exactly drafts nothing in its last steps, yet its row is
+    padded to the step's widest: the padding lands in the cache's spare rows."""
+    loaded, _ = setup
+    pat = [5, 6, 7, 8]
+    reqs = [GenRequest((pat * 10)[:40], 24, GREEDY), GenRequest(pat * 3, 40, GREEDY), GenRequest([9, 9, 9], 50, GREEDY)]
+    engine = EngineLoop(loaded, "ngram", max_slots=3, max_context=64, num_draft_tokens=4, controller=False)
+    got = _serve(engine, reqs)
+    for r, (toks, done) in zip(reqs, got):
+        assert done.kind == "done", done.message
+        assert toks == _reference(loaded.model, r)
+    assert engine.metrics()["accepted_total"] > 0
+
+
+def test_dflash_block_size_sets_the_draft_length(setup):
+    loaded, dirs = setup
+    engine = EngineLoop(loaded, f"dflash:{dirs['dflash']}", block_size=3, num_draft_tokens=7)
+    assert engine.metrics()["max_draft_tokens"] == 2
+    with pytest.raises(ConfigError, match="block_size"):
+        EngineLoop(loaded, "ngram", block_size=3)
+
+
+def test_raising_callback_cancels_its_request(setup):
+    loaded, _ = setup
+
+    def broken(ev):
+        raise OSError("client went away")
+
+    engine = EngineLoop(loaded, None, max_slots=2)
+    engine.start()
+    try:
+        bad = engine.submit(GenRequest([1, 2, 3], 300, GREEDY), on_event=broken)
+        good = engine.submit(GenRequest([4, 5, 6], 10, GREEDY))
+        toks, done = _collect(bad)
+        assert done.finish_reason == "cancelled" and len(toks) < 300
+        assert _collect(good)[0] == _reference(loaded.model, GenRequest([4, 5, 6], 10, GREEDY))
+    finally:
+        engine.stop()
+    idle = EngineLoop(loaded, None)  # never started: no event comes
+    h = idle.submit(GenRequest([1], 2, GREEDY))
+    with pytest.raises(TimeoutError):
+        next(h.events(timeout=0.05))
+    idle.stop()
