@@ -169,11 +169,14 @@ def test_real_drafter_steps_match_single_sequence(setup, kind):
 # --- sampling ----------------------------------------------------------------------------------------
 
 def test_seeded_sampling_repeats(setup):
+    """A seed gives the same tokens, with the controller on or off (a seeded request drafts a
+    fixed k, so the controller's timing-driven choices do not move its random stream)."""
     loaded, _ = setup
     params = SamplingParams(temperature=0.9, top_k=20, seed=11)
     req = GenRequest(_requests(1, seed=2, repetitive=True)[0].prompt_ids, 16, params)
-    runs = [_serve(EngineLoop(loaded, "ngram", max_slots=2, controller=False), [req])[0][0] for _ in range(2)]
-    assert runs[0] == runs[1] and len(runs[0]) == 16
+    runs = [_serve(EngineLoop(loaded, "ngram", max_slots=2, controller=ctl), [req])[0][0]
+            for ctl in (False, False, True)]
+    assert runs[0] == runs[1] == runs[2] and len(runs[0]) == 16
 
 
 def test_first_sampled_token_follows_the_target(setup):

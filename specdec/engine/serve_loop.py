@@ -251,8 +251,9 @@ class EngineLoop:
             free = [s for s in range(self.max_slots) if self._slots[s] is None]
             joining = [self._queue.popleft() for _ in range(min(len(free), len(self._queue)))]
             self._n["requests_cancelled"] += len(dropped)
-        for _, handle, _ in dropped:
-            handle._send(Event("done", finish_reason="cancelled", stats={"prompt_tokens": 0, "completion_tokens": 0}))
+        for req, handle, _ in dropped:
+            handle._send(Event("done", finish_reason="cancelled",
+                               stats={"prompt_tokens": len(req.prompt_ids), "completion_tokens": 0}))
         if joining:
             self._admit(joining, free[: len(joining)])
 
@@ -293,7 +294,11 @@ class EngineLoop:
         rows: list[_Row] = []
         for s in active:
             slot = self._slots[s]
-            ks = max(0, min(k, slot.req.max_new_tokens - len(slot.out)))
+            p = slot.req.params
+            # a seeded sampled request drafts a fixed k: its random stream (one draw per draft) must not
+            # depend on the controller's timing, so the same seed gives the same tokens
+            ks = self.kmax if p.seed is not None and not p.greedy else k
+            ks = max(0, min(ks, slot.req.max_new_tokens - len(slot.out)))
             try:
                 row = _Row(s, torch.empty(0, dtype=torch.int64, device=dev), None)
                 if slot.drafter is not None and ks > 0:
