@@ -198,11 +198,11 @@ def test_first_sampled_token_follows_the_target(setup):
 def test_cancel_frees_the_slot(setup):
     loaded, _ = setup
     engine = EngineLoop(loaded, "ngram", max_slots=1)
+    cancel_on_first = lambda ev: h1.cancel()  # noqa: E731 - runs on the engine thread, before the next step
+    h1 = engine.submit(GenRequest([1, 2, 3], 400, GREEDY), on_event=cancel_on_first)
+    h2 = engine.submit(GenRequest([4, 5], 8, GREEDY))  # waits: the only slot is taken
     engine.start()
     try:
-        cancel_on_first = lambda ev: h1.cancel()  # noqa: E731 - runs on the engine thread, before the next step
-        h1 = engine.submit(GenRequest([1, 2, 3], 400, GREEDY), on_event=cancel_on_first)
-        h2 = engine.submit(GenRequest([4, 5], 8, GREEDY))
         toks1, done1 = _collect(h1)
         toks2, done2 = _collect(h2)
     finally:
@@ -233,12 +233,15 @@ def test_request_limits(setup):
 def test_stop_ends_running_and_waiting_requests(setup):
     loaded, _ = setup
     engine = EngineLoop(loaded, "ngram", max_slots=1)
-    engine.start()
-    first = engine.submit(GenRequest([1, 2, 3], 400, GREEDY))
+    stop_on_first = lambda ev: engine.stop()  # noqa: E731 - on the engine thread: stops after this step
+    first = engine.submit(GenRequest([1, 2, 3], 400, GREEDY), on_event=stop_on_first)
     waiting = engine.submit(GenRequest([4, 5], 8, GREEDY))
-    next(first.events(timeout=30))  # it is running
-    engine.stop()
-    assert _collect(first, 5)[1].kind == "error" and _collect(waiting, 5)[1].kind == "error"
+    engine.start()
+    toks, done = _collect(first, 30)
+    assert done.kind == "error" and "stopped" in done.message and 0 < len(toks) < 400
+    assert _collect(waiting, 5)[1].kind == "error"
+    engine.stop()  # again, from the client: a no-op
+    assert not engine.metrics()["running"]
 
 
 def test_failing_drafter_fails_only_its_request(setup):
@@ -425,3 +428,29 @@ def test_raising_callback_cancels_its_request(setup):
     with pytest.raises(TimeoutError):
         next(h.events(timeout=0.05))
     idle.stop()
+
+
+def test_failing_forward_fails_its_step_only(setup, monkeypatch):
+    loaded, _ = setup
+    model = loaded.model
+    real, calls = model.forward_batch, {"verify": 0}
+
+    def flaky(*args, **kw):
+        if kw.get("logits") == "all":
+            calls["verify"] += 1
+            if calls["verify"] == 3:
+                raise RuntimeError("device fault")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(model, "forward_batch", flaky)
+    engine = EngineLoop(loaded, "ngram", max_slots=2)
+    first = [engine.submit(GenRequest([1, 2, 3], 20, GREEDY)), engine.submit(GenRequest([4, 5], 20, GREEDY))]
+    engine.start()  # both join the first boundary together, so the third verify step holds both
+    try:
+        results = [_collect(h) for h in first]
+        later = _collect(engine.submit(GenRequest([6, 7, 8], 12, GREEDY)))
+    finally:
+        engine.stop()
+    assert [done.kind for _, done in results] == ["error", "error"]
+    assert all("device fault" in done.message for _, done in results)
+    assert later[1].kind == "done" and later[0] == _reference(model, GenRequest([6, 7, 8], 12, GREEDY))
