@@ -145,6 +145,7 @@ def test_greedy_batched_equals_plain(setup, kind):
         assert toks == ref, f"prompt {r.prompt_ids}"
         assert done.finish_reason == ("stop" if toks[-1] in r.stop_ids else "length")
         assert done.stats["completion_tokens"] == len(toks)
+        assert 0 <= done.stats["queued_s"] <= done.stats["ttft_s"] <= done.stats["total_s"]
     m = engine.metrics()
     assert m["requests_finished"] == len(reqs) and m["slots_in_use"] == 0
     if kind != "none":

@@ -59,8 +59,9 @@ class _Slot:
     alpha: float = ALPHA_PRIOR
     accepted: list[int] = field(default_factory=list)  # accepted drafts per step
     drafted: int = 0
-    queued_s: float = 0.0
-    t0: float = 0.0
+    t_submit: float = 0.0  # perf_counter() at submit
+    queued_s: float = 0.0  # submit -> prefill start
+    ttft_s: float = 0.0  # submit -> first token (queue + prefill)
 
 
 @dataclass
@@ -258,7 +259,7 @@ class EngineLoop:
             self._admit(joining, free[: len(joining)])
 
     def _admit(self, joining, free: list[int]) -> None:
-        dev = self.model.device
+        dev, t_start = self.model.device, time.perf_counter()
         prompts = [torch.tensor(req.prompt_ids, dtype=torch.int64) for req, _, _ in joining]
         try:
             outs = prefill_slots(self.model, self.cache, prompts, free, self.capture, self.prefill_chunk,
@@ -271,7 +272,7 @@ class EngineLoop:
         now = time.perf_counter()
         for (req, handle, t_sub), s, prompt, out in zip(joining, free, prompts, outs):
             slot = _Slot(req, handle, None, None, prompt.numel(), stop=frozenset(int(t) for t in req.stop_ids),
-                         queued_s=now - t_sub, t0=now)
+                         t_submit=t_sub, queued_s=t_start - t_sub, ttft_s=now - t_sub)
             self._slots[s] = slot
             self._count("prompt_tokens_total", prompt.numel())
             try:
@@ -397,7 +398,8 @@ class EngineLoop:
         stats = {"prompt_tokens": len(slot.req.prompt_ids), "completion_tokens": len(slot.out), "steps": steps, "drafted": slot.drafted, "accepted": acc,
                  "accepted_per_step": list(slot.accepted), "tau": round((acc + steps) / steps, 4) if steps else 0.0,
                  "acceptance_rate": round(acc / slot.drafted, 4) if slot.drafted else 0.0,
-                 "queued_s": round(slot.queued_s, 6), "total_s": round(time.perf_counter() - slot.t0, 6)}
+                 "queued_s": round(slot.queued_s, 6), "ttft_s": round(slot.ttft_s, 6),
+                 "total_s": round(time.perf_counter() - slot.t_submit, 6)}
         self._count("requests_cancelled" if reason == "cancelled" else "requests_finished")
         slot.handle._send(Event("done", finish_reason=reason, stats=stats))
 
