@@ -9,9 +9,11 @@ sampling generator and its statistics. The thread repeats, at step boundaries:
    prefilled together (right-padded, in chunks of ``prefill_chunk`` positions), the first token
    is sampled from each prompt's last logits and each drafter ``begin``\\ s with its own rows;
 2. one step over every active slot: each drafter proposes ``k`` tokens (``k`` from the cost
-   controller, the same for the whole step), ONE batched target forward verifies the rows
-   ``[last token, d_1 .. d_k]`` (padded to the longest row) with logits at every position,
-   acceptance runs per slot exactly as in :mod:`.generate` (one host sync for the step),
+   controller, the same for the whole step; a seeded sampled request always drafts the maximum,
+   so its random stream, hence its tokens, do not depend on timing), ONE batched target forward
+   verifies the rows ``[last token, d_1 .. d_k]`` (padded to the longest row) with logits at
+   every position, acceptance runs per slot as in :mod:`.generate` (greedy rows together, one
+   host sync for the step),
    each slot advances by ``accepted + 1`` (KV entries past it are overwritten later: that is the
    rollback) and its drafter observes the committed tokens with that slot's rows.
 
@@ -82,6 +84,10 @@ class EngineLoop:
     ``block_size - 1``). ``max_context``: positions per slot (default and limit: the model's).
     ``controller``: choose ``k`` per step for throughput (:mod:`.controller`); off, every step
     drafts the maximum.
+
+    Errors for the HTTP layer: ``submit`` raises :class:`RequestError` (400),
+    :class:`QueueFullError` (429) and :class:`EngineStoppedError` (503); failures while serving
+    arrive as ``error`` events. Requests are served in arrival order.
     """
 
     prefill_chunk = 512  # prompt positions per prefill forward
