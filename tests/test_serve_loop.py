@@ -455,3 +455,31 @@ def test_failing_forward_fails_its_step_only(setup, monkeypatch):
     assert [done.kind for _, done in results] == ["error", "error"]
     assert all("device fault" in done.message for _, done in results)
     assert later[1].kind == "done" and later[0] == _reference(model, GenRequest([6, 7, 8], 12, GREEDY))
+
+
+def test_prompt_chunks_interleave_with_decode_steps(setup):
+    """Driven by hand (no thread): prompts advance one chunk per boundary while other requests
+    decode; a prompt whose last chunk ends near the context limit is not padded past its cache
+    rows when it shares a boundary with a wider chunk."""
+    loaded, _ = setup
+    model = loaded.model
+    engine = EngineLoop(loaded, None, max_slots=3, max_context=64)
+    engine.prefill_chunk = 24
+    a = GenRequest(list(range(1, 61)), 4, GREEDY)  # chunks at 0, 24, 48: the last ends at 60
+    b = GenRequest(list(range(3, 33)), 6, GREEDY)  # joins when a's last chunk runs: width 24
+    c = GenRequest([7, 8, 9], 30, GREEDY)  # decodes all along
+    handles = [engine.submit(c), engine.submit(a)]
+    with torch.inference_mode():
+        engine._boundary()
+        engine._step()
+        assert engine._slots[1].length == 24 and len(engine._slots[0].out) == 2  # a: one chunk; c: decoding
+        engine._boundary()
+        engine._step()
+        handles.append(engine.submit(b))
+        for _ in range(40):
+            engine._boundary()
+            engine._step()
+    for h, r in zip(handles, (c, a, b)):
+        toks, done = _collect(h, 1)
+        assert done.kind == "done", done.message
+        assert toks == _reference(model, r)

@@ -4,8 +4,8 @@ A :class:`~specdec.cache.BatchCache` holds ``slots`` sequences. Every step runs 
 target forward over all slots (one new token per active slot); when enough slots have finished,
 waiting prompts are prefilled into them together (right-padded to their longest), so the batch
 stays full without waiting for its slowest sequence. Used for self-distillation data
-(``specdec train``). :func:`prefill_slots` (many prompts into chosen slots, chunked) is shared
-with the serving loop (:mod:`.serve_loop`).
+(``specdec train``). :func:`forward_ragged` (rows of different lengths into chosen slots) serves
+the prompt chunks of the serving loop (:mod:`.serve_loop`).
 """
 
 from __future__ import annotations
@@ -99,38 +99,16 @@ def generate_batch(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_to
 
 
 @torch.inference_mode()
-def prefill_slots(model: CausalLM, cache, prompts: Sequence[torch.Tensor], slots: Sequence[int],
-                  capture: Sequence[int] = (), chunk: int = 512, keep_rows: bool = True) -> list[ForwardOut]:
-    """Prefill ``prompts`` (1-d token tensors) into cache ``slots`` together: right-padded to the
-    longest, ``chunk`` positions per forward (a prompt drops out of the chunks past its end).
-
-    Returns per prompt a :class:`ForwardOut` shaped like a single-sequence prefill's, for a
-    drafter's ``begin``: logits ``[1, V]`` of its last position, and with ``keep_rows`` its
-    hidden ``[L, H]`` and captured ``[L, n*H]`` rows (else an empty hidden and no captured).
-    """
-    dev, lens = model.device, [int(p.numel()) for p in prompts]
-    hid: list[list] = [[] for _ in prompts]
-    cap: list[list] = [[] for _ in prompts]
-    last: list = [None] * len(prompts)
-    for c0 in range(0, max(lens), chunk):
-        rows = [i for i in range(len(prompts)) if lens[i] > c0]
-        t = min(chunk, max(lens[i] for i in rows) - c0)
-        ids = torch.zeros(len(rows), t, dtype=torch.int64)
-        for r, i in enumerate(rows):
-            seg = prompts[i][c0:c0 + t]
-            ids[r, : seg.numel()] = seg
-        at = torch.tensor([min(lens[i] - c0, t) - 1 for i in rows], device=dev)
-        out = model.forward_batch(ids, cache, torch.full((len(rows),), c0, device=dev),
-                                  slots=torch.tensor([slots[i] for i in rows], device=dev), span=c0 + t,
-                                  capture=capture, last=at)
-        for r, i in enumerate(rows):
-            m = min(lens[i] - c0, t)
-            if keep_rows:
-                hid[i].append(out.hidden[r, :m])
-                if out.captured is not None:
-                    cap[i].append(out.captured[r, :m])
-            if lens[i] <= c0 + t:
-                last[i] = out.logits[r: r + 1]
-    empty = torch.empty(0, device=dev)
-    return [ForwardOut(last[i], torch.cat(hid[i]) if keep_rows else empty, torch.cat(cap[i]) if cap[i] else None)
-            for i in range(len(prompts))]
+def forward_ragged(model: CausalLM, cache, rows: Sequence[torch.Tensor], starts: Sequence[int], slots: Sequence[int],
+                   capture: Sequence[int] = ()) -> ForwardOut:
+    """One batched forward of token rows of different lengths: row ``r`` (a 1-d tensor) runs at
+    positions ``starts[r] ..`` of cache slot ``slots[r]``, right-padded to the longest row (the
+    padding writes past the row's end, which later steps overwrite: the cache needs room for it).
+    Returns hidden ``[b, T, H]``, captured ``[b, T, n*H]`` and the logits ``[b, V]`` of each
+    row's last real position."""
+    dev = model.device
+    ids = torch.nn.utils.rnn.pad_sequence([r.to(dev) for r in rows], batch_first=True)
+    last = torch.tensor([int(r.numel()) - 1 for r in rows], device=dev)
+    return model.forward_batch(ids, cache, torch.tensor(list(starts), device=dev),
+                               slots=torch.tensor(list(slots), device=dev), span=max(starts) + ids.shape[1],
+                               capture=capture, last=last)

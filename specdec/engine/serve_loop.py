@@ -5,10 +5,12 @@ sequences. Each slot holds one request: its committed length (a host int), its t
 drafter instance (``spawn()`` of one loaded drafter: shared weights, per-slot caches), its
 sampling generator and its statistics. The thread repeats, at step boundaries:
 
-1. cancelled requests free their slots; waiting requests join the free slots: their prompts are
-   prefilled together (right-padded, in chunks of ``prefill_chunk`` positions), the first token
-   is sampled from each prompt's last logits and each drafter ``begin``\\ s with its own rows;
-2. one step over every active slot: each drafter proposes ``k`` tokens (``k`` from the cost
+1. cancelled requests free their slots; waiting requests take the free slots; every prompt not
+   yet prefilled advances by one chunk of ``prefill_chunk`` positions (all in one right-padded
+   forward, so a long prompt delays the running requests by one chunk per step, not by its whole
+   prefill); a prompt that is complete samples its first token from its last logits and its
+   drafter ``begin``\\ s with the prompt's rows;
+2. one step over every slot past its prefill: each drafter proposes ``k`` tokens (``k`` from the cost
    controller, the same for the whole step; a seeded sampled request always drafts the maximum,
    so its random stream, hence its tokens, do not depend on timing), ONE batched target forward
    verifies the rows ``[last token, d_1 .. d_k]`` (padded to the longest row) with logits at
@@ -38,7 +40,7 @@ from ..errors import ConfigError, ContextOverflowError, EngineStoppedError, Queu
 from ..models.base import CausalLM, ForwardOut
 from ..sampling import SamplingParams, make_generator, probs_from_logits
 from .acceptance import accept_greedy_rows, accept_sampled
-from .batch import prefill_slots
+from .batch import forward_ragged
 from .controller import DraftController
 from .requests import Event, GenRequest, RequestHandle
 
@@ -54,10 +56,13 @@ class _Slot:
     handle: RequestHandle
     drafter: object | None
     gen: torch.Generator | None
-    length: int  # committed positions in the target cache
+    length: int  # positions in the target cache: prompt positions prefilled so far, then committed ones
+    prompt: torch.Tensor | None = None
     last: int = -1  # the last committed token (not yet in the cache)
     out: list[int] = field(default_factory=list)
     stop: frozenset = frozenset()
+    rows_h: list = field(default_factory=list)  # prompt rows for the drafter's begin (while prefilling)
+    rows_c: list = field(default_factory=list)
     alpha: float = ALPHA_PRIOR
     accepted: list[int] = field(default_factory=list)  # accepted drafts per step
     drafted: int = 0
@@ -263,40 +268,72 @@ class EngineLoop:
                                stats={"prompt_tokens": len(req.prompt_ids), "completion_tokens": 0}))
         if joining:
             self._admit(joining, free[: len(joining)])
+        self._prefill()
 
     def _admit(self, joining, free: list[int]) -> None:
-        dev, t_start = self.model.device, time.perf_counter()
-        prompts = [torch.tensor(req.prompt_ids, dtype=torch.int64) for req, _, _ in joining]
-        try:
-            outs = prefill_slots(self.model, self.cache, prompts, free, self.capture, self.prefill_chunk,
-                                 keep_rows=self._spawn is not None)  # only a drafter reads the prompt rows
-        except Exception as e:  # noqa: BLE001 - the joining requests fail, the running ones go on
-            for _, handle, _ in joining:
-                self._count("requests_failed")
-                handle._send(Event("error", message=_describe(e)))
-            return
         now = time.perf_counter()
-        for (req, handle, t_sub), s, prompt, out in zip(joining, free, prompts, outs):
-            slot = _Slot(req, handle, None, None, prompt.numel(), stop=frozenset(int(t) for t in req.stop_ids),
-                         t_submit=t_sub, queued_s=t_start - t_sub, ttft_s=now - t_sub)
-            self._slots[s] = slot
-            self._count("prompt_tokens_total", prompt.numel())
+        for (req, handle, t_sub), s in zip(joining, free):
+            self._slots[s] = _Slot(req, handle, None, None, 0, prompt=torch.tensor(req.prompt_ids, dtype=torch.int64),
+                                   stop=frozenset(int(t) for t in req.stop_ids), t_submit=t_sub,
+                                   queued_s=now - t_sub)
+            self._count("prompt_tokens_total", len(req.prompt_ids))
+
+    def _prefill(self) -> None:
+        """One chunk of every prompt still being prefilled, in one forward."""
+        todo = [s for s in range(self.max_slots) if self._slots[s] is not None and not self._slots[s].out]
+        if not todo:
+            return
+        chunk = self.prefill_chunk
+        width = max(min(chunk, self._slots[s].prompt.numel() - self._slots[s].length) for s in todo)
+        # a row is padded to the widest chunk; one whose padding would run past its cache rows
+        # (a prompt ending near the context limit) runs alone, unpadded
+        fits = [s for s in todo if self._slots[s].length + width <= self.cache.max_len]
+        for group in [fits] + [[s] for s in todo if s not in fits]:
+            if group:
+                self._prefill_rows(group, chunk)
+
+    def _prefill_rows(self, group: list[int], chunk: int) -> None:
+        dev, slots = self.model.device, [self._slots[s] for s in group]
+        segs = [sl.prompt[sl.length: sl.length + chunk] for sl in slots]
+        try:
+            out = forward_ragged(self.model, self.cache, segs, [sl.length for sl in slots], group, self.capture)
+        except Exception as e:  # noqa: BLE001 - these requests fail, the running ones go on
+            for s in group:
+                self._fail(s, e)
+            return
+        keep = self._spawn is not None  # only a drafter reads the prompt rows
+        for r, (s, slot) in enumerate(zip(group, slots)):
+            m = segs[r].numel()
+            if keep:
+                slot.rows_h.append(out.hidden[r, :m])
+                if out.captured is not None:
+                    slot.rows_c.append(out.captured[r, :m])
+            slot.length += m
+            if slot.length < slot.prompt.numel():
+                continue
             try:
-                slot.gen = None if req.params.greedy else make_generator(req.params.seed, dev)
-                first = _sample_one(out.logits[-1], req.params, slot.gen)
-                if self._spawn is not None:
+                p = slot.req.params
+                slot.gen = None if p.greedy else make_generator(p.seed, dev)
+                first = _sample_one(out.logits[r], p, slot.gen)
+                if keep:
+                    rows = ForwardOut(out.logits[r: r + 1], torch.cat(slot.rows_h),
+                                      torch.cat(slot.rows_c) if slot.rows_c else None)
                     slot.drafter = self._spawn()
-                    slot.drafter.begin(prompt.to(dev), out)
+                    slot.drafter.begin(slot.prompt.to(dev), rows)
             except Exception as e:  # noqa: BLE001 - this request fails alone
                 self._fail(s, e)
                 continue
+            slot.rows_h, slot.rows_c = [], []
+            slot.ttft_s = time.perf_counter() - slot.t_submit
             self._commit(s, [first])
 
     def _step(self) -> None:
         """One verify step over every active slot (see the module docstring)."""
         t0 = time.perf_counter()
         dev = self.model.device
-        active = [s for s in range(self.max_slots) if self._slots[s] is not None]
+        active = [s for s in range(self.max_slots) if self._slots[s] is not None and self._slots[s].out]
+        if not active:
+            return
         k = self.kmax if self.controller is None else self.controller.choose([self._slots[s].alpha for s in active])
         rows: list[_Row] = []
         for s in active:
