@@ -1,4 +1,5 @@
-"""What a client hands the serving loop and what it gets back: a request, its events, its handle.
+"""What a client hands the serving loop and what it gets back: a request, its events, its handle;
+and the loop's own record of a request while it holds a slot (:class:`Slot`).
 
 The engine thread produces events; any other thread consumes them through
 :meth:`RequestHandle.events` (a thread-safe queue) and/or an ``on_event`` callback that runs on
@@ -9,8 +10,11 @@ from __future__ import annotations
 
 import queue
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
+
+import torch
 
 from ..sampling import SamplingParams
 
@@ -74,3 +78,36 @@ class RequestHandle:
                 self._on_event(ev)
             except Exception:  # noqa: BLE001 - a client callback must not take the engine down
                 self._cancelled.set()
+
+
+@dataclass
+class Slot:
+    """A request while it holds a slot of the serving loop (engine thread only)."""
+
+    req: GenRequest
+    handle: RequestHandle
+    drafter: object | None
+    gen: torch.Generator | None
+    length: int  # positions in the target cache: prompt positions prefilled so far, then committed ones
+    prompt: torch.Tensor | None = None
+    last: int = -1  # the last committed token (not yet in the cache)
+    out: list[int] = field(default_factory=list)
+    stop: frozenset = frozenset()
+    rows_h: list = field(default_factory=list)  # prompt rows for the drafter's begin (while prefilling)
+    rows_c: list = field(default_factory=list)
+    alpha: float = 0.5  # acceptance rate (EMA); the prior before the slot has drafted
+    accepted: list[int] = field(default_factory=list)  # accepted drafts per step
+    drafted: int = 0
+    t_submit: float = 0.0  # perf_counter() at submit
+    queued_s: float = 0.0  # submit -> slot taken
+    ttft_s: float = 0.0  # submit -> first token (queue + prefill)
+
+    def stats(self) -> dict:
+        """The ``stats`` of the request's ``done`` event."""
+        steps, acc = len(self.accepted), sum(self.accepted)
+        return {"prompt_tokens": len(self.req.prompt_ids), "completion_tokens": len(self.out), "steps": steps,
+                "drafted": self.drafted, "accepted": acc, "accepted_per_step": list(self.accepted),
+                "tau": round((acc + steps) / steps, 4) if steps else 0.0,
+                "acceptance_rate": round(acc / self.drafted, 4) if self.drafted else 0.0,
+                "queued_s": round(self.queued_s, 6), "ttft_s": round(self.ttft_s, 6),
+                "total_s": round(time.perf_counter() - self.t_submit, 6)}

@@ -30,7 +30,7 @@ import collections
 import itertools
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -42,33 +42,11 @@ from ..sampling import SamplingParams, make_generator, probs_from_logits
 from .acceptance import accept_greedy_rows, accept_sampled
 from .batch import forward_ragged
 from .controller import DraftController
-from .requests import Event, GenRequest, RequestHandle
+from .requests import Event, GenRequest, RequestHandle, Slot
 
 __all__ = ["EngineLoop", "Event", "GenRequest", "RequestHandle"]
 
-ALPHA_PRIOR = 0.5  # acceptance rate assumed for a slot before it has drafted
-ALPHA_EMA = 0.3
-
-
-@dataclass
-class _Slot:
-    req: GenRequest
-    handle: RequestHandle
-    drafter: object | None
-    gen: torch.Generator | None
-    length: int  # positions in the target cache: prompt positions prefilled so far, then committed ones
-    prompt: torch.Tensor | None = None
-    last: int = -1  # the last committed token (not yet in the cache)
-    out: list[int] = field(default_factory=list)
-    stop: frozenset = frozenset()
-    rows_h: list = field(default_factory=list)  # prompt rows for the drafter's begin (while prefilling)
-    rows_c: list = field(default_factory=list)
-    alpha: float = ALPHA_PRIOR
-    accepted: list[int] = field(default_factory=list)  # accepted drafts per step
-    drafted: int = 0
-    t_submit: float = 0.0  # perf_counter() at submit
-    queued_s: float = 0.0  # submit -> prefill start
-    ttft_s: float = 0.0  # submit -> first token (queue + prefill)
+ALPHA_EMA = 0.3  # weight of the newest step in a slot's acceptance rate
 
 
 @dataclass
@@ -127,7 +105,7 @@ class EngineLoop:
 
         self._cv = threading.Condition()
         self._queue: collections.deque[tuple[GenRequest, RequestHandle, float]] = collections.deque()
-        self._slots: list[_Slot | None] = [None] * max_slots
+        self._slots: list[Slot | None] = [None] * max_slots
         self._thread: threading.Thread | None = None
         self._stopped = False
         self._ids = itertools.count()
@@ -273,7 +251,7 @@ class EngineLoop:
     def _admit(self, joining, free: list[int]) -> None:
         now = time.perf_counter()
         for (req, handle, t_sub), s in zip(joining, free):
-            self._slots[s] = _Slot(req, handle, None, None, 0, prompt=torch.tensor(req.prompt_ids, dtype=torch.int64),
+            self._slots[s] = Slot(req, handle, None, None, 0, prompt=torch.tensor(req.prompt_ids, dtype=torch.int64),
                                    stop=frozenset(int(t) for t in req.stop_ids), t_submit=t_sub,
                                    queued_s=now - t_sub)
             self._count("prompt_tokens_total", len(req.prompt_ids))
@@ -437,12 +415,7 @@ class EngineLoop:
 
     def _finish(self, s: int, reason: str) -> None:
         slot, self._slots[s] = self._slots[s], None
-        steps, acc = len(slot.accepted), sum(slot.accepted)
-        stats = {"prompt_tokens": len(slot.req.prompt_ids), "completion_tokens": len(slot.out), "steps": steps, "drafted": slot.drafted, "accepted": acc,
-                 "accepted_per_step": list(slot.accepted), "tau": round((acc + steps) / steps, 4) if steps else 0.0,
-                 "acceptance_rate": round(acc / slot.drafted, 4) if slot.drafted else 0.0,
-                 "queued_s": round(slot.queued_s, 6), "ttft_s": round(slot.ttft_s, 6),
-                 "total_s": round(time.perf_counter() - slot.t_submit, 6)}
+        stats = slot.stats()
         self._count("requests_cancelled" if reason == "cancelled" else "requests_finished")
         slot.handle._send(Event("done", finish_reason=reason, stats=stats))
 
