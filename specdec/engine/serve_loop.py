@@ -252,12 +252,11 @@ class EngineLoop:
         now = time.perf_counter()
         for (req, handle, t_sub), s in zip(joining, free):
             self._slots[s] = Slot(req, handle, None, None, 0, prompt=torch.tensor(req.prompt_ids, dtype=torch.int64),
-                                   stop=frozenset(int(t) for t in req.stop_ids), t_submit=t_sub,
-                                   queued_s=now - t_sub)
+                                  stop=frozenset(int(t) for t in req.stop_ids), t_submit=t_sub, queued_s=now - t_sub)
             self._count("prompt_tokens_total", len(req.prompt_ids))
 
     def _prefill(self) -> None:
-        """One chunk of every prompt still being prefilled, in one forward."""
+        """One chunk of every prompt still being prefilled, in one forward (see below for the exception)."""
         todo = [s for s in range(self.max_slots) if self._slots[s] is not None and not self._slots[s].out]
         if not todo:
             return
