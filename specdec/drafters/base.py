@@ -8,6 +8,9 @@ Timeline of one sequence (``L`` = tokens in the target cache):
 5. ``observe(tokens, out)`` gets the ``n + 1`` tokens now committed to the cache (``t`` and the
    accepted drafts) with their rows of the verify output; the bonus token becomes the next ``t``.
 A drafter's own caches must hold committed positions only when ``propose`` is next called.
+
+A drafter instance follows one sequence at a time. ``spawn()`` (optional) returns a new instance
+sharing the weights, with its own per-sequence state: the serving loop keeps one per slot.
 """
 
 from __future__ import annotations

@@ -77,6 +77,10 @@ class DFlashDrafter:
         self.static_steps = target.device.type == "cuda"
         self._static: _StaticBlock | None = None
 
+    def spawn(self) -> "DFlashDrafter":
+        """A drafter sharing these weights with an empty context cache (one per sequence of a batch)."""
+        return DFlashDrafter(self.model, self.target, self.block_size, self.path)
+
     # --- the drafter protocol -----------------------------------------------------
     @torch.inference_mode()
     def begin(self, prompt_ids: torch.Tensor, out: ForwardOut) -> None:

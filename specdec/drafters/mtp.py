@@ -113,6 +113,10 @@ class MTPDrafter:
         self.static_steps = target.device.type == "cuda"
         self._static: dict[int, _StaticPropose] = {}
 
+    def spawn(self) -> "MTPDrafter":
+        """A drafter sharing this block's weights with an empty KV cache (one per sequence of a batch)."""
+        return MTPDrafter(self.block, self.target, self.sample_drafts)
+
     # --- embedding / head (dedicated or the target's) ----------------------------------
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         b = self.block

@@ -24,6 +24,10 @@ class NgramDrafter:
         self.history: list[int] = []
         self.device = torch.device("cpu")
 
+    def spawn(self) -> "NgramDrafter":
+        """A drafter with the same settings and no history (one per sequence of a batch)."""
+        return NgramDrafter(self.max_ngram, self.min_ngram)
+
     def begin(self, prompt_ids: torch.Tensor, out: ForwardOut) -> None:
         self.history = [int(t) for t in prompt_ids.tolist()]
         self.device = out.hidden.device

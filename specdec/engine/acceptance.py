@@ -52,3 +52,18 @@ def accept_sampled(draft: torch.Tensor, draft_probs: torch.Tensor | None, target
     fallback = torch.multinomial(residual, 1, generator=gen).squeeze(1)  # [k+1]
     out = torch.where(torch.arange(k + 1, device=p.device) < n, torch.cat([draft, fallback[k:]]), fallback)
     return torch.cat([n, out])
+
+
+def accept_greedy_rows(drafts: torch.Tensor, n_drafts: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """:func:`accept_greedy` for many rows at once (a batched verify step).
+
+    ``drafts [b, K]`` right-padded, ``n_drafts [b]`` real drafts per row, ``target_logits
+    [b, K+1, V]``. Returns ``[b, 1 + K + 1]``: row ``i`` starts with what
+    ``accept_greedy(drafts[i, :n_i], target_logits[i, :n_i + 1])`` returns (``n`` then the
+    ``n_i + 1`` target tokens); the entries after those belong to padding.
+    """
+    target = target_logits.argmax(-1)  # [b, K+1]
+    k = drafts.shape[1]
+    real = torch.arange(k, device=drafts.device)[None, :] < n_drafts[:, None]
+    n = ((drafts == target[:, :k]) & real).to(torch.int64).cumprod(1).sum(1, keepdim=True)
+    return torch.cat([n, target], dim=1)

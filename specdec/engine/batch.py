@@ -4,7 +4,8 @@ A :class:`~specdec.cache.BatchCache` holds ``slots`` sequences. Every step runs 
 target forward over all slots (one new token per active slot); when enough slots have finished,
 waiting prompts are prefilled into them together (right-padded to their longest), so the batch
 stays full without waiting for its slowest sequence. Used for self-distillation data
-(``specdec train``); the server will run its steps on the same batched forward.
+(``specdec train``). :func:`forward_ragged` (rows of different lengths into chosen slots) serves
+the prompt chunks of the serving loop (:mod:`.serve_loop`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..models.base import CausalLM
+from ..models.base import CausalLM, ForwardOut
 
 
 @torch.inference_mode()
@@ -95,3 +96,19 @@ def generate_batch(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_to
             if owner[s] >= 0:
                 length[s] += 1
     return replies  # type: ignore[return-value]
+
+
+@torch.inference_mode()
+def forward_ragged(model: CausalLM, cache, rows: Sequence[torch.Tensor], starts: Sequence[int], slots: Sequence[int],
+                   capture: Sequence[int] = ()) -> ForwardOut:
+    """One batched forward of token rows of different lengths: row ``r`` (a 1-d tensor) runs at
+    positions ``starts[r] ..`` of cache slot ``slots[r]``, right-padded to the longest row (the
+    padding writes past the row's end, which later steps overwrite: the cache needs room for it).
+    Returns hidden ``[b, T, H]``, captured ``[b, T, n*H]`` and the logits ``[b, V]`` of each
+    row's last real position."""
+    dev = model.device
+    ids = torch.nn.utils.rnn.pad_sequence([r.to(dev) for r in rows], batch_first=True)
+    last = torch.tensor([int(r.numel()) - 1 for r in rows], device=dev)
+    return model.forward_batch(ids, cache, torch.tensor(list(starts), device=dev),
+                               slots=torch.tensor(list(slots), device=dev), span=max(starts) + ids.shape[1],
+                               capture=capture, last=last)

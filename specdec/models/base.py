@@ -150,26 +150,36 @@ class CausalLM(nn.Module):
         return ForwardOut(out_logits, h, captured)
 
     # --- batched steps (many sequences; training data and the server) --------------------
-    def new_batch_cache(self, slots: int, max_len: int) -> BatchCache:
+    def new_batch_cache(self, slots: int, max_len: int, spare: int = 0) -> BatchCache:
+        """Caches for ``slots`` sequences of ``max_len`` positions (at most the model's context),
+        plus ``spare`` rows that only padding rows of a step ever occupy (never committed)."""
         if not self.batched:
             raise ConfigError(f"batched forwards are not supported for {self.config.model_type} targets yet")
         c = self.config
-        max_len = min(max_len, self.max_context)
+        max_len = min(max_len, self.max_context) + spare
         return BatchCache([BatchKVCache(slots, c.num_key_value_heads, c.head_dim, max_len, self.dtype, self.device)
                            for _ in self.layers], slots, max_len)
 
     @torch.inference_mode()
     def forward_batch(self, ids: torch.Tensor, cache: BatchCache | None, starts: torch.Tensor, slots=None,
                       span: int | None = None, capture: Sequence[int] = (), last: torch.Tensor | None = None,
-                      ) -> ForwardOut:
+                      logits: str | None = None) -> ForwardOut:
         """Run ``ids [b, T]``: row ``r`` at positions ``starts[r] ..`` of cache slot ``slots[r]``
         (``slots``: a ``range`` or a long tensor; default ``range(b)``). ``span``: attention
         reads positions ``0 .. span-1`` (at least ``max(starts) + T``, known to the caller without
         a device sync). ``cache=None``: whole sequences from position 0, no cache (features).
         Rows shorter than ``T`` are right-padded: padding writes past the row's length, which the
         next step overwrites. Returns hidden ``[b, T, H]``, captured ``[b, T, n*H]``, and logits
-        ``[b, V]`` of the position ``last[r]`` of each row (None without ``last``)."""
-        return self._forward_batch(ids, cache, starts, slots, span, capture, last)
+        ``[b, V]`` of the position ``last[r]`` of each row (None without ``last``); with
+        ``logits="all"`` (verify steps) fp32 logits ``[b, T, V]`` of every position instead."""
+        if logits not in (None, "all"):
+            raise ValueError(f"forward_batch: logits must be None or 'all', got {logits!r}")
+        if logits == "all" and last is not None:
+            raise ValueError("forward_batch: give either last or logits='all', not both")
+        out = self._forward_batch(ids, cache, starts, slots, span, capture, last)
+        if logits == "all":
+            out.logits = self.head(out.hidden)
+        return out
 
     def _forward_batch(self, ids, cache, starts, slots, span, capture, last) -> ForwardOut:
         if not self.batched:

@@ -1,0 +1,72 @@
+"""How many tokens to draft per step when serving: the choice that maximises committed tokens
+per second, from measured step times and measured acceptance.
+
+A step with ``k`` drafts per slot commits, per slot with acceptance rate ``a``, on average
+
+    E[tokens](k) = 1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a)
+
+(accepted drafts plus the bonus token, drafts accepted independently with probability ``a``),
+and costs the wall time of the step, which depends on the batch size and on ``k`` (drafting,
+and a verify forward of ``k + 1`` rows per slot). Drafting pays off only when the tokens gained
+outweigh the longer step: with a poor drafter, or a large batch whose forward is compute-bound,
+``k = 0`` (plain decoding) wins. The controller is pure bookkeeping (no torch, no clock): the
+loop hands it step times and acceptance rates and asks for ``k``.
+"""
+
+from __future__ import annotations
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Mean tokens one slot commits in a step with ``k`` drafts accepted at rate ``alpha``."""
+    a = min(max(alpha, 0.0), 1.0)
+    if a >= 1.0:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def bucket(batch: int) -> int:
+    """Batch sizes share a cost estimate by power-of-two bucket (1, 2, 4, 8, ...)."""
+    return 1 << max(0, batch - 1).bit_length()
+
+
+class DraftController:
+    """Picks ``k`` in ``0..kmax`` per step from EMA step times per (batch bucket, k).
+
+    ``choose`` explores a (bucket, k) pair it has never measured, and every ``explore_every``-th
+    step of a bucket re-measures the pair measured longest ago (costs drift as contexts grow),
+    so a ``k`` that once lost is tried again. ``ema`` weights the newest measurement.
+    """
+
+    def __init__(self, kmax: int, explore_every: int = 50, ema: float = 0.2):
+        if kmax < 0:
+            raise ValueError(f"kmax must be >= 0, got {kmax}")
+        self.kmax, self.explore_every, self.ema = kmax, explore_every, ema
+        self.cost: dict[tuple[int, int], float] = {}  # (bucket, k) -> EMA seconds per step
+        self.seen: dict[tuple[int, int], int] = {}  # (bucket, k) -> step count at its last measurement
+        self.steps: dict[int, int] = {}  # bucket -> steps chosen
+
+    def choose(self, alphas: list[float]) -> int:
+        """``k`` for a step over slots whose acceptance rates are ``alphas``."""
+        if self.kmax == 0 or not alphas:
+            return 0
+        b = bucket(len(alphas))
+        n = self.steps[b] = self.steps.get(b, 0) + 1
+        ks = range(self.kmax + 1)
+        unmeasured = [k for k in ks if (b, k) not in self.cost]
+        if unmeasured:
+            return unmeasured[0]
+        if self.explore_every and n % self.explore_every == 0:
+            return min(ks, key=lambda k: self.seen[(b, k)])
+        return max(ks, key=lambda k: (self.rate(alphas, b, k), -k))
+
+    def rate(self, alphas: list[float], b: int, k: int) -> float:
+        """Expected committed tokens per second of a step with ``k`` drafts (bucket ``b``)."""
+        return sum(expected_tokens(a, k) for a in alphas) / max(self.cost[(b, k)], 1e-9)
+
+    def record(self, batch: int, k: int, seconds: float) -> None:
+        """A step over ``batch`` slots with ``k`` drafts took ``seconds``."""
+        b = bucket(batch)
+        key = (b, k)
+        old = self.cost.get(key)
+        self.cost[key] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+        self.seen[key] = self.steps.get(b, 0)

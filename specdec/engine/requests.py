@@ -1,0 +1,113 @@
+"""What a client hands the serving loop and what it gets back: a request, its events, its handle;
+and the loop's own record of a request while it holds a slot (:class:`Slot`).
+
+The engine thread produces events; any other thread consumes them through
+:meth:`RequestHandle.events` (a thread-safe queue) and/or an ``on_event`` callback that runs on
+the engine thread. Every request ends with exactly one ``done`` or ``error`` event.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from ..sampling import SamplingParams
+
+
+@dataclass
+class GenRequest:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    params: SamplingParams  # temperature, top_p, top_k, seed (None: nondeterministic)
+    stop_ids: Sequence[int] = ()  # token ids that end the reply (emitted; the caller keeps them out of the text)
+
+
+@dataclass
+class Event:
+    kind: str  # "tokens" | "done" | "error"
+    token_ids: Sequence[int] = ()  # "tokens": the newly committed ids, in order
+    finish_reason: str | None = None  # "done": "stop" | "length" | "cancelled"
+    stats: dict | None = None  # "done": prompt_tokens, completion_tokens, steps, tau, ...
+    message: str | None = None  # "error"
+
+
+class RequestHandle:
+    """The client's side of one submitted request."""
+
+    def __init__(self, id: str, on_event: Callable[[Event], None] | None = None):
+        self.id = id
+        self._events: queue.Queue[Event] = queue.Queue()
+        self._on_event = on_event
+        self._cancelled = threading.Event()
+        self.finished = False  # set (on the engine thread) when the done/error event is sent
+
+    def events(self, timeout: float | None = None) -> Iterator[Event]:
+        """Events in order as they come, blocking; ends after the ``done`` or ``error`` event.
+        ``timeout``: seconds to wait for each event; raises :class:`TimeoutError` past it."""
+        while True:
+            try:
+                ev = self._events.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"request {self.id}: no event within {timeout} s") from None
+            yield ev
+            if ev.kind in ("done", "error"):
+                return
+
+    def cancel(self) -> None:
+        """Ask the engine to drop the request; at its next step boundary the slot is freed and a
+        ``done`` event with ``finish_reason="cancelled"`` follows (unless it finished first)."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def _send(self, ev: Event) -> None:
+        """Engine thread: queue ``ev`` and call the callback. A callback that raises means the
+        client is gone: the request is cancelled at the next boundary (the engine keeps going)."""
+        if ev.kind in ("done", "error"):
+            self.finished = True
+        self._events.put(ev)
+        if self._on_event is not None:
+            try:
+                self._on_event(ev)
+            except Exception:  # noqa: BLE001 - a client callback must not take the engine down
+                self._cancelled.set()
+
+
+@dataclass
+class Slot:
+    """A request while it holds a slot of the serving loop (engine thread only)."""
+
+    req: GenRequest
+    handle: RequestHandle
+    drafter: object | None
+    gen: torch.Generator | None
+    length: int  # positions in the target cache: prompt positions prefilled so far, then committed ones
+    prompt: torch.Tensor | None = None
+    last: int = -1  # the last committed token (not yet in the cache)
+    out: list[int] = field(default_factory=list)
+    stop: frozenset = frozenset()
+    rows_h: list = field(default_factory=list)  # prompt rows for the drafter's begin (while prefilling)
+    rows_c: list = field(default_factory=list)
+    alpha: float = 0.5  # acceptance rate (EMA); the prior before the slot has drafted
+    accepted: list[int] = field(default_factory=list)  # accepted drafts per step
+    drafted: int = 0
+    t_submit: float = 0.0  # perf_counter() at submit
+    queued_s: float = 0.0  # submit -> slot taken
+    ttft_s: float = 0.0  # submit -> first token (queue + prefill)
+
+    def stats(self) -> dict:
+        """The ``stats`` of the request's ``done`` event."""
+        steps, acc = len(self.accepted), sum(self.accepted)
+        return {"prompt_tokens": len(self.req.prompt_ids), "completion_tokens": len(self.out), "steps": steps,
+                "drafted": self.drafted, "accepted": acc, "accepted_per_step": list(self.accepted),
+                "tau": round((acc + steps) / steps, 4) if steps else 0.0,
+                "acceptance_rate": round(acc / self.drafted, 4) if self.drafted else 0.0,
+                "queued_s": round(self.queued_s, 6), "ttft_s": round(self.ttft_s, 6),
+                "total_s": round(time.perf_counter() - self.t_submit, 6)}

@@ -1,0 +1,438 @@
+"""The serving loop: continuous batching with speculative decoding, one engine for batch >= 1.
+
+A background thread owns the target's :class:`~specdec.cache.BatchCache` of ``max_slots``
+sequences. Each slot holds one request: its committed length (a host int), its tokens, its own
+drafter instance (``spawn()`` of one loaded drafter: shared weights, per-slot caches), its
+sampling generator and its statistics. The thread repeats, at step boundaries:
+
+1. cancelled requests free their slots; waiting requests take the free slots; every prompt not
+   yet prefilled advances by one chunk of ``prefill_chunk`` positions (all in one right-padded
+   forward, so a long prompt delays the running requests by one chunk per step, not by its whole
+   prefill); a prompt that is complete samples its first token from its last logits and its
+   drafter ``begin``\\ s with the prompt's rows;
+2. one step over every slot past its prefill: each drafter proposes ``k`` tokens (``k`` from the cost
+   controller, the same for the whole step; a seeded sampled request always drafts the maximum,
+   so its random stream, hence its tokens, do not depend on timing), ONE batched target forward
+   verifies the rows ``[last token, d_1 .. d_k]`` (padded to the longest row) with logits at
+   every position, acceptance runs per slot as in :mod:`.generate` (greedy rows together, one
+   host sync for the step),
+   each slot advances by ``accepted + 1`` (KV entries past it are overwritten later: that is the
+   rollback) and its drafter observes the committed tokens with that slot's rows.
+
+Batch 1 is this loop with one active slot. A failure inside one request (its drafter raises)
+ends that request with an ``error`` event; a failing batched forward ends the requests of that
+step; the loop keeps serving the others.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..drafters.factory import make_drafter
+from ..errors import ConfigError, ContextOverflowError, EngineStoppedError, QueueFullError, RequestError
+from ..models.base import CausalLM, ForwardOut
+from ..sampling import SamplingParams, make_generator, probs_from_logits
+from .acceptance import accept_greedy_rows, accept_sampled
+from .batch import forward_ragged
+from .controller import DraftController
+from .requests import Event, GenRequest, RequestHandle, Slot
+
+__all__ = ["EngineLoop", "Event", "GenRequest", "RequestHandle"]
+
+ALPHA_EMA = 0.3  # weight of the newest step in a slot's acceptance rate
+
+
+@dataclass
+class _Row:
+    """One slot's row of a verify step."""
+
+    s: int
+    drafts: torch.Tensor  # [k_r]
+    probs: torch.Tensor | None  # [k_r, V] or None (argmax drafts)
+
+
+class EngineLoop:
+    """Serves :class:`GenRequest`\\ s on ``loaded`` (a :class:`~specdec.loading.LoadedModel`).
+
+    ``draft``: a drafter spec (``none``, ``ngram``, ``dflash:PATH``, ``mtp:PATH``), a drafter
+    object with ``spawn()``, or a zero-argument factory returning a fresh drafter per slot.
+    ``num_draft_tokens``: drafts per step at most (a DFlash drafter drafts up to
+    ``block_size - 1``). ``max_context``: positions per slot (default and limit: the model's).
+    ``controller``: choose ``k`` per step for throughput (:mod:`.controller`); off, every step
+    drafts the maximum.
+
+    Errors for the HTTP layer: ``submit`` raises :class:`RequestError` (400),
+    :class:`QueueFullError` (429) and :class:`EngineStoppedError` (503); failures while serving
+    arrive as ``error`` events. Requests are served in arrival order.
+    """
+
+    prefill_chunk = 512  # prompt positions per prefill forward
+    step_history = 256  # step times kept for metrics()
+
+    def __init__(self, loaded, draft=None, *, max_slots: int = 8, max_queue: int = 64, num_draft_tokens: int = 4,
+                 block_size: int | None = None, max_context: int | None = None, controller: bool = True):
+        model: CausalLM = getattr(loaded, "model", loaded)
+        if not model.batched:
+            arch = getattr(getattr(loaded, "arch", None), "name", None) or model.config.model_type
+            raise ConfigError(f"{getattr(loaded, 'path', arch)}: continuous batching is not supported for {arch} "
+                              "targets yet (attention-only targets are: llama, qwen3)")
+        for name, v, lo in (("max_slots", max_slots, 1), ("max_queue", max_queue, 0),
+                            ("num_draft_tokens", num_draft_tokens, 0)):
+            if type(v) is not int or v < lo:
+                raise ConfigError(f"{name} must be an integer >= {lo}, got {v!r}")
+        self.model, self.max_slots, self.max_queue = model, max_slots, max_queue
+        self.draft_name, self._spawn, proto = self._drafters(draft, loaded, block_size)
+        if proto is None:
+            self.kmax = 0
+        elif getattr(proto, "block_size", None):
+            self.kmax = proto.block_size - 1  # a block drafter drafts up to its (possibly lowered) block
+        else:
+            self.kmax = num_draft_tokens
+        self.capture = tuple(proto.capture_layers) if proto is not None else ()
+        if max_context is not None and (type(max_context) is not int or max_context < 2):
+            raise ConfigError(f"max_context must be an integer >= 2, got {max_context!r}")
+        self.context = min(max_context or model.max_context, model.max_context)
+        # spare rows: a short row padded to the step's longest writes up to kmax + 1 positions past its end
+        self.cache = model.new_batch_cache(max_slots, self.context, spare=self.kmax + 1)
+        self.controller = DraftController(self.kmax) if controller and self.kmax > 0 else None
+
+        self._cv = threading.Condition()
+        self._queue: collections.deque[tuple[GenRequest, RequestHandle, float]] = collections.deque()
+        self._slots: list[Slot | None] = [None] * max_slots
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._ids = itertools.count()
+        self._step_s: collections.deque[float] = collections.deque(maxlen=self.step_history)
+        self._k_hist: collections.Counter = collections.Counter()
+        self._n = dict.fromkeys(("requests_total", "requests_finished", "requests_failed", "requests_cancelled",
+                                 "prompt_tokens_total", "tokens_total", "steps_total", "accepted_total",
+                                 "drafted_total"), 0)
+
+    @staticmethod
+    def _drafters(draft, loaded, block_size):
+        """(name, per-slot factory or None, one instance to read settings from or None)."""
+        if draft is None or draft == "none":
+            if block_size is not None:
+                raise ConfigError("block_size was given but no DFlash drafter is used")
+            return "none", None, None
+        if callable(draft) and not isinstance(draft, str):  # a factory (a class or a function)
+            if block_size is not None:
+                raise ConfigError("block_size applies to drafter specs, not to a drafter factory")
+            proto = draft()
+            return getattr(proto, "name", "custom"), draft, proto
+        proto = make_drafter(draft, loaded, block_size=block_size)
+        if not callable(getattr(proto, "spawn", None)):
+            raise ConfigError(f"drafter {type(proto).__name__} has no spawn(): the serving loop needs one "
+                              "drafter instance per slot (or pass a factory)")
+        return (draft if isinstance(draft, str) else proto.name), proto.spawn, proto
+
+    # --- client side (any thread) -------------------------------------------------------
+    def start(self) -> None:
+        """Run the loop on a background thread (idempotent)."""
+        with self._cv:
+            if self._stopped:
+                raise EngineStoppedError("the engine was stopped; build a new EngineLoop")
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the current step; every queued or running request gets an ``error`` event."""
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        if thread is None:
+            self._drain("the engine was stopped")
+
+    def submit(self, req: GenRequest, on_event: Callable[[Event], None] | None = None) -> RequestHandle:
+        """Queue ``req``; events arrive through the returned handle (and ``on_event``, called on
+        the engine thread). Raises :class:`RequestError` for a request that cannot be served and
+        :class:`QueueFullError` when ``max_queue`` requests already wait."""
+        self._check(req)
+        handle = RequestHandle(f"req-{next(self._ids)}", on_event)
+        with self._cv:
+            if self._stopped:
+                raise EngineStoppedError("the engine was stopped; no new requests are taken")
+            if len(self._queue) >= self.max_queue:
+                raise QueueFullError(f"{len(self._queue)} requests are waiting (max_queue={self.max_queue}); "
+                                     "retry later")
+            self._queue.append((req, handle, time.perf_counter()))
+            self._n["requests_total"] += 1
+            self._cv.notify()
+        return handle
+
+    def _check(self, req: GenRequest) -> None:
+        if not isinstance(req.params, SamplingParams):
+            raise RequestError(f"params must be a SamplingParams, got {type(req.params).__name__}")
+        n, vocab = len(req.prompt_ids), self.model.config.vocab_size
+        if n == 0:
+            raise RequestError("the prompt is empty")
+        if any(type(t) is not int or not 0 <= t < vocab for t in req.prompt_ids):
+            raise RequestError(f"prompt token ids must be integers in 0..{vocab - 1}")
+        if type(req.max_new_tokens) is not int or req.max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens must be an integer >= 1, got {req.max_new_tokens!r}")
+        if n >= self.context:
+            raise ContextOverflowError(f"the prompt ({n} tokens) does not fit the context of {self.context} tokens")
+        if n + req.max_new_tokens > self.context:
+            raise ContextOverflowError(f"prompt ({n} tokens) + max_new_tokens ({req.max_new_tokens}) = "
+                                       f"{n + req.max_new_tokens} exceeds the context of {self.context} tokens")
+
+    def metrics(self) -> dict:
+        """Counters and gauges for ``/metrics`` (a consistent snapshot)."""
+        with self._cv:
+            m = dict(self._n)
+            m.update(queue_depth=len(self._queue), slots_in_use=sum(s is not None for s in self._slots),
+                     max_slots=self.max_slots, max_queue=self.max_queue, context=self.context, draft=self.draft_name,
+                     max_draft_tokens=self.kmax, controller=self.controller is not None,
+                     running=self._thread is not None and not self._stopped,
+                     step_seconds=list(self._step_s), k_chosen=dict(self._k_hist))
+        m["acceptance_rate"] = m["accepted_total"] / m["drafted_total"] if m["drafted_total"] else 0.0
+        return m
+
+    # --- the engine thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._cv:
+                    while not self._stopped and not self._queue and not any(self._slots):
+                        self._cv.wait()
+                    if self._stopped:
+                        break
+                try:
+                    self._boundary()
+                    if any(self._slots):
+                        self._step()
+                except Exception as e:  # noqa: BLE001 - a bug in the loop: fail what it held, keep serving
+                    for s in range(self.max_slots):
+                        if self._slots[s] is not None:
+                            self._fail(s, e)
+        self._drain("the engine was stopped")
+
+    def _drain(self, why: str) -> None:
+        with self._cv:
+            waiting = list(self._queue)
+            self._queue.clear()
+        for _, handle, _ in waiting:
+            handle._send(Event("error", message=why))
+        for s in range(self.max_slots):
+            if self._slots[s] is not None:
+                self._fail(s, why)
+
+    def _boundary(self) -> None:
+        """Cancellations, then waiting requests join the free slots."""
+        for s, slot in enumerate(self._slots):
+            if slot is not None and slot.handle.cancelled:
+                self._finish(s, "cancelled")
+        with self._cv:
+            dropped = [p for p in self._queue if p[1].cancelled]
+            if dropped:
+                self._queue = collections.deque(p for p in self._queue if not p[1].cancelled)
+            free = [s for s in range(self.max_slots) if self._slots[s] is None]
+            joining = [self._queue.popleft() for _ in range(min(len(free), len(self._queue)))]
+            self._n["requests_cancelled"] += len(dropped)
+        for req, handle, _ in dropped:
+            handle._send(Event("done", finish_reason="cancelled",
+                               stats={"prompt_tokens": len(req.prompt_ids), "completion_tokens": 0}))
+        if joining:
+            self._admit(joining, free[: len(joining)])
+        self._prefill()
+
+    def _admit(self, joining, free: list[int]) -> None:
+        now = time.perf_counter()
+        for (req, handle, t_sub), s in zip(joining, free):
+            self._slots[s] = Slot(req, handle, None, None, 0, prompt=torch.tensor(req.prompt_ids, dtype=torch.int64),
+                                  stop=frozenset(int(t) for t in req.stop_ids), t_submit=t_sub, queued_s=now - t_sub)
+            self._count("prompt_tokens_total", len(req.prompt_ids))
+
+    def _prefill(self) -> None:
+        """One chunk of every prompt still being prefilled, in one forward (see below for the exception)."""
+        todo = [s for s in range(self.max_slots) if self._slots[s] is not None and not self._slots[s].out]
+        if not todo:
+            return
+        chunk = self.prefill_chunk
+        width = max(min(chunk, self._slots[s].prompt.numel() - self._slots[s].length) for s in todo)
+        # a row is padded to the widest chunk; one whose padding would run past its cache rows
+        # (a prompt ending near the context limit) runs alone, unpadded
+        fits = [s for s in todo if self._slots[s].length + width <= self.cache.max_len]
+        for group in [fits] + [[s] for s in todo if s not in fits]:
+            if group:
+                self._prefill_rows(group, chunk)
+
+    def _prefill_rows(self, group: list[int], chunk: int) -> None:
+        dev, slots = self.model.device, [self._slots[s] for s in group]
+        segs = [sl.prompt[sl.length: sl.length + chunk] for sl in slots]
+        try:
+            out = forward_ragged(self.model, self.cache, segs, [sl.length for sl in slots], group, self.capture)
+        except Exception as e:  # noqa: BLE001 - these requests fail, the running ones go on
+            for s in group:
+                self._fail(s, e)
+            return
+        keep = self._spawn is not None  # only a drafter reads the prompt rows
+        for r, (s, slot) in enumerate(zip(group, slots)):
+            m = segs[r].numel()
+            if keep:
+                slot.rows_h.append(out.hidden[r, :m])
+                if out.captured is not None:
+                    slot.rows_c.append(out.captured[r, :m])
+            slot.length += m
+            if slot.length < slot.prompt.numel():
+                continue
+            try:
+                p = slot.req.params
+                slot.gen = None if p.greedy else make_generator(p.seed, dev)
+                first = _sample_one(out.logits[r], p, slot.gen)
+                if keep:
+                    rows = ForwardOut(out.logits[r: r + 1], torch.cat(slot.rows_h),
+                                      torch.cat(slot.rows_c) if slot.rows_c else None)
+                    slot.drafter = self._spawn()
+                    slot.drafter.begin(slot.prompt.to(dev), rows)
+            except Exception as e:  # noqa: BLE001 - this request fails alone
+                self._fail(s, e)
+                continue
+            slot.rows_h, slot.rows_c = [], []
+            slot.ttft_s = time.perf_counter() - slot.t_submit
+            self._commit(s, [first])
+
+    def _step(self) -> None:
+        """One verify step over every active slot (see the module docstring)."""
+        t0 = time.perf_counter()
+        dev = self.model.device
+        active = [s for s in range(self.max_slots) if self._slots[s] is not None and self._slots[s].out]
+        if not active:
+            return
+        k = self.kmax if self.controller is None else self.controller.choose([self._slots[s].alpha for s in active])
+        rows: list[_Row] = []
+        for s in active:
+            slot = self._slots[s]
+            p = slot.req.params
+            # a seeded sampled request drafts a fixed k: its random stream (one draw per draft) must not
+            # depend on the controller's timing, so the same seed gives the same tokens
+            ks = self.kmax if p.seed is not None and not p.greedy else k
+            ks = max(0, min(ks, slot.req.max_new_tokens - len(slot.out)))
+            try:
+                row = _Row(s, torch.empty(0, dtype=torch.int64, device=dev), None)
+                if slot.drafter is not None and ks > 0:
+                    prop = slot.drafter.propose(slot.last, ks, slot.req.params, slot.gen)
+                    row.drafts = prop.tokens.to(dev).reshape(-1)[:ks]
+                    row.probs = None if prop.probs is None else prop.probs[: row.drafts.numel()]
+                rows.append(row)
+            except Exception as e:  # noqa: BLE001 - this request fails alone
+                self._fail(s, e)
+        if not rows:
+            return
+        n_drafts = [r.drafts.numel() for r in rows]
+        width = 1 + max(n_drafts)
+        lasts = torch.tensor([[self._slots[r.s].last] for r in rows], device=dev)
+        drafts = torch.nn.utils.rnn.pad_sequence([r.drafts for r in rows], batch_first=True)  # [b, width-1]
+        ids = torch.cat([lasts, drafts], dim=1)  # row i: [last, d_1 .. d_k_i, padding]
+        lengths = [self._slots[r.s].length for r in rows]
+        greedy = [i for i, r in enumerate(rows) if self._slots[r.s].req.params.greedy]
+        sampled = [i for i, r in enumerate(rows) if not self._slots[r.s].req.params.greedy]
+        try:
+            out = self.model.forward_batch(ids, self.cache, torch.tensor(lengths, device=dev),
+                                           slots=torch.tensor([r.s for r in rows], device=dev),
+                                           span=max(lengths) + width, capture=self.capture, logits="all")
+            packed = []
+            if greedy:
+                g = torch.tensor(greedy, device=dev)
+                packed.append(accept_greedy_rows(drafts[g], torch.tensor([n_drafts[i] for i in greedy], device=dev),
+                                                 out.logits[g]).reshape(-1))
+            for i in sampled:
+                slot, n = self._slots[rows[i].s], n_drafts[i]
+                p = probs_from_logits(out.logits[i, : n + 1], slot.req.params)
+                packed.append(accept_sampled(rows[i].drafts, rows[i].probs, p, slot.gen))
+            flat = torch.cat(packed).tolist()  # the one host sync of the step
+        except Exception as e:  # noqa: BLE001 - the step's requests fail, the loop goes on
+            for r in rows:
+                self._fail(r.s, e)
+            return
+        res, off = {}, 0
+        sampled_set = set(sampled)
+        for i in greedy + sampled:  # greedy rows are width + 1 wide, sampled ones n_drafts + 2
+            w = n_drafts[i] + 2 if i in sampled_set else width + 1
+            res[i], off = flat[off:off + w], off + w
+        accepted, drafted = 0, 0
+        for i, r in enumerate(rows):
+            slot, nd = self._slots[r.s], n_drafts[i]
+            n, toks = res[i][0], res[i][1:res[i][0] + 2]
+            slot.length += n + 1  # positions past it hold rejected rows: overwritten next step
+            slot.accepted.append(n)
+            slot.drafted += nd
+            accepted, drafted = accepted + n, drafted + nd
+            if nd:
+                slot.alpha = (1 - ALPHA_EMA) * slot.alpha + ALPHA_EMA * n / nd
+            if self._commit(r.s, toks) or slot.drafter is None:
+                continue
+            try:
+                cap = None if out.captured is None else out.captured[i, : n + 1]
+                slot.drafter.observe(ids[i, : n + 1], ForwardOut(out.logits[i, : n + 1], out.hidden[i, : n + 1], cap))
+            except Exception as e:  # noqa: BLE001
+                self._fail(r.s, e)
+        dt = time.perf_counter() - t0
+        if self.controller is not None:
+            self.controller.record(len(rows), k, dt)
+        with self._cv:
+            self._step_s.append(dt)
+            self._k_hist[k] += 1
+            self._n["steps_total"] += 1
+            self._n["accepted_total"] += accepted
+            self._n["drafted_total"] += drafted
+
+    # --- per-request bookkeeping (engine thread) ------------------------------------------
+    def _commit(self, s: int, toks: list[int]) -> bool:
+        """Emit the committed ``toks`` of slot ``s`` up to a stop id or the token budget (nothing
+        after them); True when the request is over (its slot is then free)."""
+        slot = self._slots[s]
+        emit, reason = [], None
+        for t in toks:
+            emit.append(t)
+            if t in slot.stop:
+                reason = "stop"
+                break
+            if len(slot.out) + len(emit) >= slot.req.max_new_tokens:
+                reason = "length"
+                break
+        slot.out.extend(emit)
+        slot.last = emit[-1]
+        self._count("tokens_total", len(emit))
+        slot.handle._send(Event("tokens", token_ids=emit))
+        if reason is not None:
+            self._finish(s, reason)
+            return True
+        return False
+
+    def _finish(self, s: int, reason: str) -> None:
+        slot, self._slots[s] = self._slots[s], None
+        stats = slot.stats()
+        self._count("requests_cancelled" if reason == "cancelled" else "requests_finished")
+        slot.handle._send(Event("done", finish_reason=reason, stats=stats))
+
+    def _fail(self, s: int, err) -> None:
+        slot, self._slots[s] = self._slots[s], None
+        self._count("requests_failed")
+        slot.handle._send(Event("error", message=err if isinstance(err, str) else _describe(err)))
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._cv:
+            self._n[key] += n
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def _sample_one(logits: torch.Tensor, params: SamplingParams, gen) -> int:
+    if params.greedy:
+        return int(logits.argmax())
+    return int(torch.multinomial(probs_from_logits(logits, params), 1, generator=gen))
