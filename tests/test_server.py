@@ -9,9 +9,7 @@ import threading
 import time
 
 import pytest
-
-pytest.importorskip("fastapi")
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient  # the serve extra is part of the test extra: never skipped
 
 from _dense_util import EOS, VOCAB, _bytes_to_unicode  # noqa: E402
 from _fake_engine import FakeEngine  # noqa: E402
@@ -328,7 +326,7 @@ def live():
 
 
 def test_openai_client(live):
-    openai = pytest.importorskip("openai")
+    import openai
     engine, url = live
     client = openai.OpenAI(base_url=url, api_key="k-123", max_retries=0, timeout=20)
     assert [m.id for m in client.models.list()] == [MODEL]
@@ -348,7 +346,7 @@ def test_openai_client(live):
 
 
 def test_closed_stream_cancels_the_request(live):
-    openai = pytest.importorskip("openai")
+    import openai
     engine, url = live
     engine.reply, engine.chunk, engine.delay = TOK.encode("x" * 100), 1, 0.05  # ~5 s if never cancelled
     client = openai.OpenAI(base_url=url, api_key="k-123", max_retries=0, timeout=20)
@@ -398,7 +396,7 @@ def test_cli_serve_builds_engine_and_runs_uvicorn(monkeypatch, tmp_path):
 def test_real_engine_serves_what_generate_gives(tmp_path):
     """With the real serving engine (a tiny random Llama, SmolLM2's vocabulary slice): greedy replies
     over HTTP, whole or streamed, equal ``LLM.generate``'s."""
-    serve_loop = pytest.importorskip("specdec.engine.serve_loop")
+    from specdec.engine import serve_loop
     from _fuzz_util import smollm2_vocab, write_gguf_seed
 
     from specdec import LLM

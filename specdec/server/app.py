@@ -24,19 +24,7 @@ from .metrics import CONTENT_TYPE, CountRequests, ServerMetrics
 from .protocol import APIError, Parsed, bad, chunk_body, error_body, new_id, now, parse_chat, parse_completion, \
     response_body, usage
 
-try:
-    from ..engine.serve_loop import GenRequest
-except ImportError:  # the serving engine lands on its own branch; until then, a request of the same shape
-    from dataclasses import dataclass
-
-    from ..sampling import SamplingParams
-
-    @dataclass
-    class GenRequest:
-        prompt_ids: list[int]
-        max_new_tokens: int
-        params: SamplingParams
-        stop_ids: list[int] = ()
+from ..engine.requests import GenRequest
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_MAX_TOKENS_LIMIT = 4096
