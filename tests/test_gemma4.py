@@ -215,6 +215,7 @@ _BASE = {"model_type": "gemma4_text", "vocab_size": 32, "hidden_size": 16, "inte
                           F: {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}}},
      r"rope_parameters\['full_attention'\] fields \['partial_rotary_factor'\] are not supported"),
     ({"rope_parameters": {F: {"rope_type": "default", "rope_theta": 1e6}}}, "'sliding_attention' has none"),
+    ({"rope_scaling": {"rope_type": "proportional", "factor": 2.0}}, "rope_scaling is not read for Gemma 4"),
     ({"num_kv_shared_layers": 2}, "num_kv_shared_layers=2 must be below num_hidden_layers=2"),
     ({"num_hidden_layers": 3, "layer_types": [F, S, F], "num_kv_shared_layers": 2},
      r"leaves no earlier layer of type\(s\) \['sliding_attention'\]"),

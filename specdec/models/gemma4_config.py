@@ -139,7 +139,11 @@ class Gemma4Config(ModelConfig):
     def _rope(self, layer_type: str) -> tuple[float, float, float]:
         """(base, rotated fraction, frequency divisor) of one layer type."""
         mt = self.model_type
-        params = self.raw.get("rope_parameters") or _DEFAULT_ROPE
+        params = self.raw.get("rope_parameters")
+        if params is None and self.raw.get("rope_scaling"):
+            raise ConfigError(f"{mt} config: rope_scaling is not read for Gemma 4 (its RoPE is rope_parameters, "
+                              "one object per layer type)")
+        params = params or _DEFAULT_ROPE
         p = params.get(layer_type) if isinstance(params, dict) else None
         if not isinstance(p, dict):
             raise ConfigError(f"{mt} config: rope_parameters must hold an object for every layer type; "
