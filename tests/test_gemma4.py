@@ -4,10 +4,10 @@ an accepted oracle drafter) in eager and static steps, the multimodal wrapper, r
 Two tiny configs cover every option the model implements:
 
 - ``dense`` (E2B-like): per-layer embeddings, the last two layers reuse earlier layers' keys and
-  values (with double-wide MLPs), full layers with a larger head and proportional RoPE, soft-capped
-  logits;
+  values (with double-wide MLPs), full layers with a larger head and proportional RoPE (with a
+  frequency factor), soft-capped logits;
 - ``moe`` (26B-A4B-like): routed experts beside the dense MLP, ``attention_k_eq_v`` full layers
-  with one KV head, no per-layer embeddings.
+  with one KV head, no per-layer embeddings; attention biases and an untied LM head besides.
 
 Norm weights, router scales and layer scalars are randomised, so a mis-mapped one shows. Logits
 agree within 1e-4 relative max error with transformers' eager attention, and 32 greedy tokens
@@ -51,9 +51,10 @@ def tiny_config(kind: str):
                                 final_logit_softcapping=5.0,
                                 rope_parameters={S: {"rope_type": "default", "rope_theta": 10000.0},
                                                  F: {"rope_type": "proportional", "partial_rotary_factor": 0.25,
-                                                     "rope_theta": 1e6}})
+                                                     "rope_theta": 1e6, "factor": 2.0}})
     if kind == "moe":
         return Gemma4TextConfig(**COMMON, num_hidden_layers=4, layer_types=[S, F, S, F], attention_k_eq_v=True,
+                                attention_bias=True, tie_word_embeddings=False,
                                 num_global_key_value_heads=1, hidden_size_per_layer_input=0, enable_moe_block=True,
                                 num_experts=8, top_k_experts=2, moe_intermediate_size=32, final_logit_softcapping=30.0)
     raise ValueError(kind)
@@ -96,7 +97,7 @@ def _greedy(model, ids, n, drafter=None, k=0, **kw):
 def test_hf_checkpoint_matches_transformers(tiny, kind):
     hf, loaded = tiny[kind]
     model = loaded.model
-    assert loaded.arch.name == "gemma4" and model.lm_head is None
+    assert loaded.arch.name == "gemma4" and (model.lm_head is None) == (kind == "dense")
     if kind == "dense":  # layers 3 and 4 read the caches of layers 1 (sliding) and 2 (full)
         assert model.config.kv_source == [None, None, None, 1, 2]
         cache = model.new_cache(16)

@@ -63,7 +63,7 @@ class Gemma4Config(ModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        mt, n = self.model_type, self.num_hidden_layers
+        mt = self.model_type
         if self.hidden_activation != "gelu_pytorch_tanh":
             raise ConfigError(f"{mt} config: hidden_activation '{self.hidden_activation}' is not supported "
                               "(gelu_pytorch_tanh)")
