@@ -33,6 +33,9 @@ MAX_LAYERS = 4096
 class ModelConfig:
     """Fields shared by every decoder-only target. Architecture configs add their own."""
 
+    # RoPE types this family's rotary embedding computes (a class attribute, not a field)
+    rope_types = SUPPORTED_ROPE_TYPES
+
     model_type: str
     vocab_size: int
     hidden_size: int
@@ -116,8 +119,8 @@ def parse_config(cls: type[C], d: dict, source: str = "config.json") -> C:
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
             raise ConfigError(f"{source}: required field '{f.name}' is missing (model_type={d.get('model_type')!r})")
     kind = (d.get("rope_scaling") or {}).get("rope_type", "default")
-    if kind not in SUPPORTED_ROPE_TYPES:
-        raise ConfigError(f"{source}: rope_type '{kind}' is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
+    if kind not in cls.rope_types:
+        raise ConfigError(f"{source}: rope_type '{kind}' is not supported (supported: {', '.join(cls.rope_types)})")
     try:
         return cls(raw=d, **kwargs)
     except TypeError as e:

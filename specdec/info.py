@@ -55,10 +55,14 @@ def describe(path: str) -> dict:
         "mtp_tensors": has_mtp,
         "drafters": drafters,
     }
-    for key in ("layer_types", "num_experts", "num_experts_per_tok"):
+    for key in ("layer_types", "num_experts", "num_experts_per_tok", "top_k_experts", "num_kv_shared_layers",
+                "hidden_size_per_layer_input"):
         v = getattr(cfg, key, None)
         if v:
             out[key] = v if key != "layer_types" else {t: list(v).count(t) for t in dict.fromkeys(v)}
+    dims = getattr(cfg, "attention_dims", None)  # Gemma 4: head size and KV heads per layer type
+    if dims:
+        out["attention_dims"] = {t: f"{hd}x{kv}kv" for t, (hd, kv) in dims.items()}
     if gsrc is not None:
         m = gsrc.metadata
         out["tokenizer"] = {"source": "gguf", "model": m.get("tokenizer.ggml.model"), "pre": m.get("tokenizer.ggml.pre"),

@@ -67,6 +67,11 @@ class CausalLM(nn.Module):
     def make_layer_cache(self, i: int, max_len: int, dtype: torch.dtype, device):
         raise NotImplementedError
 
+    def token_context(self, ids: torch.Tensor, x: torch.Tensor, ctx: StepContext) -> StepContext:
+        """The context the layers see, given the step's ids and embeddings ``x [T, H]``: a family
+        with per-token inputs to every layer (Gemma 4's per-layer embeddings) adds them here."""
+        return ctx
+
     # Families whose layers run batched steps (``[B, T, H]`` with a :class:`BatchWrite` as the
     # start): attention-only stacks. Others raise a ConfigError from :meth:`forward_batch`.
     batched = False
@@ -132,6 +137,7 @@ class CausalLM(nn.Module):
                    logits: str = "all") -> ForwardOut:
         """The forward proper, for a prepared context (eager or static)."""
         x = self.embed(ids)
+        ctx = self.token_context(ids, x, ctx)
         caps = {}
         want = set(capture)
         for i, layer in enumerate(self.layers):

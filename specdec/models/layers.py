@@ -39,6 +39,11 @@ else:  # pragma: no cover - torch < 2.4
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
+def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS-normalise the last dimension with fp32 statistics and no weight (Gemma 4's ``v_norm``)."""
+    return _rms(x.float(), eps).to(x.dtype)
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE in the rotate-half (NeoX / HF) layout on the first ``rotary_dim`` channels.
 

@@ -29,7 +29,8 @@ from .source_view import SourceView, ViewTensor, derived, passthrough
 
 
 class Experts(nn.Module):
-    """``E`` SwiGLU experts stored as 3-D tensors."""
+    """``E`` gated-MLP experts stored as 3-D tensors: ``down(act(gate(x)) * up(x))``, ``act`` SiLU
+    (SwiGLU, Qwen) unless given (Gemma 4: GELU-tanh)."""
 
     # Forwards of up to this many rows (every decode and verify step, padded or not) gather each
     # (token, expert) pair's weights: no host sync, graph-safe, and one kernel path whose
@@ -37,9 +38,10 @@ class Experts(nn.Module):
     # CUDA graphs. Longer forwards (prefill) group tokens by expert.
     gather_max_rows = 16
 
-    def __init__(self, num_experts: int, hidden: int, inter: int):
+    def __init__(self, num_experts: int, hidden: int, inter: int, act=F.silu):
         super().__init__()
         self.num_experts = num_experts
+        self.act = act
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
 
@@ -51,7 +53,7 @@ class Experts(nn.Module):
             flat = idx.reshape(-1)
             xs = x.repeat_interleave(k, dim=0)[:, :, None]  # [T*k, H, 1]
             gate, up = torch.bmm(self.gate_up_proj[flat], xs)[..., 0].chunk(2, dim=-1)
-            y = torch.bmm(self.down_proj[flat], (F.silu(gate) * up)[:, :, None])[..., 0]  # [T*k, H]
+            y = torch.bmm(self.down_proj[flat], (self.act(gate) * up)[:, :, None])[..., 0]  # [T*k, H]
             return (y.view(t, k, -1) * weights[..., None]).sum(1)
         out = torch.zeros_like(x)
         flat = idx.reshape(-1)
@@ -64,7 +66,7 @@ class Experts(nn.Module):
                 continue
             rows, sel = token[pos:pos + n], order[pos:pos + n]
             gate, up = F.linear(x[rows], self.gate_up_proj[e]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.down_proj[e]) * weights.reshape(-1)[sel, None]
+            y = F.linear(self.act(gate) * up, self.down_proj[e]) * weights.reshape(-1)[sel, None]
             out.index_add_(0, rows, y)
             pos += n
         return out

@@ -54,7 +54,7 @@ def register(arch: Architecture) -> None:
 
 def _load_all() -> None:
     # Importing the modules runs their register() calls.
-    from . import gemma3, llama, qwen35  # noqa: F401
+    from . import gemma3, gemma4, llama, qwen35  # noqa: F401
 
 
 def supported() -> tuple[list[str], list[str]]:

@@ -1,0 +1,291 @@
+"""Gemma 4 text targets, dense and MoE (``gemma4_text``, and the language model of ``gemma4``).
+
+A decoder layer, in transformers' names:
+
+- attention, sandwich-normed: ``x + post_attention_layernorm(attn(input_layernorm(x)))``. Queries
+  and keys are RMS-normed per head (``q_norm``, ``k_norm``), values too without a weight
+  (``v_norm``); the score scale is 1 (the norms set it). Sliding layers see the last
+  ``sliding_window`` positions; full layers may use another head size and KV-head count, and
+  with ``attention_k_eq_v`` have no ``v_proj``: the values are the raw ``k_proj`` output.
+  Each layer type has its own RoPE (see :mod:`.gemma4_config`).
+- feed-forward: ``x + post_feedforward_layernorm(f)`` with ``f = mlp(pre_feedforward_layernorm(x))``,
+  a GELU-tanh GLU; with ``enable_moe_block`` every layer also runs routed experts on the same
+  ``x`` and ``f = post_feedforward_layernorm_1(mlp(...)) + post_feedforward_layernorm_2(experts(
+  pre_feedforward_layernorm_2(x)))``. The router RMS-normalises ``x`` (no weight), scales it by
+  ``router.scale / sqrt(hidden)``, takes an fp32 softmax over ``router.proj``, keeps the top k
+  renormalised and multiplies each by ``router.per_expert_scale``.
+- per-layer embeddings (``hidden_size_per_layer_input`` > 0): every layer adds
+  ``post_per_layer_input_norm(per_layer_projection(gelu(per_layer_input_gate(x)) * p_i))``, where
+  ``p_i`` is layer ``i``'s slice of ``(norm(per_layer_model_projection(e) / sqrt(hidden)) +
+  embed_tokens_per_layer(ids) * sqrt(P)) / sqrt(2)`` for the scaled token embeddings ``e``.
+- the layer's output is multiplied by its ``layer_scalar`` (a checkpoint buffer).
+
+Norms scale by ``w`` (not ``1 + w`` as in Gemma 3), statistics in fp32. Embeddings are scaled by
+``sqrt(hidden_size)`` rounded to the weight dtype; logits are soft-capped by
+``final_logit_softcapping``. The last ``num_kv_shared_layers`` layers compute no keys or values:
+they attend over the cache of the last earlier layer of their type (:class:`SharedKV`), so only
+that cache rolls back. Every cache is full-length and sliding layers mask by window, by position,
+in eager and static steps alike; MoE experts run :class:`~.moe.Experts` (gather + bmm for steps of
+at most 16 rows), so the per-position invariance of the static steps holds as for Gemma 3 and
+Qwen3.5 MoE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..cache import KVCache, SequenceCache
+from .base import CausalLM, StepContext
+from .gemma4_config import Gemma4Config
+from .layers import GeluTanhGLU, RMSNorm, apply_rope, attend, sliding_causal_mask, unit_rms_norm
+from .moe import Experts
+from .registry import Architecture, register
+
+_gelu_tanh = partial(F.gelu, approximate="tanh")
+
+
+class Gemma4Rotary(nn.Module):
+    """RoPE over the whole head in rotate-half layout: pair ``i`` (channels ``i`` and ``i + d/2``)
+    turns at ``base ** (-2i / d) / factor`` for the first ``fraction * d/2`` pairs; the others keep
+    frequency 0 (transformers' ``proportional``; ``default`` is fraction 1, factor 1)."""
+
+    def __init__(self, head_dim: int, base: float, fraction: float = 1.0, factor: float = 1.0):
+        super().__init__()
+        self.head_dim, self.base, self.fraction, self.factor = head_dim, base, fraction, factor
+        self._inv: dict[torch.device, torch.Tensor] = {}
+
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        inv = self._inv.get(device)
+        if inv is None:
+            d = self.head_dim
+            n = int(self.fraction * d // 2)
+            inv = 1.0 / (self.base ** (torch.arange(0, 2 * n, 2, dtype=torch.float32) / d))
+            inv = torch.cat([inv, torch.zeros(d // 2 - n)]) / self.factor
+            inv = self._inv[device] = inv.to(device)
+        return inv
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[T]`` positions -> cos, sin ``[T, head_dim]``."""
+        freqs = positions.float()[:, None] * self.inv_freq(positions.device)[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class SharedKV(KVCache):
+    """The cache of a KV-shared layer: the producing layer's buffers, read, never written."""
+
+    def __init__(self, source: KVCache):  # no buffers of its own
+        self.k, self.v = source.k, source.v
+
+    def read(self, start, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of positions ``0..start+t`` (a static step, ``start`` a tensor: all)."""
+        if isinstance(start, torch.Tensor):
+            return self.k, self.v
+        return self.k[:, :start + t], self.v[:, :start + t]
+
+    def update(self, start, k, v):
+        raise AssertionError("a KV-shared layer never writes keys and values")
+
+    def nbytes(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class Gemma4StepContext(StepContext):
+    """A :class:`StepContext` (full layers' RoPE and mask) plus the sliding layers' RoPE and window
+    mask, and the per-layer embeddings ``[T, L, P]`` (added by :meth:`Gemma4ForCausalLM.token_context`)."""
+
+    local_cos: torch.Tensor | None = None
+    local_sin: torch.Tensor | None = None
+    local_mask: torch.Tensor | None = None
+    per_layer: torch.Tensor | None = None
+
+
+class Gemma4Attention(nn.Module):
+    """GQA attention with q/k/v norms, score scale 1, optional k=v and optional shared KV."""
+
+    def __init__(self, c: Gemma4Config, layer_type: str, shared: bool):
+        super().__init__()
+        self.head_dim, self.n_kv = c.attention_dims[layer_type]
+        self.n_heads, self.eps, self.shared = c.num_attention_heads, c.rms_norm_eps, shared
+        h, d, bias = c.hidden_size, self.head_dim, c.attention_bias
+        self.q_proj = nn.Linear(h, self.n_heads * d, bias=bias)
+        self.q_norm = RMSNorm(d, c.rms_norm_eps)
+        if not shared:
+            self.k_proj = nn.Linear(h, self.n_kv * d, bias=bias)
+            k_eq_v = c.attention_k_eq_v and layer_type == "full_attention"
+            self.v_proj = None if k_eq_v else nn.Linear(h, self.n_kv * d, bias=bias)
+            self.k_norm = RMSNorm(d, c.rms_norm_eps)
+        self.o_proj = nn.Linear(self.n_heads * d, h, bias=bias)
+
+    def forward(self, x: torch.Tensor, cos, sin, cache: KVCache, start, mask) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(t, self.n_heads, self.head_dim)).transpose(0, 1)
+        q = apply_rope(q, cos, sin)
+        if self.shared:
+            k_all, v_all = cache.read(start, t)
+        else:
+            k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
+            v = k if self.v_proj is None else self.v_proj(x).view(t, self.n_kv, self.head_dim)
+            k = apply_rope(self.k_norm(k).transpose(0, 1), cos, sin)
+            v = unit_rms_norm(v, self.eps).transpose(0, 1)
+            k_all, v_all = cache.update(start, k, v)
+        o = attend(q, k_all, v_all, mask, 1.0)  # [H, T, d]
+        return self.o_proj(o.transpose(0, 1).reshape(t, -1))
+
+
+class Gemma4Router(nn.Module):
+    """Top-k expert choice; see the module docstring. Parameters: ``proj``, ``scale``, ``per_expert_scale``."""
+
+    def __init__(self, hidden: int, num_experts: int, top_k: int, eps: float):
+        super().__init__()
+        self.top_k, self.eps, self.root = top_k, eps, hidden ** -0.5
+        self.proj = nn.Linear(hidden, num_experts, bias=False)
+        self.scale = nn.Parameter(torch.empty(hidden))
+        self.per_expert_scale = nn.Parameter(torch.empty(num_experts))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x [T, H]`` -> (expert ids ``[T, k]``, weights ``[T, k]`` in ``x``'s dtype)."""
+        h = unit_rms_norm(x, self.eps) * self.scale * self.root
+        probs = torch.softmax(self.proj(h).float(), dim=-1)
+        top, idx = torch.topk(probs, self.top_k, dim=-1)
+        w = top / top.sum(-1, keepdim=True) * self.per_expert_scale[idx]
+        return idx, w.to(x.dtype)
+
+
+class Gemma4DecoderLayer(nn.Module):
+    """One decoder layer, transformers' parameter names (see the module docstring)."""
+
+    def __init__(self, c: Gemma4Config, i: int):
+        super().__init__()
+        self.index = i
+        self.sliding = c.layer_types[i] == "sliding_attention"
+        shared = c.kv_source[i] is not None
+        h = c.hidden_size
+        norm = partial(RMSNorm, h, c.rms_norm_eps)
+        self.input_layernorm = norm()
+        self.self_attn = Gemma4Attention(c, c.layer_types[i], shared)
+        self.post_attention_layernorm = norm()
+        self.pre_feedforward_layernorm = norm()
+        self.mlp = GeluTanhGLU(h, c.intermediate_size * (2 if c.use_double_wide_mlp and shared else 1))
+        self.post_feedforward_layernorm = norm()
+        self.register_buffer("layer_scalar", torch.empty(1))
+        self.router = None
+        if c.enable_moe_block:
+            self.router = Gemma4Router(h, c.num_experts, c.top_k_experts, c.rms_norm_eps)
+            self.experts = Experts(c.num_experts, h, c.moe_intermediate_size, act=_gelu_tanh)
+            self.pre_feedforward_layernorm_2 = norm()
+            self.post_feedforward_layernorm_1 = norm()
+            self.post_feedforward_layernorm_2 = norm()
+        self.per_layer = bool(c.hidden_size_per_layer_input)
+        if self.per_layer:
+            self.per_layer_input_gate = nn.Linear(h, c.hidden_size_per_layer_input, bias=False)
+            self.per_layer_projection = nn.Linear(c.hidden_size_per_layer_input, h, bias=False)
+            self.post_per_layer_input_norm = norm()
+
+    def forward(self, x: torch.Tensor, ctx: Gemma4StepContext, cache: KVCache) -> torch.Tensor:
+        if self.sliding:
+            cos, sin, mask = ctx.local_cos, ctx.local_sin, ctx.local_mask
+        else:
+            cos, sin, mask = ctx.cos, ctx.sin, ctx.mask
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, cache, ctx.start, mask))
+        f = self.mlp(self.pre_feedforward_layernorm(x))
+        if self.router is not None:
+            idx, w = self.router(x)
+            moe = self.experts(self.pre_feedforward_layernorm_2(x), idx, w)
+            f = self.post_feedforward_layernorm_1(f) + self.post_feedforward_layernorm_2(moe)
+        x = x + self.post_feedforward_layernorm(f)
+        if self.per_layer:
+            g = _gelu_tanh(self.per_layer_input_gate(x)) * ctx.per_layer[:, self.index]
+            x = x + self.post_per_layer_input_norm(self.per_layer_projection(g))
+        return x * self.layer_scalar
+
+
+class Gemma4ForCausalLM(CausalLM):
+    """The Gemma 4 text target."""
+
+    def __init__(self, config: Gemma4Config):
+        super().__init__(config)
+        c = config
+        rotary = {t: Gemma4Rotary(c.attention_dims[t][0], *c.rope[t]) for t in c.rope}
+        self.rotary = rotary["full_attention"]  # the last layer is always full attention
+        self.local_rotary = rotary.get("sliding_attention")
+        self.window = c.sliding_window if self.local_rotary is not None else 0
+        self.final_logit_softcap = c.final_logit_softcapping
+        self.layers = nn.ModuleList(Gemma4DecoderLayer(c, i) for i in range(c.num_hidden_layers))
+        self.per_layer_dim = c.hidden_size_per_layer_input
+        if self.per_layer_dim:
+            n = c.num_hidden_layers * self.per_layer_dim
+            self.embed_tokens_per_layer = nn.Embedding(c.vocab_size_per_layer_input, n)
+            self.per_layer_model_projection = nn.Linear(c.hidden_size, n, bias=False)
+            self.per_layer_projection_norm = RMSNorm(self.per_layer_dim, c.rms_norm_eps)
+
+    def make_layer_cache(self, i, max_len, dtype, device):
+        c = self.config
+        if c.kv_source[i] is not None:
+            return None  # filled in by new_cache: the producing layer's buffers
+        head_dim, n_kv = c.attention_dims[c.layer_types[i]]
+        return KVCache(n_kv, head_dim, max_len, dtype, device)
+
+    def new_cache(self, max_len: int | None = None, spare: int = 0) -> SequenceCache:
+        cache = super().new_cache(max_len, spare)
+        for i, src in enumerate(self.config.kv_source):
+            if src is not None:
+                cache.layers[i] = SharedKV(cache.layers[src])
+        return cache
+
+    @staticmethod
+    def _scale(x: torch.Tensor, value: float) -> torch.Tensor:
+        # transformers multiplies by the scale rounded to the weight dtype (bf16: sqrt(3072) -> 55.5)
+        return x * float(torch.tensor(value, dtype=x.dtype))
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._scale(self.embed_tokens(ids), self.config.hidden_size ** 0.5)
+
+    def token_context(self, ids: torch.Tensor, x: torch.Tensor, ctx: StepContext) -> StepContext:
+        if not self.per_layer_dim:
+            return ctx
+        shape = (ids.shape[0], self.config.num_hidden_layers, self.per_layer_dim)
+        tokens = self._scale(self.embed_tokens_per_layer(ids), self.per_layer_dim ** 0.5).view(shape)
+        proj = self.per_layer_model_projection(x) * self.config.hidden_size ** -0.5
+        proj = self.per_layer_projection_norm(proj.view(shape))
+        return dataclasses.replace(ctx, per_layer=(proj + tokens) * 2 ** -0.5)
+
+    def _local(self, ctx: StepContext, pos: torch.Tensor, local_mask) -> Gemma4StepContext:
+        cos = sin = None
+        if self.local_rotary is not None:
+            cos, sin = self.local_rotary.cos_sin(pos, self.dtype)
+        return Gemma4StepContext(ctx.start, ctx.length, ctx.cos, ctx.sin, ctx.mask, ctx.snapshots, cos, sin, local_mask)
+
+    def step_context(self, start: int, t: int, snapshots: bool = True) -> Gemma4StepContext:
+        ctx = super().step_context(start, t, snapshots)
+        pos = torch.arange(start, start + t, device=self.device)
+        mask = sliding_causal_mask(start, t, self.window, self.device) if self.window else ctx.mask
+        return self._local(ctx, pos, mask)
+
+    def static_context(self, start: torch.Tensor, t: int, max_len: int) -> Gemma4StepContext:
+        ctx = super().static_context(start, t, max_len)
+        pos = start + torch.arange(t, device=self.device)
+        mask = ctx.mask
+        if self.window:  # the window, by position, over the whole cache
+            mask = mask & (torch.arange(max_len, device=self.device)[None, :] > pos[:, None] - self.window)
+        return self._local(ctx, pos, mask)
+
+
+def _no_gguf(*_args, **_kwargs):
+    raise AssertionError("Gemma 4 registers no GGUF architecture")
+
+
+register(Architecture(
+    name="gemma4", hf_model_types=("gemma4_text", "gemma4"), gguf_archs=(), config_cls=Gemma4Config,
+    model_cls=Gemma4ForCausalLM, gguf_config=_no_gguf, gguf_names=_no_gguf,
+    # a gemma4 (multimodal) checkpoint: model.language_model.* is the target, the rest is left out
+    hf_ignore_prefixes=("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio."),
+    drafters=("ngram",),
+))
