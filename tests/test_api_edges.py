@@ -43,12 +43,15 @@ def llama_dir(tmp_path_factory):
 def test_readme_python_example_runs_verbatim():
     _embedded_model()
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
-        blocks = re.findall(r"```python\n(.*?)```", fh.read(), flags=re.S)
-    assert len(blocks) == 1, "README.md should hold one python example"
+        section = fh.read().split("\n## Python\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 2, "README.md's Python section: the LLM example, then the serving loop's"
     scope: dict = {}
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(blocks[0], "README.md", "exec"), scope)
+        for block in blocks:  # in order, in one scope, as a reader would paste them
+            exec(compile(block, "README.md", "exec"), scope)
+    assert out.getvalue().rstrip().splitlines()[-1].startswith("done ")  # the serving loop's last event
     assert scope["res"].text.startswith(" Berlin") and out.getvalue().startswith(" Berlin")
     assert tuple(scope["logits"].shape) == (3, scope["llm"].model.config.vocab_size)
 
