@@ -16,7 +16,7 @@ from torch import nn
 from ..cache import BatchCache, BatchKVCache, BatchWrite, NoCache, SequenceCache
 from ..errors import ConfigError
 from ..config import ModelConfig
-from .layers import RMSNorm, RotaryEmbedding, causal_mask
+from .layers import RMSNorm, RotaryEmbedding, causal_mask, sliding_causal_mask
 
 
 @dataclass(frozen=True)
@@ -217,6 +217,31 @@ class CausalLM(nn.Module):
         with torch.no_grad():
             starts = torch.zeros(ids.shape[0], dtype=torch.long, device=self.device)
             return self._forward_batch(ids, None, starts, None, None, capture, None)
+
+
+class WindowedCausalLM(CausalLM):
+    """A target with sliding-window layers beside global ones (Gemma 3, Gemma 4): the step contexts
+    add the window to the causal mask by position, in eager and static steps alike, and hand it
+    with the step's positions to :meth:`_local` (the family's local-layer RoPE and context type)."""
+
+    window: int | None = None
+
+    def _local(self, ctx: StepContext, pos: torch.Tensor, local_mask) -> StepContext:
+        raise NotImplementedError
+
+    def step_context(self, start: int, t: int, snapshots: bool = True) -> StepContext:
+        ctx = super().step_context(start, t, snapshots)
+        pos = torch.arange(start, start + t, device=self.device)
+        mask = sliding_causal_mask(start, t, self.window, self.device) if self.window else ctx.mask
+        return self._local(ctx, pos, mask)
+
+    def static_context(self, start: torch.Tensor, t: int, max_len: int) -> StepContext:
+        ctx = super().static_context(start, t, max_len)
+        pos = start + torch.arange(t, device=self.device)
+        mask = ctx.mask
+        if self.window:  # the window, by position, over the whole cache
+            mask = mask & (torch.arange(max_len, device=self.device)[None, :] > pos[:, None] - self.window)
+        return self._local(ctx, pos, mask)
 
 
 class _Layers:

@@ -28,9 +28,9 @@ from torch import nn
 from ..cache import KVCache
 from ..config import SUPPORTED_ROPE_TYPES, ModelConfig
 from ..errors import ConfigError
-from .base import CausalLM, StepContext
+from .base import StepContext, WindowedCausalLM
 from .gguf_names import DENSE_BLOCK, gguf_meta, is_number, meta_getters
-from .layers import Attention, GeluTanhGLU, RMSNorm, RotaryEmbedding, sliding_causal_mask
+from .layers import Attention, GeluTanhGLU, RMSNorm, RotaryEmbedding
 from .registry import Architecture, register
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -134,7 +134,7 @@ class Gemma3DecoderLayer(nn.Module):
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
-class Gemma3ForCausalLM(CausalLM):
+class Gemma3ForCausalLM(WindowedCausalLM):
     """The Gemma 3 text target."""
 
     def __init__(self, config: Gemma3Config):
@@ -161,19 +161,6 @@ class Gemma3ForCausalLM(CausalLM):
         cos, sin = self.local_rotary.cos_sin(pos, self.dtype)
         return Gemma3StepContext(ctx.start, ctx.length, ctx.cos, ctx.sin, ctx.mask, ctx.snapshots, cos, sin, local_mask)
 
-    def step_context(self, start: int, t: int, snapshots: bool = True) -> Gemma3StepContext:
-        ctx = super().step_context(start, t, snapshots)
-        pos = torch.arange(start, start + t, device=self.device)
-        mask = sliding_causal_mask(start, t, self.window, self.device) if self.window else ctx.mask
-        return self._local(ctx, pos, mask)
-
-    def static_context(self, start: torch.Tensor, t: int, max_len: int) -> Gemma3StepContext:
-        ctx = super().static_context(start, t, max_len)
-        pos = start + torch.arange(t, device=self.device)
-        mask = ctx.mask
-        if self.window:  # the window, by position, over the whole cache
-            mask = mask & (torch.arange(max_len, device=self.device)[None, :] > pos[:, None] - self.window)
-        return self._local(ctx, pos, mask)
 
 
 # --- checkpoints -------------------------------------------------------------------------------

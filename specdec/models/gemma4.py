@@ -41,9 +41,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cache import KVCache, SequenceCache
-from .base import CausalLM, StepContext
+from .base import StepContext, WindowedCausalLM
 from .gemma4_config import Gemma4Config
-from .layers import GeluTanhGLU, RMSNorm, apply_rope, attend, sliding_causal_mask, unit_rms_norm
+from .layers import GeluTanhGLU, RMSNorm, apply_rope, attend, unit_rms_norm
 from .moe import Experts
 from .registry import Architecture, register
 
@@ -207,7 +207,7 @@ class Gemma4DecoderLayer(nn.Module):
         return x * self.layer_scalar
 
 
-class Gemma4ForCausalLM(CausalLM):
+class Gemma4ForCausalLM(WindowedCausalLM):
     """The Gemma 4 text target."""
 
     def __init__(self, config: Gemma4Config):
@@ -263,19 +263,6 @@ class Gemma4ForCausalLM(CausalLM):
             cos, sin = self.local_rotary.cos_sin(pos, self.dtype)
         return Gemma4StepContext(ctx.start, ctx.length, ctx.cos, ctx.sin, ctx.mask, ctx.snapshots, cos, sin, local_mask)
 
-    def step_context(self, start: int, t: int, snapshots: bool = True) -> Gemma4StepContext:
-        ctx = super().step_context(start, t, snapshots)
-        pos = torch.arange(start, start + t, device=self.device)
-        mask = sliding_causal_mask(start, t, self.window, self.device) if self.window else ctx.mask
-        return self._local(ctx, pos, mask)
-
-    def static_context(self, start: torch.Tensor, t: int, max_len: int) -> Gemma4StepContext:
-        ctx = super().static_context(start, t, max_len)
-        pos = start + torch.arange(t, device=self.device)
-        mask = ctx.mask
-        if self.window:  # the window, by position, over the whole cache
-            mask = mask & (torch.arange(max_len, device=self.device)[None, :] > pos[:, None] - self.window)
-        return self._local(ctx, pos, mask)
 
 
 def _no_gguf(*_args, **_kwargs):
