@@ -129,6 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default)")
     b.add_argument("--no-chat", action="store_true", help="use raw prompts instead of the chat template")
     b.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON to FILE")
+    b.add_argument("--shape", default=None, help="instead of --model: a random-weight target of a published shape "
+                   "(qwen3-8b | qwen3.5-9b | qwen3.5-35b-a3b | smollm2-135m | tiny) built in device memory; reports "
+                   "decode / verify step costs, the bandwidth bound and an ORACLE drafter's end-to-end tok/s")
+    b.add_argument("--context", type=int, default=512, help="--shape: context (prompt) tokens (default 512)")
+    b.add_argument("--reps", type=int, default=20, help="--shape: timed repetitions per step (median; default 20)")
+    b.add_argument("--oracle-tau", type=float, default=6.5, help="--shape: mean tokens per step of the oracle "
+                   "drafter (default 6.5)")
+    b.add_argument("--oracle-k", type=int, default=15, help="--shape: the oracle's drafts per step (default 15)")
+    b.add_argument("--plot", default=None, metavar="FILE", help="--shape: a PNG of verify cost vs k (needs matplotlib)")
 
     t = sub.add_parser("train", help="train a DFlash or MTP drafter for a target by self-distillation",
                        description="The target answers the prompts (chat template applied, greedy by default, many "
@@ -361,6 +370,12 @@ def bench_drafts(drafts: list[str] | None, extra: list[str] | None) -> list[str]
 def cmd_bench(args) -> int:
     from .sampling import SamplingParams
 
+    if args.shape is not None:
+        return cmd_bench_shape(args)
+    for flag, v in (("--plot", args.plot), ("--context", args.context != 512), ("--reps", args.reps != 20),
+                    ("--oracle-tau", args.oracle_tau != 6.5), ("--oracle-k", args.oracle_k != 15)):
+        if v:
+            raise RequestError(f"{flag} belongs to --shape runs")
     drafts = bench_drafts(args.drafts, args.draft_extra)
     for name, v in (("--num-prompts", args.num_prompts), ("-n/--max-new-tokens", args.max_new_tokens),
                     ("--max-turns", 1 if args.max_turns is None else args.max_turns)):
@@ -380,6 +395,40 @@ def cmd_bench(args) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(report, fh, indent=2)
+    return 0
+
+
+def cmd_bench_shape(args) -> int:
+    """``bench --shape``: refuses what needs a checkpoint or a tokenizer, then runs bench_shape."""
+    given = {"--model": args.model, "--drafts": args.drafts, "--draft": args.draft_extra,
+             "--dataset": args.dataset != "gsm8k", "--data-dir": args.data_dir, "--num-prompts": args.num_prompts != 8,
+             "--max-turns": args.max_turns, "--no-chat": args.no_chat, "--temperature": args.temperature != 0,
+             "-k/--num-draft-tokens": args.num_draft_tokens != [4], "--block-size": args.block_size}
+    bad = [flag for flag, v in given.items() if v]
+    if bad:
+        raise RequestError(f"--shape builds a random target without a tokenizer: {', '.join(bad)} cannot be used with it "
+                           "(the oracle's drafts per step: --oracle-k)")
+    if args.max_new_tokens < 1:
+        raise RequestError(f"-n/--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    from .shapes import shape_config
+
+    shape_config(args.shape)  # an unknown name fails first
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise RequestError("--plot needs matplotlib, which is not installed (pip install matplotlib)") from None
+    from .bench_shape import format_shape, plot_verify, run_shape_bench
+
+    report = run_shape_bench(args.shape, device=args.device, dtype=args.dtype, context=args.context, reps=args.reps,
+                             new_tokens=args.max_new_tokens, oracle_tau=args.oracle_tau, oracle_k=args.oracle_k,
+                             cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant)
+    print(format_shape(report))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2)
+    if args.plot:
+        plot_verify(report, args.plot)
     return 0
 
 

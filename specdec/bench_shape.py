@@ -1,0 +1,265 @@
+"""``specdec bench --shape NAME``: what a target of a given shape costs per step, and what that buys.
+
+One run on one device, for a random-weight target of a published shape (:mod:`specdec.shapes`):
+
+- per-step costs: a 1-token decode step and verify steps of k+1 tokens (k = 1..16), timed as the
+  static steps plain and speculative decoding run (``GraphedTarget``: CUDA graphs on CUDA, the same
+  steps eagerly elsewhere), the median of ``reps`` after warm-up, at a context of ``context``
+  tokens; plus one propose of a random drafter of the published shape where one fits (DFlash:
+  5 layers, block 16; Qwen3.5 shapes also their MTP block);
+- the bandwidth bound: a device-to-device copy measures bytes/s, and tok/s <= bandwidth / (the
+  weight bytes a decode step reads + the KV bytes at the context);
+- end to end: plain decoding, then speculative decoding with an ORACLE drafter: it proposes the
+  target's own greedy continuation, each draft spoiled with a probability chosen so that the mean
+  tokens per step is ``oracle_tau``. Random weights make real drafters useless (tau ~1); the
+  oracle shows what a drafter of that tau would give on this target. It is not a real drafter.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from .bench import git_commit, machine_description
+from .cache import KVCache
+from .drafters.base import Proposal
+from .engine import SpeculativeGenerator
+from .errors import ConfigError
+from .loading import resolve_device, resolve_dtype
+from .sampling import SamplingParams
+from .shapes import build_shape, param_count
+
+MAX_K = 16
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _median_ms(fn, dev: torch.device, reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        _sync(dev)
+        t0 = time.perf_counter()
+        fn()
+        _sync(dev)
+        times.append(time.perf_counter() - t0)
+    return round(1e3 * statistics.median(times), 4)
+
+
+def oracle_spoil(tau: float, k: int) -> float:
+    """The per-draft spoil probability p giving a mean of ``tau`` tokens per step with ``k`` drafts.
+
+    Drafts are spoiled independently; the accepted prefix stops at the first spoiled one, so
+    E[tokens per step] = 1 + sum_{i=1..k} q^i with q = 1 - p (the bonus token included).
+    Solved for q by bisection (the sum grows with q)."""
+    if not 1.0 <= tau <= k + 1:
+        raise ConfigError(f"--oracle-tau {tau} must lie in [1, {k + 1}] for {k} drafts per step")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        q = (lo + hi) / 2
+        lo, hi = (q, hi) if 1 + sum(q ** i for i in range(1, k + 1)) < tau else (lo, q)
+    return 1.0 - (lo + hi) / 2
+
+
+class OracleDrafter:
+    """ORACLE (benchmarks only): proposes ``reference`` (prompt + the target's plain greedy
+    continuation) from the current position, each draft replaced by a wrong id with probability
+    ``spoil``. Output stays exactly plain decoding's (the target verifies every draft)."""
+
+    name = "oracle"
+    capture_layers: tuple[int, ...] = ()
+
+    def __init__(self, reference: list[int], vocab: int, spoil: float, seed: int = 0):
+        self.ref, self.vocab, self.spoil = list(reference), vocab, spoil
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def begin(self, prompt_ids, out) -> None:
+        self.n, self.device = int(prompt_ids.shape[0]), out.hidden.device
+
+    def observe(self, tokens, out) -> None:
+        self.n += int(tokens.shape[0])
+
+    def propose(self, last_token, k, params, gen) -> Proposal:
+        toks = (self.ref[self.n + 1:self.n + 1 + k] + [0] * k)[:k]  # past the reference: padding
+        spoiled = torch.rand(k, generator=self.rng) < self.spoil
+        for i in torch.nonzero(spoiled).flatten().tolist():
+            toks[i] = (toks[i] + 1 + int(torch.randint(self.vocab - 1, (1,), generator=self.rng))) % self.vocab
+        return Proposal(torch.tensor(toks, dtype=torch.int64, device=self.device))
+
+
+def step_costs(model, context: int, reps: int, use_graphs: bool) -> dict:
+    """Median ms of static steps of 1 .. MAX_K + 1 rows at position ``context`` (rolled back after each)."""
+    from .models.graphs import GraphedTarget
+
+    dev = model.device
+    cache = model.new_cache(context + MAX_K + 2, spare=MAX_K + 1)
+    g = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        model(torch.randint(0, model.config.vocab_size, (context,), generator=g).to(dev), cache, logits="last")
+    steps = GraphedTarget(model, cache, (), max_steps=MAX_K + 1, use_graphs=use_graphs)
+    out = {}
+    for t in range(1, MAX_K + 2):
+        ids = torch.randint(0, model.config.vocab_size, (t,), generator=g).to(dev)
+
+        def one():
+            steps(ids)
+            cache.rollback(context)
+        out[t] = _median_ms(one, dev, reps)
+    return out
+
+
+def bandwidth(dev: torch.device, nbytes: int, reps: int) -> float:
+    """Bytes/s of a device-to-device copy of ``nbytes`` (read + write: 2 * nbytes moved)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=dev).fill_(1)
+    dst = torch.empty_like(src)
+    ms = _median_ms(lambda: dst.copy_(src), dev, reps)
+    return 2 * nbytes / (ms / 1e3)
+
+
+def decode_bytes(model, context: int) -> tuple[int, int, int]:
+    """``(weight bytes, bytes a decode step reads, KV bytes at context)``. A decode step reads every
+    weight except the experts a token does not route to (MoE: top-k of E)."""
+    size = model.dtype.itemsize
+    total = param_count(model) * size
+    active = total
+    c = model.config
+    if getattr(c, "num_experts", 0):
+        experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n) * size
+        active -= int(experts * (1 - c.num_experts_per_tok / c.num_experts))
+    cache = model.new_cache(1)
+    kv_per_pos = sum(lc.k[:, :1].numel() + lc.v[:, :1].numel() for lc in cache.layers if isinstance(lc, KVCache)) * size
+    return total, active + kv_per_pos * context, kv_per_pos * context
+
+
+def drafter_steps(model, context: int, reps: int) -> dict:
+    """Median ms of one propose of random drafters of the published shapes that fit this target."""
+    out = {}
+    makers = {"dflash (5 layers, block 16)": _dflash}
+    if model.config.model_type.startswith("qwen3_5"):
+        makers["mtp (1 layer)"] = _mtp
+    dev = model.device
+    ids = torch.randint(0, model.config.vocab_size, (context,), generator=torch.Generator().manual_seed(2)).to(dev)
+    for label, make in makers.items():
+        d, k = make(model)
+        cache = model.new_cache(context + 64)
+        with torch.inference_mode():
+            fo = model(ids, cache, capture=d.capture_layers, logits="last")
+            d.begin(ids, fo)
+            out[label] = {"k": k, "ms": _median_ms(lambda: d.propose(int(ids[-1]), k, SamplingParams(), None), dev, reps)}
+        del d, cache
+    return out
+
+
+def _dflash(model):
+    from .drafters.dflash import DFlashDrafter
+    from .train.dflash_batch import new_dflash_config, new_dflash_model
+
+    cfg = new_dflash_config(model, 5, 16, mask_token_id=model.config.vocab_size - 1)
+    d = DFlashDrafter(new_dflash_model(model, cfg, init="random").to(model.dtype).eval(), model)
+    return d, d.block_size - 1
+
+
+def _mtp(model):
+    from .drafters.mtp import MTPDrafter
+    from .drafters.mtp_dir import new_mtp_block
+
+    return MTPDrafter(new_mtp_block(model).to(model.dtype).eval(), model, sample_drafts=False), 3
+
+
+def end_to_end(model, prompt_len: int, new_tokens: int, tau: float, k: int, cuda_graphs: bool,
+               batch_invariant: bool | None, seed: int = 0) -> dict:
+    """Plain decoding, then the oracle drafter at ``tau`` with ``k`` drafts per step: tok/s of each."""
+    dev = model.device
+    prompt = torch.randint(0, model.config.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(seed)).tolist()
+    spoil = oracle_spoil(tau, k)
+
+    def timed(gen):
+        gen.generate(prompt[:8], 8)  # warm-up: graph capture, allocator
+        _sync(dev)
+        t0 = time.perf_counter()
+        r = gen.generate(prompt, new_tokens, SamplingParams())
+        _sync(dev)
+        return r, time.perf_counter() - t0
+
+    plain, t_plain = timed(SpeculativeGenerator(model, None, 0, cuda_graphs=cuda_graphs, batch_invariant=batch_invariant))
+    oracle = OracleDrafter(prompt + plain.token_ids, model.config.vocab_size, spoil, seed)
+    gen = SpeculativeGenerator(model, oracle, k, cuda_graphs=cuda_graphs, batch_invariant=batch_invariant)
+    spec, t_spec = timed(gen)
+    plain_tps = len(plain.token_ids) / t_plain
+    spec_tps = len(spec.token_ids) / t_spec
+    return {"drafter": "ORACLE (the target's own greedy continuation, spoiled; not a real drafter)",
+            "k": k, "requested_tau": tau, "spoil_probability": round(spoil, 4), "measured_tau": round(spec.stats.tau, 3),
+            "prompt_tokens": prompt_len, "new_tokens": len(plain.token_ids),
+            "plain_tokens_per_s": round(plain_tps, 2), "oracle_tokens_per_s": round(spec_tps, 2),
+            "speedup": round(spec_tps / plain_tps, 3), "output_equals_plain": spec.token_ids == plain.token_ids}
+
+
+def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, reps: int = 20,
+                    new_tokens: int = 128, oracle_tau: float = 6.5, oracle_k: int = 15, cuda_graphs: bool = True,
+                    batch_invariant: bool | None = None, drafters: bool = True, copy_bytes: int = 256 << 20) -> dict:
+    """The whole shape benchmark as one JSON-able dict (see the module docstring)."""
+    if reps < 1 or context < 1 or new_tokens < 1 or oracle_k < 1:
+        raise ConfigError("--reps, --context, -n and --oracle-k must be >= 1")
+    oracle_spoil(oracle_tau, oracle_k)  # a bad tau fails before building anything
+    dev = resolve_device(str(device) if device is not None else None)
+    dt = resolve_dtype(dtype, dev)
+    model = build_shape(shape, dev, dt)
+    use_graphs = cuda_graphs and dev.type == "cuda"
+    steps = step_costs(model, context, reps, use_graphs)
+    total, per_token, kv = decode_bytes(model, context)
+    bw = bandwidth(dev, copy_bytes, reps)  # far larger than any cache level
+    report = {
+        "shape": shape, "machine": machine_description(dev), "commit": git_commit(),
+        "dtype": str(dt).replace("torch.", ""), "device": str(dev), "cuda_graphs": use_graphs,
+        "params": param_count(model), "weight_bytes": total, "context": context, "reps": reps,
+        "decode_ms": steps[1],
+        "verify_ms": {str(t - 1): ms for t, ms in steps.items() if t > 1},  # keyed by k (k + 1 rows)
+        "bandwidth_bytes_per_s": round(bw), "decode_bytes_per_token": per_token, "kv_bytes_at_context": kv,
+        "bound_tokens_per_s": round(bw / per_token, 2),
+    }
+    report["drafter_ms"] = drafter_steps(model, context, reps) if drafters else {}
+    report["oracle_e2e"] = end_to_end(model, context, new_tokens, oracle_tau, oracle_k, cuda_graphs, batch_invariant)
+    return report
+
+
+def format_shape(r: dict) -> str:
+    e = r["oracle_e2e"]
+    lines = [f"shape {r['shape']}: {r['params'] / 1e9:.3f}e9 params, {r['weight_bytes'] / 1e9:.2f} GB {r['dtype']} on "
+             f"{r['device']} ({r['machine']}) | commit {r['commit']} | context {r['context']} | cuda_graphs={r['cuda_graphs']}",
+             f"decode step {r['decode_ms']} ms | bandwidth {r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s -> bound "
+             f"{r['bound_tokens_per_s']} tok/s ({r['decode_bytes_per_token'] / 1e9:.3f} GB read per token)",
+             "verify ms by k: " + " ".join(f"{k}:{ms}" for k, ms in r["verify_ms"].items())]
+    for label, d in r["drafter_ms"].items():
+        lines.append(f"drafter {label}: {d['ms']} ms per propose of {d['k']}")
+    lines.append(f"ORACLE drafter (not real) k={e['k']} tau {e['measured_tau']} (asked {e['requested_tau']}): "
+                 f"{e['oracle_tokens_per_s']} tok/s vs plain {e['plain_tokens_per_s']} ({e['speedup']}x), "
+                 f"output equals plain: {e['output_equals_plain']}")
+    return "\n".join(lines)
+
+
+def plot_verify(r: dict, path: str) -> None:
+    """A PNG of verify cost vs k (decode as k = 0); needs matplotlib (not a dependency)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib (pip install matplotlib)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = [0] + [int(k) for k in r["verify_ms"]]
+    ms = [r["decode_ms"]] + list(r["verify_ms"].values())
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(ks, ms, marker="o")
+    ax.set_xlabel("k (drafts verified; k + 1 rows)")
+    ax.set_ylabel("ms per step (median)")
+    ax.set_title(f"{r['shape']} {r['dtype']} on {r['device']}, context {r['context']}")
+    ax.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,101 @@
+"""``specdec bench --shape``: random targets of published shapes (issue 10). The tiny shape runs end
+to end on the CPU; the big ones are checked on the meta device only (no memory)."""
+
+import json
+
+import pytest
+import torch
+
+from specdec.bench_shape import MAX_K, end_to_end, oracle_spoil
+from specdec.cli import main
+from specdec.errors import ConfigError
+from specdec.shapes import SHAPES, build_shape, meta_model, param_count
+
+
+def _run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_tiny_writes_every_field(tmp_path, capsys, single_thread):
+    path = tmp_path / "shape.json"
+    rc, out, err = _run(capsys, "bench", "--shape", "tiny", "--device", "cpu", "--context", "32", "--reps", "3",
+                        "-n", "160", "--oracle-tau", "4", "--json", str(path))
+    assert rc == 0, err
+    assert "ORACLE" in out
+    r = json.loads(path.read_text())
+    for key in ("shape", "machine", "commit", "dtype", "device", "params", "weight_bytes", "context", "decode_ms",
+                "verify_ms", "bandwidth_bytes_per_s", "decode_bytes_per_token", "kv_bytes_at_context",
+                "bound_tokens_per_s", "drafter_ms", "oracle_e2e"):
+        assert key in r, key
+    assert (r["shape"], r["dtype"], r["device"]) == ("tiny", "float32", "cpu") and r["commit"]
+    assert r["decode_ms"] > 0 and r["bandwidth_bytes_per_s"] > 0 and r["bound_tokens_per_s"] > 0
+    assert list(r["verify_ms"]) == [str(k) for k in range(1, MAX_K + 1)] and all(v > 0 for v in r["verify_ms"].values())
+    assert r["kv_bytes_at_context"] > 0 and r["decode_bytes_per_token"] == r["weight_bytes"] + r["kv_bytes_at_context"]
+    assert r["drafter_ms"]["dflash (5 layers, block 16)"]["ms"] > 0
+    e = r["oracle_e2e"]
+    assert "ORACLE" in e["drafter"] and e["output_equals_plain"] and e["new_tokens"] == 160
+    assert abs(e["measured_tau"] - 4) < 1.2, e
+    assert e["plain_tokens_per_s"] > 0 and e["oracle_tokens_per_s"] > 0
+
+
+def test_oracle_is_lossless_and_tracks_tau(single_thread):
+    model = build_shape("tiny", torch.device("cpu"), torch.float32, seed=3)
+    taus = []
+    for tau in (1.5, 3.0, 8.0):
+        e = end_to_end(model, 16, 240, tau, 15, cuda_graphs=False, batch_invariant=None, seed=1)
+        assert e["output_equals_plain"], tau  # the oracle's drafts never change the output
+        taus.append(e["measured_tau"])
+    assert taus == sorted(taus), taus
+    assert abs(taus[0] - 1.5) < 0.4 and abs(taus[1] - 3.0) < 0.8 and abs(taus[2] - 8.0) < 2.5, taus
+
+
+def test_oracle_spoil_probability():
+    assert oracle_spoil(1.0, 15) == pytest.approx(1.0, abs=1e-9)
+    assert oracle_spoil(16.0, 15) == pytest.approx(0.0, abs=1e-9)
+    q = 1 - oracle_spoil(6.5, 15)
+    assert 1 + sum(q ** i for i in range(1, 16)) == pytest.approx(6.5, abs=1e-6)
+    with pytest.raises(ConfigError, match="oracle-tau"):
+        oracle_spoil(17.0, 15)
+
+
+# parameters including embeddings (and the untied LM head): the published sizes' orders of magnitude
+@pytest.mark.parametrize("name, params", [("qwen3-8b", 8.19e9), ("qwen3.5-9b", 8.95e9), ("qwen3.5-35b-a3b", 34.7e9),
+                                          ("smollm2-135m", 1.35e8), ("tiny", 2.1e5)])
+def test_shapes_build_on_meta(name, params):
+    m = meta_model(name)
+    assert m.embed_tokens.weight.is_meta
+    assert param_count(m) == pytest.approx(params, rel=0.02)
+
+
+def test_every_shape_is_tested():
+    assert set(SHAPES) == {"qwen3-8b", "qwen3.5-9b", "qwen3.5-35b-a3b", "smollm2-135m", "tiny"}
+
+
+def test_too_big_is_refused_before_allocating():
+    with pytest.raises(ConfigError, match=r"shape qwen3-8b: 16\.4 GB of bfloat16 weights do not fit"):
+        build_shape("qwen3-8b", torch.device("cpu"), torch.bfloat16, free=10 ** 9)
+
+
+@pytest.mark.parametrize("argv, culprit", [
+    (["--shape", "tiny", "--model", "/nonexistent/m.gguf"], "--model cannot be used with it"),
+    (["--shape", "tiny", "--drafts", "none", "ngram"], "--drafts cannot be used with it"),
+    (["--shape", "tiny", "--dataset", "humaneval"], "--dataset cannot be used with it"),
+    (["--shape", "gpt-5"], "unknown shape 'gpt-5' (known: qwen3-8b,"),
+    (["--shape", "qwen3.5-35b-a3b", "--device", "cpu", "--dtype", "float32"], "do not fit"),
+    (["--model", "/nonexistent/m.gguf", "--oracle-tau", "3"], "--oracle-tau belongs to --shape runs"),
+])
+def test_one_line_errors(capsys, argv, culprit):
+    rc, out, err = _run(capsys, "bench", *argv)
+    assert rc == 2 and err.count("\n") == 1 and culprit in err, err
+
+
+def test_plot_without_matplotlib(capsys, tmp_path):
+    try:
+        import matplotlib  # noqa: F401
+        pytest.skip("matplotlib is installed: --plot writes the PNG")
+    except ImportError:
+        pass
+    rc, out, err = _run(capsys, "bench", "--shape", "tiny", "--plot", str(tmp_path / "v.png"))
+    assert rc == 2 and err.count("\n") == 1 and "--plot needs matplotlib" in err, err
