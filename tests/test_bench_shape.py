@@ -99,3 +99,23 @@ def test_plot_without_matplotlib(capsys, tmp_path):
         pass
     rc, out, err = _run(capsys, "bench", "--shape", "tiny", "--plot", str(tmp_path / "v.png"))
     assert rc == 2 and err.count("\n") == 1 and "--plot needs matplotlib" in err, err
+
+
+@pytest.mark.parametrize("base", ["qwen3.5-9b", "qwen3.5-35b-a3b"])
+def test_hybrid_shapes_run_scaled_down(monkeypatch, base, single_thread):
+    """The Qwen3.5 shapes' code paths (DeltaNet steps, MoE, the MTP drafter) on a scaled-down copy."""
+    from specdec import shapes
+    from specdec.bench_shape import run_shape_bench
+
+    small = dict(SHAPES[base], vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16,
+                 linear_num_key_heads=2, linear_num_value_heads=4)
+    small.update(intermediate_size=128) if "intermediate_size" in small else small.update(
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    monkeypatch.setitem(shapes.SHAPES, "small", small)
+    r = run_shape_bench("small", device="cpu", context=24, reps=2, new_tokens=64, oracle_tau=3.0,
+                        copy_bytes=1 << 20)
+    assert set(r["drafter_ms"]) == {"dflash (5 layers, block 16)", "mtp (1 layer)"}
+    assert r["oracle_e2e"]["output_equals_plain"] and len(r["verify_ms"]) == MAX_K
+    if base == "qwen3.5-35b-a3b":  # a decode step reads the routed experts only
+        assert r["decode_bytes_per_token"] < r["weight_bytes"]
