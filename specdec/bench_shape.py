@@ -28,6 +28,7 @@ from .bench import git_commit, machine_description
 from .cache import KVCache
 from .drafters.base import Proposal
 from .engine import SpeculativeGenerator
+from .engine.generate import STEP_ROWS
 from .errors import ConfigError
 from .loading import resolve_device, resolve_dtype
 from .sampling import SamplingParams
@@ -149,21 +150,23 @@ def drafter_steps(model, context: int, reps: int) -> dict:
     makers = {"dflash (5 layers, block 16)": _dflash}
     if model.config.model_type.startswith("qwen3_5"):
         makers["mtp (1 layer)"] = _mtp
-    dev = model.device
-    ids = torch.randint(0, model.config.vocab_size, (context,), generator=torch.Generator().manual_seed(2)).to(dev)
+    ids = torch.randint(0, model.config.vocab_size, (context,), generator=torch.Generator().manual_seed(2))
     for label, make in makers.items():
-        d, k = make(model)
-        cache = model.new_cache(context + 64)
-        with torch.inference_mode():
-            fo = model(ids, cache, capture=d.capture_layers, logits="last")
-            # begin again before each propose: a drafter proposes once per observed step
-            ms = _median_ms(lambda: d.propose(int(ids[-1]), k, SamplingParams(), None), dev, reps,
-                            setup=lambda: d.begin(ids, fo))
-            out[label] = {"k": k, "ms": ms}
-            if label.startswith("dflash") and not model.config.intermediate_size:
-                out[label]["note"] = "MoE target: drafter FFN width assumed = moe_intermediate_size * num_experts_per_tok"
-        del d, cache
+        out[label] = _time_drafter(model, make, ids.to(model.device), reps)
+        if label.startswith("dflash") and not model.config.intermediate_size:
+            out[label]["note"] = "MoE target: drafter FFN width assumed = moe_intermediate_size * num_experts_per_tok"
     return out
+
+
+@torch.inference_mode()
+def _time_drafter(model, make, ids: torch.Tensor, reps: int) -> dict:
+    d, k = make(model)
+    cache = model.new_cache(ids.numel() + 64)
+    fo = model(ids, cache, capture=d.capture_layers, logits="last")
+    # begin again before each propose: a drafter proposes once per observed step
+    ms = _median_ms(lambda: d.propose(int(ids[-1]), k, SamplingParams(), None), model.device, reps,
+                    setup=lambda: d.begin(ids, fo))
+    return {"k": k, "ms": ms}
 
 
 def _dflash(model):
@@ -172,8 +175,8 @@ def _dflash(model):
 
     c, view = model.config, model
     if not c.intermediate_size:  # an MoE target. Assumed: a dense FFN of the target's active width
-        view = SimpleNamespace(config=dataclasses.replace(c, intermediate_size=c.moe_intermediate_size * c.num_experts_per_tok),
-                               layers=model.layers, embed_tokens=model.embed_tokens)
+        wide = dataclasses.replace(c, intermediate_size=c.moe_intermediate_size * c.num_experts_per_tok)
+        view = SimpleNamespace(config=wide, layers=model.layers, embed_tokens=model.embed_tokens)
     cfg = new_dflash_config(view, 5, 16, mask_token_id=c.vocab_size - 1)
     d = DFlashDrafter(new_dflash_model(model, cfg, init="random").to(model.dtype).eval(), model)
     return d, d.block_size - 1
@@ -190,7 +193,8 @@ def end_to_end(model, prompt_len: int, new_tokens: int, tau: float, k: int, cuda
                batch_invariant: bool | None, seed: int = 0) -> dict:
     """Plain decoding, then the oracle drafter at ``tau`` with ``k`` drafts per step: tok/s of each."""
     dev = model.device
-    prompt = torch.randint(0, model.config.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(seed)).tolist()
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.config.vocab_size, (prompt_len,), generator=g).tolist()
     spoil = oracle_spoil(tau, k)
 
     def timed(gen):
@@ -201,14 +205,15 @@ def end_to_end(model, prompt_len: int, new_tokens: int, tau: float, k: int, cuda
         _sync(dev)
         return r, time.perf_counter() - t0
 
-    plain, t_plain = timed(SpeculativeGenerator(model, None, 0, cuda_graphs=cuda_graphs, batch_invariant=batch_invariant))
+    plain, t_plain = timed(SpeculativeGenerator(model, None, 0, cuda_graphs, batch_invariant))
     oracle = OracleDrafter(prompt + plain.token_ids, model.config.vocab_size, spoil, seed)
     gen = SpeculativeGenerator(model, oracle, k, cuda_graphs=cuda_graphs, batch_invariant=batch_invariant)
     spec, t_spec = timed(gen)
     plain_tps = len(plain.token_ids) / t_plain
     spec_tps = len(spec.token_ids) / t_spec
     return {"drafter": "ORACLE (the target's own greedy continuation, spoiled; not a real drafter)",
-            "k": k, "requested_tau": tau, "spoil_probability": round(spoil, 4), "measured_tau": round(spec.stats.tau, 3),
+            "k": k, "requested_tau": tau, "spoil_probability": round(spoil, 4),
+            "measured_tau": round(spec.stats.tau, 3),
             "prompt_tokens": prompt_len, "new_tokens": len(plain.token_ids),
             "plain_tokens_per_s": round(plain_tps, 2), "oracle_tokens_per_s": round(spec_tps, 2),
             "speedup": round(spec_tps / plain_tps, 3), "output_equals_plain": spec.token_ids == plain.token_ids}
@@ -225,6 +230,7 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
     dt = resolve_dtype(dtype, dev)
     model = build_shape(shape, dev, dt)
     use_graphs = cuda_graphs and dev.type == "cuda"
+    invariant = dev.type == "cuda" if batch_invariant is None else batch_invariant
     steps = step_costs(model, context, reps, use_graphs)
     total, per_token, kv = decode_bytes(model, context)
     bw = bandwidth(dev, copy_bytes, reps)  # far larger than any cache level
@@ -233,6 +239,8 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
         "dtype": str(dt).replace("torch.", ""), "device": str(dev), "cuda_graphs": use_graphs,
         "params": param_count(model), "weight_bytes": total, "context": context, "reps": reps,
         "decode_ms": steps[1],
+        # the step plain decoding really runs: batch-invariant steps are padded to STEP_ROWS rows
+        "batch_invariant": invariant, "plain_step_ms": steps[STEP_ROWS] if invariant else steps[1],
         "verify_ms": {str(t - 1): ms for t, ms in steps.items() if t > 1},  # keyed by k (k + 1 rows)
         "bandwidth_bytes_per_s": round(bw), "decode_bytes_per_token": per_token, "kv_bytes_at_context": kv,
         "bound_tokens_per_s": round(bw / per_token, 2),
@@ -244,13 +252,15 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
 
 def format_shape(r: dict) -> str:
     e = r["oracle_e2e"]
-    lines = [f"shape {r['shape']}: {r['params'] / 1e9:.3f}e9 params, {r['weight_bytes'] / 1e9:.2f} GB {r['dtype']} on "
-             f"{r['device']} ({r['machine']}) | commit {r['commit']} | context {r['context']} | cuda_graphs={r['cuda_graphs']}",
+    lines = [f"shape {r['shape']}: {r['params']:.3g} params, {r['weight_bytes'] / 1e9:.2f} GB {r['dtype']} on "
+             f"{r['device']} ({r['machine']}) | commit {r['commit']} | context {r['context']} | "
+             f"cuda_graphs={r['cuda_graphs']} batch_invariant={r['batch_invariant']}",
              f"decode step {r['decode_ms']} ms | bandwidth {r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s -> bound "
              f"{r['bound_tokens_per_s']} tok/s ({r['decode_bytes_per_token'] / 1e9:.3f} GB read per token)",
              "verify ms by k: " + " ".join(f"{k}:{ms}" for k, ms in r["verify_ms"].items())]
     for label, d in r["drafter_ms"].items():
         lines.append(f"drafter {label}: {d['ms']} ms per propose of {d['k']}")
+    lines.append(f"plain decoding's step ({STEP_ROWS if r['batch_invariant'] else 1} rows): {r['plain_step_ms']} ms")
     lines.append(f"ORACLE drafter (not real) k={e['k']} tau {e['measured_tau']} (asked {e['requested_tau']}): "
                  f"{e['oracle_tokens_per_s']} tok/s vs plain {e['plain_tokens_per_s']} ({e['speedup']}x), "
                  f"output equals plain: {e['output_equals_plain']}")

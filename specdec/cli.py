@@ -7,6 +7,7 @@ check the cheap arguments first, then import what they need and load the model.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -413,11 +414,8 @@ def cmd_bench_shape(args) -> int:
     from .shapes import shape_config
 
     shape_config(args.shape)  # an unknown name fails first
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise RequestError("--plot needs matplotlib, which is not installed (pip install matplotlib)") from None
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise RequestError("--plot needs matplotlib, which is not installed (pip install matplotlib)")
     from .bench_shape import format_shape, plot_verify, run_shape_bench
 
     report = run_shape_bench(args.shape, device=args.device, dtype=args.dtype, context=args.context, reps=args.reps,

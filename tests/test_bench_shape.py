@@ -1,6 +1,7 @@
 """``specdec bench --shape``: random targets of published shapes (issue 10). The tiny shape runs end
 to end on the CPU; the big ones are checked on the meta device only (no memory)."""
 
+import importlib.util
 import json
 
 import pytest
@@ -26,8 +27,8 @@ def test_cli_tiny_writes_every_field(tmp_path, capsys, single_thread):
     assert "ORACLE" in out
     r = json.loads(path.read_text())
     for key in ("shape", "machine", "commit", "dtype", "device", "params", "weight_bytes", "context", "decode_ms",
-                "verify_ms", "bandwidth_bytes_per_s", "decode_bytes_per_token", "kv_bytes_at_context",
-                "bound_tokens_per_s", "drafter_ms", "oracle_e2e"):
+                "verify_ms", "plain_step_ms", "batch_invariant", "bandwidth_bytes_per_s", "decode_bytes_per_token",
+                "kv_bytes_at_context", "bound_tokens_per_s", "drafter_ms", "oracle_e2e"):
         assert key in r, key
     assert (r["shape"], r["dtype"], r["device"]) == ("tiny", "float32", "cpu") and r["commit"]
     assert r["decode_ms"] > 0 and r["bandwidth_bytes_per_s"] > 0 and r["bound_tokens_per_s"] > 0
@@ -92,11 +93,8 @@ def test_one_line_errors(capsys, argv, culprit):
 
 
 def test_plot_without_matplotlib(capsys, tmp_path):
-    try:
-        import matplotlib  # noqa: F401
+    if importlib.util.find_spec("matplotlib") is not None:
         pytest.skip("matplotlib is installed: --plot writes the PNG")
-    except ImportError:
-        pass
     rc, out, err = _run(capsys, "bench", "--shape", "tiny", "--plot", str(tmp_path / "v.png"))
     assert rc == 2 and err.count("\n") == 1 and "--plot needs matplotlib" in err, err
 
