@@ -31,6 +31,7 @@ from .engine import SpeculativeGenerator
 from .engine.generate import STEP_ROWS
 from .errors import ConfigError
 from .loading import resolve_device, resolve_dtype
+from .models.base import ForwardOut
 from .sampling import SamplingParams
 from .shapes import build_shape, param_count
 
@@ -160,12 +161,17 @@ def drafter_steps(model, context: int, reps: int) -> dict:
 
 @torch.inference_mode()
 def _time_drafter(model, make, ids: torch.Tensor, reps: int) -> dict:
-    d, k = make(model)
+    d, k, needs_observe = make(model)
     cache = model.new_cache(ids.numel() + 64)
-    fo = model(ids, cache, capture=d.capture_layers, logits="last")
-    # begin again before each propose: a drafter proposes once per observed step
-    ms = _median_ms(lambda: d.propose(int(ids[-1]), k, SamplingParams(), None), model.device, reps,
-                    setup=lambda: d.begin(ids, fo))
+    fo = model(ids, cache, capture=d.capture_layers, logits="last")  # hidden and captured: every row
+    d.begin(ids, fo)
+    # DFlash's greedy propose changes no state: repeat it. MTP proposes once per observed step:
+    # before each call, commit one token (the steady state where every draft is rejected; its
+    # static propose runs k + 1 rows whatever the number accepted). Re-beginning instead would
+    # drop the captured graphs and time their capture.
+    one = ForwardOut(None, fo.hidden[-1:], None if fo.captured is None else fo.captured[-1:])
+    setup = (lambda: d.observe(ids[-1:], one)) if needs_observe else None
+    ms = _median_ms(lambda: d.propose(int(ids[-1]), k, SamplingParams(), None), model.device, reps, setup=setup)
     return {"k": k, "ms": ms}
 
 
@@ -179,14 +185,14 @@ def _dflash(model):
         view = SimpleNamespace(config=wide, layers=model.layers, embed_tokens=model.embed_tokens)
     cfg = new_dflash_config(view, 5, 16, mask_token_id=c.vocab_size - 1)
     d = DFlashDrafter(new_dflash_model(model, cfg, init="random").to(model.dtype).eval(), model)
-    return d, d.block_size - 1
+    return d, d.block_size - 1, False
 
 
 def _mtp(model):
     from .drafters.mtp import MTPDrafter
     from .drafters.mtp_dir import new_mtp_block
 
-    return MTPDrafter(new_mtp_block(model).to(model.dtype).eval(), model, sample_drafts=False), 3
+    return MTPDrafter(new_mtp_block(model).to(model.dtype).eval(), model, sample_drafts=False), 3, True
 
 
 def end_to_end(model, prompt_len: int, new_tokens: int, tau: float, k: int, cuda_graphs: bool,
