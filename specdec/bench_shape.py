@@ -33,7 +33,7 @@ from .errors import ConfigError
 from .loading import resolve_device, resolve_dtype
 from .models.base import ForwardOut
 from .sampling import SamplingParams
-from .shapes import build_shape, param_count
+from .shapes import build_shape, param_count, shape_config
 
 MAX_K = 16
 
@@ -232,6 +232,10 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
     if reps < 1 or context < 1 or new_tokens < 1 or oracle_k < 1:
         raise ConfigError("--reps, --context, -n and --oracle-k must be >= 1")
     oracle_spoil(oracle_tau, oracle_k)  # a bad tau fails before building anything
+    limit = shape_config(shape)[1].max_position_embeddings
+    if context + new_tokens + 2 * (MAX_K + 1) > limit:
+        raise ConfigError(f"--context {context} + -n {new_tokens} (+ {2 * (MAX_K + 1)} step rows) exceeds shape "
+                          f"{shape}'s {limit} positions")
     dev = resolve_device(str(device) if device is not None else None)
     dt = resolve_dtype(dtype, dev)
     model = build_shape(shape, dev, dt)

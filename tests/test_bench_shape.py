@@ -84,6 +84,8 @@ def test_too_big_is_refused_before_allocating():
     (["--shape", "tiny", "--drafts", "none", "ngram"], "--drafts cannot be used with it"),
     (["--shape", "tiny", "--dataset", "humaneval"], "--dataset cannot be used with it"),
     (["--shape", "gpt-5"], "unknown shape 'gpt-5' (known: qwen3-8b,"),
+    (["--shape", "tiny", "--context", "5000"], "exceeds shape tiny's 4096 positions"),
+    (["--shape", "tiny", "--oracle-tau", "20"], "--oracle-tau 20.0 must lie in [1, 16]"),
     (["--shape", "qwen3.5-35b-a3b", "--device", "cpu", "--dtype", "float32"], "do not fit"),
     (["--model", "/nonexistent/m.gguf", "--oracle-tau", "3"], "--oracle-tau belongs to --shape runs"),
 ])
