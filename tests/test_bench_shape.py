@@ -119,3 +119,14 @@ def test_hybrid_shapes_run_scaled_down(monkeypatch, base, single_thread):
     assert r["oracle_e2e"]["output_equals_plain"] and len(r["verify_ms"]) == MAX_K
     if base == "qwen3.5-35b-a3b":  # a decode step reads the routed experts only
         assert r["decode_bytes_per_token"] < r["weight_bytes"]
+
+
+def test_plot_writes_png(tmp_path):
+    if importlib.util.find_spec("matplotlib") is None:
+        pytest.skip("matplotlib is not installed: --plot is refused (test_plot_without_matplotlib)")
+    from specdec.bench_shape import plot_verify
+
+    r = {"shape": "tiny", "dtype": "float32", "device": "cpu", "context": 32, "decode_ms": 1.0,
+         "verify_ms": {str(k): 1.0 + k / 10 for k in range(1, MAX_K + 1)}}
+    plot_verify(r, str(tmp_path / "v.png"))
+    assert (tmp_path / "v.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
