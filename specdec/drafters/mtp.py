@@ -110,7 +110,7 @@ class MTPDrafter:
         self.last_logits: torch.Tensor | None = None  # [k, V] of the last propose (for inspection)
         # Greedy proposals as one replayable static step (a CUDA graph on CUDA): the catch-up
         # rows padded to k + 1, then the k chained rows, argmax on the device.
-        self.static_steps = target.device.type == "cuda"
+        self.static_steps = target.device.type == "cuda" and getattr(target, "shard", None) is None  # no graphs under TP yet
         self._static: dict[int, _StaticPropose] = {}
 
     # --- embedding / head (dedicated or the target's) ----------------------------------
