@@ -74,7 +74,7 @@ def run_parallel(fn: Callable[..., Any], world: int, *args, device: str | None =
     procs = [ctx.Process(target=_worker, name=f"specdec-tp-rank{r}", daemon=True,
                          args=(r, world, kind, os.path.join(store, "store"), timeout_s, os.getpid(), fn, args, results))
              for r in range(world)]
-    grace = 0.0  # on a failure the other ranks are stopped at once
+    grace = 1.0  # on a failure the ranks still running are stopped soon
     try:
         for p in procs:
             p.start()
@@ -88,31 +88,39 @@ def run_parallel(fn: Callable[..., Any], world: int, *args, device: str | None =
 
 
 def _collect(procs: list, results) -> Any:
-    """Wait for every rank's report; raise the first failure."""
+    """Wait for every rank's report and return rank 0's result. On a failure, wait a moment for
+    the other ranks' reports (a bad checkpoint fails them all) and raise the most telling one."""
     done: dict[int, Any] = {}
-    while len(done) < len(procs):
+    errors: dict[int, tuple] = {}
+    dead_since: dict[int, float] = {}
+    until = None
+    while len(done) + len(errors) < len(procs) and (until is None or time.monotonic() < until):
         try:
             status, rank, payload = results.get(timeout=0.2)
         except queue.Empty:
-            for r, p in enumerate(procs):
-                if r not in done and p.exitcode is not None:
-                    try:  # it may have reported just before exiting
-                        status, rank, payload = results.get(timeout=1.0)
-                        break
-                    except queue.Empty:
-                        raise ParallelError(f"rank {r} exited with code {p.exitcode} without reporting") from None
-            else:
-                continue
-        if status == "error":
-            raise _rebuild(rank, payload)
-        done[rank] = payload
+            now = time.monotonic()
+            for r, p in enumerate(procs):  # a rank that died without a report (its last one may be in flight)
+                if r not in done and r not in errors and p.exitcode is not None:
+                    if now - dead_since.setdefault(r, now) > 1.0:
+                        errors[r] = (None, f"exited with code {p.exitcode} without reporting", "")
+            status, rank, payload = None, None, None
+        if status == "ok":
+            done[rank] = payload
+        elif status == "error":
+            errors[rank] = payload
+        if errors and until is None:
+            until = time.monotonic() + 1.0
+    if errors:  # a user-facing error of the lowest rank, else the first failure (the others follow from it)
+        ours = [r for r, e in errors.items() if e[0] is not None]
+        r = min(ours) if ours else next(iter(errors))
+        raise _rebuild(r, errors[r])
     return pickle.loads(done[0])
 
 
 def _rebuild(rank: int, payload: tuple) -> SpecdecError:
     """The exception to raise for a rank's failure report."""
     cls, message, tb = payload
-    if cls is not None:
+    if cls is not None:  # a SpecdecError: the same class, its message after the rank
         try:
             return cls(f"rank {rank}: {message}")
         except TypeError:  # a subclass with another signature
