@@ -62,9 +62,11 @@ def check_world(world: int, device: str | None) -> str:
 
 
 def run_parallel(fn: Callable[..., Any], world: int, *args, device: str | None = "cpu",
-                 timeout_s: float = COLLECTIVE_TIMEOUT_S) -> Any:
+                 timeout_s: float = COLLECTIVE_TIMEOUT_S, deadline_s: float | None = None) -> Any:
     """Run ``fn(shard, *args)`` on ``world`` ranks and return rank 0's result. ``fn`` and
-    ``args`` must be picklable (a module-level function); so must the result."""
+    ``args`` must be picklable (a module-level function); so must the result. ``timeout_s``
+    bounds one collective; ``deadline_s`` (default none) the whole run, after which every rank
+    is stopped and a :class:`ParallelError` raised (tests)."""
     kind = check_world(world, device)
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         return _run_torchrun(fn, world, args, kind, timeout_s)
@@ -78,7 +80,7 @@ def run_parallel(fn: Callable[..., Any], world: int, *args, device: str | None =
     try:
         for p in procs:
             p.start()
-        out = _collect(procs, results)
+        out = _collect(procs, results, None if deadline_s is None else time.monotonic() + deadline_s)
         grace = 10.0
         return out
     finally:
@@ -87,7 +89,7 @@ def run_parallel(fn: Callable[..., Any], world: int, *args, device: str | None =
         shutil.rmtree(store, ignore_errors=True)
 
 
-def _collect(procs: list, results) -> Any:
+def _collect(procs: list, results, deadline: float | None) -> Any:
     """Wait for every rank's report and return rank 0's result. On a failure, wait a moment for
     the other ranks' reports (a bad checkpoint fails them all) and raise the most telling one."""
     done: dict[int, Any] = {}
@@ -110,6 +112,8 @@ def _collect(procs: list, results) -> Any:
             errors[rank] = payload
         if errors and until is None:
             until = time.monotonic() + 1.0
+        if deadline is not None and time.monotonic() > deadline and not errors:
+            raise ParallelError(f"the {len(procs)} ranks did not finish in time (deadline_s)")
     if errors:  # a user-facing error of the lowest rank, else the first failure (the others follow from it)
         ours = [r for r, e in errors.items() if e[0] is not None]
         r = min(ours) if ours else next(iter(errors))

@@ -1,0 +1,126 @@
+"""Tensor parallelism on the CPU (gloo, 2 spawned ranks): logits equal the single-process ones,
+speculative greedy output equals plain greedy output for every drafter, and a rank that fails
+ends every rank with one error. Each test spawns its ranks once and does all its cases there
+(a spawn costs seconds); every run has a deadline, so nothing can hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+import torch
+
+from _dense_util import prompt_ids, rel_err, save_hf, tiny_model, write_gguf
+from _dflash_util import write_drafter
+from _engine_util import build_llama
+from _tp_util import children, generate_on_rank, load_on_rank, logits_on_rank
+from gguf import GGMLQuantizationType as QT
+from specdec import LLM, load_target
+from specdec.cli import main
+from specdec.drafters.mtp_dir import new_mtp_block, save_mtp_dir
+from specdec.errors import CheckpointError
+from specdec.loading import load_model
+from specdec.parallel.launch import run_parallel
+
+DEADLINE = 120.0
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def _no_children_left():
+    left = children()
+    assert not left, f"processes left running: {left}"
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory):
+    """name -> checkpoint: HF Llama (GQA 4/2), its F32 and Q8_0 GGUFs, tied embeddings, Qwen3,
+    one KV head for two ranks (replicated), and a vocabulary of 47 (padded to 2 x 24 rows)."""
+    root = tmp_path_factory.mktemp("tp")
+    out = {}
+    llama = tiny_model("llama", seed=3)
+    out["llama"] = save_hf(llama, str(root / "llama"))
+    write_gguf(llama, str(root / "llama.gguf"))
+    out["llama.gguf"] = str(root / "llama.gguf")
+    write_gguf(llama, str(root / "llama.q8_0.gguf"), QT.Q8_0)
+    out["llama.q8_0.gguf"] = str(root / "llama.q8_0.gguf")
+    out["llama_tied"] = save_hf(tiny_model("llama_tied", seed=4), str(root / "tied"))
+    qwen3 = tiny_model("qwen3", seed=5)
+    out["qwen3"] = save_hf(qwen3, str(root / "qwen3"))
+    write_gguf(qwen3, str(root / "qwen3.gguf"))
+    out["qwen3.gguf"] = str(root / "qwen3.gguf")
+    out["kv1"] = save_hf(tiny_model("llama", seed=6, kv=1), str(root / "kv1"))
+    out["vocab47"] = build_llama(root / "v47", vocab=47, seed=7)
+    return out
+
+
+def test_logits_equal_single_process(targets):
+    ids = prompt_ids(24)
+    cases = {n: (path, [i % 47 for i in ids] if n == "vocab47" else ids) for n, path in targets.items()}
+    got = run_parallel(logits_on_rank, 2, list(cases.values()), deadline_s=DEADLINE)
+    for (n, (path, x)), g in zip(cases.items(), got):
+        ref = load_target(path, device="cpu").logits(x)
+        assert g.shape == ref.shape, n
+        assert rel_err(g, ref) < 1e-5, (n, rel_err(g, ref))
+    _no_children_left()
+
+
+@pytest.fixture(scope="module")
+def spec_target(tmp_path_factory):
+    """A tiny Llama with a peaky head, a random DFlash drafter and an MTP head made for it."""
+    root = tmp_path_factory.mktemp("tp_spec")
+    path = build_llama(root / "target", vocab=48, hidden=32, layers=2, seed=3, head_scale=4.0)
+    target = load_model(path, "cpu", tokenizer=False).model
+    dflash, _ = write_drafter(root / "dflash", hidden=32, num_target_layers=2, target_layer_ids=(0, 1), block_size=4,
+                              mask_token_id=47, heads=4, kv_heads=2, head_dim=8)
+    block = new_mtp_block(target, init_from_layer=-1, generator=torch.Generator().manual_seed(6))
+    save_mtp_dir(block, target, str(root / "mtp"), steps=3, dtype=None)
+    return path, ["none", "ngram", f"dflash:{dflash}", f"mtp:{root / 'mtp'}"]
+
+
+def test_speculative_greedy_equals_plain(spec_target):
+    path, drafts = spec_target
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(48, (9,), generator=g).tolist(), [5, 6, 7, 5, 6, 7, 5, 6]]  # repeats: n-gram hits
+    plain = LLM(path, device="cpu")
+    want = [plain.generate(p, 16).token_ids for p in prompts]
+    got = run_parallel(generate_on_rank, 2, path, drafts, prompts, 16, deadline_s=DEADLINE)
+    for spec in drafts:
+        assert got[spec] == want, spec
+    assert len(got["sampled"]) > 0
+    _no_children_left()
+
+
+def test_rank_failing_at_load_ends_every_rank(targets, tmp_path):
+    bad = tmp_path / "truncated.gguf"
+    with open(targets["llama.gguf"], "rb") as fh:
+        bad.write_bytes(fh.read()[:-4096])
+    t0 = time.monotonic()
+    # rank 0 loads a good checkpoint and waits in its first all-reduce for rank 1, which fails
+    with pytest.raises(CheckpointError, match=r"^rank 1: .*truncated\.gguf: truncated file"):
+        run_parallel(load_on_rank, 2, [targets["llama.gguf"], str(bad)], [1, 2, 3], deadline_s=DEADLINE)
+    assert time.monotonic() - t0 < 60
+    _no_children_left()
+
+
+def test_cli_generate(targets, capfd):
+    args = ["generate", "--model", targets["llama.gguf"], "--device", "cpu", "--draft", "ngram", "-n", "8",
+            "-p", "abc abc abc", "--json"]
+    assert main(args) == 0
+    want = json.loads(capfd.readouterr().out)
+    assert main(args + ["--tensor-parallel", "2"]) == 0
+    out, err = capfd.readouterr()
+    assert json.loads(out)["token_ids"] == want["token_ids"]  # rank 0 alone printed: one JSON object
+    _no_children_left()
+
+
+def test_cli_errors_are_one_line(targets, tmp_path, capfd):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(open(targets["llama.gguf"], "rb").read()[:-4096])
+    assert main(["generate", "--model", str(bad), "--device", "cpu", "-p", "x", "--tensor-parallel", "2"]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("specdec generate: error: rank 0: ") and "truncated" in err[0], err
+    assert main(["generate", "--model", str(bad), "--device", "cpu", "-p", "x", "--tensor-parallel", "0"]) == 2
+    assert "--tensor-parallel must be an integer >= 1" in capfd.readouterr().err
+    _no_children_left()
