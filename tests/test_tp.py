@@ -35,8 +35,9 @@ def _no_children_left():
 
 @pytest.fixture(scope="module")
 def targets(tmp_path_factory):
-    """name -> checkpoint: HF Llama (GQA 4/2), its F32 and Q8_0 GGUFs, tied embeddings, Qwen3,
-    one KV head for two ranks (replicated), and a vocabulary of 47 (padded to 2 x 24 rows)."""
+    """name -> checkpoint: HF Llama (GQA 4/2), its F32 and Q8_0 GGUFs, tied embeddings, Qwen3 (HF and
+    GGUF), one KV head for two ranks (replicated), a vocabulary of 47 (padded to 2 x 24 rows), and
+    attention and MLP biases."""
     root = tmp_path_factory.mktemp("tp")
     out = {}
     llama = tiny_model("llama", seed=3)
@@ -52,12 +53,29 @@ def targets(tmp_path_factory):
     out["qwen3.gguf"] = str(root / "qwen3.gguf")
     out["kv1"] = save_hf(tiny_model("llama", seed=6, kv=1), str(root / "kv1"))
     out["vocab47"] = build_llama(root / "v47", vocab=47, seed=7)
+    out["bias"] = save_hf(_llama_with_biases(), str(root / "bias"))
     return out
+
+
+def _llama_with_biases():
+    """attention_bias and mlp_bias: q/k/v/gate/up biases split with their rows, o/down biases added once."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(8)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256, attention_bias=True, mlp_bias=True)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("bias"):
+                p.normal_(0, 0.5)
+    return model.eval()
 
 
 def test_logits_equal_single_process(targets):
     ids = prompt_ids(24)
-    cases = {n: (path, [i % 47 for i in ids] if n == "vocab47" else ids) for n, path in targets.items()}
+    small = {"vocab47": 47, "bias": 64}
+    cases = {n: (path, [i % small[n] for i in ids] if n in small else ids) for n, path in targets.items()}
     got = run_parallel(logits_on_rank, 2, list(cases.values()), deadline_s=DEADLINE)
     for (n, (path, x)), g in zip(cases.items(), got):
         ref = load_target(path, device="cpu").logits(x)
