@@ -142,3 +142,39 @@ def test_cli_errors_are_one_line(targets, tmp_path, capfd):
     assert main(["generate", "--model", str(bad), "--device", "cpu", "-p", "x", "--tensor-parallel", "0"]) == 2
     assert "--tensor-parallel must be an integer >= 1" in capfd.readouterr().err
     _no_children_left()
+
+
+def test_each_rank_holds_its_slices(targets):
+    """Loading needs no process group: each rank's part of the Q8_0 GGUF holds exactly its rows /
+    columns of the whole model's weights, and about half of the split bytes."""
+    from specdec.parallel import Shard
+
+    full = dict(load_model(targets["llama.q8_0.gguf"], "cpu", tokenizer=False).model.named_parameters())
+    parts = [dict(load_model(targets["llama.q8_0.gguf"], "cpu", tokenizer=False, shard=Shard(r, 2)).model
+                  .named_parameters()) for r in range(2)]
+    for name, w in full.items():
+        a, b = parts[0][name], parts[1][name]
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            assert torch.equal(torch.cat([a, b], 1), w), name
+        elif a.shape != w.shape:
+            assert torch.equal(torch.cat([a, b], 0), w), name
+        else:
+            assert torch.equal(a, w) and torch.equal(b, w), name  # norms: replicated
+    assert sum(p.numel() for p in parts[1].values()) < 0.55 * sum(p.numel() for p in full.values())
+
+
+@pytest.mark.parametrize("qtype", [QT.F16, QT.BF16, QT.Q8_0])
+def test_gguf_slices_read_alone_equal_whole_reads(tmp_path, qtype):
+    """Row blocks decode alone, float columns are read alone, quantized columns via the whole tensor."""
+    from _dense_util import encode_tensor, write_single_tensor_gguf
+    from specdec.weights.gguf_io import GGUFSource
+
+    a = torch.randn(6, 64, generator=torch.Generator().manual_seed(0)).numpy()
+    stored, q = (a.astype("float32").view("uint32") >> 16).astype("uint16"), qtype
+    if qtype != QT.BF16:
+        stored, q = encode_tensor(a, qtype)
+    write_single_tensor_gguf(str(tmp_path / "t.gguf"), "w", stored, q if q != QT.F16 else None)
+    src = GGUFSource(str(tmp_path / "t.gguf"))
+    whole = src.get("w", torch.float32)
+    assert torch.equal(src.get_slice("w", 0, 2, 5, torch.float32), whole[2:5])
+    assert torch.equal(src.get_slice("w", 1, 32, 64, torch.float32), whole[:, 32:64])
