@@ -48,3 +48,12 @@ def children(pid: int | None = None) -> list[tuple[int, str]]:
         if int(fields[1]) == pid and fields[0] != "Z" and "resource_tracker" not in cmd:
             out.append((int(d), cmd))
     return out
+
+
+def crash_on_rank(shard):
+    """Rank 1 dies without a word (a crash); rank 0 waits for it in an all-reduce."""
+    import torch
+
+    if shard.rank == 1:
+        os._exit(3)
+    return shard.all_reduce(torch.ones(1))

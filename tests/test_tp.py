@@ -15,14 +15,14 @@ import torch
 from _dense_util import prompt_ids, rel_err, save_hf, tiny_model, write_gguf
 from _dflash_util import write_drafter
 from _engine_util import build_llama
-from _tp_util import children, generate_on_rank, load_on_rank, logits_on_rank
+from _tp_util import children, crash_on_rank, generate_on_rank, load_on_rank, logits_on_rank
 from gguf import GGMLQuantizationType as QT
 from specdec import LLM, load_target
 from specdec.cli import main
 from specdec.drafters.mtp_dir import new_mtp_block, save_mtp_dir
 from specdec.errors import CheckpointError
 from specdec.loading import load_model
-from specdec.parallel.launch import run_parallel
+from specdec.parallel.launch import ParallelError, run_parallel
 
 DEADLINE = 120.0
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -119,6 +119,12 @@ def test_rank_failing_at_load_ends_every_rank(targets, tmp_path):
     with pytest.raises(CheckpointError, match=r"^rank 1: .*truncated\.gguf: truncated file"):
         run_parallel(load_on_rank, 2, [targets["llama.gguf"], str(bad)], [1, 2, 3], deadline_s=DEADLINE)
     assert time.monotonic() - t0 < 60
+    _no_children_left()
+
+
+def test_rank_crashing_ends_every_rank():
+    with pytest.raises(ParallelError, match=r"^rank 1 failed: exited with code 3 without reporting"):
+        run_parallel(crash_on_rank, 2, deadline_s=DEADLINE)
     _no_children_left()
 
 

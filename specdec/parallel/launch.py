@@ -103,7 +103,7 @@ def _collect(procs: list, results, deadline: float | None) -> Any:
             now = time.monotonic()
             for r, p in enumerate(procs):  # a rank that died without a report (its last one may be in flight)
                 if r not in done and r not in errors and p.exitcode is not None:
-                    if now - dead_since.setdefault(r, now) > 1.0:
+                    if now - dead_since.setdefault(r, now) > 0.5:
                         errors[r] = (None, f"exited with code {p.exitcode} without reporting", "")
             status, rank, payload = None, None, None
         if status == "ok":
@@ -114,9 +114,16 @@ def _collect(procs: list, results, deadline: float | None) -> Any:
             until = time.monotonic() + 1.0
         if deadline is not None and time.monotonic() > deadline and not errors:
             raise ParallelError(f"the {len(procs)} ranks did not finish in time (deadline_s)")
-    if errors:  # a user-facing error of the lowest rank, else the first failure (the others follow from it)
+    if errors:
+        # the most telling failure: a user-facing error (lowest rank), else a rank that died (its peers
+        # then fail in their collectives), else the first report
+        for r, p in enumerate(procs):
+            if r not in done and r not in errors and p.exitcode is not None:
+                errors[r] = (None, f"exited with code {p.exitcode} without reporting", "")
+                dead_since[r] = 0.0
         ours = [r for r, e in errors.items() if e[0] is not None]
-        r = min(ours) if ours else next(iter(errors))
+        died = [r for r in errors if r in dead_since]
+        r = min(ours) if ours else died[0] if died else next(iter(errors))
         raise _rebuild(r, errors[r])
     return pickle.loads(done[0])
 
