@@ -215,10 +215,11 @@ def _flag(v) -> str:
 
 
 def format_table(report: dict) -> str:
+    tp = f" | tensor_parallel {report['tensor_parallel']}" if report.get("tensor_parallel", 1) > 1 else ""
     head = (f"machine: {report['machine']} | commit {report['commit']} | {report['dataset']} x{report['num_prompts']}"
             f" | max_new_tokens {report['max_new_tokens']} | T={report['temperature']} | {report['dtype']} on {report['device']}"
             f" | cuda_graphs={_flag(report['cuda_graphs'])} batch_invariant={_flag(report['batch_invariant'])}"
-            f"{' | tensor_parallel ' + str(report['tensor_parallel']) if report.get('tensor_parallel', 1) > 1 else ''}\n")
+            f"{tp}\n")
     cols = ["draft", "tokens_per_s", "speedup_vs_none", "tau", "acceptance_rate", "new_tokens", "seconds", "outputs_differing_from_none"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in report["rows"]:

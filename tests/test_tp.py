@@ -184,3 +184,16 @@ def test_gguf_slices_read_alone_equal_whole_reads(tmp_path, qtype):
     whole = src.get("w", torch.float32)
     assert torch.equal(src.get_slice("w", 0, 2, 5, torch.float32), whole[2:5])
     assert torch.equal(src.get_slice("w", 1, 32, 64, torch.float32), whole[:, 32:64])
+
+
+def test_more_ranks_than_gpus_is_one_clear_error(monkeypatch):
+    from specdec.errors import ConfigError
+    from specdec.parallel.launch import check_world
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert check_world(2, "cuda") == "cuda"
+    with pytest.raises(ConfigError, match=r"--tensor-parallel 4 needs 4 GPUs, but 2 are visible"):
+        check_world(4, None)
+    with pytest.raises(ConfigError, match=r"give --device cuda"):
+        check_world(2, "cuda:1")

@@ -175,9 +175,11 @@ class Attention(nn.Module):
                 raise ConfigError("tensor parallelism does not split gated attention (Qwen3.5) yet")
             split = split_heads(n_heads, n_kv, head_dim, shard)
             n_heads, n_kv = split.heads, split.kv_heads
-            self.tp_slices = {f"{p}_proj.{w}": s for p, s in (("q", split.q), ("k", split.kv), ("v", split.kv))
-                              for w in (("weight", "bias") if bias else ("weight",))}
-            self.tp_slices["o_proj.weight"] = split.q.along(1)
+            qkv = {"q_proj": split.q, "k_proj": split.kv, "v_proj": split.kv}
+            self.tp_slices = {f"{m}.weight": s for m, s in qkv.items()}
+            if bias:
+                self.tp_slices.update({f"{m}.bias": s for m, s in qkv.items()})
+            self.tp_slices["o_proj.weight"] = split.q.along(1)  # its bias is added once, after the all-reduce
         self.n_heads, self.n_kv, self.head_dim, self.gated = n_heads, n_kv, head_dim, gated
         self.q_proj = nn.Linear(hidden, n_heads * head_dim * (2 if gated else 1), bias=bias)
         self.k_proj = nn.Linear(hidden, n_kv * head_dim, bias=bias)
