@@ -14,13 +14,15 @@ def logits_on_rank(shard, cases: list[tuple[str, list[int]]]) -> list:
 
 
 def generate_on_rank(shard, path: str, drafts: list[str], prompts: list[list[int]], n: int) -> dict:
-    """Greedy token ids per drafter spec ("none": plain decoding), and one sampled reply without a
-    seed (the ranks must agree on one, or their forwards would part ways)."""
+    """Greedy token ids per drafter spec ("none": plain decoding); with the last drafter, one reply
+    sampled with a seed and one without (the ranks must agree on a seed, or their forwards would
+    part ways)."""
     out = {}
     for spec in drafts:
         llm = LLM(path, draft=spec, shard=shard, num_draft_tokens=3)
         out[spec] = [llm.generate(p, n).token_ids for p in prompts]
-    out["sampled"] = llm.generate(prompts[0], n, temperature=1.0).token_ids
+    out["seed 5"] = llm.generate(prompts[0], n, temperature=1.0, seed=5).token_ids
+    out["no seed"] = llm.generate(prompts[0], n, temperature=1.0).token_ids
     return out
 
 
