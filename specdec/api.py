@@ -51,9 +51,10 @@ class Target:
         return self.model(ids, cache).logits
 
 
-def load_target(path: str | None = None, device: str | None = None, dtype=None) -> Target:
-    """Load a target model (HF directory or GGUF file; None: the embedded default, as for :class:`LLM`)."""
-    return Target(load_model(path or default_model_path(), device, dtype))
+def load_target(path: str | None = None, device: str | None = None, dtype=None, shard=None) -> Target:
+    """Load a target model (HF directory or GGUF file; None: the embedded default, as for :class:`LLM`).
+    ``shard``: inside a tensor-parallel rank (see :mod:`specdec.parallel`), that rank's part."""
+    return Target(load_model(path or default_model_path(), shard.device if shard else device, dtype, shard=shard))
 
 
 def check_stop(stop) -> list[str] | None:
@@ -86,12 +87,15 @@ class LLM:
     rows (16), so that decode and verify compute each position bit-identically and speculative
     output equals plain output also in bf16; off, plain decoding is faster but near-tie tokens may
     differ in low precision (on the CPU, in fp32, greedy tokens are tested equal either way).
+    ``shard``: inside a tensor-parallel rank (a :class:`specdec.parallel.Shard` handed out by
+    :func:`specdec.parallel.launch.run_parallel`), the target is that rank's part, on its device;
+    every rank must make the same calls (drafters run replicated).
     """
 
     def __init__(self, model: str | None = None, draft=None, device: str | None = None, dtype=None,
                  num_draft_tokens: int = 4, block_size: int | None = None, cuda_graphs: bool = True,
-                 batch_invariant: bool | None = None):
-        self.loaded = load_model(model or default_model_path(), device, dtype)
+                 batch_invariant: bool | None = None, shard=None):
+        self.loaded = load_model(model or default_model_path(), shard.device if shard else device, dtype, shard=shard)
         self.tokenizer = self.loaded.tokenizer
         self.drafter = make_drafter(draft, self.loaded, block_size=block_size)
         k = num_draft_tokens

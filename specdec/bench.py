@@ -125,12 +125,14 @@ def bench_configs(drafts: list[str], ks, block_sizes) -> list[tuple[str, str, in
 def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max_new_tokens: int, *,
               num_draft_tokens=4, block_size=None, temperature: float = 0.0,
               device=None, dtype=None, data_dir: str | None = None, chat: bool = True, seed: int = 0,
-              cuda_graphs: bool = True, batch_invariant: bool | None = None, max_turns: int | None = None) -> dict:
-    """``num_draft_tokens`` / ``block_size``: a value or a list (a sweep: one configuration each)."""
+              cuda_graphs: bool = True, batch_invariant: bool | None = None, max_turns: int | None = None,
+              shard=None) -> dict:
+    """``num_draft_tokens`` / ``block_size``: a value or a list (a sweep: one configuration each).
+    ``shard``: run as one tensor-parallel rank (every rank runs the same bench)."""
     prompts = load_prompts(dataset, num_prompts, data_dir)  # a missing prompt set fails before loading
     if max_turns is not None:
         prompts = [turns[:max_turns] for turns in prompts]
-    loaded = load_model(model, device, dtype)
+    loaded = load_model(model, shard.device if shard else device, dtype, shard=shard)
     tgt, tok = loaded.model, loaded.tokenizer
     if tok is None:
         raise ConfigError(f"{model}: bench needs a tokenizer")
@@ -184,9 +186,10 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
     return {"machine": machine_description(dev), "commit": git_commit(), "model": model, "dataset": dataset,
             "num_prompts": len(prompts), "max_turns": max_turns, "max_new_tokens": max_new_tokens, "temperature": temperature,
             "dtype": str(tgt.dtype).replace("torch.", ""), "device": str(dev),
+            "tensor_parallel": shard.world if shard else 1,
             # CUDA graphs exist on CUDA only: None (n/a) elsewhere. The fixed-row padding defaults to
             # on for CUDA and off for the CPU (see SpeculativeGenerator)
-            "cuda_graphs": cuda_graphs if dev.type == "cuda" else None,
+            "cuda_graphs": cuda_graphs and shard is None if dev.type == "cuda" else None,  # none under TP yet
             "batch_invariant": dev.type == "cuda" if batch_invariant is None else batch_invariant, "rows": rows}
 
 
@@ -212,9 +215,11 @@ def _flag(v) -> str:
 
 
 def format_table(report: dict) -> str:
+    tp = f" | tensor_parallel {report['tensor_parallel']}" if report.get("tensor_parallel", 1) > 1 else ""
     head = (f"machine: {report['machine']} | commit {report['commit']} | {report['dataset']} x{report['num_prompts']}"
             f" | max_new_tokens {report['max_new_tokens']} | T={report['temperature']} | {report['dtype']} on {report['device']}"
-            f" | cuda_graphs={_flag(report['cuda_graphs'])} batch_invariant={_flag(report['batch_invariant'])}\n")
+            f" | cuda_graphs={_flag(report['cuda_graphs'])} batch_invariant={_flag(report['batch_invariant'])}"
+            f"{tp}\n")
     cols = ["draft", "tokens_per_s", "speedup_vs_none", "tau", "acceptance_rate", "new_tokens", "seconds", "outputs_differing_from_none"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in report["rows"]:

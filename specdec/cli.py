@@ -54,6 +54,12 @@ def _model_args(p: argparse.ArgumentParser, draft: bool = True, sweep: bool = Fa
                    "either way")
 
 
+def _tp_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tensor-parallel", type=int, default=1, metavar="N", help="split the target across N "
+                   "processes started here (CUDA: one GPU each, NCCL; CPU: gloo); Llama-family and Qwen3 targets. "
+                   "Drafters run whole on every rank; rank 0 prints (default 1)")
+
+
 def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", "-n", type=int, default=256, help="tokens to generate at most (default 256)")
     p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
@@ -77,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt-file", help="read the prompt from this file ('-' = stdin)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the model's chat template")
     _sampling_args(g)
+    _tp_arg(g)
     g.add_argument("--json", action="store_true", help="print one JSON object with text, token_ids and stats")
     g.add_argument("--trace", action="store_true", help="add stats.trace: per step the drafted ids and how many were accepted")
     g.add_argument("--compare", action="store_true", help="what speculation buys: run the prompt twice, plain decoding "
@@ -139,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "drafter (default 6.5)")
     b.add_argument("--oracle-k", type=int, default=15, help="--shape: the oracle's drafts per step (default 15)")
     b.add_argument("--plot", default=None, metavar="FILE", help="--shape: a PNG of verify cost vs k (needs matplotlib)")
+    _tp_arg(b)
 
     t = sub.add_parser("train", help="train a DFlash or MTP drafter for a target by self-distillation",
                        description="The target answers the prompts (chat template applied, greedy by default, many "
@@ -270,11 +278,19 @@ def _check_model_args(args, drafts: list[str]) -> None:
                 raise ConfigError(f"--block-size must be >= 2, got {bs}")
 
 
-def _make_llm(args):
+def _make_llm(args, shard=None):
     from .api import LLM
     return LLM(args.model, draft=args.draft, device=args.device, dtype=args.dtype,
                num_draft_tokens=args.num_draft_tokens, block_size=args.block_size,
-               cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant)
+               cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant, shard=shard)
+
+
+def _on_ranks(args, fn, *rest) -> int:
+    """``fn(None, args, *rest)`` here, or with ``--tensor-parallel N`` on N ranks (rank 0's exit code)."""
+    if args.tensor_parallel == 1:
+        return fn(None, args, *rest)  # any other value, 0 included, is checked by run_parallel
+    from .parallel.launch import run_parallel
+    return run_parallel(fn, args.tensor_parallel, args, *rest, device=args.device)
 
 
 def cmd_generate(args) -> int:
@@ -283,9 +299,13 @@ def cmd_generate(args) -> int:
     if args.compare and args.draft == "none":
         raise RequestError("--compare needs a drafter to compare with plain decoding: give --draft ngram|mtp|dflash:PATH")
     prompt = _read_prompt(args)
+    return _on_ranks(args, _generate, prompt, gen)
+
+
+def _generate(shard, args, prompt: str, gen: dict) -> int:
     from .chat import Streamer
 
-    llm = _make_llm(args)
+    llm = _make_llm(args, shard)
     if args.compare:
         return _generate_compare(args, llm, prompt, gen)
     stream = None if args.json else Streamer(llm.tokenizer, gen["stop"])
@@ -384,6 +404,10 @@ def cmd_bench(args) -> int:
             raise RequestError(f"{name} must be >= 1, got {v}")
     SamplingParams(temperature=args.temperature)
     _check_model_args(args, drafts)
+    return _on_ranks(args, _bench, drafts)
+
+
+def _bench(shard, args, drafts: list[str]) -> int:
     from .api import default_model_path
     from .bench import format_table, run_bench
 
@@ -391,9 +415,9 @@ def cmd_bench(args) -> int:
                        num_draft_tokens=args.num_draft_tokens, block_size=args.block_size, temperature=args.temperature,
                        device=args.device, dtype=args.dtype, data_dir=args.data_dir, chat=not args.no_chat,
                        cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant,
-                       max_turns=args.max_turns)
+                       max_turns=args.max_turns, shard=shard)
     print(format_table(report))
-    if args.json:
+    if args.json and (shard is None or shard.rank == 0):
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(report, fh, indent=2)
     return 0

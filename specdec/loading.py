@@ -11,6 +11,7 @@ from .config import generation_eos_ids, parse_config, read_json, text_config
 from .errors import CheckpointError, ConfigError
 from .models import CausalLM, by_gguf_arch, by_hf_model_type
 from .models.registry import Architecture
+from .parallel.tp import Shard, param_slices
 from .tokenizer import Tokenizer
 from .weights import load_into
 from .weights.loader import check_layer_count
@@ -108,8 +109,11 @@ def is_dflash_config(d: dict) -> bool:
     return "dflash_config" in d or isinstance(archs, list) and any("DFlash" in str(a) for a in archs)
 
 
-def load_model(path: str, device: str | torch.device | None = None, dtype=None, tokenizer: bool = True) -> LoadedModel:
-    """Load a target model (and its tokenizer) strictly from ``path``."""
+def load_model(path: str, device: str | torch.device | None = None, dtype=None, tokenizer: bool = True,
+               shard: Shard | None = None) -> LoadedModel:
+    """Load a target model (and its tokenizer) strictly from ``path``. With a ``shard``
+    (tensor parallelism, inside a rank's process) the model is that rank's part, and only its
+    slices of the split weights are read."""
     path = os.path.expanduser(str(path))
     if not os.path.exists(path):
         raise CheckpointError(f"{path}: no such file or directory")
@@ -118,8 +122,10 @@ def load_model(path: str, device: str | torch.device | None = None, dtype=None, 
     arch, cfg, gsrc = read_model_config(path)
     src = gsrc if gsrc is not None else SafetensorsSource(path)
     check_layer_count(cfg.num_hidden_layers, len(src.infos()), path)
+    if shard is not None and not arch.model_cls.tensor_parallel:
+        raise ConfigError(f"{path}: tensor parallelism supports Llama-family and Qwen3 targets, not {arch.name} yet")
     with torch.device("meta"):
-        model = arch.model_cls(cfg)
+        model = arch.model_cls(cfg) if shard is None else arch.model_cls(cfg, shard=shard)
     if gsrc is not None:
         view = gsrc
         if arch.target_view is not None:
@@ -144,7 +150,7 @@ def load_model(path: str, device: str | torch.device | None = None, dtype=None, 
         transform = arch.hf_transform(cfg)
         fmt = "hf"
     load_into(model, view, names, dtype=dt, device=dev, transform=transform, ignore=ignore,
-              desc=f"loading {os.path.basename(path.rstrip('/'))}")
+              desc=f"loading {os.path.basename(path.rstrip('/'))}", slices=param_slices(model) if shard else None)
     if "rope_freqs.weight" in src.infos():
         model.rotary.freq_factors = src.get("rope_freqs.weight", torch.float32)
     model.eval()

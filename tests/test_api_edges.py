@@ -59,7 +59,7 @@ def test_readme_python_example_runs_verbatim():
 def test_load_target_none_is_the_embedded_default(monkeypatch):
     loaded = []
     monkeypatch.setattr(api, "default_model_path", lambda: "/embedded/default.gguf")
-    monkeypatch.setattr(api, "load_model", lambda path, device, dtype: loaded.append((path, device)) or
+    monkeypatch.setattr(api, "load_model", lambda path, device, dtype, **kw: loaded.append((path, device)) or
                         SimpleNamespace(model=None, tokenizer=None))
     api.load_target(None, device="cpu")
     api.load_target(device="cpu")

@@ -73,8 +73,9 @@ class DFlashDrafter:
         self.capture_layers: tuple[int, ...] = tuple(c.target_layer_ids)
         self.length = 0  # committed positions whose context K/V are cached
         self.kv: list[_ContextKV] = []
-        # Greedy blocks as one static step (a CUDA graph on CUDA; eager elsewhere, for tests).
-        self.static_steps = target.device.type == "cuda"
+        # Greedy blocks as one static step (a CUDA graph on CUDA; eager elsewhere, for tests). Not
+        # under tensor parallelism yet: collectives inside captured graphs are not verified.
+        self.static_steps = target.device.type == "cuda" and getattr(target, "shard", None) is None
         self._static: _StaticBlock | None = None
 
     def spawn(self) -> "DFlashDrafter":
@@ -134,17 +135,16 @@ class DFlashDrafter:
         if not self.kv:
             raise RuntimeError("DFlashDrafter.propose called before begin")
         c, start = self.model.config, self.length
-        emb = self.target.embed_tokens.weight
-        ids = torch.full((self.block_size,), c.mask_token_id, dtype=torch.int64, device=emb.device)
+        ids = torch.full((self.block_size,), c.mask_token_id, dtype=torch.int64, device=self.target.device)
         ids[0] = int(last_token)
         # z-lab embeds the block with the raw table times the drafter's own scale, not through
-        # the target's embedding scale
-        x = torch.nn.functional.embedding(ids, emb).to(self.model.fc.weight.dtype)
+        # the target's embedding scale (the table module: a rank's rows gathered under tensor parallelism)
+        x = self.target.embed_tokens(ids).to(self.model.fc.weight.dtype)
         if c.input_embedding_scale != 1.0:
             x = x * c.input_embedding_scale
         ctx = [(s.k[:, :start], s.v[:, :start]) for s in self.kv]
         h = self.model.block_hidden(x, start, ctx)
-        return self.model.logits(h[1:], self.target.head_weight())
+        return self.model.scale_logits(self.target.raw_logits(h[1:]))
 
     # --- accounting -----------------------------------------------------------------
     def weight_bytes(self) -> int:
@@ -193,11 +193,11 @@ class _StaticBlock:
     def _compute(self) -> torch.Tensor:
         d = self.d
         c = d.model.config
-        x = torch.nn.functional.embedding(self.ids, d.target.embed_tokens.weight).to(d.model.fc.weight.dtype)
+        x = d.target.embed_tokens(self.ids).to(d.model.fc.weight.dtype)
         if c.input_embedding_scale != 1.0:
             x = x * c.input_embedding_scale
         h = d.model.block_hidden_static(x, self.start, self.buffers)
-        return d.model.logits(h[1:], d.target.head_weight()).argmax(-1)
+        return d.model.scale_logits(d.target.raw_logits(h[1:])).argmax(-1)
 
     def reads(self, kv: list[_ContextKV]) -> bool:
         """Whether ``kv`` is still made of the buffers this step reads."""
@@ -229,7 +229,7 @@ def check_fit(c: DFlashConfig, target: CausalLM, source: str) -> None:
     bad = [i for i in c.target_layer_ids if i >= n_layers]
     if bad:
         raise ConfigError(f"{source}: target_layer_ids {bad} do not exist in the target ({n_layers} layers)")
-    vocab = int(target.embed_tokens.weight.shape[0])
+    vocab = int(target.config.vocab_size)
     if c.mask_token_id >= vocab:
         raise ConfigError(f"{source}: mask_token_id={c.mask_token_id} is outside the target's vocabulary "
                           f"(size {vocab})")

@@ -319,7 +319,10 @@ class DFlashDraftModel(nn.Module):
     def logits(self, h: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
         """Final-normed ``h`` through the target's LM head, with the drafter's own logit
         multiplier and soft cap (z-lab ``compute_logits``), fp32."""
-        out = F.linear(h, head_weight).float()
+        return self.scale_logits(F.linear(h, head_weight).float())
+
+    def scale_logits(self, out: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of the target's LM head -> the drafter's (its multiplier and soft cap)."""
         c = self.config
         if c.output_multiplier != 1.0:
             out = out * c.output_multiplier

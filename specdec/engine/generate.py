@@ -122,7 +122,10 @@ class SpeculativeGenerator:
         on_cuda = target.device.type == "cuda"
         if batch_invariant is None:
             batch_invariant = on_cuda
-        self.use_graphs = bool(cuda_graphs) and on_cuda
+        # Under tensor parallelism the static steps run uncaptured for now: NCCL collectives inside
+        # captured graphs are not verified yet (the output is the same either way).
+        self.shard = getattr(target, "shard", None)
+        self.use_graphs = bool(cuda_graphs) and on_cuda and self.shard is None
         # every step padded to STEP_ROWS rows: identical kernels for decode and verify (see graphs.py)
         self.pad_to = STEP_ROWS if batch_invariant and self.k + 1 <= STEP_ROWS else None
         if batch_invariant and self.pad_to is None:
@@ -177,7 +180,10 @@ class SpeculativeGenerator:
         stats = Stats(prompt_tokens=prompt.numel(), trace=[] if trace else None)
         stopper = _Stopper(max_new_tokens, set(eos_ids), list(stop or []), decode)
         dev = tgt.device
-        gen = None if params.greedy else make_generator(params.seed, dev)
+        seed = params.seed
+        if seed is None and not params.greedy and self.shard is not None:
+            seed = self.shard.same_seed()  # every rank must sample alike
+        gen = None if params.greedy else make_generator(seed, dev)
         drafter = self.drafter
         capture = tuple(drafter.capture_layers) if drafter is not None else ()
         cache, graphed = self._cache_for(need, capture)

@@ -16,6 +16,7 @@ from torch import nn
 from ..cache import BatchCache, BatchKVCache, BatchWrite, NoCache, SequenceCache
 from ..errors import ConfigError
 from ..config import ModelConfig
+from ..parallel.tp import Shard, VocabParallelEmbedding, gather_vocab, vocab_parallel_head
 from .layers import RMSNorm, RotaryEmbedding, causal_mask, sliding_causal_mask
 
 
@@ -44,19 +45,29 @@ class ForwardOut:
 
 class CausalLM(nn.Module):
     """Base class of target models. Subclasses build ``embed_tokens``, ``layers``, ``norm``,
-    ``lm_head`` (or tie it), ``rotary`` and implement :meth:`make_layer_cache`."""
+    ``lm_head`` (or tie it), ``rotary`` and implement :meth:`make_layer_cache`.
+
+    ``shard`` (families with ``tensor_parallel = True``): the model is one rank's part, its
+    embedding and LM head hold a block of vocabulary rows, and :meth:`head` gathers every
+    rank's logits (see :mod:`specdec.parallel.tp`); the layers take the shard too."""
 
     config: ModelConfig
     embed_scale: float = 1.0
     final_logit_softcap: float | None = None
+    tensor_parallel = False  # whether the family's layers can be split across ranks
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, shard: Shard | None = None):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.shard = shard
+        v, h = config.vocab_size, config.hidden_size
+        self.embed_tokens = nn.Embedding(v, h) if shard is None else VocabParallelEmbedding(v, h, shard)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, self.zero_centered_norms())
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.partial_rotary_factor, config.rope_scaling)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Linear(h, v, bias=False) if shard is None else vocab_parallel_head(h, v, shard)
         self.layers = nn.ModuleList()
 
     # --- per-architecture hooks -------------------------------------------------
@@ -102,9 +113,15 @@ class CausalLM(nn.Module):
     def head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
+    def raw_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """``h [T, H]`` through the LM head, before any soft cap: fp32 ``[T, V]`` (on a rank:
+        every rank's vocabulary rows gathered)."""
+        logits = torch.nn.functional.linear(h, self.head_weight()).float()
+        return logits if self.shard is None else gather_vocab(logits, self.shard, self.config.vocab_size)
+
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden ``[T, H]`` -> fp32 logits ``[T, V]``."""
-        logits = torch.nn.functional.linear(h, self.head_weight()).float()
+        logits = self.raw_logits(h)
         if self.final_logit_softcap:
             c = self.final_logit_softcap
             logits = torch.tanh(logits / c) * c
@@ -159,6 +176,8 @@ class CausalLM(nn.Module):
     def new_batch_cache(self, slots: int, max_len: int, spare: int = 0) -> BatchCache:
         """Caches for ``slots`` sequences of ``max_len`` positions (at most the model's context),
         plus ``spare`` rows that only padding rows of a step ever occupy (never committed)."""
+        if self.shard is not None:
+            raise ConfigError("batched forwards are not supported with tensor parallelism yet")
         if not self.batched:
             raise ConfigError(f"batched forwards are not supported for {self.config.model_type} targets yet")
         c = self.config
@@ -188,6 +207,8 @@ class CausalLM(nn.Module):
         return out
 
     def _forward_batch(self, ids, cache, starts, slots, span, capture, last) -> ForwardOut:
+        if self.shard is not None:
+            raise ConfigError("batched forwards are not supported with tensor parallelism yet")
         if not self.batched:
             raise ConfigError(f"batched forwards are not supported for {self.config.model_type} targets yet")
         ids = ids.to(self.device)

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..cache import KVCache
 from ..errors import ConfigError
+from ..parallel.tp import Shard, even_split, row_parallel, split_heads
 
 
 class RMSNorm(nn.Module):
@@ -187,17 +188,29 @@ class Attention(nn.Module):
     ``gated``: ``q_proj`` emits, per head, the query followed by a gate of the same width;
     the attention output is multiplied by ``sigmoid(gate)`` before ``o_proj`` (Qwen3.5).
     ``scale`` replaces the usual ``head_dim ** -0.5`` (Gemma's ``query_pre_attn_scalar ** -0.5``).
+    ``shard`` (tensor parallelism): the module holds this rank's heads only, ``n_heads`` and
+    ``n_kv`` become the local counts, and ``o_proj`` all-reduces (see :mod:`specdec.parallel.tp`).
     """
 
     def __init__(self, hidden: int, n_heads: int, n_kv: int, head_dim: int, *, bias: bool = False,
                  qk_norm_eps: float | None = None, zero_centered_qk: bool = False, gated: bool = False,
-                 scale: float | None = None):
+                 scale: float | None = None, shard: Shard | None = None):
         super().__init__()
+        if shard is not None:
+            if gated:
+                raise ConfigError("tensor parallelism does not split gated attention (Qwen3.5) yet")
+            split = split_heads(n_heads, n_kv, head_dim, shard)
+            n_heads, n_kv = split.heads, split.kv_heads
+            qkv = {"q_proj": split.q, "k_proj": split.kv, "v_proj": split.kv}
+            self.tp_slices = {f"{m}.weight": s for m, s in qkv.items()}
+            if bias:
+                self.tp_slices.update({f"{m}.bias": s for m, s in qkv.items()})
+            self.tp_slices["o_proj.weight"] = split.q.along(1)  # its bias is added once, after the all-reduce
         self.n_heads, self.n_kv, self.head_dim, self.gated = n_heads, n_kv, head_dim, gated
         self.q_proj = nn.Linear(hidden, n_heads * head_dim * (2 if gated else 1), bias=bias)
         self.k_proj = nn.Linear(hidden, n_kv * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, n_kv * head_dim, bias=bias)
-        self.o_proj = nn.Linear(n_heads * head_dim, hidden, bias=bias)
+        self.o_proj = row_parallel(n_heads * head_dim, hidden, bias, shard)
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(head_dim, qk_norm_eps, zero_centered_qk)
             self.k_norm = RMSNorm(head_dim, qk_norm_eps, zero_centered_qk)
@@ -237,13 +250,20 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """``down(silu(gate(x)) * up(x))``."""
+    """``down(silu(gate(x)) * up(x))``; with a ``shard``, a block of the intermediate features
+    (``down_proj`` all-reduces)."""
 
-    def __init__(self, hidden: int, inter: int, bias: bool = False):
+    def __init__(self, hidden: int, inter: int, bias: bool = False, shard: Shard | None = None):
         super().__init__()
+        if shard is not None:
+            rows = even_split(inter, shard, "intermediate_size")
+            inter = rows.size
+            self.tp_slices = {"gate_proj.weight": rows, "up_proj.weight": rows, "down_proj.weight": rows.along(1)}
+            if bias:
+                self.tp_slices.update({"gate_proj.bias": rows, "up_proj.bias": rows})
         self.gate_proj = nn.Linear(hidden, inter, bias=bias)
         self.up_proj = nn.Linear(hidden, inter, bias=bias)
-        self.down_proj = nn.Linear(inter, hidden, bias=bias)
+        self.down_proj = row_parallel(inter, hidden, bias, shard)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -15,6 +15,7 @@ from torch import nn
 from ..cache import KVCache
 from ..config import ModelConfig
 from ..errors import ConfigError
+from ..parallel.tp import Shard
 from .base import CausalLM, StepContext
 from .gguf_names import dense_block_names, gguf_meta
 from .layers import Attention, RMSNorm, SwiGLU
@@ -39,20 +40,21 @@ class Qwen3Config(LlamaConfig):
 
 class DenseDecoderLayer(nn.Module):
     """Attention + SwiGLU with HF names; ``layer(x [T, H], ctx, cache)`` with a :class:`KVCache`
-    from :meth:`make_cache` (the target's own layers, and the MTP head of a Llama-family target)."""
+    from :meth:`make_cache` (the target's own layers, and the MTP head of a Llama-family target).
+    With a ``shard``: this rank's heads and intermediate block (tensor parallelism)."""
 
-    def __init__(self, c: ModelConfig, qk_norm: bool):
+    def __init__(self, c: ModelConfig, qk_norm: bool, shard: Shard | None = None):
         super().__init__()
         self.config = c
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = Attention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                                   bias=c.attention_bias, qk_norm_eps=c.rms_norm_eps if qk_norm else None)
+                                   bias=c.attention_bias, qk_norm_eps=c.rms_norm_eps if qk_norm else None, shard=shard)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, c.mlp_bias)
+        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, c.mlp_bias, shard=shard)
 
     def make_cache(self, max_len: int, dtype: torch.dtype, device) -> KVCache:
-        c = self.config
-        return KVCache(c.num_key_value_heads, c.head_dim, max_len, dtype, device)
+        # the KV heads this module holds (a rank's share under tensor parallelism)
+        return KVCache(self.self_attn.n_kv, self.config.head_dim, max_len, dtype, device)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
@@ -62,10 +64,12 @@ class DenseDecoderLayer(nn.Module):
 class LlamaForCausalLM(CausalLM):
     qk_norm = False
     batched = True
+    tensor_parallel = True
 
-    def __init__(self, config: ModelConfig):
-        super().__init__(config)
-        self.layers = nn.ModuleList(DenseDecoderLayer(config, self.qk_norm) for _ in range(config.num_hidden_layers))
+    def __init__(self, config: ModelConfig, shard: Shard | None = None):
+        super().__init__(config, shard)
+        self.layers = nn.ModuleList(DenseDecoderLayer(config, self.qk_norm, shard)
+                                    for _ in range(config.num_hidden_layers))
 
     def make_layer_cache(self, i, max_len, dtype, device):
         return self.layers[i].make_cache(max_len, dtype, device)
@@ -88,10 +92,9 @@ def _gguf_config(meta: dict, arch: str) -> dict:
 
 def _llama_gguf_transform(config: ModelConfig):
     def fix(name: str, t: torch.Tensor) -> torch.Tensor:
-        if name.endswith("self_attn.q_proj.weight"):
-            return unpermute_qk(t, config.num_attention_heads)
-        if name.endswith("self_attn.k_proj.weight"):
-            return unpermute_qk(t, config.num_key_value_heads)
+        # per head, so it applies alike to a rank's block of heads (tensor parallelism)
+        if name.endswith("self_attn.q_proj.weight") or name.endswith("self_attn.k_proj.weight"):
+            return unpermute_qk(t, t.shape[0] // config.head_dim)
         return t
     return fix
 

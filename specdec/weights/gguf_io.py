@@ -200,30 +200,61 @@ class GGUFSource:
 
     def get(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         """Read one tensor, dequantized to fp32 and then converted explicitly to ``dtype``."""
+        qt, shape = self._decodable(name)
+        return self._decode(name, self.raw(name), qt, shape).to(dtype)
+
+    def get_slice(self, name: str, dim: int, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        """Entries ``start:stop`` along ``dim`` of one tensor (a rank's part under tensor
+        parallelism). A block of rows (``dim`` 0 of a matrix) is whole quantization blocks and
+        is decoded alone; F32/F16/BF16 read only the slice along any dim; a column slice of a
+        quantized tensor dequantizes the whole tensor, then slices (blocks run along a row)."""
+        qt, shape = self._decodable(name)
         raw = self.raw(name)
+        if dim == 0 and len(shape) > 1:
+            row = raw.shape[0] // shape[0]
+            part = (stop - start,) + tuple(shape[1:])
+            return self._decode(name, raw[start * row:stop * row], qt, part).to(dtype)
+        if qt in _FLOAT_STORAGE:
+            view = raw.view(_FLOAT_STORAGE[qt]).reshape(shape)[(slice(None),) * dim + (slice(start, stop),)]
+            return torch.from_numpy(_widen(view, qt)).to(dtype)
+        return self.get(name, torch.float32).narrow(dim, start, stop - start).contiguous().to(dtype)
+
+    def _decodable(self, name: str) -> tuple[QT, tuple[int, ...]]:
+        if name not in self._tensors:
+            raise CheckpointError(f"{self.path}: no tensor '{name}'")
         qt = self._tensors[name][0]
         if qt not in SUPPORTED:
             raise CheckpointError(f"{self.path}: tensor '{name}' has quantization type {qt.name}, which specdec cannot "
                                   f"dequantize; supported types: {_supported_names()}")
-        shape = self._infos[name].shape
+        return qt, self._infos[name].shape
+
+    def _decode(self, name: str, raw: np.ndarray, qt: QT, shape: tuple[int, ...]) -> torch.Tensor:
+        """Stored bytes of ``shape`` entries -> fp32."""
         try:
-            if qt == QT.F32:
-                arr = raw.view(np.float32).copy()  # copy: the memory map is read-only
-            elif qt == QT.F16:
-                arr = raw.view(np.float16).astype(np.float32)
-            elif qt == QT.BF16:
-                # bf16 is the high half of an fp32: widen the bits, never reinterpret the bytes
-                arr = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+            if qt in _FLOAT_STORAGE:
+                arr = _widen(raw.view(_FLOAT_STORAGE[qt]), qt)
             else:
                 arr = gguf.quants.dequantize(raw.reshape(-1, self._row_bytes(qt, shape[-1])), qt)
-            out = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32).reshape(shape))
+            return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32).reshape(shape))
         except (ValueError, IndexError) as e:
             raise CheckpointError(f"{self.path}: cannot decode tensor '{name}' ({qt.name}, shape {list(shape)}): {e}") from e
-        return out.to(dtype)
 
     def _row_bytes(self, qt: QT, row: int) -> int:
         block, type_size = _block_sizes(qt, self.path)
         return row // block * type_size
+
+
+_FLOAT_STORAGE = {QT.F32: np.float32, QT.F16: np.float16, QT.BF16: np.uint16}
+
+
+def _widen(arr: np.ndarray, qt: QT) -> np.ndarray:
+    """Stored F32/F16/BF16 values (a view of the memory map) -> a new fp32 array."""
+    if qt == QT.F32:
+        return np.array(arr, dtype=np.float32)  # a copy: the memory map is read-only
+    if qt == QT.F16:
+        return arr.astype(np.float32)
+    # bf16 is the high half of an fp32: widen the bits, never reinterpret the bytes
+    return (arr.astype(np.uint32) << 16).view(np.float32)
 
 
 def _block_sizes(qt: QT, path: str, tensor: str | None = None) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import CheckpointError
+from ..parallel.tp import Slice
 from .source import TensorSource
 
 # hf_name, tensor -> tensor: per-architecture fix-ups (q/k un-permute, norm shifts ...)
@@ -31,13 +32,19 @@ def load_into(
     ignore: Iterable[str] = (),
     optional: Iterable[str] = (),
     desc: str = "loading",
+    slices: dict[str, Slice] | None = None,
 ) -> None:
     """Load ``source`` into ``module`` strictly.
 
     ``names`` maps every checkpoint tensor name the architecture knows to the module's
     parameter name. Checkpoint tensors not in ``names`` and not matched by ``ignore`` (exact
     names) are an error, as are parameters no tensor fills, except those in ``optional``.
+    ``slices`` (tensor parallelism, :func:`specdec.parallel.tp.param_slices`): parameters that
+    hold a slice of their checkpoint tensor; only that slice is read where the source can
+    (``get_slice``), and ``transform`` then sees the slice (the transforms of the families that
+    split act per head or per row, so a block of heads transforms alike).
     """
+    slices = slices or {}
     infos = source.infos()
     ignore = set(ignore)
     optional = set(optional)
@@ -63,6 +70,10 @@ def load_into(
     for pname, cname in filled.items():
         info = infos[cname]
         want = tuple(expected[pname].shape)
+        if pname in slices:  # the checkpoint holds the whole tensor
+            s = slices[pname]
+            assert want[s.dim] == s.size, f"{pname}: parameter of {want[s.dim]} along {s.dim}, slice of {s.size}"
+            want = want[:s.dim] + (s.full,) + want[s.dim + 1:]
         if not info.is_float:
             raise CheckpointError(f"{info.file}: tensor '{cname}' has dtype {info.dtype}; a float type is required")
         if info.shape != want:
@@ -71,15 +82,29 @@ def load_into(
     state: dict[str, torch.Tensor] = {}
     show = len(filled) > 20  # a bar on a terminal (tqdm hides it elsewhere) for real models
     for pname, cname in tqdm(sorted(filled.items()), desc=desc, unit="tensor", disable=True if not show else None, leave=False):
-        t = source.get(cname, torch.float32)
+        s = slices.get(pname)
+        t = source.get(cname, torch.float32) if s is None else read_slice(source, cname, s)
         if transform is not None:
             t = transform(pname, t)
+        if s is not None and s.size > s.stop - s.start:  # zero rows: vocabulary padding
+            pad = list(t.shape)
+            pad[s.dim] = s.size - (s.stop - s.start)
+            t = torch.cat([t, t.new_zeros(pad)], dim=s.dim)
         state[pname] = t.to(device=device, dtype=dtype)
     # Buffers that are not in checkpoints (rope tables, ...) are materialised by the module.
     module.load_state_dict(state, strict=False, assign=True)
     still_meta = [n for n, p in module.state_dict().items() if p.is_meta and n not in optional]
     if still_meta:
         raise CheckpointError(f"{source.path}: parameters left unloaded: {still_meta[:8]}")
+
+
+def read_slice(source: TensorSource, name: str, s: Slice) -> torch.Tensor:
+    """Entries ``s.start:s.stop`` along ``s.dim`` of one tensor, fp32: read alone where the
+    source offers ``get_slice``, else read whole and sliced."""
+    get_slice = getattr(source, "get_slice", None)
+    if get_slice is not None:
+        return get_slice(name, s.dim, s.start, s.stop, torch.float32)
+    return source.get(name, torch.float32).narrow(s.dim, s.start, s.stop - s.start).contiguous()
 
 
 def check_layer_count(n_layers: int, n_tensors: int, path: str) -> None:

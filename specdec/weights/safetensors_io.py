@@ -128,6 +128,16 @@ class SafetensorsSource:
         return self._infos
 
     def get(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        t = self._handle(name).get_tensor(name)  # type: ignore[attr-defined]
+        return t.to(dtype)
+
+    def get_slice(self, name: str, dim: int, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        """Entries ``start:stop`` along ``dim`` of one tensor, reading only those bytes
+        (a rank's part under tensor parallelism)."""
+        index = (slice(None),) * dim + (slice(start, stop),)
+        return self._handle(name).get_slice(name)[index].to(dtype)  # type: ignore[attr-defined]
+
+    def _handle(self, name: str):
         info = self._infos[name]
         h = self._handles.get(info.file)
         if h is None:
@@ -136,5 +146,4 @@ class SafetensorsSource:
             except Exception as e:  # safetensors raises its own error types
                 raise CheckpointError(f"{info.file}: cannot open ({e})") from e
             self._handles[info.file] = h
-        t = h.get_tensor(name)  # type: ignore[attr-defined]
-        return t.to(dtype)
+        return h
