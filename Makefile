@@ -23,10 +23,14 @@ $(BIN)/specdec: pyproject.toml
 
 setup: $(BIN)/specdec
 
+# A copy-edit: the reply repeats most of the prompt, which the n-gram drafter finds (on an
+# open question it rarely guesses right, and on the CPU a wasted verify costs more than it saves).
 demo: setup
 	$(BIN)/specdec info
 	$(BIN)/specdec generate --chat --compare --draft ngram --max-new-tokens 96 \
-		--prompt "Explain in two sentences why the sky is blue."
+		--prompt "Fix the typos in this paragraph and return it: The sky apears blue becuase air molecules \
+	scatter short wavelenghts of sunlight more than long ones. This efect is called Rayleigh scattering, and it \
+	is strongest for violet and blue light."
 
 # llama.cpp's reference vocabularies (with expected token ids) for the tokenizer tests;
 # taken from the llama-cpp-python source package, never installed.
