@@ -132,3 +132,15 @@ def test_init_continues_from_a_trained_drafter(kind, target, prompts, tmp_path, 
     b = json.load(open(os.path.join(second, "training.json")))
     assert b["first_epoch_loss"] < a["first_epoch_loss"]  # it starts where the first run ended, not from scratch
     _lossless(target, f"{kind}:{second}", prompts)
+
+
+def test_reply_cache_round_trips_small_and_large_ids(tmp_path):
+    from specdec.train.data import _load_replies, _save_replies
+
+    for replies in ({3: [0, 5, 65535], 9: [], 1: [40000, 2]}, {7: [70000, 1], 2: [3]}):
+        path = str(tmp_path / "r.pt")
+        _save_replies(path, replies)
+        assert _load_replies(path) == replies
+    (tmp_path / "bad.pt").write_bytes(b"not a cache")
+    with pytest.raises(Exception, match="unreadable reply cache"):
+        _load_replies(str(tmp_path / "bad.pt"))

@@ -157,19 +157,22 @@ def distill(loaded, texts: list[str], *, max_new_tokens: int, temperature: float
 
 
 def _save_replies(path: str, done: dict[int, list[int]]) -> None:
-    """Replies (by prompt key) as one flat int32 tensor with lengths: ~4 bytes a token; atomically."""
+    """Replies (by prompt key) as one flat tensor with lengths, atomically: 2 bytes a token where
+    every id fits 16 bits (stored as int16 less 32768: vocabularies up to 65,536), else 4."""
     idx = sorted(done)
-    flat = [t for i in idx for t in done[i]]
+    flat = torch.tensor([t for i in idx for t in done[i]], dtype=torch.int64)
+    small = flat.numel() == 0 or (int(flat.min()) >= 0 and int(flat.max()) < 1 << 16)
+    tokens = (flat - (1 << 15)).to(torch.int16) if small else flat.to(torch.int32)
     tmp = path + ".tmp"
     torch.save({"index": torch.tensor(idx, dtype=torch.int64), "lengths": torch.tensor([len(done[i]) for i in idx]),
-                "tokens": torch.tensor(flat, dtype=torch.int32)}, tmp)
+                "tokens": tokens, "offset": (1 << 15) if small else 0}, tmp)
     os.replace(tmp, path)
 
 
 def _load_replies(path: str) -> dict[int, list[int]]:
     try:
         d = torch.load(path, weights_only=True)
-        toks = d["tokens"].tolist()
+        toks = (d["tokens"].to(torch.int64) + int(d.get("offset", 0))).tolist()
         out, at = {}, 0
         for i, n in zip(d["index"].tolist(), d["lengths"].tolist()):
             out[i] = toks[at:at + n]
