@@ -5,6 +5,8 @@
 #   bash scripts/device_train.sh dflash SECONDS   # join, distil, train DFlash (resumes a checkpoint)
 #   bash scripts/device_train.sh mtp SECONDS      # train the MTP head (K=4 chained)
 # Everything under /tmp survives between calls while the machine stays warm; results go to $OUT.
+# Carried along (ignored paths, `carry`): .dev/trained/cache (a reply cache: no distillation) and
+# .dev/trained/{dflash,mtp} (set INIT=1 to continue from them with --init).
 set -u
 export PYTHONPATH=/tmp/site:$PWD
 G=/tmp/smollm2.gguf
@@ -15,6 +17,7 @@ part1)
 dflash|mtp)
     budget=$2
     [ -f $G ] || { cat /tmp/part1 .dev/b/part2 > $G && sha256sum $G; }
+    if [ -d .dev/trained/cache ]; then mkdir -p /tmp/dc /tmp/dr && cp -n .dev/trained/cache/*.pt /tmp/dc/; fi
     if [ "$1" = dflash ] && ! ls /tmp/dc/replies-*.pt >/dev/null 2>&1; then
         python -m specdec train dflash --target $G --out /tmp/dr/dflash --data-cache /tmp/dc --slots 512 \
             --distill-only > /tmp/distill.log 2>&1; echo "distill rc=$?"; log /tmp/distill.log
@@ -26,6 +29,8 @@ dflash|mtp)
     else
         extra="--steps 4"
     fi
+    if [ "${INIT:-0}" = 1 ] && [ -d .dev/trained/$1 ]; then extra="$extra --init .dev/trained/$1"; fi
+    mkdir -p /tmp/dr
     python -m specdec train $1 --target $G --out /tmp/dr/$1 --data-cache /tmp/dc --eval-prompts 4 \
         --eval-tokens 96 --checkpoint-minutes 1 --time-limit "$mins" $extra > /tmp/train_$1.log 2>&1
     echo "train $1 rc=$?"; log /tmp/train_$1.log
