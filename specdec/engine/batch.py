@@ -37,6 +37,7 @@ def generate_batch(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_to
     length = [0] * slots  # committed positions per slot (host copy: no device sync to plan a step)
     out_toks: list[list[int]] = [[] for _ in range(slots)]
     nxt = torch.zeros(slots, dtype=torch.long, device=dev)  # the token each slot feeds next
+    first = torch.zeros(slots, dtype=torch.long, device=dev)  # a decode row's only (and last) position
     queue = list(range(n))[::-1]
     active = 0
 
@@ -89,8 +90,7 @@ def generate_batch(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_to
         if not active:
             continue
         starts = torch.tensor(length, device=dev)
-        out = model.forward_batch(nxt[:, None], cache, starts, slots=range(slots), span=max(length) + 1,
-                                  last=torch.zeros(slots, dtype=torch.long, device=dev))
+        out = model.forward_batch(nxt[:, None], cache, starts, slots=range(slots), span=max(length) + 1, last=first)
         nxt = pick(out.logits)
         for s in range(slots):
             if owner[s] >= 0:

@@ -173,13 +173,17 @@ class CausalLM(nn.Module):
         return ForwardOut(out_logits, h, captured)
 
     # --- batched steps (many sequences; training data and the server) --------------------
-    def new_batch_cache(self, slots: int, max_len: int, spare: int = 0) -> BatchCache:
-        """Caches for ``slots`` sequences of ``max_len`` positions (at most the model's context),
-        plus ``spare`` rows that only padding rows of a step ever occupy (never committed)."""
+    def check_batched(self) -> None:
+        """Refuse batched steps where they are not supported (one-line ConfigError)."""
         if self.shard is not None:
             raise ConfigError("batched forwards are not supported with tensor parallelism yet")
         if not self.batched:
             raise ConfigError(f"batched forwards are not supported for {self.config.model_type} targets yet")
+
+    def new_batch_cache(self, slots: int, max_len: int, spare: int = 0) -> BatchCache:
+        """Caches for ``slots`` sequences of ``max_len`` positions (at most the model's context),
+        plus ``spare`` rows that only padding rows of a step ever occupy (never committed)."""
+        self.check_batched()
         c = self.config
         max_len = min(max_len, self.max_context) + spare
         return BatchCache([BatchKVCache(slots, c.num_key_value_heads, c.head_dim, max_len, self.dtype, self.device)
@@ -207,10 +211,7 @@ class CausalLM(nn.Module):
         return out
 
     def _forward_batch(self, ids, cache, starts, slots, span, capture, last) -> ForwardOut:
-        if self.shard is not None:
-            raise ConfigError("batched forwards are not supported with tensor parallelism yet")
-        if not self.batched:
-            raise ConfigError(f"batched forwards are not supported for {self.config.model_type} targets yet")
+        self.check_batched()
         ids = ids.to(self.device)
         b, t = ids.shape
         pos = starts.to(self.device)[:, None] + torch.arange(t, device=self.device)[None, :]

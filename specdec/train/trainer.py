@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import signal
-import subprocess
 import time
 from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
+from ..bench import git_commit, machine_description
 from ..errors import ConfigError
 from .data import Distilled
 
@@ -102,23 +101,6 @@ def held_out_tau(task, target, prompts: list[list[int]], n_tokens: int, stop_ids
         steps += res.stats.steps
         accepted += sum(res.stats.accepted)
     return (accepted + steps) / max(steps, 1)
-
-
-def commit_id() -> str:
-    if os.environ.get("SPECDEC_COMMIT"):
-        return os.environ["SPECDEC_COMMIT"]
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        return subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=5).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def machine() -> str:
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
-    return f"{platform.machine()} CPU x{os.cpu_count()}, torch {torch.__version__}"
 
 
 def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart: bool = False, log=print) -> dict:
@@ -220,8 +202,8 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
     seconds = spent + time.perf_counter() - t_run
     summary = {"steps": total, "epochs": cfg.epochs, "sequences": len(seqs), "reply_tokens": data.reply_tokens,
                "batches_per_epoch": per_epoch, "seconds": round(seconds, 1), "first_epoch_loss": first_loss, "last_epoch_loss": last_loss,
-               "held_out_tau": taus, "stats": {k: float(v.detach() if torch.is_tensor(v) else v) for k, v in stats.items()}, "machine": machine(),
-               "commit": commit_id()}
+               "held_out_tau": taus, "stats": {k: float(v.detach() if torch.is_tensor(v) else v) for k, v in stats.items()},
+               "machine": machine_description(dev), "commit": git_commit()}
     task.save(out, summary)
     if os.path.exists(ckpt):
         os.remove(ckpt)
