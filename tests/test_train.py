@@ -83,7 +83,7 @@ def test_interrupted_run_resumes_from_its_step(target, prompts, tmp_path, capsys
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["--epochs", "0"], "--epochs must be >= "),
+    (["--epochs", "0"], "--epochs must be > 0"),
     (["--block-size", "1"], "--block-size must be in 2..64"),
     (["--prompts", "nope.jsonl"], "--prompts nope.jsonl: no such file"),
     (["--mask-token-id", "99999"], "--mask-token-id 99999 is outside the vocabulary"),

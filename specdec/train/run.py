@@ -17,7 +17,10 @@ DEFAULT_PROMPTS = ("gsm8k_train", "chat", "code")
 
 def check_args(a) -> None:
     """Refuse bad numbers before anything is loaded."""
-    for name, v, lo in (("--epochs", a.epochs, 1e-9), ("--lr", a.lr, 1e-12), ("--batch-tokens", a.batch_tokens, 1),
+    for name, v in (("--epochs", a.epochs), ("--lr", a.lr)):
+        if not v > 0:
+            raise ConfigError(f"{name} must be > 0, got {v}")
+    for name, v, lo in (("--batch-tokens", a.batch_tokens, 1),
                         ("--max-new-tokens", a.max_new_tokens, 1), ("--slots", a.slots, 1),
                         ("--eval-prompts", a.eval_prompts, 0), ("--eval-tokens", a.eval_tokens, 1),
                         ("--temperature", a.temperature, 0), ("--warmup", a.warmup, 0)):
