@@ -13,11 +13,24 @@ def logits_on_rank(shard, cases: list[tuple[str, list[int]]]) -> list:
     return [load_target(path, shard=shard).logits(ids) for path, ids in cases]
 
 
-def generate_on_rank(shard, path: str, drafts: list[str], prompts: list[list[int]], n: int) -> dict:
-    """Greedy token ids per drafter spec ("none": plain decoding); with the last drafter, one reply
-    sampled with a seed and one without (the ranks must agree on a seed, or their forwards would
-    part ways)."""
+def generate_on_rank(shard, path: str, drafts: list[str], prompts: list[list[int]], n: int,
+                     references: list[list[int]] | None = None) -> dict:
+    """Greedy token ids per drafter spec ("none": plain decoding); with ``references`` (prompt +
+    plain continuation), also a spoiled oracle's ids and how many of its drafts were accepted
+    (drafts that get accepted, so the sharded verify and rollback really run); with the last
+    drafter, one reply sampled with a seed and one without (the ranks must agree on a seed, or
+    their forwards would part ways)."""
+    from _engine_util import SpoiledOracle
+
     out = {}
+    if references:
+        vocab = LLM(path, shard=shard).model.config.vocab_size
+        out["oracle"], out["oracle accepted"] = [], 0
+        for ref, p in zip(references, prompts):
+            oracle = SpoiledOracle(ref, vocab, spoil=0.3)
+            res = LLM(path, draft=oracle, shard=shard, num_draft_tokens=3).generate(p, n)
+            out["oracle"].append(res.token_ids)
+            out["oracle accepted"] += sum(res.stats.accepted)
     for spec in drafts:
         llm = LLM(path, draft=spec, shard=shard, num_draft_tokens=3)
         out[spec] = [llm.generate(p, n).token_ids for p in prompts]

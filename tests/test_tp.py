@@ -103,9 +103,11 @@ def test_speculative_greedy_equals_plain(spec_target):
     prompts = [torch.randint(48, (9,), generator=g).tolist(), [5, 6, 7, 5, 6, 7, 5, 6]]  # repeats: n-gram hits
     plain = LLM(path, device="cpu")
     want = [plain.generate(p, 16).token_ids for p in prompts]
-    got = run_parallel(generate_on_rank, 2, path, drafts, prompts, 16, deadline_s=DEADLINE)
+    refs = [p + w for p, w in zip(prompts, want)]
+    got = run_parallel(generate_on_rank, 2, path, drafts, prompts, 16, refs, deadline_s=DEADLINE)
     for spec in drafts:
         assert got[spec] == want, spec
+    assert got["oracle"] == want and got["oracle accepted"] > 0  # accepted drafts: sharded rollback ran
     # sampling (rejection sampling with the MTP drafter) draws the same tokens from the same seed
     # (the logits differ from one process's in the last bits only)
     assert got["seed 5"] == LLM(path, draft=drafts[-1], device="cpu", num_draft_tokens=3).generate(
