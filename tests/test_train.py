@@ -44,10 +44,13 @@ def _train(capsys, target, prompts, out, cache, kind, *extra, arch=True):
 
 def _lossless(target, spec, prompts):
     spec_llm, plain = LLM(target, draft=spec, device="cpu"), LLM(target, device="cpu")
+    accepted = 0
     for p in open(prompts).read().splitlines()[:3]:
         a = spec_llm.generate(p, max_new_tokens=20)
         b = plain.generate(p, max_new_tokens=20)
         assert a.token_ids == b.token_ids
+        accepted += sum(a.stats.accepted)
+    assert accepted > 0  # the trained drafter's drafts were accepted: verify and rollback really ran
 
 
 @pytest.mark.parametrize("kind", ["dflash", "mtp"])
