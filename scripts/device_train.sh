@@ -6,7 +6,8 @@
 #   bash scripts/device_train.sh mtp SECONDS      # train the MTP head (K=4 chained)
 # Everything under /tmp survives between calls while the machine stays warm; results go to $OUT.
 # Carried along (ignored paths, `carry`): .dev/trained/cache (a reply cache: no distillation) and
-# .dev/trained/{dflash,mtp} (set INIT=1 to continue from them with --init).
+# .dev/trained/{dflash,mtp} (set INIT=1 to continue from them with --init; INIT_DIR=DIR for another
+# directory). ANCHORS and EPOCHS override the DFlash anchors (64) and the epochs (dflash 6, mtp 1).
 set -u
 export PYTHONPATH=/tmp/site:$PWD
 G=/tmp/smollm2.gguf
@@ -25,11 +26,12 @@ dflash|mtp)
     left=$(( budget - SECONDS - 25 ))
     mins=$(python -c "print(max(0.5, $left / 60))")
     if [ "$1" = dflash ]; then
-        extra="--anchors 64"
+        extra="--anchors ${ANCHORS:-64} --epochs ${EPOCHS:-6}"
     else
-        extra="--steps 4"
+        extra="--steps 4 --epochs ${EPOCHS:-1}"
     fi
-    if [ "${INIT:-0}" = 1 ] && [ -d .dev/trained/$1 ]; then extra="$extra --init .dev/trained/$1"; fi
+    init=${INIT_DIR:-.dev/trained/$1}
+    if [ "${INIT:-0}" = 1 ] && [ -d "$init" ]; then extra="$extra --init $init"; fi
     mkdir -p /tmp/dr
     python -m specdec train $1 --target $G --out /tmp/dr/$1 --data-cache /tmp/dc --eval-prompts 4 \
         --eval-tokens 96 --checkpoint-minutes 1 --time-limit "$mins" $extra > /tmp/train_$1.log 2>&1
