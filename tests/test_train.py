@@ -147,3 +147,19 @@ def test_reply_cache_round_trips_small_and_large_ids(tmp_path):
     (tmp_path / "bad.pt").write_bytes(b"not a cache")
     with pytest.raises(Exception, match="unreadable reply cache"):
         _load_replies(str(tmp_path / "bad.pt"))
+
+
+def test_target_fingerprint_is_content_not_name(tmp_path):
+    # the reply cache is keyed by it: a renamed or copied target must find its replies
+    from specdec.train.data import target_fingerprint
+    blob = os.urandom(3 << 20)
+    for name in ("a.gguf", "b.gguf"):
+        (tmp_path / name).write_bytes(blob)
+    assert target_fingerprint(str(tmp_path / "a.gguf")) == target_fingerprint(str(tmp_path / "b.gguf"))
+    (tmp_path / "b.gguf").write_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))
+    assert target_fingerprint(str(tmp_path / "a.gguf")) != target_fingerprint(str(tmp_path / "b.gguf"))
+    d1, d2 = tmp_path / "d1", tmp_path / "d2"
+    for d, name in ((d1, "model.safetensors"), (d2, "other.safetensors")):
+        d.mkdir()
+        (d / name).write_bytes(blob)
+    assert target_fingerprint(str(d1)) != target_fingerprint(str(d2))  # in a directory, names matter

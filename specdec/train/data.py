@@ -88,12 +88,14 @@ class Distilled:
 def target_fingerprint(path: str) -> str:
     """A content fingerprint of a checkpoint (stable across copies, unlike a path or mtime): the
     size and the first and last MiB of every file (a GGUF file, or an HF directory's files)."""
-    files = [path] if os.path.isfile(path) else sorted(
+    single = os.path.isfile(path)
+    files = [path] if single else sorted(
         os.path.join(path, f) for f in os.listdir(path) if f.endswith((".json", ".safetensors", ".gguf")))
     h = hashlib.sha256()
     for f in files:
         size = os.path.getsize(f)
-        h.update(f"{os.path.basename(f)}:{size}".encode())
+        # a directory's file names are part of its content; a single file's own name is not
+        h.update(f"{'' if single else os.path.basename(f)}:{size}".encode())
         with open(f, "rb") as fh:
             h.update(fh.read(1 << 20))
             if size > 2 << 20:
