@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from .drafters.factory import make_drafter
+from .drafters.factory import make_drafter, resolve_spec
 from .engine import GenerationResult, SpeculativeGenerator
 from .errors import CheckpointError, RequestError
 from .loading import LoadedModel, load_model
@@ -75,8 +75,10 @@ class LLM:
     """Generate text with a target model and an optional drafter.
 
     ``model``: path to an HF checkpoint directory or a ``.gguf`` file (None: the embedded
-    default). ``draft``: ``None``/``"none"``, ``"ngram"``, ``"mtp"`` (the target's own MTP block),
-    ``"mtp:PATH"`` (a trained MTP head directory), ``"dflash:PATH"`` or a drafter object.
+    default). ``draft``: ``None``/``"none"``, ``"ngram"``, ``"mtp"`` (the target's own MTP block,
+    else the MTP head shipped for it), ``"mtp:PATH"`` (a trained MTP head directory), ``"dflash"``
+    (the DFlash drafter shipped for the target), ``"dflash:PATH"``, ``"auto"`` (the shipped DFlash
+    drafter on CUDA, else none; the CLI's default) or a drafter object.
     ``device``: ``"cpu"``, ``"cuda"`` or None (CUDA when present). ``dtype``: ``"float32"``,
     ``"bfloat16"`` or None (bf16 on CUDA, fp32 on CPU). ``num_draft_tokens``: drafts per step
     for n-gram/MTP; a block drafter (DFlash) drafts ``block_size - 1`` per step,
@@ -97,7 +99,9 @@ class LLM:
                  batch_invariant: bool | None = None, shard=None):
         self.loaded = load_model(model or default_model_path(), shard.device if shard else device, dtype, shard=shard)
         self.tokenizer = self.loaded.tokenizer
-        self.drafter = make_drafter(draft, self.loaded, block_size=block_size)
+        spec = resolve_spec(draft, self.loaded)
+        self.drafter_spec = spec if isinstance(spec, str) or spec is None else type(spec).__name__
+        self.drafter = make_drafter(spec, self.loaded, block_size=block_size)
         k = num_draft_tokens
         if self.drafter is not None and getattr(self.drafter, "block_size", None):
             k = self.drafter.block_size - 1  # a block drafter drafts its whole (possibly lowered) block

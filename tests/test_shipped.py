@@ -1,0 +1,80 @@
+"""The drafters shipped for the embedded SmolLM2-135M-Instruct (specdec/data/drafters/): they load
+by bare name, draft losslessly on 5 fixed GSM8K questions, and are accepted often enough to matter.
+
+Floors (CPU, fp32, first 5 gsm8k_test questions, chat template, 64 tokens, T=0): mean tau >= 2.2
+for DFlash (block 16) and >= 1.4 for the MTP head (k=3). Measured here at commit time: DFlash
+2.75, MTP 1.85 (BENCHMARKS.md has the H200 numbers). A broken drafter (random weights, a wrong
+target layer, a shifted position) gets tau ~1.0, far below either floor.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from specdec.api import LLM, default_model_path
+from specdec.bench import load_prompts
+from specdec.cli import main
+from specdec.drafters.shipped import auto_spec, shipped_dir, shipped_for
+from specdec.errors import CheckpointError, ConfigError
+
+N_TOKENS = 64
+FLOORS = {"dflash": 2.2, "mtp": 1.4}
+
+
+@pytest.fixture(scope="module")
+def embedded() -> str:
+    try:
+        return default_model_path()
+    except CheckpointError as e:  # make test/.ci/run install it: a missing model is a setup error
+        pytest.fail(f"the embedded SmolLM2 model is not installed: {e}")
+
+
+def test_shipped_drafters_are_found_by_content(embedded, tmp_path):
+    found = shipped_for(embedded)
+    assert set(found) == {"dflash", "mtp"}
+    assert all(os.path.isfile(os.path.join(d, "config.json")) for d in found.values())
+    # a copy under another name is the same target; another file is not
+    other = tmp_path / "renamed.gguf"
+    other.symlink_to(embedded)
+    assert shipped_for(str(other)) == found
+    (tmp_path / "x.gguf").write_bytes(b"GGUF" + bytes(100))
+    assert shipped_for(str(tmp_path / "x.gguf")) == {}
+    assert auto_spec(embedded, "cuda") == "dflash"
+    assert auto_spec(embedded, "cpu") == "none"  # it does not pay on the CPU yet
+    assert auto_spec(str(tmp_path / "x.gguf"), "cuda") == "none"
+    with pytest.raises(ConfigError, match="no dflash drafter is shipped for .*x.gguf.*specdec train dflash"):
+        shipped_dir("dflash", str(tmp_path / "x.gguf"))
+
+
+@pytest.fixture(scope="module")
+def plain(embedded) -> dict[str, list[int]]:
+    llm = LLM(None, draft="none", device="cpu")
+    return {q: llm.generate(q, max_new_tokens=N_TOKENS, chat=True).token_ids for (q,) in load_prompts("gsm8k", 5)}
+
+
+@pytest.mark.parametrize("kind", ["dflash", "mtp"])
+def test_shipped_drafter_is_lossless_and_accepted(kind, plain):
+    llm = LLM(None, draft=kind, device="cpu", num_draft_tokens=3)
+    assert llm.drafter is not None and llm.drafter_spec == kind
+    taus = []
+    for q, ref in plain.items():
+        spec = llm.generate(q, max_new_tokens=N_TOKENS, chat=True)
+        assert spec.token_ids == ref, q
+        taus.append(spec.stats.tau)
+    mean = sum(taus) / len(taus)
+    print(f"{kind}: mean tau {mean:.2f} ({', '.join(f'{t:.2f}' for t in taus)})")
+    assert mean >= FLOORS[kind], taus
+
+
+def test_auto_is_plain_on_the_cpu_and_info_lists_the_shipped(embedded, capsys):
+    llm = LLM(None, draft="auto", device="cpu")
+    assert llm.drafter is None and llm.drafter_spec == "none"
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "dflash (shipped with specdec" in out and "mtp (shipped with specdec" in out
+    # --compare with auto on the CPU: nothing to compare, one line naming what to give instead
+    rc = main(["generate", "--device", "cpu", "-p", "hi", "-n", "2", "--compare"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--draft auto decodes plainly here" in err and "Traceback" not in err
