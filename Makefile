@@ -1,5 +1,5 @@
-# specdec: `make demo` sets everything up and runs the embedded default model (plain, then speculative,
-# side by side); `make test` runs the tests.
+# specdec: `make demo` sets everything up and runs the embedded default model (plain, then speculative
+# with its shipped DFlash drafter and with n-gram, side by side); `make test` runs the tests.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -23,10 +23,16 @@ $(BIN)/specdec: pyproject.toml
 
 setup: $(BIN)/specdec
 
-# A copy-edit: the reply repeats most of the prompt, which the n-gram drafter finds (on an
-# open question it rarely guesses right, and on the CPU a wasted verify costs more than it saves).
+# The same prompt plain and speculative, side by side (tok/s, tau, and whether the tokens are
+# identical): first a word problem with the DFlash drafter shipped for the embedded model, then a
+# copy-edit, whose reply repeats the prompt, with the n-gram drafter. On the CPU the DFlash drafter
+# is accepted ~2.8 tokens a step but its 16-row verify costs about as much as it saves; on CUDA
+# it is the default (--draft auto) and pays (BENCHMARKS.md).
 demo: setup
 	$(BIN)/specdec info
+	$(BIN)/specdec generate --chat --compare --draft dflash --max-new-tokens 96 \
+		--prompt "A baker makes 24 muffins in the morning and 18 in the afternoon. She sells 30 of them and gives \
+	5 to her neighbour. How many muffins does she have left?"
 	$(BIN)/specdec generate --chat --compare --draft ngram --max-new-tokens 96 \
 		--prompt "Fix the typos in this paragraph and return it: The sky apears blue becuase air molecules \
 	scatter short wavelenghts of sunlight more than long ones. This efect is called Rayleigh scattering, and it \

@@ -39,7 +39,7 @@ def resolve_spec(spec, loaded):
     """``auto`` made concrete for this target and device (``dflash`` or ``none``); other specs as given."""
     if spec == "auto":
         from .shipped import auto_spec
-        return auto_spec(loaded.path, loaded.model.device.type)
+        return auto_spec(getattr(loaded, "path", None), getattr(loaded, "model", loaded).device.type)
     return spec
 
 

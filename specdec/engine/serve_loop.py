@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from ..drafters.factory import make_drafter
+from ..drafters.factory import make_drafter, resolve_spec
 from ..errors import ConfigError, ContextOverflowError, EngineStoppedError, QueueFullError, RequestError
 from ..models.base import CausalLM, ForwardOut
 from ..sampling import SamplingParams, make_generator, probs_from_logits
@@ -118,6 +118,7 @@ class EngineLoop:
     @staticmethod
     def _drafters(draft, loaded, block_size):
         """(name, per-slot factory or None, one instance to read settings from or None)."""
+        draft = resolve_spec(draft, loaded)  # auto: the shipped DFlash drafter on CUDA, else none
         if draft is None or draft == "none":
             if block_size is not None:
                 raise ConfigError("block_size was given but no DFlash drafter is used")
