@@ -265,7 +265,7 @@ def _check_model_args(args, drafts: list[str]) -> None:
     from .loading import resolve_device, resolve_dtype
 
     resolve_dtype(args.dtype, resolve_device(args.device))
-    if args.compile and getattr(args, "tensor_parallel", 1) != 1:
+    if getattr(args, "compile", False) and getattr(args, "tensor_parallel", 1) != 1:  # serve has no --compile
         raise RequestError("--compile is not supported with --tensor-parallel yet")
     for d in drafts:
         check_spec(d)
