@@ -89,6 +89,9 @@ class LLM:
     rows (16), so that decode and verify compute each position bit-identically and speculative
     output equals plain output also in bf16; off, plain decoding is faster but near-tie tokens may
     differ in low precision (on the CPU, in fp32, greedy tokens are tested equal either way).
+    ``compile``: compile each static decode/verify/draft step with torch.compile (inductor) before
+    it is captured (and where steps run uncaptured, e.g. on the CPU, run the compiled step): fewer,
+    fused kernels per step, at the cost of compile time on each step shape's first use.
     ``shard``: inside a tensor-parallel rank (a :class:`specdec.parallel.Shard` handed out by
     :func:`specdec.parallel.launch.run_parallel`), the target is that rank's part, on its device;
     every rank must make the same calls (drafters run replicated).
@@ -96,7 +99,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, draft=None, device: str | None = None, dtype=None,
                  num_draft_tokens: int = 4, block_size: int | None = None, cuda_graphs: bool = True,
-                 batch_invariant: bool | None = None, shard=None):
+                 batch_invariant: bool | None = None, compile: bool = False, shard=None):
         self.loaded = load_model(model or default_model_path(), shard.device if shard else device, dtype, shard=shard)
         self.tokenizer = self.loaded.tokenizer
         spec = resolve_spec(draft, self.loaded)
@@ -105,9 +108,8 @@ class LLM:
         k = num_draft_tokens
         if self.drafter is not None and getattr(self.drafter, "block_size", None):
             k = self.drafter.block_size - 1  # a block drafter drafts its whole (possibly lowered) block
-        self.engine = SpeculativeGenerator(self.loaded.model, self.drafter, k, cuda_graphs=cuda_graphs,
-                                           batch_invariant=batch_invariant)
-        self._engine_options = {"cuda_graphs": cuda_graphs, "batch_invariant": batch_invariant}
+        self._engine_options = {"cuda_graphs": cuda_graphs, "batch_invariant": batch_invariant, "compile": compile}
+        self.engine = SpeculativeGenerator(self.loaded.model, self.drafter, k, **self._engine_options)
         self._plain: SpeculativeGenerator | None = None  # target-only decoding, built on first use
 
     @property

@@ -125,8 +125,8 @@ def bench_configs(drafts: list[str], ks, block_sizes) -> list[tuple[str, str, in
 def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max_new_tokens: int, *,
               num_draft_tokens=4, block_size=None, temperature: float = 0.0,
               device=None, dtype=None, data_dir: str | None = None, chat: bool = True, seed: int = 0,
-              cuda_graphs: bool = True, batch_invariant: bool | None = None, max_turns: int | None = None,
-              shard=None) -> dict:
+              cuda_graphs: bool = True, batch_invariant: bool | None = None, compile: bool = False,
+              max_turns: int | None = None, shard=None) -> dict:
     """``num_draft_tokens`` / ``block_size``: a value or a list (a sweep: one configuration each).
     ``shard``: run as one tensor-parallel rank (every rank runs the same bench)."""
     prompts = load_prompts(dataset, num_prompts, data_dir)  # a missing prompt set fails before loading
@@ -141,7 +141,8 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
         d = make_drafter(spec, loaded, block_size=bs if spec.startswith("dflash") else None)
         if d is not None and getattr(d, "block_size", None):
             k = d.block_size - 1
-        gens[label] = SpeculativeGenerator(tgt, d, k, cuda_graphs=cuda_graphs, batch_invariant=batch_invariant)
+        gens[label] = SpeculativeGenerator(tgt, d, k, cuda_graphs=cuda_graphs, batch_invariant=batch_invariant,
+                                           compile=compile)
     drafts = list(gens)
     results = {spec: ConfigResult(spec) for spec in drafts}
     params = SamplingParams(temperature=temperature, seed=seed)
@@ -190,7 +191,8 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
             # CUDA graphs exist on CUDA only: None (n/a) elsewhere. The fixed-row padding defaults to
             # on for CUDA and off for the CPU (see SpeculativeGenerator)
             "cuda_graphs": cuda_graphs and shard is None if dev.type == "cuda" else None,  # none under TP yet
-            "batch_invariant": dev.type == "cuda" if batch_invariant is None else batch_invariant, "rows": rows}
+            "batch_invariant": dev.type == "cuda" if batch_invariant is None else batch_invariant,
+            "compile": compile, "rows": rows}
 
 
 def machine_description(dev: torch.device) -> str:
@@ -219,7 +221,7 @@ def format_table(report: dict) -> str:
     head = (f"machine: {report['machine']} | commit {report['commit']} | {report['dataset']} x{report['num_prompts']}"
             f" | max_new_tokens {report['max_new_tokens']} | T={report['temperature']} | {report['dtype']} on {report['device']}"
             f" | cuda_graphs={_flag(report['cuda_graphs'])} batch_invariant={_flag(report['batch_invariant'])}"
-            f"{tp}\n")
+            f" compile={report.get('compile', False)}{tp}\n")
     cols = ["draft", "tokens_per_s", "speedup_vs_none", "tau", "acceptance_rate", "new_tokens", "seconds", "outputs_differing_from_none"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in report["rows"]:

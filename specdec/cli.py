@@ -52,6 +52,8 @@ def _model_args(p: argparse.ArgumentParser, draft: bool = True, sweep: bool = Fa
                    "once per value" if sweep else ""))
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode/verify steps eagerly instead of "
                    "replaying them as CUDA graphs (used on CUDA by default)")
+    p.add_argument("--compile", action="store_true", help="compile each static decode/verify/draft step with "
+                   "torch.compile (inductor) before CUDA-graph capture: fewer, fused kernels; adds compile time at start")
     p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
                    help="pad every decode/verify step to a fixed 16 rows, so that every position's logits are "
                    "bitwise the same in plain and speculative decoding (default: on for CUDA, off for the CPU). "
@@ -270,6 +272,8 @@ def _check_model_args(args, drafts: list[str]) -> None:
 
     device = resolve_device(args.device)
     resolve_dtype(args.dtype, device)
+    if getattr(args, "compile", False) and getattr(args, "tensor_parallel", 1) != 1:  # serve has no --compile
+        raise RequestError("--compile is not supported with --tensor-parallel yet")
     for d in drafts:
         check_spec(d)
     if "auto" in drafts:  # what auto picks depends on the target's content and the device only
@@ -300,7 +304,8 @@ def _make_llm(args, shard=None):
     from .api import LLM
     return LLM(args.model, draft=args.draft, device=args.device, dtype=args.dtype,
                num_draft_tokens=args.num_draft_tokens, block_size=args.block_size,
-               cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant, shard=shard)
+               cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant, compile=args.compile,
+               shard=shard)
 
 
 def _on_ranks(args, fn, *rest) -> int:
@@ -439,7 +444,7 @@ def _bench(shard, args, drafts: list[str]) -> int:
                        num_draft_tokens=args.num_draft_tokens, block_size=args.block_size, temperature=args.temperature,
                        device=args.device, dtype=args.dtype, data_dir=args.data_dir, chat=not args.no_chat,
                        cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant,
-                       max_turns=args.max_turns, shard=shard)
+                       compile=args.compile, max_turns=args.max_turns, shard=shard)
     print(format_table(report))
     if args.json and (shard is None or shard.rank == 0):
         with open(args.json, "w", encoding="utf-8") as fh:
@@ -457,6 +462,8 @@ def cmd_bench_shape(args) -> int:
     if bad:
         raise RequestError(f"--shape builds a random target without a tokenizer: {', '.join(bad)} cannot be used with it "
                            "(the oracle's drafts per step: --oracle-k)")
+    if args.compile:
+        raise RequestError("--compile is not supported with --shape yet (scripts/profile_compile.py times compiled steps)")
     if args.max_new_tokens < 1:
         raise RequestError(f"-n/--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     from .shapes import shape_config

@@ -25,6 +25,10 @@ class ContextOverflowError(RequestError):
     """The prompt plus the requested tokens do not fit in the model's context."""
 
 
+class CompileError(SpecdecError):
+    """``--compile``: torch.compile is unavailable here or failed to compile a static step."""
+
+
 class QueueFullError(SpecdecError):
     """The serving engine already holds as many waiting requests as it was built to queue."""
 

@@ -85,6 +85,7 @@ def test_too_big_is_refused_before_allocating():
     (["--shape", "tiny", "--model", "/nonexistent/m.gguf"], "--model cannot be used with it"),
     (["--shape", "tiny", "--drafts", "none", "ngram"], "--drafts cannot be used with it"),
     (["--shape", "tiny", "--dataset", "humaneval"], "--dataset cannot be used with it"),
+    (["--shape", "tiny", "--compile"], "--compile is not supported with --shape"),
     (["--shape", "gpt-5"], "unknown shape 'gpt-5' (known: qwen3-8b,"),
     (["--shape", "tiny", "--context", "5000"], "exceeds shape tiny's 4096 positions"),
     (["--shape", "tiny", "--oracle-tau", "20"], "--oracle-tau 20.0 must lie in [1, 16]"),

@@ -114,7 +114,7 @@ def test_bench_reports_side_by_side(llama_dir, tmp_path, capsys):
     assert rows["ngram"]["outputs_differing_from_none"] == 0
     assert rows["ngram"]["tau"] > 1.0  # counting continues the prompt's pattern: n-gram drafts hit
     # on the CPU there are no CUDA graphs and the fixed-row padding is off by default: the header says so
-    assert rep["cuda_graphs"] is None and rep["batch_invariant"] is False
+    assert rep["cuda_graphs"] is None and rep["batch_invariant"] is False and rep["compile"] is False
     assert "cuda_graphs=n/a batch_invariant=False" in format_table(rep)
     padded = run_bench(model, ["none"], str(data), 1, 8, device="cpu", chat=False, batch_invariant=True)
     assert padded["batch_invariant"] is True

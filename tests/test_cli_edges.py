@@ -47,6 +47,8 @@ def _run(capsys, *argv):
     (["bench", "--draft", "eagle"], "unknown drafter 'eagle'"),
     (["bench", "--num-prompts", "0"], "--num-prompts"),
     (["bench", "--data-dir", "/nonexistent-bench-data"], "/nonexistent-bench-data: no such directory"),
+    (["generate", "-p", "x", "--compile", "--tensor-parallel", "2"], "--compile is not supported with --tensor-parallel"),
+    (["bench", "--compile", "--tensor-parallel", "2"], "--compile is not supported with --tensor-parallel"),
 ])
 def test_bad_arguments_fail_before_loading(argv, culprit, capsys):
     """One line ``specdec CMD: error: ...`` naming the culprit, exit code 2, and never the missing
@@ -121,7 +123,22 @@ def test_bench_header_says_what_applies_on_the_device():
               "batch_invariant": False, "rows": []}
     assert "cuda_graphs=n/a batch_invariant=False" in bench.format_table(report)
     report.update(device="cuda:0", cuda_graphs=True, batch_invariant=False)
-    assert "cuda_graphs=True batch_invariant=False" in bench.format_table(report)
+    assert "cuda_graphs=True batch_invariant=False compile=False" in bench.format_table(report)
+    report.update(compile=True)
+    assert "cuda_graphs=True batch_invariant=False compile=True" in bench.format_table(report)
+
+
+def test_compile_flag_reaches_the_engine(monkeypatch):
+    """--compile (generate, chat, bench) is off by default and is passed to the LLM the CLI builds."""
+    import specdec.api
+
+    p = cli.build_parser()
+    for cmd in (["generate", "-p", "x"], ["bench"], ["chat"]):
+        assert p.parse_args(cmd).compile is False and p.parse_args(cmd + ["--compile"]).compile is True
+    seen = {}
+    monkeypatch.setattr(specdec.api, "LLM", lambda *a, **kw: seen.update(kw))
+    cli._make_llm(p.parse_args(["generate", "-p", "x", "--compile"]))
+    assert seen["compile"] is True
 
 
 def test_bench_prompt_sets_ship_with_the_package(monkeypatch):

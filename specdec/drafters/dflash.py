@@ -16,7 +16,7 @@ import torch
 from ..config import read_json
 from ..errors import CheckpointError, ConfigError
 from ..models.base import CausalLM, ForwardOut
-from ..models.graphs import capture
+from ..models.graphs import capture, maybe_compile
 from ..sampling import SamplingParams, probs_from_logits
 from ..weights import load_into
 from ..weights.loader import check_layer_count
@@ -76,11 +76,15 @@ class DFlashDrafter:
         # Greedy blocks as one static step (a CUDA graph on CUDA; eager elsewhere, for tests). Not
         # under tensor parallelism yet: collectives inside captured graphs are not verified.
         self.static_steps = target.device.type == "cuda" and getattr(target, "shard", None) is None
+        # torch.compile the static block (set by the engine's ``compile``); compiled blocks are static
+        self.compile = False
         self._static: _StaticBlock | None = None
 
     def spawn(self) -> "DFlashDrafter":
         """A drafter sharing these weights with an empty context cache (one per sequence of a batch)."""
-        return DFlashDrafter(self.model, self.target, self.block_size, self.path)
+        d = DFlashDrafter(self.model, self.target, self.block_size, self.path)
+        d.compile = self.compile
+        return d
 
     # --- the drafter protocol -----------------------------------------------------
     @torch.inference_mode()
@@ -104,7 +108,7 @@ class DFlashDrafter:
         Greedy: the argmax of each block row. Sampling: each row sampled from the drafter's
         own filtered distribution, returned with it so acceptance stays exact (z-lab does the same).
         """
-        if params.greedy and self.static_steps:
+        if params.greedy and (self.static_steps or self.compile):
             if not self.kv:
                 raise RuntimeError("DFlashDrafter.propose called before begin")
             st = self._static
@@ -189,6 +193,7 @@ class _StaticBlock:
         self.start = torch.zeros((), dtype=torch.int64, device=dev)
         self.graph = None
         self.out = None
+        self.fn = maybe_compile(self._compute, d.compile)
 
     def _compute(self) -> torch.Tensor:
         d = self.d
@@ -209,9 +214,9 @@ class _StaticBlock:
         self.ids[0] = last_token
         self.start.fill_(start)
         if not self.ids.is_cuda:
-            return self._compute()
+            return self.fn()
         if self.graph is None:
-            self.graph, self.out = capture(self._compute, self.ids.device)
+            self.graph, self.out = capture(self.fn, self.ids.device)
         self.graph.replay()
         return self.out.clone()
 

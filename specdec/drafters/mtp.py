@@ -49,7 +49,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from ..models.base import CausalLM, ForwardOut
-from ..models.graphs import capture
+from ..models.graphs import capture, maybe_compile
 from ..models.layers import RMSNorm
 from ..models.qwen35 import FullAttentionDecoderLayer, checkpoint_view
 from ..sampling import SamplingParams, probs_from_logits
@@ -112,11 +112,15 @@ class MTPDrafter:
         # rows padded to k + 1, then the k chained rows, argmax on the device. Not under tensor
         # parallelism yet: collectives inside captured graphs are not verified.
         self.static_steps = target.device.type == "cuda" and getattr(target, "shard", None) is None
+        # torch.compile the static proposal (set by the engine's ``compile``); compiled proposals are static
+        self.compile = False
         self._static: dict[int, _StaticPropose] = {}
 
     def spawn(self) -> "MTPDrafter":
         """A drafter sharing this block's weights with an empty KV cache (one per sequence of a batch)."""
-        return MTPDrafter(self.block, self.target, self.sample_drafts)
+        d = MTPDrafter(self.block, self.target, self.sample_drafts)
+        d.compile = self.compile
+        return d
 
     # --- embedding / head (dedicated or the target's) ----------------------------------
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -183,7 +187,7 @@ class MTPDrafter:
         hidden = torch.cat(self._pending_h + [self._last_h], dim=0)
         toks = torch.cat(self._pending_t + [torch.tensor([int(last_token)], dtype=torch.int64, device=dev)])
         greedy = params.greedy or not self.sample_drafts
-        if greedy and self.static_steps and toks.shape[0] <= k + 1:
+        if greedy and (self.static_steps or self.compile) and toks.shape[0] <= k + 1:
             return self._propose_static(toks, hidden, k)
         g = self._run(toks, hidden, self.length)[-1:]
         self.length += toks.shape[0]
@@ -238,6 +242,7 @@ class _StaticPropose:
         self.n = torch.ones((), dtype=torch.int64, device=dev)
         self.graph = None
         self.out = None
+        self.fn = maybe_compile(self._compute, d.compile)
 
     def _compute(self):
         d, tgt, cap = self.d, self.d.target, self.cache.k.shape[1]
@@ -260,11 +265,11 @@ class _StaticPropose:
         self.start.fill_(start)
         self.n.fill_(n)
         if self.d.target.device.type != "cuda":
-            self.out = self._compute()
+            self.out = self.fn()
         else:
             if self.graph is None:
                 # warm-ups write the same real rows the replay writes; the rest lies past the commits
-                self.graph, self.out = capture(self._compute, self.tok.device)
+                self.graph, self.out = capture(self.fn, self.tok.device)
             self.graph.replay()
         return self.out[0].clone(), self.out[1].clone()
 

@@ -103,13 +103,16 @@ class SpeculativeGenerator:
     """Runs the loop for a target and an optional drafter (``num_draft_tokens`` per step)."""
 
     def __init__(self, target: CausalLM, drafter: Drafter | None = None, num_draft_tokens: int = 4,
-                 cuda_graphs: bool = True, batch_invariant: bool | None = None):
+                 cuda_graphs: bool = True, batch_invariant: bool | None = None, compile: bool = False):
         """``cuda_graphs``: on CUDA, replay every decode/verify step as a CUDA graph.
         ``batch_invariant`` (default: on for CUDA, off for the CPU): run every decode/verify step as
         the same fixed ``STEP_ROWS``-row static step, so a committed position's logits are bitwise the
         same whatever its row in the step; speculative output then equals plain output bit for bit,
         also in bf16. Off, steps run only their own rows: faster, and on the CPU (fp32) the greedy
-        tokens still match plain decoding (tested), though the last bits of logits may not."""
+        tokens still match plain decoding (tested), though the last bits of logits may not.
+        ``compile``: compile every static step (the target's decode/verify steps, a drafter's static
+        draft step) with torch.compile before it is captured; it implies static steps, also where
+        they would otherwise run as plain forwards (the CPU without ``batch_invariant``)."""
         if num_draft_tokens < 0:
             raise RequestError(f"num_draft_tokens must be >= 0, got {num_draft_tokens}")
         self.target = target
@@ -126,6 +129,11 @@ class SpeculativeGenerator:
         # captured graphs are not verified yet (the output is the same either way).
         self.shard = getattr(target, "shard", None)
         self.use_graphs = bool(cuda_graphs) and on_cuda and self.shard is None
+        if compile and self.shard is not None:
+            raise RequestError("--compile is not supported under tensor parallelism yet")
+        self.compile = bool(compile)
+        if drafter is not None and hasattr(drafter, "compile"):
+            drafter.compile = self.compile  # drafters with static draft steps compile them too
         # every step padded to STEP_ROWS rows: identical kernels for decode and verify (see graphs.py)
         self.pad_to = STEP_ROWS if batch_invariant and self.k + 1 <= STEP_ROWS else None
         if batch_invariant and self.pad_to is None:
@@ -133,7 +141,8 @@ class SpeculativeGenerator:
                           "every step is padded to: steps are not padded, and in low precision (bf16) drafted output "
                           f"may differ from plain output at near-ties; use at most {STEP_ROWS - 1} drafts per step "
                           f"(--block-size {STEP_ROWS} or less for DFlash) for exact output", stacklevel=2)
-        self.static = self.use_graphs or self.pad_to is not None  # steps run as static steps (graphs.py)
+        # steps run as static steps (graphs.py); compiled steps are static steps
+        self.static = self.use_graphs or self.pad_to is not None or self.compile
         self._graphed: GraphedTarget | None = None
 
     def _cache_for(self, need: int, capture: tuple[int, ...]):
@@ -150,7 +159,7 @@ class SpeculativeGenerator:
         self._graphed = None  # free the old graphs and cache first
         cache = tgt.new_cache(size, spare=spare)
         self._graphed = GraphedTarget(tgt, cache, capture, max_steps=self.k + 1, pad_to=self.pad_to,
-                                      use_graphs=self.use_graphs)
+                                      use_graphs=self.use_graphs, compile=self.compile)
         return cache, self._graphed
 
     def generate(self, prompt_ids, max_new_tokens: int, params: SamplingParams = SamplingParams(), *,

@@ -8,21 +8,63 @@ one launch. Linear-attention caches select their live state on the device (``cur
 the graph; their Python bookkeeping (which position is live) is done here after each replay.
 Without graphs (``--no-cuda-graphs``, or the CPU in batch-invariant mode) the same static steps
 run eagerly: one step function, two ways to launch it, the same numerics.
+
+``--compile`` (:func:`maybe_compile`) hands each static step function to torch.compile before it is
+warmed up and captured: inductor fuses the hundreds of tiny kernels into a few, so the captured
+graph (or the eager call on the CPU) runs fewer, larger kernels. Compilation happens at the step's
+first call, i.e. in :func:`capture`'s warm-up.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
 
 from ..cache import KVCache, LinearAttnCache, SequenceCache
+from ..errors import CompileError
 from .base import CausalLM, ForwardOut
 
 
 def graphable(cache: SequenceCache) -> bool:
     """Whether static steps can run on ``cache`` (every layer cache has static buffers)."""
     return all(isinstance(c, (KVCache, LinearAttnCache)) for c in cache.layers)
+
+
+def maybe_compile(fn, on: bool):
+    """``fn`` (a static step: no arguments, static shapes) itself, or with ``on`` compiled by
+    torch.compile as one graph (inductor, ``dynamic=False``, ``fullgraph=True``). Compilation runs
+    at the first call; torch.compile being unavailable, or failing on the step, is a
+    :class:`CompileError` naming ``--compile`` instead of a compiler traceback."""
+    if not on:
+        return fn
+    import torch._dynamo
+
+    # Each static step (a row count, a cache size, a drafter's context capacity) is one graph of
+    # the same few Python functions, and dynamo counts them against one limit per function (8 by
+    # default; under fullgraph, hitting it is an error): allow more.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    try:
+        compiled = torch.compile(fn, dynamic=False, fullgraph=True)
+    except (AttributeError, RuntimeError) as e:  # no torch.compile, or e.g. a Python version this torch cannot compile for
+        raise CompileError(f"--compile: torch.compile is unavailable here: {_first_line(e)}") from e
+    failed = (torch._dynamo.exc.TorchDynamoException, getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", ()))
+
+    @functools.wraps(fn)
+    def run():
+        try:
+            return compiled()
+        except failed as e:  # compile-time failures only; a runtime error of the step passes through
+            raise CompileError(f"--compile: torch.compile failed on a static step ({type(e).__name__}: "
+                               f"{_first_line(e)}); run without --compile") from e
+
+    return run
+
+
+def _first_line(e: Exception) -> str:
+    line = (str(e).strip().splitlines() or [""])[0]
+    return line if len(line) <= 200 else line[:200] + "..."
 
 
 def capture(fn, device: torch.device, warmups: int = 2):
@@ -58,20 +100,21 @@ class GraphedTarget:
     preallocated cache masked by position, linear-attention layers select their live state on the
     device, MoE layers gather their experts. ``use_graphs`` (default: on CUDA) captures each step
     once and replays it; without it the very same step runs eagerly (``--no-cuda-graphs``, and the
-    CPU), so graphs and eager compute the same bits.
+    CPU), so graphs and eager compute the same bits. ``compile``: each step function is compiled
+    with torch.compile (:func:`maybe_compile`) before it is captured or run.
 
     The returned ``logits`` are the step's static buffer, valid until the next call; ``hidden``
     and ``captured`` are copies (drafters may keep them).
     """
 
     def __init__(self, model: CausalLM, cache: SequenceCache, capture: Sequence[int] = (), max_steps: int = 16,
-                 pad_to: int | None = None, use_graphs: bool | None = None):
+                 pad_to: int | None = None, use_graphs: bool | None = None, compile: bool = False):
         if not graphable(cache):
             raise ValueError("static steps need a target whose caches are all KV or linear-attention caches")
         self.use_graphs = model.device.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and model.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
-        self.model, self.cache, self.capture = model, cache, tuple(capture)
+        self.model, self.cache, self.capture, self.compile = model, cache, tuple(capture), compile
         self.start = torch.zeros((), dtype=torch.int64, device=model.device)
         self.steps: dict[int, _Step] = {}
         self.max_steps = max(max_steps, pad_to or 0)
@@ -97,8 +140,10 @@ class GraphedTarget:
         m, cache = self.model, self.cache
         ids = torch.zeros(t, dtype=torch.int64, device=m.device)
 
-        def run():
+        def step():
             return m.run_layers(ids, m.static_context(self.start, t, cache.max_len), cache, self.capture, "all")
+
+        run = maybe_compile(step, self.compile)
 
         if not self.use_graphs:
             step = _Step(None, ids, None, run)

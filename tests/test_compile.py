@@ -1,0 +1,102 @@
+"""``compile``: every static step compiled with torch.compile (inductor) computes what the
+uncompiled static step computes, and speculative output still equals plain output.
+
+On the CPU the compiled steps run uncaptured: the very functions that CUDA warms up (compiling
+them) and captures. A new step shape takes seconds to compile, so these tests share one tiny
+target and use few shapes (the 16-row batch-invariant step, one DFlash block).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _engine_util import SpoiledOracle, build_llama
+from specdec.engine import SpeculativeGenerator
+from specdec.errors import CompileError
+from specdec.models import graphs
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+VOCAB = 64
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    from specdec.loading import load_model
+
+    path = build_llama(tmp_path_factory.mktemp("t") / "t", vocab=VOCAB, hidden=32, layers=4, seed=1, head_scale=4.0)
+    return path, load_model(path, "cpu", "float32").model
+
+
+def _compiled(fn) -> bool:
+    return hasattr(fn, "__wrapped__")  # maybe_compile's wrapper (functools.wraps)
+
+
+def test_compiled_steps_give_uncompiled_tokens_and_speculation_equals_plain(target):
+    """The compiled 16-row step decodes the uncompiled step's greedy tokens; with it, speculative
+    decoding (drafts accepted and rejected, so rollback runs) equals plain decoding."""
+    m = target[1]
+    prompt = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(0)).tolist()
+    ref = SpeculativeGenerator(m, None, 0, batch_invariant=True).generate(prompt, 24).token_ids
+    plain_gen = SpeculativeGenerator(m, None, 0, batch_invariant=True, compile=True)
+    plain = plain_gen.generate(prompt, 24).token_ids
+    assert list(plain_gen._graphed.steps) == [16] and _compiled(plain_gen._graphed.steps[16].run)
+    assert plain == ref
+    oracle = SpoiledOracle(prompt + plain, VOCAB, spoil=0.3, seed=2)
+    spec_gen = SpeculativeGenerator(m, oracle, 4, batch_invariant=True, compile=True)
+    spec = spec_gen.generate(prompt, 24)
+    assert list(spec_gen._graphed.steps) == [16] and _compiled(spec_gen._graphed.steps[16].run)
+    assert spec.token_ids == plain
+    assert sum(spec.stats.accepted) > 0 and min(spec.stats.accepted) < 4  # accepted, and rolled back
+
+
+def test_compiled_dflash_block_drafts_the_uncompiled_tokens(target, tmp_path):
+    """With ``compile`` the DFlash drafter's static greedy block is compiled (on the CPU too, where
+    it would otherwise draft eagerly) and drafts what the uncompiled drafter drafts, every step."""
+    from _dflash_util import write_drafter
+
+    from specdec.drafters.dflash import load_dflash_drafter
+
+    path, m = target
+    d_path, _ = write_drafter(tmp_path / "d", hidden=32, num_target_layers=4, n_layers=2, target_layer_ids=(1, 2),
+                              block_size=6)
+    d = load_dflash_drafter(d_path, m)
+    assert not d.static_steps  # the CPU: only compile makes the block static here
+    propose, seen = d.propose, []
+
+    def compare(last_token, k, params, gen):
+        eager = d.block_logits(last_token)[:k]  # the uncompiled drafter's logits
+        prop = propose(last_token, k, params, gen)
+        seen.append(_compiled(d._static.fn))
+        top2 = eager.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 1e-4  # where the argmax is well defined
+        assert clear.any() and torch.equal(prop.tokens[clear], eager.argmax(-1)[clear])
+        return prop
+
+    d.propose = compare
+    prompt = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(3)).tolist()
+    gen = SpeculativeGenerator(m, d, d.block_size - 1, batch_invariant=True, compile=True)
+    out = gen.generate(prompt, 16)
+    assert d.compile and seen and all(seen)
+    assert out.token_ids == SpeculativeGenerator(m, None, 0, batch_invariant=True).generate(prompt, 16).token_ids
+
+
+def test_compile_failure_is_one_specdec_error(monkeypatch):
+    """A step torch.compile cannot compile is a CompileError naming --compile, not a dynamo traceback."""
+
+    x = torch.ones(2)
+
+    def step():
+        return x + 1 if x.sum() > 0 else x  # control flow on tensor data: no single graph (fullgraph)
+
+    with pytest.raises(CompileError, match="--compile"):
+        graphs.maybe_compile(step, True)()
+    assert graphs.maybe_compile(step, False) is step
+
+    def unavailable(*a, **kw):
+        raise RuntimeError("Dynamo is not supported on this Python\nmore lines")
+
+    monkeypatch.setattr(torch, "compile", unavailable)
+    with pytest.raises(CompileError, match="unavailable here: Dynamo is not supported on this Python$"):
+        graphs.maybe_compile(step, True)
