@@ -14,15 +14,12 @@ bench() {  # name, seconds, args...
     timeout "$secs" python -m specdec bench -m $G -n 128 --json $OUT/$name.json "$@" > /tmp/$name.log 2>&1
     echo "== $name rc=$? ($*)"; grep -E "^\||^machine|rror" /tmp/$name.log | tail -16
 }
-nvidia-smi --query-gpu=name,clocks.max.sm,memory.used --format=csv,noheader
-if [ -f scripts/profile_compile.py ]; then
-    timeout 150 python scripts/profile_compile.py --model $G --device cuda --dflash specdec/data/drafters/smollm2_135m_instruct/dflash \
-        --json $OUT/profile_compile.json 2>&1 | grep -v "it/s" | tail -20
-fi
-for ds in gsm8k humaneval mt_bench; do
-    bench t0_$ds 140 --dataset $ds --num-prompts $N --max-turns 1 --drafts none ngram dflash mtp -k 1 2 3 4 --block-size 16 8
-done
-bench t1_gsm8k 60 --dataset gsm8k --num-prompts $N -t 1 --drafts none ngram dflash mtp -k 3
-if python -m specdec bench --help | grep -q -- --compile; then
-    bench compile_gsm8k 150 --dataset gsm8k --num-prompts $N --drafts none ngram dflash --compile
-fi
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+sweep="--drafts none ngram dflash mtp -k 1 2 3 4 --block-size 16 8"
+bench t0_gsm8k 95 --dataset gsm8k --num-prompts $N $sweep
+bench compile_gsm8k 140 --dataset gsm8k --num-prompts $N --drafts none ngram dflash --compile
+bench t0_humaneval 90 --dataset humaneval --num-prompts $N $sweep
+bench t0_mt_bench 90 --dataset mt_bench --num-prompts $N --max-turns 1 $sweep
+bench t1_gsm8k 45 --dataset gsm8k --num-prompts $N -t 1 --drafts none ngram dflash mtp -k 3
+timeout 100 python scripts/profile_compile.py --model $G --device cuda \
+    --dflash specdec/data/drafters/smollm2_135m_instruct/dflash --json $OUT/profile_compile.json 2>&1 | grep -v "it/s" | tail -20
