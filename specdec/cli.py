@@ -30,8 +30,8 @@ def _version() -> str:
 
 
 DRAFT_HELP = ("auto (the default) = the DFlash drafter shipped for the target on CUDA (specdec ships one for the "
-              "embedded SmolLM2-135M-Instruct), plain decoding on the CPU, where it does not pay yet, and for other "
-              "targets; none = plain decoding; dflash = the shipped DFlash drafter, dflash:PATH = a DFlash drafter "
+              "embedded SmolLM2-135M-Instruct), plain decoding on the CPU, where it does not pay yet, with --compile, "
+              "which does not take DFlash drafters yet, and for other targets; none = plain decoding; dflash = the shipped DFlash drafter, dflash:PATH = a DFlash drafter "
               "directory; mtp = the target's own MTP block (Qwen3.5/3.6), else the MTP head shipped for it, "
               "mtp:PATH = a trained MTP head directory")
 
@@ -276,6 +276,10 @@ def _check_model_args(args, drafts: list[str]) -> None:
         raise RequestError("--compile is not supported with --tensor-parallel yet")
     for d in drafts:
         check_spec(d)
+        if getattr(args, "compile", False) and d.startswith("dflash"):
+            raise ConfigError(f"--compile is not supported with DFlash drafters (--draft {d}) yet: the compiled step's "
+                              "numerics depend on the target layers it returns, so output could differ from plain "
+                              "decoding; use --compile with --draft none|ngram|mtp, or DFlash without --compile")
     if "auto" in drafts:  # what auto picks depends on the target's content and the device only
         from .drafters.shipped import auto_spec
         path = getattr(args, "model", None)
@@ -285,7 +289,7 @@ def _check_model_args(args, drafts: list[str]) -> None:
                 path = default_model_path()
             except SpecdecError:
                 path = None  # reported when the model is opened
-        drafts = [auto_spec(path, device.type) if d == "auto" else d for d in drafts]
+        drafts = [auto_spec(path, device.type, getattr(args, "compile", False)) if d == "auto" else d for d in drafts]
     ks = args.num_draft_tokens if isinstance(args.num_draft_tokens, list) else [args.num_draft_tokens]
     for k in ks:
         if k < 0:

@@ -35,11 +35,12 @@ def check_spec(spec, block_size: int | None = None) -> None:
         raise ConfigError(f"block_size applies to DFlash drafters only, not '{spec}' (use num_draft_tokens)")
 
 
-def resolve_spec(spec, loaded):
-    """``auto`` made concrete for this target and device (``dflash`` or ``none``); other specs as given."""
+def resolve_spec(spec, loaded, compile: bool = False):
+    """``auto`` made concrete for this target, device and ``compile`` (``dflash`` or ``none``);
+    other specs as given."""
     if spec == "auto":
         from .shipped import auto_spec
-        return auto_spec(getattr(loaded, "path", None), getattr(loaded, "model", loaded).device.type)
+        return auto_spec(getattr(loaded, "path", None), getattr(loaded, "model", loaded).device.type, compile)
     return spec
 
 
