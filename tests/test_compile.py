@@ -106,3 +106,38 @@ def test_compile_failure_is_one_specdec_error(monkeypatch):
     monkeypatch.setattr(torch, "compile", unavailable)
     with pytest.raises(CompileError, match="unavailable here: Dynamo is not supported on this Python$"):
         graphs.maybe_compile(step, True)
+
+
+def test_compiled_step_is_one_graph_whatever_the_drafter_captures(target, monkeypatch):
+    """Compiled, the target's step always returns every layer (inductor fuses a graph by its
+    outputs: on the H200 a step returning DFlash's layers computed other bf16 logits than the
+    plain step); the layers a drafter reads are picked outside the graph and equal the uncompiled
+    step's capture, and the logits do not depend on the capture."""
+    from specdec.models.graphs import GraphedTarget
+
+    m = target[1]
+    traced = []
+    real = type(m).run_layers
+
+    def spy(self, ids, ctx, cache, capture=(), logits="all"):
+        traced.append(tuple(capture))  # runs while dynamo traces the step (and on eager calls)
+        return real(self, ids, ctx, cache, capture, logits)
+
+    monkeypatch.setattr(type(m), "run_layers", spy)
+    prompt = torch.arange(1, 12)
+    outs = {}
+    for comp in (False, True):
+        for cap in ((), (1, 2)):
+            cache = m.new_cache(64, spare=16)
+            m(prompt, cache, logits="last", snapshots=False)
+            g = GraphedTarget(m, cache, cap, max_steps=16, pad_to=16, use_graphs=False, compile=comp)
+            traced.clear()
+            o = g(torch.tensor([5, 7, 9]))
+            outs[comp, cap] = o
+            if comp:
+                assert traced and set(traced) == {tuple(range(len(m.layers)))}, traced  # every layer, always
+    for cap in ((), (1, 2)):
+        assert torch.allclose(outs[True, cap].logits, outs[False, cap].logits, atol=1e-5)
+    assert torch.equal(outs[True, ()].logits, outs[True, (1, 2)].logits)
+    assert outs[True, ()].captured is None
+    assert torch.allclose(outs[True, (1, 2)].captured, outs[False, (1, 2)].captured, atol=1e-5)

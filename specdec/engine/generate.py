@@ -135,6 +135,8 @@ class SpeculativeGenerator:
         # return captured layers (DFlash), so its logits differ (by up to 0.31) from the plain step's,
         # and 5 of 10 GSM8K outputs differed from plain decoding. Leaving the target uncompiled beside
         # such a drafter would not do either: plain decoding with --compile runs the compiled step.
+        # The compiled step now returns every layer whatever the drafter reads (graphs.py), which
+        # removes that cause; this refusal stays until the H200 shows equal output with it.
         if compile and drafter is not None and tuple(getattr(drafter, "capture_layers", ())):
             raise RequestError(f"--compile is not supported with drafters that read the target's layers "
                                f"({type(drafter).__name__}) yet: the compiled step's numerics depend on which layers "
