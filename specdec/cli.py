@@ -266,8 +266,9 @@ def _generation_kwargs(args) -> dict:
             "top_k": args.top_k, "seed": args.seed, "stop": check_stop(args.stop)}
 
 
-def _check_model_args(args, drafts: list[str]) -> None:
-    """Refuse a bad device, dtype, drafter spec or draft size before any model is loaded."""
+def _check_model_args(args, drafts: list[str]) -> list[str]:
+    """Refuse a bad device, dtype, drafter spec or draft size before any model is loaded. Returns
+    the drafts with ``auto`` made concrete (``dflash`` or ``none``)."""
     from .loading import resolve_device, resolve_dtype
 
     device = resolve_device(args.device)
@@ -302,6 +303,7 @@ def _check_model_args(args, drafts: list[str]) -> None:
         for bs in args.block_size if isinstance(args.block_size, list) else [args.block_size]:
             if bs < 2:
                 raise ConfigError(f"--block-size must be >= 2, got {bs}")
+    return drafts
 
 
 def _make_llm(args, shard=None):
@@ -322,10 +324,11 @@ def _on_ranks(args, fn, *rest) -> int:
 
 def cmd_generate(args) -> int:
     gen = _generation_kwargs(args)
-    _check_model_args(args, [args.draft])
-    if args.compare and args.draft == "none":
-        raise RequestError("--compare needs a drafter to compare with plain decoding: give --draft "
-                           "dflash|ngram|mtp|dflash:PATH|mtp:PATH")
+    (draft,) = _check_model_args(args, [args.draft])
+    if args.compare and draft == "none":
+        why = ("--draft auto decodes plainly here (on the CPU, with --compile, or for a target without a shipped "
+               "drafter)" if args.draft == "auto" else "--compare needs a drafter to compare with plain decoding")
+        raise RequestError(f"{why}: give --draft dflash|ngram|mtp|dflash:PATH|mtp:PATH")
     prompt = _read_prompt(args)
     return _on_ranks(args, _generate, prompt, gen)
 
@@ -335,10 +338,6 @@ def _generate(shard, args, prompt: str, gen: dict) -> int:
 
     llm = _make_llm(args, shard)
     if args.compare:
-        if llm.drafter is None:  # --draft auto picked none
-            raise RequestError(f"--compare: --draft auto decodes plainly here ({llm.loaded.model.device.type}, "
-                               f"{os.path.basename(llm.loaded.path)}), so there is nothing to compare; give --draft "
-                               "dflash|ngram|mtp|dflash:PATH|mtp:PATH")
         return _generate_compare(args, llm, prompt, gen)
     stream = None if args.json else Streamer(llm.tokenizer, gen["stop"])
     res = llm.generate(prompt, chat=args.chat, trace=args.trace, on_tokens=stream, **gen)
