@@ -222,8 +222,10 @@ def test_runtime_block_size(tmp_path, llama):
 
 
 def test_static_block_rebuilt_when_context_buffers_are_reallocated(tmp_path, llama, monkeypatch):
-    """The greedy static block (a CUDA graph on CUDA) is reused while the drafter's context buffers
-    stay the same and rebuilt when they are reallocated (a new request, a cache growth), even when
+    """The greedy static block (a CUDA graph on CUDA, compiled with --compile) is reused while the
+    drafter's context buffers stay the same, also by the next request whose context fits them (its
+    stale positions are masked), and rebuilt when they are reallocated (a longer prompt, a cache
+    growth), even when
     the new buffers' ``id()`` values equal the old ones' (CPython reuses the ids of freed objects;
     a graph replayed over freed buffers reads freed memory). On the CPU the step runs uncaptured."""
     import specdec.drafters.dflash as dflash
@@ -252,13 +254,17 @@ def test_static_block_rebuilt_when_context_buffers_are_reallocated(tmp_path, lla
         gen.generate(prompt, new)
         return list(dict.fromkeys(steps))  # the distinct static blocks, in order of use
 
+    plain = SpeculativeGenerator(llama[1].model, None, 0)
     first = run(_prompt(5), 12)
     assert len(first) == 1 and len(steps) > 2  # built once, then reused every step
     second = run(_prompt(6, seed=1), 12)
-    assert len(second) == 1 and second[0] is not first[0]  # a new request: new buffers, new block
+    assert second == first  # the next request fits the same buffers: no rebuild (no new graph or compile)
+    assert gen.generate(_prompt(6, seed=1), 12).token_ids == plain.generate(_prompt(6, seed=1), 12).token_ids
     cap = dr.kv[0].k.shape[1]
     grown = run(_prompt(5, seed=2), cap)  # runs past the context capacity: the buffers grow
-    assert dr.kv[0].k.shape[1] > cap and len(grown) == 2
+    assert dr.kv[0].k.shape[1] > cap and len(grown) == 2 and grown[0] is first[0]
+    longer = run(_prompt(cap + 44, seed=3), 4)  # a prompt beyond the grown buffers' bucket: new buffers
+    assert len(longer) == 1 and longer[0] is not grown[1] and dr.kv[0].k.shape[1] > 2 * cap
 
 
 def test_default_target_layer_ids():

@@ -90,10 +90,15 @@ class DFlashDrafter:
     @torch.inference_mode()
     def begin(self, prompt_ids: torch.Tensor, out: ForwardOut) -> None:
         c, w = self.model.config, self.model.fc.weight
-        cap = max(256, 2 * int(prompt_ids.numel()))
-        self._static = None  # it holds the last request's buffers: free them before allocating
-        self.kv = [_ContextKV(c.num_key_value_heads, c.head_dim, cap, w.dtype, w.device)
-                   for _ in range(c.num_hidden_layers)]
+        # capacities in powers of two from 256, kept across requests while they fit (stale
+        # positions are masked by length): the static block (its CUDA graph, its compiled code)
+        # is rebuilt only when the context outgrows its bucket, not for every request
+        cap = max(256, 1 << (2 * int(prompt_ids.numel()) - 1).bit_length())
+        have = self.kv[0].k.shape[1] if self.kv else 0
+        if not cap <= have <= 4 * cap:
+            self._static = None  # it holds the last request's buffers: free them before allocating
+            self.kv = [_ContextKV(c.num_key_value_heads, c.head_dim, cap, w.dtype, w.device)
+                       for _ in range(c.num_hidden_layers)]
         self.length = 0
         self._append(out, int(prompt_ids.numel()))
 
