@@ -73,7 +73,7 @@ def test_batched_forward_refused_for_hybrid_targets(tmp_path):
     from _mtp_util import build_qwen35
     path = build_qwen35(tmp_path / "q", moe=False, mtp=False)
     model = load_model(path, "cpu", "float32", tokenizer=False).model
-    with pytest.raises(ConfigError, match="batched forwards are not supported"):
+    with pytest.raises(ConfigError, match="not supported for qwen3_5"):
         generate_batch(model, [[1, 2, 3]], 4, set())
 
 

@@ -160,18 +160,66 @@ class EngineLoop:
         """Queue ``req``; events arrive through the returned handle (and ``on_event``, called on
         the engine thread). Raises :class:`RequestError` for a request that cannot be served and
         :class:`QueueFullError` when ``max_queue`` requests already wait."""
+        return self._enqueue(req, on_event, bounded=True)
+
+    def _enqueue(self, req: GenRequest, on_event, bounded: bool) -> RequestHandle:
         self._check(req)
         handle = RequestHandle(f"req-{next(self._ids)}", on_event)
         with self._cv:
             if self._stopped:
                 raise EngineStoppedError("the engine was stopped; no new requests are taken")
-            if len(self._queue) >= self.max_queue:
+            if bounded and len(self._queue) >= self.max_queue:
                 raise QueueFullError(f"{len(self._queue)} requests are waiting (max_queue={self.max_queue}); "
                                      "retry later")
             self._queue.append((req, handle, time.perf_counter()))
             self._n["requests_total"] += 1
             self._cv.notify()
         return handle
+
+    def run(self, reqs: list[GenRequest], on_done: Callable[[int, list[int]], None] | None = None) -> list[list[int]]:
+        """Serve ``reqs`` to the end on the calling thread (no server thread) and return each one's
+        committed token ids, in order: batch jobs such as self-distillation run the very loop that
+        serves. Requests join as slots free up, in groups of at least an eighth of the slots (their
+        prompts prefilled together), so the batch stays full. ``on_done(i, ids)`` as each finishes.
+        A request that fails raises :class:`RequestError` naming it (after the others finish)."""
+        if self._thread is not None:
+            raise RuntimeError("EngineLoop.run() while the engine thread serves: use submit()")
+        for r in reqs:
+            self._check(r)
+        out: list[list[int] | None] = [None] * len(reqs)
+        failed: list[tuple[int, str]] = []
+
+        def listener(i: int):
+            got: list[int] = []
+
+            def on_event(ev: Event) -> None:
+                if ev.kind == "tokens":
+                    got.extend(ev.token_ids)
+                elif ev.kind == "done":
+                    out[i] = got
+                    if on_done is not None:
+                        on_done(i, got)
+                else:
+                    failed.append((i, ev.message or "failed"))
+            return on_event
+
+        todo = list(range(len(reqs)))[::-1]
+        group = max(1, self.max_slots // 8)
+        with torch.inference_mode():
+            while todo or self._queue or any(s is not None for s in self._slots):
+                busy = sum(s is not None for s in self._slots) + len(self._queue)
+                free = self.max_slots - busy
+                if todo and (busy == 0 or free >= min(group, len(todo))):
+                    for _ in range(min(free, len(todo))):
+                        i = todo.pop()
+                        self._enqueue(reqs[i], listener(i), bounded=False)
+                self._boundary()
+                if any(s is not None for s in self._slots):
+                    self._step()
+        if failed:
+            i, msg = failed[0]
+            raise RequestError(f"request {i} failed: {msg}" + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""))
+        return out  # type: ignore[return-value]
 
     def _check(self, req: GenRequest) -> None:
         if not isinstance(req.params, SamplingParams):
