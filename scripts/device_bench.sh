@@ -16,6 +16,9 @@ bench() {  # name, seconds, args...
 }
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 sweep="--drafts none ngram dflash mtp -k 1 2 3 4 --block-size 16 8"
+# first: does the compiled step give the same bits whatever it captures? (0 differing: --compile may take DFlash)
+timeout 150 python scripts/check_compile_capture.py --model $G --dflash specdec/data/drafters/smollm2_135m_instruct/dflash \
+    --prompts $N -n 128 2>&1 | grep "^{" | tee $OUT/compile_capture.json
 bench t0_gsm8k 95 --dataset gsm8k --num-prompts $N $sweep
 bench compile_gsm8k 140 --dataset gsm8k --num-prompts $N --drafts none ngram dflash --compile
 bench t0_humaneval 90 --dataset humaneval --num-prompts $N $sweep
