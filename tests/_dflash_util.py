@@ -4,7 +4,8 @@ an independent, cache-free reference implementation of the DFlash block forward.
 The reference is written from the z-lab ``model.py`` semantics with plain torch ops (no specdec
 layers): context = hidden_norm(fc(concat of HF hidden_states[l + 1])), keys/values of every
 layer = [k_norm(k_proj(context)); k_norm(k_proj(block))] with RoPE at absolute positions, the
-block embedded by the target's table, queries from the block only.
+block embedded by the target's raw table times ``input_embedding_scale``, queries from the block
+only, per-layer causality and sliding windows, the target's LM head, the drafter's soft cap.
 """
 
 from __future__ import annotations
@@ -98,6 +99,11 @@ def reference_block_logits(hf_model, sd: dict, cfg: dict, committed: list[int], 
     eps, theta = cfg["rms_norm_eps"], cfg["rope_parameters"]["rope_theta"]
     nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     types = cfg.get("layer_types") or ["full_attention"] * cfg["num_hidden_layers"]
+    opt = lambda name, default: dfc.get(name, cfg.get(name, default))  # noqa: E731  (dflash_config first)
+    # z-lab: the raw table times the drafter's own scale (never the target's sqrt(hidden) on top),
+    # the target's LM head, then the drafter's own multiplier and soft cap, once
+    emb_scale, softcap = opt("input_embedding_scale", 1.0), opt("final_logit_softcapping", None)
+    is_causal = opt("is_causal", None)
     sd = {k: v.double() for k, v in sd.items()}
     with torch.no_grad():
         hs = hf_model(torch.tensor([committed]), output_hidden_states=True).hidden_states
@@ -107,7 +113,7 @@ def reference_block_logits(hf_model, sd: dict, cfg: dict, committed: list[int], 
     s, b = len(committed), block_size
     ctx = _rms(feats @ sd["fc.weight"].T, sd["hidden_norm.weight"], eps)  # [S, H]
     block = torch.tensor([last_token] + [dfc["mask_token_id"]] * (b - 1))
-    x = emb[block]
+    x = emb[block] * emb_scale
     pos_ctx, pos_blk = torch.arange(s), torch.arange(s, s + b)
     for i, lt in enumerate(types):
         p = f"layers.{i}."
@@ -124,8 +130,11 @@ def reference_block_logits(hf_model, sd: dict, cfg: dict, committed: list[int], 
         scores = q @ k.transpose(1, 2) / hd ** 0.5  # [nh, B, S+B]
         qp, kp = pos_blk[:, None], torch.arange(s + b)[None, :]
         visible = torch.ones(b, s + b, dtype=torch.bool)
-        if lt == "sliding_attention":  # z-lab default: sliding layers are causal, windowed
-            visible &= (kp <= qp) & (qp - kp < cfg["sliding_window"])
+        # z-lab default: sliding layers are causal, full ones bidirectional (is_causal overrides)
+        if (lt == "sliding_attention") if is_causal is None else is_causal:
+            visible &= kp <= qp
+        if lt == "sliding_attention":  # the window, both sides (only the past side matters when causal)
+            visible &= ((qp - kp) < cfg["sliding_window"]) & ((kp - qp) < cfg["sliding_window"])
         scores = scores.masked_fill(~visible, float("-inf"))
         o = (scores.softmax(-1) @ v).transpose(0, 1).reshape(b, nh * hd)
         x = x + o @ sd[p + "self_attn.o_proj.weight"].T
@@ -133,7 +142,8 @@ def reference_block_logits(hf_model, sd: dict, cfg: dict, committed: list[int], 
         gate, up = h @ sd[p + "mlp.gate_proj.weight"].T, h @ sd[p + "mlp.up_proj.weight"].T
         x = x + (torch.nn.functional.silu(gate) * up) @ sd[p + "mlp.down_proj.weight"].T
     x = _rms(x, sd["norm.weight"], eps)
-    return x[1:] @ head.T
+    logits = (x[1:] @ head.T) * opt("output_multiplier", 1.0)
+    return torch.tanh(logits / softcap) * softcap if softcap else logits
 
 
 # --- a wrapper that drives the real drafter ---------------------------------------------------------

@@ -31,6 +31,7 @@ from specdec.loading import load_model
 from specdec.sampling import SamplingParams
 
 TOL = 1e-4
+DFLASH = "dflash:PATH (a DFlash checkpoint trained for this target)"
 
 
 def _greedy(model, ids, n, drafter=None, k=0, **kw):
@@ -111,10 +112,11 @@ def test_gguf_matches_transformers(tmp_path):
     assert tok.encode("the") == [2, 4 + 256 + 3, 4 + 0x65]
     assert tok.eos_ids == [1]
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "<bos><start_of_turn>user\nhi\n\n"
-    # DFlash drafters are not built for Gemma targets yet: refused by name, and not offered by info
-    with pytest.raises(ConfigError, match="DFlash drafters are not supported for gemma3 targets yet"):
+    # DFlash drafters fit Gemma targets (tests/test_dflash_gemma.py): offered by info; a folder that
+    # holds no DFlash checkpoint is refused in one line
+    with pytest.raises(ConfigError, match="config.json: file not found"):
         make_drafter(f"dflash:{tmp_path}", loaded)
-    assert describe(path)["drafters"] == ["ngram"]
+    assert describe(path)["drafters"] == ["ngram", DFLASH]
 
 
 def test_sliding_window_static_steps_match_eager():
@@ -249,7 +251,7 @@ def test_real_info_names_the_drafters():
     assert info["architecture"] == "gemma3" and info["layers"] == 18 and info["vocab_size"] == 262144
     assert info["layer_types"] == {"sliding_attention": 15, "full_attention": 3}
     assert info["tokenizer"]["model"] == "llama"
-    assert info["drafters"] == ["ngram"]
+    assert info["drafters"] == ["ngram", DFLASH]
 
 
 @pytest.mark.parametrize("change, message", [

@@ -177,8 +177,9 @@ def test_info_names_the_drafters(tiny):
     assert info["architecture"] == "gemma4" and info["model_type"] == "gemma4_text" and info["layers"] == 4
     assert info["layer_types"] == {S: 2, F: 2} and info["num_experts"] == 8 and info["top_k_experts"] == 2
     assert info["attention_dims"] == {S: "16x2kv", F: "32x1kv"}
-    assert info["drafters"] == ["ngram"]
-    with pytest.raises(ConfigError, match="DFlash drafters are not supported for gemma4 targets yet"):
+    assert info["drafters"] == ["ngram", "dflash:PATH (a DFlash checkpoint trained for this target)"]
+    # the target's own folder is no DFlash checkpoint: refused in one line, naming its config
+    with pytest.raises(ConfigError, match="config.json"):
         make_drafter(f"dflash:{loaded.path}", loaded)
 
 

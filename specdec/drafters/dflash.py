@@ -146,8 +146,12 @@ class DFlashDrafter:
         c, start = self.model.config, self.length
         ids = torch.full((self.block_size,), c.mask_token_id, dtype=torch.int64, device=self.target.device)
         ids[0] = int(last_token)
-        # z-lab embeds the block with the raw table times the drafter's own scale, not through
-        # the target's embedding scale (the table module: a rank's rows gathered under tensor parallelism)
+        # z-lab (model.py) embeds the block with the raw table times the drafter's own
+        # input_embedding_scale, not through the target's embedding: a Gemma target's sqrt(hidden)
+        # (its ``embed``) is not applied, a Gemma drafter carries its scale in its config. So
+        # ``embed_tokens`` (the raw table module: a rank's rows gathered under tensor parallelism),
+        # never ``embed``. Likewise ``raw_logits``, never ``head``: the target's soft cap is not
+        # applied, the drafter's own is (scale_logits), once.
         x = self.target.embed_tokens(ids).to(self.model.fc.weight.dtype)
         if c.input_embedding_scale != 1.0:
             x = x * c.input_embedding_scale

@@ -242,5 +242,7 @@ register(Architecture(
     model_cls=Gemma3ForCausalLM, gguf_config=gguf_config, gguf_names=_gguf_names,
     gguf_transform=_gguf_transform, hf_names=_hf_names,
     hf_ignore_prefixes=("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector."),
-    drafters=("ngram",),
+    # DFlash: the drafter embeds with the raw table times its own input_embedding_scale (not this
+    # family's sqrt(hidden)) and soft-caps with its own final_logit_softcapping (see drafters/dflash.py)
+    drafters=("ngram", "dflash"),
 ))

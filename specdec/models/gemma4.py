@@ -274,5 +274,7 @@ register(Architecture(
     model_cls=Gemma4ForCausalLM, gguf_config=_no_gguf, gguf_names=_no_gguf,
     # a gemma4 (multimodal) checkpoint: model.language_model.* is the target, the rest is left out
     hf_ignore_prefixes=("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio."),
-    drafters=("ngram",),
+    # DFlash: the drafter embeds with the raw table times its own input_embedding_scale (not this
+    # family's sqrt(hidden)) and soft-caps with its own final_logit_softcapping (see drafters/dflash.py)
+    drafters=("ngram", "dflash"),
 ))
