@@ -1,7 +1,7 @@
 """``specdec convert``: an HF checkpoint directory to one llama.cpp-compatible GGUF file.
 
-One module per concern: :mod:`.dense`, :mod:`.qwen35`, :mod:`.gemma3` and :mod:`.gemma4` turn a checkpoint into a
-:class:`~.plan.Plan` (llama.cpp names, metadata and conventions, tensors read lazily),
+One module per concern: :mod:`.dense`, :mod:`.qwen35`, :mod:`.gemma3` and :mod:`.gemma4` turn a
+checkpoint into a :class:`~.plan.Plan` (llama.cpp names, metadata and conventions, tensors read lazily),
 :mod:`.vocab` adds the tokenizer, :mod:`.quantize` / :mod:`.kquants` pick and encode each
 tensor's type, and :mod:`.writer` writes the file under a temporary name, renamed when done.
 """

@@ -1,4 +1,5 @@
-"""Gemma 4 text targets, dense and MoE (``gemma4_text``, and the language model of ``gemma4``).
+"""Gemma 4 text targets, dense and MoE (``gemma4_text``, and the language model of ``gemma4``; GGUF
+architecture ``gemma4``, read by :mod:`.gemma4_gguf`).
 
 A decoder layer, in transformers' names:
 
