@@ -107,7 +107,8 @@ def gguf_config(meta: dict) -> dict:
     need, opt = meta_getters(meta, ARCH)
     n = int(need("block_count", "count"))
     arrays = {k: _per_layer(meta, k, n) for k in ("feed_forward_length", "attention.head_count_kv")}
-    scalar_meta = {k: v for k, v in meta.items() if k[len(ARCH) + 1:] not in arrays or arrays[k[len(ARCH) + 1:]] is None}
+    dropped = {f"{ARCH}.{k}" for k, v in arrays.items() if v is not None}  # read per layer type below
+    scalar_meta = {k: v for k, v in meta.items() if k not in dropped}
     d = gguf_meta(scalar_meta, ARCH)
     d["model_type"] = "gemma4_text"
 
