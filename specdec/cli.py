@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("convert", help="convert an HF checkpoint to a GGUF file (quantized, MTP kept)",
                        description="Write an HF checkpoint directory (Llama/SmolLM2, Qwen3, Qwen3.5/3.6 dense or MoE, "
-                       "Gemma 3) as one GGUF file with llama.cpp's names and conventions, tokenizer and chat template "
+                       "Gemma 3, Gemma 4 dense or MoE) as one GGUF file with llama.cpp's names and conventions, tokenizer and chat template "
                        "included; a Qwen3.5 MTP block is kept as blk.N.nextn.*. Norms and other small tensors stay "
                        "F32; a weight whose rows are not whole blocks of the chosen type falls back to a wider one "
                        "(q4_k -> q5_0, q6_k -> q8_0, then f16). The file is written under a temporary name and "

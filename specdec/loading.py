@@ -83,6 +83,8 @@ def read_model_config(path: str):
         except CheckpointError as e:  # the metadata readers name the key, not the file
             raise CheckpointError(f"{path}: {e}") from e
         d["tie_word_embeddings"] = "output.weight" not in src.infos()
+        if arch.gguf_tensor_config is not None:
+            arch.gguf_tensor_config(d, src)
         return arch, parse_config(arch.config_cls, d, source=path), src
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: not a GGUF file or an HF checkpoint directory")
@@ -151,7 +153,7 @@ def load_model(path: str, device: str | torch.device | None = None, dtype=None, 
         fmt = "hf"
     load_into(model, view, names, dtype=dt, device=dev, transform=transform, ignore=ignore,
               desc=f"loading {os.path.basename(path.rstrip('/'))}", slices=param_slices(model) if shard else None)
-    if "rope_freqs.weight" in src.infos():
+    if "rope_freqs.weight" in src.infos() and arch.gguf_tensor_config is None:  # else read into the config
         model.rotary.freq_factors = src.get("rope_freqs.weight", torch.float32)
     model.eval()
     tok = None

@@ -1,7 +1,7 @@
 """``specdec convert``: an HF checkpoint directory to one llama.cpp-compatible GGUF file.
 
-One module per concern: :mod:`.dense`, :mod:`.qwen35` and :mod:`.gemma3` turn a checkpoint into a
-:class:`~.plan.Plan` (llama.cpp names, metadata and conventions, tensors read lazily),
+One module per concern: :mod:`.dense`, :mod:`.qwen35`, :mod:`.gemma3` and :mod:`.gemma4` turn a
+checkpoint into a :class:`~.plan.Plan` (llama.cpp names, metadata and conventions, tensors read lazily),
 :mod:`.vocab` adds the tokenizer, :mod:`.quantize` / :mod:`.kquants` pick and encode each
 tensor's type, and :mod:`.writer` writes the file under a temporary name, renamed when done.
 """
@@ -50,6 +50,9 @@ def build_plan(hf_dir: str, vocab: bool = True) -> Plan:
     elif arch.name == "gemma3":
         from .gemma3 import plan_gemma3
         plan = plan_gemma3(cfg, source)
+    elif arch.name == "gemma4":
+        from .gemma4 import plan_gemma4
+        plan = plan_gemma4(cfg, source)
     else:  # registered for loading but not (yet) for conversion
         raise ConfigError(f"{hf_dir}: model_type '{cfg.model_type}' cannot be converted yet")
     plan.string(gguf.Keys.General.NAME, os.path.basename(os.path.normpath(hf_dir)))

@@ -1,4 +1,5 @@
-"""Gemma 4 text targets, dense and MoE (``gemma4_text``, and the language model of ``gemma4``).
+"""Gemma 4 text targets, dense and MoE (``gemma4_text``, and the language model of ``gemma4``; GGUF
+architecture ``gemma4``, read by :mod:`.gemma4_gguf`).
 
 A decoder layer, in transformers' names:
 
@@ -43,6 +44,7 @@ from torch import nn
 from ..cache import KVCache, SequenceCache
 from .base import StepContext, WindowedCausalLM
 from .gemma4_config import Gemma4Config
+from .gemma4_gguf import gguf_config, gguf_names, gguf_tensor_config
 from .layers import GeluTanhGLU, RMSNorm, apply_rope, attend, unit_rms_norm
 from .moe import Experts
 from .registry import Architecture, register
@@ -265,13 +267,10 @@ class Gemma4ForCausalLM(WindowedCausalLM):
 
 
 
-def _no_gguf(*_args, **_kwargs):
-    raise AssertionError("Gemma 4 registers no GGUF architecture")
-
-
 register(Architecture(
-    name="gemma4", hf_model_types=("gemma4_text", "gemma4"), gguf_archs=(), config_cls=Gemma4Config,
-    model_cls=Gemma4ForCausalLM, gguf_config=_no_gguf, gguf_names=_no_gguf,
+    name="gemma4", hf_model_types=("gemma4_text", "gemma4"), gguf_archs=("gemma4",), config_cls=Gemma4Config,
+    model_cls=Gemma4ForCausalLM, gguf_config=gguf_config, gguf_names=gguf_names,
+    gguf_tensor_config=gguf_tensor_config, gguf_ignore=("rope_freqs.weight",),
     # a gemma4 (multimodal) checkpoint: model.language_model.* is the target, the rest is left out
     hf_ignore_prefixes=("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio."),
     # DFlash: the drafter embeds with the raw table times its own input_embedding_scale (not this

@@ -23,6 +23,9 @@ class Architecture:
     target loads from (``fmt`` is "hf" or "gguf"): it may leave out tensors another component
     owns (an MTP block) and present converted ones (stacked experts, renamed GGUF tensors);
     the names maps then apply to the view's names. ``LoadedModel.source`` stays the raw source.
+    ``gguf_tensor_config(config_dict, source)``, when set, completes the config dict of a GGUF
+    file with what llama.cpp expresses by tensors rather than metadata (Gemma 4: k=v attention,
+    proportional RoPE in ``rope_freqs``).
     """
 
     name: str
@@ -38,6 +41,7 @@ class Architecture:
     gguf_ignore: tuple[str, ...] = ()
     hf_ignore_prefixes: tuple[str, ...] = ()
     target_view: Callable | None = None
+    gguf_tensor_config: Callable | None = None
     drafters: tuple[str, ...] = field(default=("ngram", "dflash"))
 
 
