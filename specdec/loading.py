@@ -153,7 +153,7 @@ def load_model(path: str, device: str | torch.device | None = None, dtype=None, 
         fmt = "hf"
     load_into(model, view, names, dtype=dt, device=dev, transform=transform, ignore=ignore,
               desc=f"loading {os.path.basename(path.rstrip('/'))}", slices=param_slices(model) if shard else None)
-    if "rope_freqs.weight" in src.infos() and arch.gguf_tensor_config is None:  # else read into the config
+    if "rope_freqs.weight" in src.infos() and not arch.gguf_rope_freqs_in_config:
         model.rotary.freq_factors = src.get("rope_freqs.weight", torch.float32)
     model.eval()
     tok = None

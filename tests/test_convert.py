@@ -241,12 +241,15 @@ def test_fused_experts_and_vl_wrapper(models, tmp_path):
 
 
 def test_llama_attention_bias(tmp_path):
-    """q/k biases are permuted with their rows, as llama.cpp's converter does. (specdec's own
-    loader does not read llama GGUFs with attention biases yet, so the file is checked directly.)"""
+    """q/k biases are permuted with their rows, as llama.cpp's converter does, and specdec's loader
+    reads such a file (attention and MLP biases, known by their tensors) into transformers' logits."""
     from transformers import LlamaForCausalLM
+
+    from specdec.loading import load_model
 
     cfg = U.tiny_config("llama")
     cfg.attention_bias = True
+    cfg.mlp_bias = True
     torch.manual_seed(4)
     hf = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -263,6 +266,14 @@ def test_llama_attention_bias(tmp_path):
             want = getattr(getattr(attn, f"{proj}_proj"), kind).detach().numpy()
             assert np.array_equal(got[f"blk.1.attn_{proj}.{kind}"].reshape(want.shape), U.llama_permute(want, heads))
     assert np.array_equal(got["blk.1.attn_v.bias"], attn.v_proj.bias.detach().numpy())
+    assert "blk.1.attn_output.bias" in got and "blk.1.ffn_down.bias" in got
+    m = load_model(out, "cpu", "float32", tokenizer=False).model
+    assert m.config.attention_bias and m.config.mlp_bias
+    ids = torch.randint(1, cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = hf(ids[None]).logits[0]
+    have = m(ids, m.new_cache(16)).logits
+    assert float((have - want).abs().max() / want.abs().max()) < 1e-4
 
 
 def test_tokenizer_metadata(models, tmp_path):

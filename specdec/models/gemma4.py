@@ -270,7 +270,7 @@ class Gemma4ForCausalLM(WindowedCausalLM):
 register(Architecture(
     name="gemma4", hf_model_types=("gemma4_text", "gemma4"), gguf_archs=("gemma4",), config_cls=Gemma4Config,
     model_cls=Gemma4ForCausalLM, gguf_config=gguf_config, gguf_names=gguf_names,
-    gguf_tensor_config=gguf_tensor_config, gguf_ignore=("rope_freqs.weight",),
+    gguf_tensor_config=gguf_tensor_config, gguf_rope_freqs_in_config=True, gguf_ignore=("rope_freqs.weight",),
     # a gemma4 (multimodal) checkpoint: model.language_model.* is the target, the rest is left out
     hf_ignore_prefixes=("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio."),
     # DFlash: the drafter embeds with the raw table times its own input_embedding_scale (not this

@@ -92,11 +92,20 @@ def _gguf_config(meta: dict, arch: str) -> dict:
 
 def _llama_gguf_transform(config: ModelConfig):
     def fix(name: str, t: torch.Tensor) -> torch.Tensor:
-        # per head, so it applies alike to a rank's block of heads (tensor parallelism)
-        if name.endswith("self_attn.q_proj.weight") or name.endswith("self_attn.k_proj.weight"):
+        # per head, so it applies alike to a rank's block of heads (tensor parallelism); llama.cpp's
+        # converter permutes the q/k biases with their rows
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                          "self_attn.q_proj.bias", "self_attn.k_proj.bias")):
             return unpermute_qk(t, t.shape[0] // config.head_dim)
         return t
     return fix
+
+
+def _gguf_biases(d: dict, src) -> None:
+    """llama.cpp records attention and MLP biases by their tensors only (no metadata key)."""
+    names = src.infos()
+    d["attention_bias"] = "blk.0.attn_q.bias" in names
+    d["mlp_bias"] = "blk.0.ffn_up.bias" in names
 
 
 def _dense_gguf_names(config: ModelConfig) -> dict[str, str]:
@@ -109,11 +118,12 @@ def _dense_gguf_names(config: ModelConfig) -> dict[str, str]:
 register(Architecture(
     name="llama", hf_model_types=("llama",), gguf_archs=("llama",), config_cls=LlamaConfig,
     model_cls=LlamaForCausalLM, gguf_config=lambda m: _gguf_config(m, "llama"), gguf_names=_dense_gguf_names,
-    gguf_transform=_llama_gguf_transform, gguf_ignore=("rope_freqs.weight",),
+    gguf_transform=_llama_gguf_transform, gguf_ignore=("rope_freqs.weight",), gguf_tensor_config=_gguf_biases,
     drafters=("ngram", "dflash", "mtp:PATH"),
 ))
 register(Architecture(
     name="qwen3", hf_model_types=("qwen3",), gguf_archs=("qwen3",), config_cls=Qwen3Config,
     model_cls=Qwen3ForCausalLM, gguf_config=lambda m: _gguf_config(m, "qwen3"), gguf_names=_dense_gguf_names,
+    gguf_tensor_config=_gguf_biases,
     drafters=("ngram", "dflash", "mtp:PATH"),
 ))

@@ -25,7 +25,7 @@ class Architecture:
     the names maps then apply to the view's names. ``LoadedModel.source`` stays the raw source.
     ``gguf_tensor_config(config_dict, source)``, when set, completes the config dict of a GGUF
     file with what llama.cpp expresses by tensors rather than metadata (Gemma 4: k=v attention,
-    proportional RoPE in ``rope_freqs``).
+    proportional RoPE in ``rope_freqs``; Llama: attention and MLP biases).
     """
 
     name: str
@@ -42,6 +42,9 @@ class Architecture:
     hf_ignore_prefixes: tuple[str, ...] = ()
     target_view: Callable | None = None
     gguf_tensor_config: Callable | None = None
+    # where a GGUF's ``rope_freqs.weight`` goes: the rotary's per-pair divisors (Llama 3), or
+    # already into the config by ``gguf_tensor_config`` (Gemma 4's proportional RoPE)
+    gguf_rope_freqs_in_config: bool = False
     drafters: tuple[str, ...] = field(default=("ngram", "dflash"))
 
 
