@@ -39,8 +39,8 @@ def main() -> None:
         ids = torch.tensor(tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]), add_special=False))
         for c in caches:
             caches[c].reset()
-            m(ids.to(m.device), caches[c], capture=c, logits="last", snapshots=False)
-        t = int(m(ids.to(m.device), m.new_cache(ids.numel()), logits="last").logits[-1].argmax())
+            out = m(ids.to(m.device), caches[c], capture=c, logits="last", snapshots=False)
+        t = int(out.logits[-1].argmax())
         for _ in range(a.n):
             x = torch.tensor([t], device=m.device)
             la = steps[()](x).logits[-1].clone()

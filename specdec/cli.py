@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 
-from .drafters.factory import SPECS, check_spec
+from .drafters.factory import SPECS, check_spec, compile_refusal
 from .errors import ConfigError, RequestError, SpecdecError
 
 
@@ -278,9 +278,7 @@ def _check_model_args(args, drafts: list[str]) -> list[str]:
     for d in drafts:
         check_spec(d)
         if getattr(args, "compile", False) and d.startswith("dflash"):
-            raise ConfigError(f"--compile is not supported with DFlash drafters (--draft {d}) yet: the compiled step's "
-                              "numerics depend on the target layers it returns, so output could differ from plain "
-                              "decoding; use --compile with --draft none|ngram|mtp, or DFlash without --compile")
+            raise ConfigError(compile_refusal(f"DFlash drafters (--draft {d})"))
     if "auto" in drafts:  # what auto picks depends on the target's content and the device only
         from .drafters.shipped import auto_spec
         path = getattr(args, "model", None)

@@ -35,6 +35,14 @@ def check_spec(spec, block_size: int | None = None) -> None:
         raise ConfigError(f"block_size applies to DFlash drafters only, not '{spec}' (use num_draft_tokens)")
 
 
+def compile_refusal(what: str) -> str:
+    """The one message for ``--compile`` with a drafter that reads the target's layers (DFlash),
+    given by the CLI before loading and by the engine."""
+    return (f"--compile is not supported with {what} yet: the compiled step's numerics depend on the target "
+            "layers it returns, so output could differ from plain decoding; use --compile with --draft "
+            "none|ngram|mtp, or this drafter without --compile")
+
+
 def resolve_spec(spec, loaded, compile: bool = False):
     """``auto`` made concrete for this target, device and ``compile`` (``dflash`` or ``none``);
     other specs as given."""
@@ -47,9 +55,7 @@ def resolve_spec(spec, loaded, compile: bool = False):
 def make_drafter(spec, loaded, *, block_size: int | None = None):
     """``loaded`` is the target's :class:`~specdec.loading.LoadedModel`. Returns a drafter or None."""
     check_spec(spec, block_size)
-    spec = resolve_spec(spec, loaded)
-    if spec == "none" and block_size is not None:
-        return None  # auto picked plain decoding: block_size is moot
+    spec = resolve_spec(spec, loaded)  # auto may pick none: block_size is then moot
     if spec is None or spec == "none":
         return None
     if not isinstance(spec, str):

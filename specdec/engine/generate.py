@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..drafters.base import Drafter, Proposal, slice_out
+from ..drafters.factory import compile_refusal
 from ..errors import ContextOverflowError, RequestError
 from ..models.base import CausalLM
 from ..models.graphs import GraphedTarget
@@ -138,10 +139,7 @@ class SpeculativeGenerator:
         # The compiled step now returns every layer whatever the drafter reads (graphs.py), which
         # removes that cause; this refusal stays until the H200 shows equal output with it.
         if compile and drafter is not None and tuple(getattr(drafter, "capture_layers", ())):
-            raise RequestError(f"--compile is not supported with drafters that read the target's layers "
-                               f"({type(drafter).__name__}) yet: the compiled step's numerics depend on which layers "
-                               "it returns, so output could differ from plain decoding; use --compile with --draft "
-                               "none|ngram|mtp, or this drafter without --compile")
+            raise RequestError(compile_refusal(f"drafters that read the target's layers ({type(drafter).__name__})"))
         self.compile = bool(compile)
         if drafter is not None and hasattr(drafter, "compile"):
             drafter.compile = self.compile  # drafters with static draft steps compile them too

@@ -140,25 +140,25 @@ class GraphedTarget:
         m, cache = self.model, self.cache
         ids = torch.zeros(t, dtype=torch.int64, device=m.device)
 
-        if not self.compile:
-            def run():
-                return m.run_layers(ids, m.static_context(self.start, t, cache.max_len), cache, self.capture, "all")
-        else:
-            # Compiled, the step always returns every layer, whatever the drafter reads: inductor fuses
-            # a graph by its outputs, so a step returning other layers would compute other bits (seen
-            # on the H200: bf16 logits 0.31 apart). One graph for every capture keeps plain and
-            # speculative decoding on the same kernels; the wanted layers are picked outside it.
-            every = tuple(range(len(m.layers)))
-            compiled = maybe_compile(
-                lambda: m.run_layers(ids, m.static_context(self.start, t, cache.max_len), cache, every, "all"), True)
-            pick = torch.tensor(self.capture, dtype=torch.long, device=m.device)
+        # Compiled, the step always returns every layer, whatever the drafter reads: inductor fuses
+        # a graph by its outputs, so a step returning other layers would compute other bits (seen
+        # on the H200: bf16 logits 0.31 apart). One graph for every capture keeps plain and
+        # speculative decoding on the same kernels; the wanted layers are picked outside it.
+        layers = tuple(range(len(m.layers))) if self.compile else self.capture
+
+        def step():
+            return m.run_layers(ids, m.static_context(self.start, t, cache.max_len), cache, layers, "all")
+
+        run = maybe_compile(step, self.compile)
+        if self.compile:
+            compiled, pick = run, torch.tensor(self.capture, dtype=torch.long, device=m.device)
 
             @functools.wraps(compiled)
             def run():
                 o = compiled()
                 if not self.capture:
                     return ForwardOut(o.logits, o.hidden, None)
-                return ForwardOut(o.logits, o.hidden, o.captured.view(t, len(every), -1)[:, pick].reshape(t, -1))
+                return ForwardOut(o.logits, o.hidden, o.captured.view(t, len(layers), -1)[:, pick].reshape(t, -1))
 
         if not self.use_graphs:
             step = _Step(None, ids, None, run)
