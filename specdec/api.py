@@ -102,7 +102,7 @@ class LLM:
                  batch_invariant: bool | None = None, compile: bool = False, shard=None):
         self.loaded = load_model(model or default_model_path(), shard.device if shard else device, dtype, shard=shard)
         self.tokenizer = self.loaded.tokenizer
-        spec = resolve_spec(draft, self.loaded, compile)
+        spec = resolve_spec(draft, self.loaded)
         self.drafter_spec = spec if isinstance(spec, str) or spec is None else type(spec).__name__
         self.drafter = make_drafter(spec, self.loaded, block_size=block_size)
         k = num_draft_tokens

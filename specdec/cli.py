@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 
-from .drafters.factory import SPECS, check_spec, compile_refusal
+from .drafters.factory import SPECS, check_spec
 from .errors import ConfigError, RequestError, SpecdecError
 
 
@@ -30,8 +30,8 @@ def _version() -> str:
 
 
 DRAFT_HELP = ("auto (the default) = the DFlash drafter shipped for the target on CUDA (specdec ships one for the "
-              "embedded SmolLM2-135M-Instruct), plain decoding on the CPU, where it does not pay yet, with --compile, "
-              "which does not take DFlash drafters yet, and for other targets; none = plain decoding; dflash = the shipped DFlash drafter, dflash:PATH = a DFlash drafter "
+              "embedded SmolLM2-135M-Instruct), plain decoding on the CPU, where it does not pay yet, "
+              "and for other targets; none = plain decoding; dflash = the shipped DFlash drafter, dflash:PATH = a DFlash drafter "
               "directory; mtp = the target's own MTP block (Qwen3.5/3.6), else the MTP head shipped for it, "
               "mtp:PATH = a trained MTP head directory")
 
@@ -277,8 +277,6 @@ def _check_model_args(args, drafts: list[str]) -> list[str]:
         raise RequestError("--compile is not supported with --tensor-parallel yet")
     for d in drafts:
         check_spec(d)
-        if getattr(args, "compile", False) and d.startswith("dflash"):
-            raise ConfigError(compile_refusal(f"DFlash drafters (--draft {d})"))
     if "auto" in drafts:  # what auto picks depends on the target's content and the device only
         from .drafters.shipped import auto_spec
         path = getattr(args, "model", None)
@@ -288,7 +286,7 @@ def _check_model_args(args, drafts: list[str]) -> list[str]:
                 path = default_model_path()
             except SpecdecError:
                 path = None  # reported when the model is opened
-        drafts = [auto_spec(path, device.type, getattr(args, "compile", False)) if d == "auto" else d for d in drafts]
+        drafts = [auto_spec(path, device.type) if d == "auto" else d for d in drafts]
     ks = args.num_draft_tokens if isinstance(args.num_draft_tokens, list) else [args.num_draft_tokens]
     for k in ks:
         if k < 0:
@@ -324,8 +322,7 @@ def cmd_generate(args) -> int:
     gen = _generation_kwargs(args)
     (draft,) = _check_model_args(args, [args.draft])
     if args.compare and draft == "none":
-        why = ("--draft auto decodes plainly here (on the CPU, with --compile, or for a target without a shipped "
-               "drafter)" if args.draft == "auto" else "--compare needs a drafter to compare with plain decoding")
+        why = ("--draft auto decodes plainly here (on the CPU, or for a target without a shipped drafter)" if args.draft == "auto" else "--compare needs a drafter to compare with plain decoding")
         raise RequestError(f"{why}: give --draft dflash|ngram|mtp|dflash:PATH|mtp:PATH")
     prompt = _read_prompt(args)
     return _on_ranks(args, _generate, prompt, gen)

@@ -49,8 +49,6 @@ def _run(capsys, *argv):
     (["bench", "--data-dir", "/nonexistent-bench-data"], "/nonexistent-bench-data: no such directory"),
     (["generate", "-p", "x", "--compile", "--tensor-parallel", "2"], "--compile is not supported with --tensor-parallel"),
     (["bench", "--compile", "--tensor-parallel", "2"], "--compile is not supported with --tensor-parallel"),
-    (["generate", "-p", "x", "--compile", "--draft", "dflash:./d"], "--compile is not supported with DFlash drafters"),
-    (["bench", "--compile", "--drafts", "none", "dflash"], "--compile is not supported with DFlash drafters"),
 ])
 def test_bad_arguments_fail_before_loading(argv, culprit, capsys):
     """One line ``specdec CMD: error: ...`` naming the culprit, exit code 2, and never the missing

@@ -13,7 +13,7 @@ import torch
 
 from _engine_util import SpoiledOracle, build_llama
 from specdec.engine import SpeculativeGenerator
-from specdec.errors import CompileError, RequestError
+from specdec.errors import CompileError
 from specdec.models import graphs
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -76,16 +76,14 @@ def test_compiled_dflash_block_drafts_the_uncompiled_tokens(target, tmp_path):
 
     d.propose = compare
     prompt = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(3)).tolist()
-    # the target's compiled step would depend on the layers it captures for DFlash (seen on the
-    # H200: bf16 logits 0.31 apart, 5 of 10 GSM8K outputs differing): refused for the engine...
-    with pytest.raises(RequestError, match="--compile is not supported with drafters that read the target's layers"):
-        SpeculativeGenerator(m, d, d.block_size - 1, batch_invariant=True, compile=True)
-    # ...while the drafter's own compiled block (which cannot change the output) is tested here
-    gen = SpeculativeGenerator(m, d, d.block_size - 1, batch_invariant=True)
-    d.compile = True  # after the engine, which sets its own compile flag on the drafter
+    gen = SpeculativeGenerator(m, d, d.block_size - 1, batch_invariant=True, compile=True)
     out = gen.generate(prompt, 16)
     assert d.compile and seen and all(seen)
-    assert out.token_ids == SpeculativeGenerator(m, None, 0, batch_invariant=True).generate(prompt, 16).token_ids
+    # the compiled target step returns every layer whatever the drafter reads (on the H200 a step
+    # compiled per capture set gave other bf16 logits than the plain one: 5 of 10 GSM8K outputs
+    # differed), so DFlash and plain decoding run one compiled function
+    plain_gen = SpeculativeGenerator(m, None, 0, batch_invariant=True, compile=True)
+    assert out.token_ids == plain_gen.generate(prompt, 16).token_ids
 
 
 def test_compile_failure_is_one_specdec_error(monkeypatch):

@@ -43,7 +43,6 @@ def test_shipped_drafters_are_found_by_content(embedded, tmp_path):
     assert shipped_for(str(tmp_path / "x.gguf")) == {}
     assert auto_spec(embedded, "cuda") == "dflash"
     assert auto_spec(embedded, "cpu") == "none"  # it does not pay on the CPU yet
-    assert auto_spec(embedded, "cuda", compile=True) == "none"  # --compile takes no DFlash drafter yet
     assert auto_spec(str(tmp_path / "x.gguf"), "cuda") == "none"
     with pytest.raises(ConfigError, match="no dflash drafter is shipped for .*x.gguf.*specdec train dflash"):
         shipped_dir("dflash", str(tmp_path / "x.gguf"))

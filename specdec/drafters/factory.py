@@ -35,20 +35,12 @@ def check_spec(spec, block_size: int | None = None) -> None:
         raise ConfigError(f"block_size applies to DFlash drafters only, not '{spec}' (use num_draft_tokens)")
 
 
-def compile_refusal(what: str) -> str:
-    """The one message for ``--compile`` with a drafter that reads the target's layers (DFlash),
-    given by the CLI before loading and by the engine."""
-    return (f"--compile is not supported with {what} yet: the compiled step's numerics depend on the target "
-            "layers it returns, so output could differ from plain decoding; use --compile with --draft "
-            "none|ngram|mtp, or this drafter without --compile")
-
-
-def resolve_spec(spec, loaded, compile: bool = False):
-    """``auto`` made concrete for this target, device and ``compile`` (``dflash`` or ``none``);
+def resolve_spec(spec, loaded):
+    """``auto`` made concrete for this target and device (``dflash`` or ``none``);
     other specs as given."""
     if spec == "auto":
         from .shipped import auto_spec
-        return auto_spec(getattr(loaded, "path", None), getattr(loaded, "model", loaded).device.type, compile)
+        return auto_spec(getattr(loaded, "path", None), getattr(loaded, "model", loaded).device.type)
     return spec
 
 

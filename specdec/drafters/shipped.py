@@ -64,10 +64,9 @@ def shipped_dir(kind: str, target_path: str | None) -> str:
     return d
 
 
-def auto_spec(target_path: str | None, device_type: str, compile: bool = False) -> str:
+def auto_spec(target_path: str | None, device_type: str) -> str:
     """What ``--draft auto`` means for this target on this device: the shipped DFlash drafter where
-    it pays (:data:`AUTO_DEVICES`), else ``none``; ``none`` with ``--compile`` too, which does not
-    take DFlash drafters yet (the compiled step's numerics would depend on the layers they read)."""
-    if device_type in AUTO_DEVICES and not compile and "dflash" in shipped_for(target_path):
+    it pays (:data:`AUTO_DEVICES`), else ``none``."""
+    if device_type in AUTO_DEVICES and "dflash" in shipped_for(target_path):
         return "dflash"
     return "none"

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 import torch
 
 from ..drafters.base import Drafter, Proposal, slice_out
-from ..drafters.factory import compile_refusal
 from ..errors import ContextOverflowError, RequestError
 from ..models.base import CausalLM
 from ..models.graphs import GraphedTarget
@@ -132,14 +131,10 @@ class SpeculativeGenerator:
         self.use_graphs = bool(cuda_graphs) and on_cuda and self.shard is None
         if compile and self.shard is not None:
             raise RequestError("--compile is not supported under tensor parallelism yet")
-        # Seen on the H200 (bf16): inductor fuses the target's step differently when it must also
-        # return captured layers (DFlash), so its logits differ (by up to 0.31) from the plain step's,
-        # and 5 of 10 GSM8K outputs differed from plain decoding. Leaving the target uncompiled beside
-        # such a drafter would not do either: plain decoding with --compile runs the compiled step.
-        # The compiled step now returns every layer whatever the drafter reads (graphs.py), which
-        # removes that cause; this refusal stays until the H200 shows equal output with it.
-        if compile and drafter is not None and tuple(getattr(drafter, "capture_layers", ())):
-            raise RequestError(compile_refusal(f"drafters that read the target's layers ({type(drafter).__name__})"))
+        # Seen on the H200 (bf16): inductor fused the target's step differently when it also returned
+        # the layers DFlash reads, so its logits (and 5 of 10 GSM8K outputs) differed from the plain
+        # step's. The compiled step now returns every layer whatever the drafter reads (graphs.py), so
+        # plain and DFlash decoding run the same compiled kernels (scripts/check_compile_capture.py).
         self.compile = bool(compile)
         if drafter is not None and hasattr(drafter, "compile"):
             drafter.compile = self.compile  # drafters with static draft steps compile them too
