@@ -172,7 +172,9 @@ class GraphedTarget:
         for c, (conv, states) in zip(self.linear, saved):
             c.conv.copy_(conv)
             c.states.copy_(states)
-        step = _Step(graph, ids, out)
+        # keep ``run`` alive with the graph: its closure owns tensors the graph reads (the compiled
+        # step's ``pick`` indices); freed, their memory is reused and the replay reads garbage
+        step = _Step(graph, ids, out, run)
         self.steps[t] = step
         return step
 
