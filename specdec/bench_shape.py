@@ -230,8 +230,11 @@ def end_to_end(model, prompt_len: int, new_tokens: int, tau: float, k: int, cuda
 
 def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, reps: int = 20,
                     new_tokens: int = 128, oracle_tau: float = 6.5, oracle_k: int = 15, cuda_graphs: bool = True,
-                    batch_invariant: bool | None = None, drafters: bool = True, copy_bytes: int = 256 << 20) -> dict:
-    """The whole shape benchmark as one JSON-able dict (see the module docstring)."""
+                    batch_invariant: bool | None = None, drafters: bool = True, copy_bytes: int = 256 << 20,
+                    shard=None) -> dict:
+    """The whole shape benchmark as one JSON-able dict (see the module docstring). ``shard``: run
+    as one tensor-parallel rank (every rank runs the same bench; weights and bytes are per rank,
+    the drafters' own steps are not timed)."""
     if reps < 1 or context < 1 or new_tokens < 1 or oracle_k < 1:
         raise ConfigError("--reps, --context, -n and --oracle-k must be >= 1")
     oracle_spoil(oracle_tau, oracle_k)  # a bad tau fails before building anything
@@ -239,9 +242,9 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
     if context + new_tokens + 2 * (MAX_K + 1) > limit:
         raise ConfigError(f"--context {context} + -n {new_tokens} (+ {2 * (MAX_K + 1)} step rows) exceeds shape "
                           f"{shape}'s {limit} positions")
-    dev = resolve_device(str(device) if device is not None else None)
+    dev = torch.device(shard.device) if shard is not None else resolve_device(str(device) if device is not None else None)
     dt = resolve_dtype(dtype, dev)
-    model = build_shape(shape, dev, dt)
+    model = build_shape(shape, dev, dt, shard=shard)
     use_graphs = cuda_graphs and dev.type == "cuda"
     invariant = dev.type == "cuda" if batch_invariant is None else batch_invariant
     steps = step_costs(model, context, reps, use_graphs)
@@ -249,6 +252,7 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
     bw = bandwidth(dev, copy_bytes, reps)  # far larger than any cache level
     report = {
         "shape": shape, "machine": machine_description(dev), "commit": git_commit(),
+        "tensor_parallel": shard.world if shard is not None else 1,
         "dtype": str(dt).replace("torch.", ""), "device": str(dev), "cuda_graphs": use_graphs,
         "params": param_count(model), "weight_bytes": total, "context": context, "reps": reps,
         "decode_ms": steps[1],
@@ -258,14 +262,16 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
         "bandwidth_bytes_per_s": round(bw), "decode_bytes_per_token": per_token, "kv_bytes_at_context": kv,
         "bound_tokens_per_s": round(bw / per_token, 2),
     }
-    report["drafter_ms"] = drafter_steps(model, context, reps) if drafters else {}
+    report["drafter_ms"] = drafter_steps(model, context, reps) if drafters and shard is None else {}
     report["oracle_e2e"] = end_to_end(model, context, new_tokens, oracle_tau, oracle_k, cuda_graphs, batch_invariant)
     return report
 
 
 def format_shape(r: dict) -> str:
     e = r["oracle_e2e"]
-    lines = [f"shape {r['shape']}: {r['params']:.3g} params, {r['weight_bytes'] / 1e9:.2f} GB {r['dtype']} on "
+    tp = r.get("tensor_parallel", 1)
+    per = f" per rank of {tp}" if tp > 1 else ""
+    lines = [f"shape {r['shape']}: {r['params']:.3g} params, {r['weight_bytes'] / 1e9:.2f} GB {r['dtype']}{per} on "
              f"{r['device']} ({r['machine']}) | commit {r['commit']} | context {r['context']} | "
              f"cuda_graphs={r['cuda_graphs']} batch_invariant={r['batch_invariant']}",
              f"decode step {r['decode_ms']} ms | bandwidth {r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s -> bound "

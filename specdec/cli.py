@@ -469,11 +469,17 @@ def cmd_bench_shape(args) -> int:
     shape_config(args.shape)  # an unknown name fails first
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise RequestError("--plot needs matplotlib, which is not installed (pip install matplotlib)")
+    return _on_ranks(args, _bench_shape)
+
+
+def _bench_shape(shard, args) -> int:
     from .bench_shape import format_shape, plot_verify, run_shape_bench
 
     report = run_shape_bench(args.shape, device=args.device, dtype=args.dtype, context=args.context, reps=args.reps,
                              new_tokens=args.max_new_tokens, oracle_tau=args.oracle_tau, oracle_k=args.oracle_k,
-                             cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant)
+                             cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant, shard=shard)
+    if shard is not None and shard.rank != 0:
+        return 0
     print(format_shape(report))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

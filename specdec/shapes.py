@@ -74,11 +74,12 @@ def shape_config(name: str):
     return arch, parse_config(arch.config_cls, d, source=f"shape {name}")
 
 
-def meta_model(name: str):
-    """The target of shape ``name`` on the meta device (no memory): for sizes and parameter counts."""
+def meta_model(name: str, shard=None):
+    """The target of shape ``name`` on the meta device (no memory): for sizes and parameter counts.
+    ``shard``: one tensor-parallel rank's part."""
     arch, cfg = shape_config(name)
     with torch.device("meta"):
-        return arch.model_cls(cfg)
+        return arch.model_cls(cfg, shard) if shard is not None else arch.model_cls(cfg)
 
 
 def param_count(model: torch.nn.Module) -> int:
@@ -101,13 +102,13 @@ def free_bytes(device: torch.device) -> int:
 
 
 def build_shape(name: str, device: torch.device, dtype: torch.dtype, *, seed: int = 0, headroom: float = 0.9,
-                free: int | None = None):
+                free: int | None = None, shard=None):
     """The target of shape ``name`` on ``device`` in ``dtype``, weights ~N(0, 0.02), norms the identity.
 
     Refuses (ConfigError, one line) before allocating when the weights exceed ``headroom`` of the
     free memory (``free``: measured when None), so a shape that cannot fit fails at once.
     """
-    model = meta_model(name).to(dtype)
+    model = meta_model(name, shard).to(dtype)
     need = param_count(model) * torch.empty((), dtype=dtype).element_size()
     free = free_bytes(device) if free is None else free
     if need > headroom * free:

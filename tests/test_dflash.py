@@ -234,6 +234,7 @@ def test_static_block_rebuilt_when_context_buffers_are_reallocated(tmp_path, lla
     path, _ = _write(tmp_path, block_size=4)
     dr = load_dflash_drafter(path, llama[1])
     dr.static_steps = True
+    dr.min_capacity = 256  # below the tiny target's 512 positions, so that the buffers can grow here
     steps, propose = [], dr.propose
 
     def spy(last_token, k, params, gen):
@@ -265,6 +266,7 @@ def test_static_block_rebuilt_when_context_buffers_are_reallocated(tmp_path, lla
     assert dr.kv[0].k.shape[1] > cap and len(grown) == 2 and grown[0] is first[0]
     longer = run(_prompt(cap + 44, seed=3), 4)  # a prompt beyond the grown buffers' bucket: new buffers
     assert len(longer) == 1 and longer[0] is not grown[1] and dr.kv[0].k.shape[1] > 2 * cap
+    assert run(_prompt(5, seed=4), 4) == longer  # buffers never shrink: a short request after it reuses them
 
 
 def test_default_target_layer_ids():

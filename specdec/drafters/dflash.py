@@ -73,9 +73,10 @@ class DFlashDrafter:
         self.capture_layers: tuple[int, ...] = tuple(c.target_layer_ids)
         self.length = 0  # committed positions whose context K/V are cached
         self.kv: list[_ContextKV] = []
-        # Greedy blocks as one static step (a CUDA graph on CUDA; eager elsewhere, for tests). Not
-        # under tensor parallelism yet: collectives inside captured graphs are not verified.
-        self.static_steps = target.device.type == "cuda" and getattr(target, "shard", None) is None
+        # Greedy blocks as one static step (a CUDA graph on CUDA, with the target's sharded embedding
+        # and head's collectives inside under tensor parallelism; eager elsewhere, for tests)
+        self.static_steps = target.device.type == "cuda"
+        self.min_capacity = 1024  # context K/V rows at least (see begin)
         # torch.compile the static block (set by the engine's ``compile``); compiled blocks are static
         self.compile = False
         self._static: _StaticBlock | None = None
@@ -90,12 +91,12 @@ class DFlashDrafter:
     @torch.inference_mode()
     def begin(self, prompt_ids: torch.Tensor, out: ForwardOut) -> None:
         c, w = self.model.config, self.model.fc.weight
-        # capacities in powers of two from 256, kept across requests while they fit (stale
-        # positions are masked by length): the static block (its CUDA graph, its compiled code)
-        # is rebuilt only when the context outgrows its bucket, not for every request
-        cap = max(256, 1 << (2 * int(prompt_ids.numel()) - 1).bit_length())
+        # capacities in powers of two from 1024 that only grow, kept across requests (stale
+        # positions are masked by length): the static block (its CUDA graph, its compiled code:
+        # seconds to compile) is rebuilt only when a context outgrows every earlier one
+        cap = max(self.min_capacity, 1 << (2 * int(prompt_ids.numel()) - 1).bit_length())
         have = self.kv[0].k.shape[1] if self.kv else 0
-        if not cap <= have <= 4 * cap:
+        if have < cap:
             self._static = None  # it holds the last request's buffers: free them before allocating
             self.kv = [_ContextKV(c.num_key_value_heads, c.head_dim, cap, w.dtype, w.device)
                        for _ in range(c.num_hidden_layers)]

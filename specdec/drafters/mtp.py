@@ -109,9 +109,9 @@ class MTPDrafter:
         self._fed_last = False  # whether propose already cached the row (last_h, last token)
         self.last_logits: torch.Tensor | None = None  # [k, V] of the last propose (for inspection)
         # Greedy proposals as one replayable static step (a CUDA graph on CUDA): the catch-up
-        # rows padded to k + 1, then the k chained rows, argmax on the device. Not under tensor
-        # parallelism yet: collectives inside captured graphs are not verified.
-        self.static_steps = target.device.type == "cuda" and getattr(target, "shard", None) is None
+        # rows padded to k + 1, then the k chained rows, argmax on the device (with the sharded
+        # embedding and head's collectives inside under tensor parallelism).
+        self.static_steps = target.device.type == "cuda"
         # torch.compile the static proposal (set by the engine's ``compile``); compiled proposals are static
         self.compile = False
         self._static: dict[int, _StaticPropose] = {}

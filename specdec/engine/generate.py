@@ -125,10 +125,10 @@ class SpeculativeGenerator:
         on_cuda = target.device.type == "cuda"
         if batch_invariant is None:
             batch_invariant = on_cuda
-        # Under tensor parallelism the static steps run uncaptured for now: NCCL collectives inside
-        # captured graphs are not verified yet (the output is the same either way).
+        # Under tensor parallelism the captured steps hold their NCCL all-reduces and all-gathers:
+        # every rank captures and replays the same steps in the same order, so the collectives match.
         self.shard = getattr(target, "shard", None)
-        self.use_graphs = bool(cuda_graphs) and on_cuda and self.shard is None
+        self.use_graphs = bool(cuda_graphs) and on_cuda
         if compile and self.shard is not None:
             raise RequestError("--compile is not supported under tensor parallelism yet")
         # Seen on the H200 (bf16): inductor fused the target's step differently when it also returned
