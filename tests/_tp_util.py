@@ -72,3 +72,47 @@ def crash_on_rank(shard):
     if shard.rank == 1:
         os._exit(3)
     return shard.all_reduce(torch.ones(1))
+
+
+# --- expert parallelism (module level) -------------------------------------------------------
+
+MOE_SHAPE = dict(hidden=32, moe_intermediate=16, num_experts=7, top_k=3)  # 7 experts: ranks hold 3 and 4
+
+
+def moe_block(seed: int, shared: int, shard=None):
+    """A :class:`SparseMoeBlock` with seeded random weights (``shared``: the shared expert's width,
+    0 for none); with a ``shard``, this rank's part of the same weights, cut by its ``tp_slices``."""
+    import torch
+
+    from specdec.models.moe import SparseMoeBlock
+    from specdec.parallel.tp import param_slices
+
+    full = SparseMoeBlock(shared_intermediate=shared, **MOE_SHAPE)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in full.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5)
+    if shard is None:
+        return full.eval()
+    part = SparseMoeBlock(shared_intermediate=shared, shard=shard, **MOE_SHAPE)
+    slices = param_slices(part)
+    state = {}
+    for name, w in full.state_dict().items():
+        s = slices.get(name)
+        state[name] = w if s is None else w.narrow(s.dim, s.start, s.stop - s.start)
+    part.load_state_dict(state, strict=True)
+    return part.eval()
+
+
+def moe_on_rank(shard, cases: list[tuple[int, int, int]]) -> list:
+    """Outputs ``[T, H]`` of the sharded block, and of its routed experts alone (reduced by
+    ``Experts.forward``, as Gemma 4 calls them), for each case (seed, shared width, rows T)."""
+    import torch
+
+    out = []
+    for seed, shared, t in cases:
+        x = torch.randn(t, MOE_SHAPE["hidden"], generator=torch.Generator().manual_seed(seed + 100))
+        with torch.no_grad():
+            block = moe_block(seed, shared, shard)
+            out.append((block(x), block.experts(x, *block.route(x))))
+    return out

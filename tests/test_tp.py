@@ -15,7 +15,7 @@ import torch
 from _dense_util import prompt_ids, rel_err, save_hf, tiny_model, write_gguf
 from _dflash_util import write_drafter
 from _engine_util import build_llama
-from _tp_util import children, crash_on_rank, generate_on_rank, load_on_rank, logits_on_rank
+from _tp_util import children, crash_on_rank, generate_on_rank, load_on_rank, logits_on_rank, moe_on_rank
 from gguf import GGMLQuantizationType as QT
 from specdec import LLM, load_target
 from specdec.cli import main
@@ -203,3 +203,132 @@ def test_more_ranks_than_gpus_is_one_clear_error(monkeypatch):
         check_world(4, None)
     with pytest.raises(ConfigError, match=r"give --device cuda"):
         check_world(2, "cuda:1")
+
+
+# --- expert parallelism (MoE) ----------------------------------------------------------------
+
+def test_moe_block_equals_single_process():
+    """Experts split across 2 ranks (7 experts: 3 and 4), router replicated, one all-reduce: the
+    output equals one process's, on the gather path (T <= 16) and the grouped path, with and
+    without a shared expert (split column/row-parallel)."""
+    from _tp_util import moe_block
+    from specdec.models.moe import Experts
+
+    cases = [(seed, shared, t) for seed, (shared, t) in enumerate([(0, 5), (0, 40), (24, 3), (24, 33)])]
+    assert cases[0][2] <= Experts.gather_max_rows < cases[1][2]
+    got = run_parallel(moe_on_rank, 2, cases, deadline_s=DEADLINE)
+    for (seed, shared, t), (g, g_experts) in zip(cases, got):
+        x = torch.randn(t, 32, generator=torch.Generator().manual_seed(seed + 100))
+        block = moe_block(seed, shared)
+        with torch.no_grad():
+            ref, ref_experts = block(x), block.experts(x, *block.route(x))
+        assert rel_err(g, ref) < 1e-5, (seed, shared, t, rel_err(g, ref))
+        assert rel_err(g_experts, ref_experts) < 1e-5, (seed, shared, t)
+    _no_children_left()
+
+
+def test_moe_fewer_experts_than_ranks_is_one_error():
+    from specdec.errors import ConfigError
+    from specdec.models.moe import SparseMoeBlock
+    from specdec.parallel import Shard
+
+    with pytest.raises(ConfigError, match=r"^num_experts=1 cannot be split across 2 tensor-parallel ranks$"):
+        SparseMoeBlock(8, 4, 0, 1, 1, shard=Shard(0, 2))
+
+
+class _Reads:
+    """A tensor source that records which tensors were read, whole or in part."""
+
+    def __init__(self, base):
+        self.base, self.path, self.metadata = base, base.path, getattr(base, "metadata", None)
+        self.whole, self.parts = [], []
+
+    def infos(self):
+        return self.base.infos()
+
+    def get(self, name, dtype):
+        self.whole.append(name)
+        return self.base.get(name, dtype)
+
+    def get_slice(self, name, dim, start, stop, dtype):
+        self.parts.append(name)
+        return self.base.get_slice(name, dim, start, stop, dtype)
+
+
+@pytest.fixture(scope="module")
+def qwen35_moe(tmp_path_factory):
+    """A tiny Qwen3.5-MoE (8 experts) as HF per-expert and fused tensors, and GGUF with separate
+    and fused gate/up expert tensors."""
+    from _qwen35_util import fuse_experts, hf_model
+    from _qwen35_util import write_gguf as write_qwen35_gguf
+
+    root = tmp_path_factory.mktemp("tp_moe")
+    hf_model("moe", seed=2).save_pretrained(root / "hf")
+    out = {"hf": str(root / "hf")}
+    hf_model("moe", seed=2).save_pretrained(root / "fused")
+    fuse_experts(str(root / "fused"))
+    out["fused"] = str(root / "fused")
+    for fuse in (False, True):
+        name = f"gguf{'_fused' if fuse else ''}"
+        write_qwen35_gguf(out["hf"], str(root / f"{name}.gguf"), fuse_gate_up=fuse)
+        out[name] = str(root / f"{name}.gguf")
+    return out
+
+
+@pytest.mark.parametrize("kind", ["hf", "fused", "gguf", "gguf_fused"])
+def test_moe_each_rank_reads_its_experts(qwen35_moe, kind):
+    """A rank's MoE block loads its experts' rows of the whole block's weights (and its block of
+    the shared expert), reading only its experts' tensors (HF per-expert) or rows (stacked)."""
+    from specdec.loading import read_model_config
+    from specdec.models.moe import SparseMoeBlock
+    from specdec.models.qwen35 import checkpoint_view
+    from specdec.parallel import Shard
+    from specdec.parallel.tp import param_slices
+    from specdec.weights.loader import load_into
+    from specdec.weights.safetensors_io import SafetensorsSource
+
+    path = qwen35_moe[kind]
+    _, c, gsrc = read_model_config(path)
+    fmt = "gguf" if gsrc is not None else "hf"
+    prefix = "layers.1.mlp." if fmt == "gguf" else "model.layers.1.mlp."
+
+    def load(shard):
+        src = _Reads(gsrc if gsrc is not None else SafetensorsSource(path))
+        view = checkpoint_view(c, src, fmt).without(lambda n: not n.startswith(prefix))
+        with torch.device("meta"):
+            block = SparseMoeBlock(c.hidden_size, c.moe_intermediate_size, c.shared_expert_intermediate_size,
+                                   c.num_experts, c.num_experts_per_tok, shard=shard)
+        load_into(block, view, {n: n[len(prefix):] for n in view.infos()}, dtype=torch.float32, device="cpu",
+                  slices=param_slices(block) if shard else None)
+        return block, src
+
+    full = dict(load(None)[0].named_parameters())
+    for r in range(2):
+        block, src = load(Shard(r, 2))
+        part, slices = dict(block.named_parameters()), param_slices(block)
+        assert set(slices) >= {"experts.gate_up_proj", "experts.down_proj", "shared_expert.down_proj.weight"}
+        for name, w in full.items():
+            s = slices.get(name)
+            assert torch.equal(part[name], w if s is None else w.narrow(s.dim, s.start, s.stop - s.start)), name
+        assert part["experts.gate_up_proj"].shape[0] == 4
+        read_experts = [n for n in src.whole + src.parts if "exps" in n or ".experts." in n]
+        if kind == "hf":  # per-expert tensors: exactly this rank's
+            assert sorted({int(n.split(".experts.")[1].split(".")[0]) for n in read_experts}) == list(range(4 * r, 4 * r + 4))
+        else:  # stacked: rows of this rank only
+            assert read_experts and not [n for n in src.whole if n in read_experts], src.whole
+
+
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_K])
+def test_gguf_expert_rows_decode_alone(tmp_path, qtype):
+    """A block of experts of a quantized stacked tensor ``[E, I, H]`` decodes alone, equal to the
+    whole tensor's rows."""
+    from _dense_util import encode_tensor, write_single_tensor_gguf
+    from specdec.weights.gguf_io import GGUFSource
+
+    a = torch.randn(5, 3, 256, generator=torch.Generator().manual_seed(0)).numpy()
+    stored, q = encode_tensor(a.reshape(15, 256), qtype)
+    write_single_tensor_gguf(str(tmp_path / "e.gguf"), "blk.0.ffn_down_exps.weight", stored.reshape(5, 3, -1), q)
+    src = GGUFSource(str(tmp_path / "e.gguf"))
+    whole = src.get("blk.0.ffn_down_exps.weight", torch.float32)
+    assert whole.shape == (5, 3, 256)
+    assert torch.equal(src.get_slice("blk.0.ffn_down_exps.weight", 0, 2, 5, torch.float32), whole[2:5])

@@ -12,6 +12,17 @@ Parameter names (transformers' in-memory layout, as ``mlp.*`` of a decoder layer
 Checkpoints on the hub (and transformers' ``save_pretrained``) store experts one by one
 (``experts.{e}.{gate,up,down}_proj.weight``); :func:`stacked_experts_view` presents them in the
 stacked layout above.
+
+Tensor parallelism (a ``shard``): experts are split across ranks (expert parallel: rank r holds
+the :func:`~specdec.parallel.tp.even_split` block of ``num_experts``), the router and the shared
+expert's gate are replicated, so every rank routes every token alike; each rank adds up the
+(token, expert) pairs of its own experts only (the others contribute zero). The shared expert is
+split like a dense MLP (column-parallel gate/up, row-parallel down): replicating it would cost
+every rank its whole weights and FLOPs for nothing, since its partial sums ride on the experts'
+all-reduce: ``sigmoid(g) * sum_r s_r = sum_r sigmoid(g) * s_r``. So a MoE layer does exactly one
+all-reduce. A rank loads only its experts: per-expert HF tensors through
+:func:`stacked_experts_view` (only its experts' tensors are read), stacked HF tensors as a
+safetensors slice, GGUF ``*_exps`` as its block of rows (only those are dequantized).
 """
 
 from __future__ import annotations
@@ -22,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
+from ..parallel.tp import Shard, even_split
 from ..weights.source import TensorSource
 from .layers import SwiGLU
 from .source_view import SourceView, ViewTensor, derived, passthrough
@@ -30,7 +42,12 @@ from .source_view import SourceView, ViewTensor, derived, passthrough
 
 class Experts(nn.Module):
     """``E`` gated-MLP experts stored as 3-D tensors: ``down(act(gate(x)) * up(x))``, ``act`` SiLU
-    (SwiGLU, Qwen) unless given (Gemma 4: GELU-tanh)."""
+    (SwiGLU, Qwen) unless given (Gemma 4: GELU-tanh).
+
+    ``shard``: the module holds experts ``rows.start .. rows.stop`` (``rows``, an even split of
+    ``num_experts``); :meth:`partial` is this rank's share of the output, :meth:`forward` the
+    whole output (the shares summed by one all-reduce).
+    """
 
     # Forwards of up to this many rows (every decode and verify step, padded or not) gather each
     # (token, expert) pair's weights: no host sync, graph-safe, and one kernel path whose
@@ -38,35 +55,60 @@ class Experts(nn.Module):
     # CUDA graphs. Longer forwards (prefill) group tokens by expert.
     gather_max_rows = 16
 
-    def __init__(self, num_experts: int, hidden: int, inter: int, act=F.silu):
+    def __init__(self, num_experts: int, hidden: int, inter: int, act=F.silu, shard: Shard | None = None):
         super().__init__()
         self.num_experts = num_experts
         self.act = act
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
+        self.shard = shard
+        self.rows = None if shard is None else even_split(num_experts, shard, "num_experts")
+        local = num_experts if shard is None else self.rows.size
+        if shard is not None:
+            self.tp_slices = {"gate_up_proj": self.rows, "down_proj": self.rows}
+        self.gate_up_proj = nn.Parameter(torch.empty(local, 2 * inter, hidden))
+        self.down_proj = nn.Parameter(torch.empty(local, hidden, inter))
 
     def forward(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """``x [T, H]``, chosen experts ``idx [T, k]`` with ``weights [T, k]`` -> ``[T, H]``."""
+        out = self.partial(x, idx, weights)
+        return out if self.shard is None else self.shard.all_reduce(out)
+
+    def partial(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """This rank's share of :meth:`forward` (all of it without a shard): the pairs whose
+        expert it holds, ``[T, H]``, not yet summed over ranks."""
         t, k = idx.shape
         # Inside a CUDA-graph capture always gather: the grouped path reads counts on the host.
         if t <= self.gather_max_rows or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            mine = None
+            if self.rows is not None:
+                # Static shapes, no host sync: every pair is computed, those of other ranks'
+                # experts with local expert 0 and then dropped. So a decode step's expert work is
+                # not divided across ranks here (the expert weights' memory is); dividing it needs
+                # a device-side compaction of the pairs (a grouped GEMM over a per-rank list).
+                idx = idx - self.rows.start
+                mine = (idx >= 0) & (idx < self.rows.size)
+                idx = idx.masked_fill(~mine, 0)
             flat = idx.reshape(-1)
             xs = x.repeat_interleave(k, dim=0)[:, :, None]  # [T*k, H, 1]
             gate, up = torch.bmm(self.gate_up_proj[flat], xs)[..., 0].chunk(2, dim=-1)
             y = torch.bmm(self.down_proj[flat], (self.act(gate) * up)[:, :, None])[..., 0]  # [T*k, H]
-            return (y.view(t, k, -1) * weights[..., None]).sum(1)
+            y = y.view(t, k, -1) * weights[..., None]
+            if mine is not None:
+                y = y.masked_fill(~mine[..., None], 0)
+            return y.sum(1)
         out = torch.zeros_like(x)
         flat = idx.reshape(-1)
         order = flat.argsort()
         token = order // k
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # one host sync
-        pos = 0
-        for e, n in enumerate(counts):
+        first = 0 if self.rows is None else self.rows.start
+        pos = sum(counts[:first])  # pairs of lower experts (other ranks'), sorted before ours
+        for e in range(first, first + self.gate_up_proj.shape[0]):
+            n = counts[e]
             if n == 0:
                 continue
             rows, sel = token[pos:pos + n], order[pos:pos + n]
-            gate, up = F.linear(x[rows], self.gate_up_proj[e]).chunk(2, dim=-1)
-            y = F.linear(self.act(gate) * up, self.down_proj[e]) * weights.reshape(-1)[sel, None]
+            gate, up = F.linear(x[rows], self.gate_up_proj[e - first]).chunk(2, dim=-1)
+            y = F.linear(self.act(gate) * up, self.down_proj[e - first]) * weights.reshape(-1)[sel, None]
             out.index_add_(0, rows, y)
             pos += n
         return out
@@ -74,14 +116,20 @@ class Experts(nn.Module):
 
 class SparseMoeBlock(nn.Module):
     """Top-k routed experts (fp32 softmax router, weights renormalised over the top k) plus a
-    sigmoid-gated shared expert. See the module docstring for the parameter names."""
+    sigmoid-gated shared expert. See the module docstring for the parameter names and for what
+    a ``shard`` splits."""
 
-    def __init__(self, hidden: int, moe_intermediate: int, shared_intermediate: int, num_experts: int, top_k: int):
+    def __init__(self, hidden: int, moe_intermediate: int, shared_intermediate: int, num_experts: int, top_k: int,
+                 shard: Shard | None = None):
         super().__init__()
+        if shard is not None and shared_intermediate and shared_intermediate < shard.world:
+            raise ConfigError(f"shared_expert_intermediate_size={shared_intermediate} cannot be split across "
+                              f"{shard.world} tensor-parallel ranks")
         self.top_k = top_k
+        self.shard = shard
         self.gate = nn.Linear(hidden, num_experts, bias=False)
-        self.experts = Experts(num_experts, hidden, moe_intermediate)
-        self.shared_expert = SwiGLU(hidden, shared_intermediate) if shared_intermediate else None
+        self.experts = Experts(num_experts, hidden, moe_intermediate, shard=shard)
+        self.shared_expert = SwiGLU(hidden, shared_intermediate, shard=shard) if shared_intermediate else None
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate else None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,10 +140,17 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         idx, w = self.route(x)
-        out = self.experts(x, idx, w)
+        if self.shard is None:
+            out = self.experts(x, idx, w)
+            if self.shared_expert is not None:
+                out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            return out
+        out = self.experts.partial(x, idx, w)
         if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return out
+            se = self.shared_expert  # its block of the intermediate, the row-parallel down_proj unreduced
+            part = F.linear(F.silu(se.gate_proj(x)) * se.up_proj(x), se.down_proj.weight)
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * part
+        return self.shard.all_reduce(out)
 
 
 _PER_EXPERT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
@@ -134,8 +189,31 @@ def stacked_experts_view(source: TensorSource) -> SourceView:
                     raise CheckpointError(f"{infos[nm].file}: tensor '{nm}' has shape {list(infos[nm].shape)}, "
                                           f"expected {list(want)} like the other experts of '{prefix}'")
         tensors[f"{prefix}.gate_up_proj"] = derived(
-            source, f"{prefix}.gate_up_proj", gate_names + up_names, (n, 2 * inter, hidden),
-            lambda *ts, n=n: torch.stack([torch.cat([ts[e], ts[n + e]], dim=0) for e in range(n)]))
+            source, f"{prefix}.gate_up_proj", gate_names + up_names, (n, 2 * inter, hidden), _stack_gate_up,
+            read_slice=_expert_rows(source, f"{prefix}.gate_up_proj", list(zip(gate_names, up_names)), _stack_gate_up))
         tensors[f"{prefix}.down_proj"] = derived(
-            source, f"{prefix}.down_proj", down_names, (n, hidden, inter), lambda *ts: torch.stack(ts))
+            source, f"{prefix}.down_proj", down_names, (n, hidden, inter), _stack,
+            read_slice=_expert_rows(source, f"{prefix}.down_proj", [(d,) for d in down_names], _stack))
     return SourceView(source, tensors)
+
+
+def _stack(*ts: torch.Tensor) -> torch.Tensor:
+    return torch.stack(ts)
+
+
+def _stack_gate_up(*ts: torch.Tensor) -> torch.Tensor:
+    """gate_0 .. gate_{n-1}, up_0 .. up_{n-1} -> ``[n, 2I, H]``, each expert's gate rows first."""
+    n = len(ts) // 2
+    return torch.stack([torch.cat([ts[e], ts[n + e]], dim=0) for e in range(n)])
+
+
+def _expert_rows(source: TensorSource, name: str, per_expert: list[tuple[str, ...]], fn):
+    """A slice reader for a stacked tensor: along dim 0 (a rank's experts, tensor parallelism) it
+    reads only those experts' tensors; along another dim it reads the whole and narrows."""
+    def read_slice(dim: int, start: int, stop: int) -> torch.Tensor:
+        if dim != 0:
+            whole = fn(*(source.get(s, torch.float32) for group in zip(*per_expert) for s in group))
+            return whole.narrow(dim, start, stop - start).contiguous()
+        chosen = per_expert[start:stop]
+        return fn(*(source.get(s, torch.float32) for group in zip(*chosen) for s in group))
+    return read_slice

@@ -24,6 +24,7 @@ from torch import nn
 from ..cache import KVCache, LinearAttnCache
 from ..config import ModelConfig
 from ..errors import ConfigError
+from ..parallel.tp import Shard
 from .base import CausalLM, StepContext
 from .deltanet import GatedDeltaNet
 from .layers import Attention, RMSNorm, SwiGLU
@@ -108,11 +109,13 @@ def _norm(c: Qwen35Config) -> RMSNorm:
     return RMSNorm(c.hidden_size, c.rms_norm_eps, zero_centered=True)
 
 
-def _mlp(c: Qwen35Config, moe: bool) -> nn.Module:
+def _mlp(c: Qwen35Config, moe: bool, shard: Shard | None = None) -> nn.Module:
+    """The FFN of a layer; with a ``shard``, experts split across ranks (expert parallel, see
+    :mod:`specdec.models.moe`), a dense SwiGLU column/row-parallel."""
     if moe:
         return SparseMoeBlock(c.hidden_size, c.moe_intermediate_size, c.shared_expert_intermediate_size,
-                              c.num_experts, c.num_experts_per_tok)
-    return SwiGLU(c.hidden_size, c.intermediate_size)
+                              c.num_experts, c.num_experts_per_tok, shard=shard)
+    return SwiGLU(c.hidden_size, c.intermediate_size, shard=shard)
 
 
 class FullAttentionDecoderLayer(nn.Module):

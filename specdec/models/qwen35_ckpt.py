@@ -41,7 +41,7 @@ from ..errors import CheckpointError
 from ..weights.source import TensorInfo, TensorSource
 from .gguf_names import gguf_meta, is_number, meta_getters
 from .moe import stacked_experts_view
-from .source_view import SourceView, ViewTensor, derived, passthrough
+from .source_view import SourceView, ViewTensor, base_slice, derived, passthrough
 
 HF_HIDDEN_PREFIXES = ("mtp.", "model.mtp.", "model.visual.", "visual.")
 
@@ -193,7 +193,8 @@ def gguf_view(config, source: TensorSource, mtp: bool = False) -> SourceView:
         shape = tuple(shape or info.shape)
         if fix is None:
             tensors[pname] = ViewTensor(TensorInfo(pname, shape, info.dtype, info.is_float, info.file),
-                                        lambda g=gname: source.get(g, torch.float32))
+                                        lambda g=gname: source.get(g, torch.float32),
+                                        base_slice(source, gname) if shape == info.shape else None)
         else:
             tensors[pname] = derived(source, pname, [gname], shape, fix)
 
@@ -236,7 +237,7 @@ def gguf_view(config, source: TensorSource, mtp: bool = False) -> SourceView:
                 e, inter, hidden = info.shape
                 tensors[prefix + "mlp.experts.gate_up_proj"] = derived(
                     source, prefix + "mlp.experts.gate_up_proj", [gname, other], (e, 2 * inter, hidden),
-                    lambda g, u: torch.cat([g, u], dim=1))
+                    lambda g, u: torch.cat([g, u], dim=1), read_slice=_gate_up_experts(source, gname, other))
         elif rest == "attn_qkv.weight" and not is_linear:
             q_rows = c.num_attention_heads * c.head_dim * 2  # query and output gate
             kv_rows = c.num_key_value_heads * c.head_dim
@@ -251,6 +252,18 @@ def gguf_view(config, source: TensorSource, mtp: bool = False) -> SourceView:
         else:
             tensors[gname] = passthrough(source, gname)
     return SourceView(source, tensors)
+
+
+def _gate_up_experts(source: TensorSource, gate: str, up: str):
+    """A slice reader for ``gate_up_proj`` made of ``ffn_{gate,up}_exps``: a block of experts
+    (dim 0) reads and dequantizes only their rows of both tensors; along another dim, the whole."""
+    def read_slice(dim: int, start: int, stop: int) -> torch.Tensor:
+        if dim == 0:
+            g, u = (source.get_slice(n, 0, start, stop, torch.float32) for n in (gate, up))  # a GGUFSource
+            return torch.cat([g, u], dim=1)
+        whole = torch.cat([source.get(gate, torch.float32), source.get(up, torch.float32)], dim=1)
+        return whole.narrow(dim, start, stop - start).contiguous()
+    return read_slice
 
 
 def _check_gguf_complete(c, source: TensorSource, linear: dict, attention: dict) -> None:

@@ -4,12 +4,17 @@ Architectures use it to present one checkpoint layout to the strict loader whate
 holds: per-expert tensors stacked into one, llama.cpp names and conventions turned into HF
 ones, tensors another component owns (an MTP block) left out. Nothing is read until ``get``;
 the underlying file is never modified, so a view is safe to build any number of times.
+
+A tensor may also know how to read a slice of itself (``get_slice``, a tensor-parallel rank's
+part): passed-through tensors read the slice from a source that can, stacked experts read only
+the chosen experts (:func:`~specdec.models.moe.stacked_experts_view`); any other tensor is read
+whole, then narrowed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -18,10 +23,12 @@ from ..weights.source import TensorInfo, TensorSource
 
 @dataclass(frozen=True)
 class ViewTensor:
-    """One tensor of a view: what it looks like, and how to read it (fp32, CPU)."""
+    """One tensor of a view: what it looks like, and how to read it (fp32, CPU); ``read_slice``
+    (dim, start, stop), where given, reads entries ``start:stop`` along ``dim`` without the rest."""
 
     info: TensorInfo
     read: Callable[[], torch.Tensor]
+    read_slice: Optional[Callable[[int, int, int], torch.Tensor]] = None
 
 
 class SourceView:
@@ -39,19 +46,42 @@ class SourceView:
     def get(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         return self._tensors[name].read().to(dtype)
 
+    def get_slice(self, name: str, dim: int, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        """Entries ``start:stop`` along ``dim`` of one tensor: read alone where the tensor knows
+        how (see the module docstring), else read whole and narrowed."""
+        t = self._tensors[name]
+        if t.read_slice is not None:
+            out = t.read_slice(dim, start, stop)
+            want = t.info.shape[:dim] + (stop - start,) + t.info.shape[dim + 1:]
+            if tuple(out.shape) != want:
+                raise AssertionError(f"slice of '{name}' has shape {list(out.shape)}, expected {list(want)}")
+            return out.to(dtype)
+        return t.read().narrow(dim, start, stop - start).contiguous().to(dtype)
+
     def without(self, hidden: Callable[[str], bool]) -> "SourceView":
         """The same view less the tensors whose name ``hidden`` accepts."""
         return SourceView(self.base, {n: t for n, t in self._tensors.items() if not hidden(n)})
 
 
 def passthrough(base: TensorSource, name: str) -> ViewTensor:
-    """``name`` exactly as ``base`` holds it."""
-    return ViewTensor(base.infos()[name], lambda: base.get(name, torch.float32))
+    """``name`` exactly as ``base`` holds it (its slices read from ``base`` where it can)."""
+    return ViewTensor(base.infos()[name], lambda: base.get(name, torch.float32), base_slice(base, name))
+
+
+def base_slice(base: TensorSource, name: str) -> Optional[Callable[[int, int, int], torch.Tensor]]:
+    """A ``read_slice`` for tensor ``name`` of ``base`` as stored, or None where ``base`` cannot
+    read slices (then a slice is read whole and narrowed)."""
+    get_slice = getattr(base, "get_slice", None)
+    if get_slice is None:
+        return None
+    return lambda dim, start, stop: get_slice(name, dim, start, stop, torch.float32)
 
 
 def derived(base: TensorSource, name: str, sources: Iterable[str], shape: tuple[int, ...],
-            fn: Callable[..., torch.Tensor]) -> ViewTensor:
-    """A tensor ``fn(*tensors)`` computed from ``sources`` of ``base`` (read as fp32).
+            fn: Callable[..., torch.Tensor],
+            read_slice: Optional[Callable[[int, int, int], torch.Tensor]] = None) -> ViewTensor:
+    """A tensor ``fn(*tensors)`` computed from ``sources`` of ``base`` (read as fp32);
+    ``read_slice`` (optional) reads a slice of it alone.
 
     Its storage dtype is reported as that of the first source, or ``MIXED`` when they differ.
     """
@@ -67,4 +97,4 @@ def derived(base: TensorSource, name: str, sources: Iterable[str], shape: tuple[
             raise AssertionError(f"derived tensor '{name}' has shape {list(out.shape)}, declared {list(info.shape)}")
         return out
 
-    return ViewTensor(info, read)
+    return ViewTensor(info, read, read_slice)
