@@ -299,3 +299,25 @@ def test_speculative_greedy_equals_plain_greedy(loaded, kind):
     spec = SpeculativeGenerator(model, drafter, 5).generate(prompt, 40)
     assert spec.token_ids == plain
     assert 0 < sum(spec.stats.accepted) < spec.stats.drafted  # both accepts and rejections happened
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_static_chunked_prefill_equals_eager_prefill(loaded, kind):
+    """A short prompt on static steps is prefilled as padded 16-row chunks of the captured step
+    (``_prefill``): the same last logits, every row's hidden state and captured layers as the eager
+    forward, and the decode after it (recurrent states carried across the chunks) the same."""
+    from specdec.engine import SpeculativeGenerator
+
+    m = loaded[kind]
+    prompt = torch.randint(0, m.config.vocab_size, (37,), generator=torch.Generator().manual_seed(5))
+    g = SpeculativeGenerator(m, None, 3, batch_invariant=True)
+    cache, graphed = g._cache_for(64, (0, 2))
+    chunked = g._prefill(prompt, cache, graphed, (0, 2))
+    assert cache.length == 37 and len(graphed.steps) == 1  # 16 + 16 + 5 padded: the one 16-row step
+    ref_cache = m.new_cache(64)
+    eager = m(prompt, ref_cache, capture=(0, 2), logits="last", snapshots=False)
+    torch.testing.assert_close(chunked.logits, eager.logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(chunked.hidden, eager.hidden, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(chunked.captured, eager.captured, rtol=1e-4, atol=1e-4)
+    nxt = torch.tensor([int(eager.logits[-1].argmax())])
+    torch.testing.assert_close(graphed(nxt).logits, m(nxt, ref_cache).logits, rtol=1e-4, atol=1e-4)
