@@ -18,10 +18,13 @@ from ..weights.source import TensorInfo, TensorSource
 
 @dataclass(frozen=True)
 class ViewTensor:
-    """One tensor of a view: what it looks like, and how to read it (fp32, CPU)."""
+    """One tensor of a view: what it looks like, and how to read it (fp32, CPU); ``part(dim,
+    start, stop)``, when set, reads entries ``start:stop`` along ``dim`` without the rest (a
+    tensor-parallel rank's slice)."""
 
     info: TensorInfo
     read: Callable[[], torch.Tensor]
+    part: Callable[[int, int, int], torch.Tensor] | None = None
 
 
 class SourceView:
@@ -39,19 +42,38 @@ class SourceView:
     def get(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         return self._tensors[name].read().to(dtype)
 
+    def get_slice(self, name: str, dim: int, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        """Entries ``start:stop`` along ``dim`` of one tensor: read alone where the view knows how
+        (:attr:`ViewTensor.part`), else derived whole and sliced."""
+        t = self._tensors[name]
+        if t.part is not None:
+            return t.part(dim, start, stop).to(dtype)
+        return t.read().narrow(dim, start, stop - start).contiguous().to(dtype)
+
     def without(self, hidden: Callable[[str], bool]) -> "SourceView":
         """The same view less the tensors whose name ``hidden`` accepts."""
         return SourceView(self.base, {n: t for n, t in self._tensors.items() if not hidden(n)})
 
 
 def passthrough(base: TensorSource, name: str) -> ViewTensor:
-    """``name`` exactly as ``base`` holds it."""
-    return ViewTensor(base.infos()[name], lambda: base.get(name, torch.float32))
+    """``name`` exactly as ``base`` holds it (slices read from ``base`` alone where it can)."""
+    return ViewTensor(base.infos()[name], lambda: base.get(name, torch.float32),
+                      lambda dim, start, stop: base_slice(base, name, dim, start, stop))
+
+
+def base_slice(base: TensorSource, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+    """Entries ``start:stop`` along ``dim`` of ``base``'s tensor, fp32: read alone where ``base``
+    offers ``get_slice``, else read whole and sliced."""
+    get_slice = getattr(base, "get_slice", None)
+    if get_slice is not None:
+        return get_slice(name, dim, start, stop, torch.float32)
+    return base.get(name, torch.float32).narrow(dim, start, stop - start).contiguous()
 
 
 def derived(base: TensorSource, name: str, sources: Iterable[str], shape: tuple[int, ...],
-            fn: Callable[..., torch.Tensor]) -> ViewTensor:
-    """A tensor ``fn(*tensors)`` computed from ``sources`` of ``base`` (read as fp32).
+            fn: Callable[..., torch.Tensor], part: Callable[[int, int, int], torch.Tensor] | None = None) -> ViewTensor:
+    """A tensor ``fn(*tensors)`` computed from ``sources`` of ``base`` (read as fp32); ``part``,
+    when given, reads a slice of the result alone (see :class:`ViewTensor`).
 
     Its storage dtype is reported as that of the first source, or ``MIXED`` when they differ.
     """
@@ -67,4 +89,4 @@ def derived(base: TensorSource, name: str, sources: Iterable[str], shape: tuple[
             raise AssertionError(f"derived tensor '{name}' has shape {list(out.shape)}, declared {list(info.shape)}")
         return out
 
-    return ViewTensor(info, read)
+    return ViewTensor(info, read, part)
