@@ -125,7 +125,8 @@ def load_model(path: str, device: str | torch.device | None = None, dtype=None, 
     src = gsrc if gsrc is not None else SafetensorsSource(path)
     check_layer_count(cfg.num_hidden_layers, len(src.infos()), path)
     if shard is not None and not arch.model_cls.tensor_parallel:
-        raise ConfigError(f"{path}: tensor parallelism supports Llama-family and Qwen3 targets, not {arch.name} yet")
+        raise ConfigError(f"{path}: tensor parallelism supports Llama-family, Qwen3 and Qwen3.5 dense targets, "
+                          f"not {arch.name} yet")
     with torch.device("meta"):
         model = arch.model_cls(cfg) if shard is None else arch.model_cls(cfg, shard=shard)
     if gsrc is not None:

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cache import LinearAttnCache
+from ..errors import ConfigError
+from ..parallel.tp import Blocks, Shard, Slice, row_parallel
 from . import delta_kernel
 
 
@@ -147,18 +149,43 @@ class GatedRMSNorm(nn.Module):
         return (y.float() * F.silu(z.float())).to(x.dtype)
 
 
+def split_linear_heads(n_k: int, n_v: int, k_dim: int, v_dim: int, shard: Shard) -> dict[str, Slice | Blocks]:
+    """A rank's part of a Gated DeltaNet (tensor parallelism): a block of ``n_k / world`` key heads
+    with the value heads they serve (consecutive in HF's grouped order, so a group stays whole).
+    Parameter name -> the slice of its checkpoint tensor; everything per value head is local."""
+    if n_k % shard.world:
+        raise ConfigError(f"linear_num_key_heads={n_k} is not divisible by the {shard.world} tensor-parallel ranks")
+    k0, k1 = shard.rank * n_k // shard.world, (shard.rank + 1) * n_k // shard.world
+    per_k = n_v // n_k
+    v0, v1 = k0 * per_k, k1 * per_k
+    kd = n_k * k_dim
+    # rows of this rank's q, k and v among [q (Hk*dk) | k (Hk*dk) | v (Hv*dv)]: three blocks
+    qkv = Blocks(0, ((k0 * k_dim, k1 * k_dim), (kd + k0 * k_dim, kd + k1 * k_dim),
+                     (2 * kd + v0 * v_dim, 2 * kd + v1 * v_dim)), 2 * kd + n_v * v_dim)
+    heads = Slice(0, v0, v1, n_v, v1 - v0)
+    rows = heads.scaled(v_dim)
+    return {"in_proj_qkv.weight": qkv, "conv1d.weight": qkv, "in_proj_z.weight": rows, "in_proj_b.weight": heads,
+            "in_proj_a.weight": heads, "dt_bias": heads, "A_log": heads, "out_proj.weight": rows.along(1)}
+
+
 class GatedDeltaNet(nn.Module):
     """The linear-attention mixer with transformers' parameter names (``linear_attn.*``).
 
     ``in_proj_qkv`` emits ``[q (Hk*dk) | k (Hk*dk) | v (Hv*dv)]``; each key head serves
     ``Hv / Hk`` consecutive value heads. ``conv1d.weight`` is ``[C, 1, kernel]``.
+    ``shard`` (tensor parallelism): the module holds this rank's key heads and their value heads
+    (:func:`split_linear_heads`), so do its conv and recurrent caches; ``out_proj`` all-reduces.
     """
 
     # Positions per chunk of the chunked form (prefill: forwards that keep no snapshots).
     chunk_size = 64
 
-    def __init__(self, hidden: int, n_k_heads: int, n_v_heads: int, k_dim: int, v_dim: int, kernel: int, eps: float):
+    def __init__(self, hidden: int, n_k_heads: int, n_v_heads: int, k_dim: int, v_dim: int, kernel: int, eps: float,
+                 shard: Shard | None = None):
         super().__init__()
+        if shard is not None:
+            self.tp_slices = split_linear_heads(n_k_heads, n_v_heads, k_dim, v_dim, shard)
+            n_k_heads, n_v_heads = n_k_heads // shard.world, n_v_heads // shard.world
         self.hk, self.hv, self.dk, self.dv, self.kernel = n_k_heads, n_v_heads, k_dim, v_dim, kernel
         self.conv_dim = 2 * n_k_heads * k_dim + n_v_heads * v_dim
         self.in_proj_qkv = nn.Linear(hidden, self.conv_dim, bias=False)
@@ -169,7 +196,7 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(torch.empty(n_v_heads))
         self.A_log = nn.Parameter(torch.empty(n_v_heads))
         self.norm = GatedRMSNorm(v_dim, eps)
-        self.out_proj = nn.Linear(n_v_heads * v_dim, hidden, bias=False)
+        self.out_proj = row_parallel(n_v_heads * v_dim, hidden, False, shard)
 
     def make_cache(self, dtype: torch.dtype, device, snapshot_tokens: int = 32) -> LinearAttnCache:
         return LinearAttnCache(self.conv_dim, self.kernel, self.hv, self.dk, self.dv, dtype, device, snapshot_tokens)

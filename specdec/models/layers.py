@@ -188,8 +188,9 @@ class Attention(nn.Module):
     ``gated``: ``q_proj`` emits, per head, the query followed by a gate of the same width;
     the attention output is multiplied by ``sigmoid(gate)`` before ``o_proj`` (Qwen3.5).
     ``scale`` replaces the usual ``head_dim ** -0.5`` (Gemma's ``query_pre_attn_scalar ** -0.5``).
-    ``shard`` (tensor parallelism): the module holds this rank's heads only, ``n_heads`` and
-    ``n_kv`` become the local counts, and ``o_proj`` all-reduces (see :mod:`specdec.parallel.tp`).
+    ``shard`` (tensor parallelism): the module holds this rank's heads only (with their gates and
+    per-head norms, which are local), ``n_heads`` and ``n_kv`` become the local counts, and
+    ``o_proj`` all-reduces (see :mod:`specdec.parallel.tp`).
     """
 
     def __init__(self, hidden: int, n_heads: int, n_kv: int, head_dim: int, *, bias: bool = False,
@@ -197,11 +198,10 @@ class Attention(nn.Module):
                  scale: float | None = None, shard: Shard | None = None):
         super().__init__()
         if shard is not None:
-            if gated:
-                raise ConfigError("tensor parallelism does not split gated attention (Qwen3.5) yet")
             split = split_heads(n_heads, n_kv, head_dim, shard)
             n_heads, n_kv = split.heads, split.kv_heads
-            qkv = {"q_proj": split.q, "k_proj": split.kv, "v_proj": split.kv}
+            # gated: each head's 2*d rows of q_proj (query, then gate) go with it
+            qkv = {"q_proj": split.q.scaled(2) if gated else split.q, "k_proj": split.kv, "v_proj": split.kv}
             self.tp_slices = {f"{m}.weight": s for m, s in qkv.items()}
             if bias:
                 self.tp_slices.update({f"{m}.bias": s for m, s in qkv.items()})

@@ -190,10 +190,10 @@ def stacked_experts_view(source: TensorSource) -> SourceView:
                                           f"expected {list(want)} like the other experts of '{prefix}'")
         tensors[f"{prefix}.gate_up_proj"] = derived(
             source, f"{prefix}.gate_up_proj", gate_names + up_names, (n, 2 * inter, hidden), _stack_gate_up,
-            read_slice=_expert_rows(source, f"{prefix}.gate_up_proj", list(zip(gate_names, up_names)), _stack_gate_up))
+            part=_expert_rows(source, f"{prefix}.gate_up_proj", list(zip(gate_names, up_names)), _stack_gate_up))
         tensors[f"{prefix}.down_proj"] = derived(
             source, f"{prefix}.down_proj", down_names, (n, hidden, inter), _stack,
-            read_slice=_expert_rows(source, f"{prefix}.down_proj", [(d,) for d in down_names], _stack))
+            part=_expert_rows(source, f"{prefix}.down_proj", [(d,) for d in down_names], _stack))
     return SourceView(source, tensors)
 
 

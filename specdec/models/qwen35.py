@@ -12,6 +12,10 @@ For the MTP drafter: :class:`FullAttentionDecoderLayer` (its own KV cache) and
 :class:`~specdec.models.moe.SparseMoeBlock` are importable from here, and
 :func:`checkpoint_view` presents HF or GGUF checkpoints (``mtp.*`` included) in HF names and
 conventions. Checkpoint conversions live in :mod:`specdec.models.qwen35_ckpt`.
+
+Tensor parallelism (dense ``qwen3_5``; ``shard``): attention heads, DeltaNet key heads with their
+value heads, and the SwiGLU block are split (:class:`~specdec.models.layers.Attention`,
+:class:`~specdec.models.deltanet.GatedDeltaNet`); the MTP block stays whole on every rank.
 """
 
 from __future__ import annotations
@@ -123,20 +127,22 @@ class FullAttentionDecoderLayer(nn.Module):
     ``post_attention_layernorm``, ``mlp.*`` (SwiGLU, or :class:`SparseMoeBlock` when ``moe``).
 
     Called as ``layer(x [T, H], ctx, cache)`` with a :class:`KVCache` from :meth:`make_cache`.
+    With a ``shard``: this rank's heads and FFN block (tensor parallelism).
     """
 
-    def __init__(self, c: Qwen35Config, moe: bool):
+    def __init__(self, c: Qwen35Config, moe: bool, shard: Shard | None = None):
         super().__init__()
         self.config = c
         self.input_layernorm = _norm(c)
         self.self_attn = Attention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                                   bias=c.attention_bias, qk_norm_eps=c.rms_norm_eps, zero_centered_qk=True, gated=True)
+                                   bias=c.attention_bias, qk_norm_eps=c.rms_norm_eps, zero_centered_qk=True, gated=True,
+                                   shard=shard)
         self.post_attention_layernorm = _norm(c)
-        self.mlp = _mlp(c, moe)
+        self.mlp = _mlp(c, moe, shard)
 
     def make_cache(self, max_len: int, dtype: torch.dtype, device) -> KVCache:
-        c = self.config
-        return KVCache(c.num_key_value_heads, c.head_dim, max_len, dtype, device)
+        # the KV heads this module holds (a rank's share under tensor parallelism)
+        return KVCache(self.self_attn.n_kv, self.config.head_dim, max_len, dtype, device)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
@@ -144,16 +150,17 @@ class FullAttentionDecoderLayer(nn.Module):
 
 
 class LinearAttentionDecoderLayer(nn.Module):
-    """Gated DeltaNet (``linear_attn.*``) + FFN, with a :class:`LinearAttnCache`."""
+    """Gated DeltaNet (``linear_attn.*``) + FFN, with a :class:`LinearAttnCache` (of this rank's
+    heads, with a ``shard``)."""
 
-    def __init__(self, c: Qwen35Config, moe: bool):
+    def __init__(self, c: Qwen35Config, moe: bool, shard: Shard | None = None):
         super().__init__()
         self.input_layernorm = _norm(c)
         self.linear_attn = GatedDeltaNet(c.hidden_size, c.linear_num_key_heads, c.linear_num_value_heads,
                                          c.linear_key_head_dim, c.linear_value_head_dim, c.linear_conv_kernel_dim,
-                                         c.rms_norm_eps)
+                                         c.rms_norm_eps, shard=shard)
         self.post_attention_layernorm = _norm(c)
-        self.mlp = _mlp(c, moe)
+        self.mlp = _mlp(c, moe, shard)
 
     def make_cache(self, max_len: int, dtype: torch.dtype, device, snapshot_tokens: int = 32) -> LinearAttnCache:
         return self.linear_attn.make_cache(dtype, device, snapshot_tokens)
@@ -164,17 +171,19 @@ class LinearAttentionDecoderLayer(nn.Module):
 
 
 class Qwen35ForCausalLM(CausalLM):
-    """The dense hybrid target (``qwen3_5``)."""
+    """The dense hybrid target (``qwen3_5``); with a ``shard``, one tensor-parallel rank's part."""
 
     moe = False
+    tensor_parallel = True
     # Linear-attention caches keep per-position states for forwards up to this many tokens
     # (verification), so rollback restores them exactly; see LinearAttnCache.
     snapshot_tokens = 32
 
-    def __init__(self, config: Qwen35Config):
-        super().__init__(config)
+    def __init__(self, config: Qwen35Config, shard: Shard | None = None):
+        super().__init__(config, shard)
         self.layers = nn.ModuleList(
-            FullAttentionDecoderLayer(config, self.moe) if t == "full_attention" else LinearAttentionDecoderLayer(config, self.moe)
+            FullAttentionDecoderLayer(config, self.moe, shard) if t == "full_attention"
+            else LinearAttentionDecoderLayer(config, self.moe, shard)
             for t in config.layer_types
         )
 
@@ -193,6 +202,7 @@ class Qwen35MoeForCausalLM(Qwen35ForCausalLM):
     """The MoE hybrid target (``qwen3_5_moe``)."""
 
     moe = True
+    tensor_parallel = True  # experts split across ranks (expert parallel), see moe.py
 
 
 def checkpoint_view(config: Qwen35Config, source, fmt: str, mtp: bool = False):

@@ -27,6 +27,13 @@ GGUF ``qwen35`` / ``qwen35moe`` as llama.cpp's ``convert_hf_to_gguf.py`` writes 
   ``nextn.enorm`` -> ``mtp.pre_fc_norm_embedding``, ``nextn.hnorm`` ->
   ``mtp.pre_fc_norm_hidden``, ``nextn.shared_head_norm`` -> ``mtp.norm``, the block's
   tensors -> ``mtp.layers.{k}.*``), converted the same way.
+
+Tensor parallelism: both views read a rank's slice of a split tensor without the rest where the
+file allows (``SourceView.get_slice``): HF tensors by safetensors slices; GGUF tensors by block
+rows, the value heads of the linear-attention tensors as ``per_k`` runs of llama.cpp's tiled
+order (:func:`_tiled_part`), fused attention ``attn_qkv`` by its q/k/v rows. Read whole, then
+sliced: columns of quantized tensors (``ssm_out``, as ``attn_output`` / ``ffn_down`` in
+``GGUFSource.get_slice``: quantization blocks run along rows) and the MoE expert stacks.
 """
 
 from __future__ import annotations
@@ -146,6 +153,16 @@ def gguf_view(config, source: TensorSource, mtp: bool = False) -> SourceView:
     def out_cols(t: torch.Tensor) -> torch.Tensor:
         return _untile(t, 1, n_k, per_k, c.linear_value_head_dim) if reorder else t
 
+    # Linear-attention tensors read in part (a tensor-parallel rank's heads): llama.cpp name ->
+    # (the dim its value heads run along, entries per head, entries before the value heads, what
+    # to do to the entries read). See _tiled_part.
+    dv = c.linear_value_head_dim
+    tiled = {"attn_qkv.weight": (0, dv, 2 * kd, None), "attn_gate.weight": (0, dv, 0, None),
+             "ssm_beta.weight": (0, 1, 0, None), "ssm_alpha.weight": (0, 1, 0, None),
+             "ssm_conv1d.weight": (0, dv, 2 * kd, lambda t: t.reshape(t.shape[0], 1, -1)),
+             "ssm_dt.bias": (0, 1, 0, None), "ssm_a": (0, 1, 0, lambda t: torch.log(-t)),
+             "ssm_out.weight": (1, dv, 0, None)}
+
     ident = None
     common = {"attn_norm.weight": ("input_layernorm.weight", _shift_norm),
               "post_attention_norm.weight": ("post_attention_layernorm.weight", _shift_norm)}
@@ -188,15 +205,19 @@ def gguf_view(config, source: TensorSource, mtp: bool = False) -> SourceView:
     _check_gguf_complete(c, source, linear, attention)
     tensors: dict[str, ViewTensor] = {}
 
-    def add(gname: str, pname: str, fix, shape=None) -> None:
+    def add(gname: str, pname: str, fix, shape=None, tiling=None) -> None:
         info = infos[gname]
         shape = tuple(shape or info.shape)
         if fix is None:
             tensors[pname] = ViewTensor(TensorInfo(pname, shape, info.dtype, info.is_float, info.file),
                                         lambda g=gname: source.get(g, torch.float32),
-                                        base_slice(source, gname) if shape == info.shape else None)
+                                        (lambda dim, a, b, g=gname: base_slice(source, g, dim, a, b))
+                                        if shape == info.shape else None)
         else:
-            tensors[pname] = derived(source, pname, [gname], shape, fix)
+            t = derived(source, pname, [gname], shape, fix)
+            if tiling is not None:
+                t = ViewTensor(t.info, t.read, _tiled_part(source, gname, t.read, n_k, per_k, *tiling))
+            tensors[pname] = t
 
     blk = re.compile(r"^blk\.(\d+)\.(.+)$")
     for gname, info in infos.items():
@@ -225,7 +246,7 @@ def gguf_view(config, source: TensorSource, mtp: bool = False) -> SourceView:
         if rest in table:
             pname, fix = table[rest]
             shape = (info.shape[0], 1, math.prod(info.shape[1:])) if rest == "ssm_conv1d.weight" else None
-            add(gname, prefix + pname, fix, shape)
+            add(gname, prefix + pname, fix, shape, tiled.get(rest) if is_linear else None)
         elif rest == "ffn_gate_inp_shexp.weight":
             hidden = info.shape[-1]
             add(gname, prefix + "mlp.shared_expert_gate.weight", lambda t: t.reshape(1, -1), (1, hidden))
@@ -237,7 +258,7 @@ def gguf_view(config, source: TensorSource, mtp: bool = False) -> SourceView:
                 e, inter, hidden = info.shape
                 tensors[prefix + "mlp.experts.gate_up_proj"] = derived(
                     source, prefix + "mlp.experts.gate_up_proj", [gname, other], (e, 2 * inter, hidden),
-                    lambda g, u: torch.cat([g, u], dim=1), read_slice=_gate_up_experts(source, gname, other))
+                    lambda g, u: torch.cat([g, u], dim=1), part=_gate_up_experts(source, gname, other))
         elif rest == "attn_qkv.weight" and not is_linear:
             q_rows = c.num_attention_heads * c.head_dim * 2  # query and output gate
             kv_rows = c.num_key_value_heads * c.head_dim
@@ -246,9 +267,12 @@ def gguf_view(config, source: TensorSource, mtp: bool = False) -> SourceView:
                                       f"expected {q_rows + 2 * kv_rows} (q+gate, k, v)")
             for proj, lo, hi in (("q", 0, q_rows), ("k", q_rows, q_rows + kv_rows),
                                  ("v", q_rows + kv_rows, q_rows + 2 * kv_rows)):
-                tensors[prefix + f"self_attn.{proj}_proj.weight"] = derived(
-                    source, prefix + f"self_attn.{proj}_proj.weight", [gname], (hi - lo, info.shape[1]),
-                    lambda t, lo=lo, hi=hi: t[lo:hi])
+                whole = derived(source, prefix + f"self_attn.{proj}_proj.weight", [gname], (hi - lo, info.shape[1]),
+                                lambda t, lo=lo, hi=hi: t[lo:hi])
+                tensors[prefix + f"self_attn.{proj}_proj.weight"] = ViewTensor(
+                    whole.info, whole.read, lambda dim, a, b, g=gname, lo=lo, read=whole.read: (
+                        base_slice(source, g, 0, lo + a, lo + b) if dim == 0
+                        else read().narrow(dim, a, b - a).contiguous()))
         else:
             tensors[gname] = passthrough(source, gname)
     return SourceView(source, tensors)
@@ -264,6 +288,38 @@ def _gate_up_experts(source: TensorSource, gate: str, up: str):
         whole = torch.cat([source.get(gate, torch.float32), source.get(up, torch.float32)], dim=1)
         return whole.narrow(dim, start, stop - start).contiguous()
     return read_slice
+
+
+_FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+def _tiled_part(source: TensorSource, gname: str, whole: Callable[[], torch.Tensor], n_k: int, per_k: int,
+                dim: int, head: int, offset: int, post: Callable | None) -> Callable[[int, int, int], torch.Tensor]:
+    """``part(dim, start, stop)`` of a linear-attention tensor in HF's grouped value-head order,
+    read from llama.cpp's tiled order without the rest: grouped head ``k * per_k + v`` is tiled
+    head ``v * n_k + k``, so a rank's value heads are ``per_k`` runs of the file, each read alone
+    (quantized rows decode per block row), then ``post`` (``A_log = log(-ssm_a)``, the conv's
+    ``[C, 1, K]``). Columns of a quantized tensor (``ssm_out``) cross quantization blocks: that
+    tensor is dequantized whole, then its columns picked. A slice along another dim than the
+    heads' is taken from the whole converted tensor."""
+    quantized_cols = dim != 0 and source.infos()[gname].dtype not in _FLOAT_TYPES
+
+    def part(d: int, start: int, stop: int) -> torch.Tensor:
+        if d != dim:
+            return whole().narrow(d, start, stop - start).contiguous()
+        j = torch.arange(start, stop)
+        rel = (j - offset).clamp(min=0)
+        h, w = rel // head, rel % head
+        k, v = h // per_k, h % per_k
+        idx = torch.where(j < offset, j, offset + (v * n_k + k) * head + w)  # file entry of each entry wanted
+        if quantized_cols:
+            t = source.get(gname, torch.float32).index_select(dim, idx)
+        else:
+            cut = ((idx[1:] != idx[:-1] + 1).nonzero().flatten() + 1).tolist()
+            runs = [(int(idx[a]), int(idx[b - 1]) + 1) for a, b in zip([0] + cut, cut + [len(idx)])]
+            t = torch.cat([base_slice(source, gname, dim, a, b) for a, b in runs], dim=dim)
+        return post(t) if post is not None else t
+    return part
 
 
 def _check_gguf_complete(c, source: TensorSource, linear: dict, attention: dict) -> None:

@@ -23,12 +23,13 @@ from ..weights.source import TensorInfo, TensorSource
 
 @dataclass(frozen=True)
 class ViewTensor:
-    """One tensor of a view: what it looks like, and how to read it (fp32, CPU); ``read_slice``
-    (dim, start, stop), where given, reads entries ``start:stop`` along ``dim`` without the rest."""
+    """One tensor of a view: what it looks like, and how to read it (fp32, CPU); ``part(dim,
+    start, stop)``, when set, reads entries ``start:stop`` along ``dim`` without the rest (a
+    tensor-parallel rank's slice)."""
 
     info: TensorInfo
     read: Callable[[], torch.Tensor]
-    read_slice: Optional[Callable[[int, int, int], torch.Tensor]] = None
+    part: Callable[[int, int, int], torch.Tensor] | None = None
 
 
 class SourceView:
@@ -47,11 +48,11 @@ class SourceView:
         return self._tensors[name].read().to(dtype)
 
     def get_slice(self, name: str, dim: int, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
-        """Entries ``start:stop`` along ``dim`` of one tensor: read alone where the tensor knows
-        how (see the module docstring), else read whole and narrowed."""
+        """Entries ``start:stop`` along ``dim`` of one tensor: read alone where the view knows how
+        (:attr:`ViewTensor.part`), else derived whole and sliced."""
         t = self._tensors[name]
-        if t.read_slice is not None:
-            out = t.read_slice(dim, start, stop)
+        if t.part is not None:
+            out = t.part(dim, start, stop)
             want = t.info.shape[:dim] + (stop - start,) + t.info.shape[dim + 1:]
             if tuple(out.shape) != want:
                 raise AssertionError(f"slice of '{name}' has shape {list(out.shape)}, expected {list(want)}")
@@ -64,24 +65,24 @@ class SourceView:
 
 
 def passthrough(base: TensorSource, name: str) -> ViewTensor:
-    """``name`` exactly as ``base`` holds it (its slices read from ``base`` where it can)."""
-    return ViewTensor(base.infos()[name], lambda: base.get(name, torch.float32), base_slice(base, name))
+    """``name`` exactly as ``base`` holds it (slices read from ``base`` alone where it can)."""
+    return ViewTensor(base.infos()[name], lambda: base.get(name, torch.float32),
+                      lambda dim, start, stop: base_slice(base, name, dim, start, stop))
 
 
-def base_slice(base: TensorSource, name: str) -> Optional[Callable[[int, int, int], torch.Tensor]]:
-    """A ``read_slice`` for tensor ``name`` of ``base`` as stored, or None where ``base`` cannot
-    read slices (then a slice is read whole and narrowed)."""
+def base_slice(base: TensorSource, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+    """Entries ``start:stop`` along ``dim`` of ``base``'s tensor, fp32: read alone where ``base``
+    offers ``get_slice``, else read whole and sliced."""
     get_slice = getattr(base, "get_slice", None)
-    if get_slice is None:
-        return None
-    return lambda dim, start, stop: get_slice(name, dim, start, stop, torch.float32)
+    if get_slice is not None:
+        return get_slice(name, dim, start, stop, torch.float32)
+    return base.get(name, torch.float32).narrow(dim, start, stop - start).contiguous()
 
 
 def derived(base: TensorSource, name: str, sources: Iterable[str], shape: tuple[int, ...],
-            fn: Callable[..., torch.Tensor],
-            read_slice: Optional[Callable[[int, int, int], torch.Tensor]] = None) -> ViewTensor:
-    """A tensor ``fn(*tensors)`` computed from ``sources`` of ``base`` (read as fp32);
-    ``read_slice`` (optional) reads a slice of it alone.
+            fn: Callable[..., torch.Tensor], part: Callable[[int, int, int], torch.Tensor] | None = None) -> ViewTensor:
+    """A tensor ``fn(*tensors)`` computed from ``sources`` of ``base`` (read as fp32); ``part``,
+    when given, reads a slice of the result alone (see :class:`ViewTensor`).
 
     Its storage dtype is reported as that of the first source, or ``MIXED`` when they differ.
     """
@@ -97,4 +98,4 @@ def derived(base: TensorSource, name: str, sources: Iterable[str], shape: tuple[
             raise AssertionError(f"derived tensor '{name}' has shape {list(out.shape)}, declared {list(info.shape)}")
         return out
 
-    return ViewTensor(info, read, read_slice)
+    return ViewTensor(info, read, part)

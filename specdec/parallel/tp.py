@@ -2,10 +2,12 @@
 the pieces that split a decoder's matrices across ranks (Megatron's split).
 
 - column-parallel (a rank holds a block of output rows, no communication): q/k/v, gate/up;
-  attention heads split evenly, KV heads split too, or replicated where there are fewer
-  than ranks (each rank keeps the one KV head its query heads read);
-- row-parallel (a block of input columns): o_proj, down_proj; the partial products are summed
-  by one all-reduce, the bias added once after it;
+  attention heads split evenly (a gated head's query and gate rows together), KV heads split
+  too, or replicated where there are fewer than ranks (each rank keeps the one KV head its
+  query heads read); Gated DeltaNet key heads with the value heads each serves (in-projections,
+  conv channels, per-head decay and norm, so the recurrent and conv caches hold them alone);
+- row-parallel (a block of input columns): o_proj, down_proj, DeltaNet's out_proj; the partial
+  products are summed by one all-reduce, the bias added once after it;
 - vocab-parallel embedding (a block of table rows; ids outside it look up zeros, then an
   all-reduce) and LM head (each rank's logits for its rows, all-gathered, so every rank holds
   the whole ``[T, V]`` fp32 logits).
@@ -14,7 +16,8 @@ An all-reduce and an all-gather hand every rank the same bits, so each rank runs
 loop identically (same inputs, same logits, same drafts, same accepted lengths) with no
 messages beyond those inside the forward. Weights are split at load: a module built for one
 rank carries ``tp_slices`` (parameter name -> :class:`Slice` of the checkpoint tensor), which
-:func:`param_slices` collects for :func:`specdec.weights.loader.load_into`.
+:func:`param_slices` collects for :func:`specdec.weights.loader.load_into` (or :class:`Blocks`,
+several blocks of one tensor, where a fused projection splits part by part).
 """
 
 from __future__ import annotations
@@ -73,6 +76,29 @@ class Slice:
 
     def along(self, dim: int) -> "Slice":
         return Slice(dim, self.start, self.stop, self.full, self.size)
+
+    def scaled(self, factor: int) -> "Slice":
+        """The same block counted in units ``factor`` times finer (heads of ``factor * d`` rows)."""
+        return Slice(self.dim, self.start * factor, self.stop * factor, self.full * factor, self.size * factor)
+
+    @property
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        return ((self.start, self.stop),)
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Several blocks ``ranges`` along ``dim`` of a checkpoint tensor of ``full`` entries there,
+    concatenated in order (a fused projection whose parts are split separately: Gated DeltaNet's
+    ``[q | k | v]``). The parameter holds exactly ``size`` entries (no padding)."""
+
+    dim: int
+    ranges: tuple[tuple[int, int], ...]
+    full: int
+
+    @property
+    def size(self) -> int:
+        return sum(b - a for a, b in self.ranges)
 
 
 def even_split(n: int, shard: Shard, what: str) -> Slice:
@@ -162,10 +188,10 @@ def gather_vocab(logits: torch.Tensor, shard: Shard, vocab: int) -> torch.Tensor
     return shard.all_gather(logits, dim=-1)[..., :vocab]
 
 
-def param_slices(module: nn.Module) -> dict[str, Slice]:
+def param_slices(module: nn.Module) -> dict[str, Slice | Blocks]:
     """Parameter name -> the :class:`Slice` of its checkpoint tensor, for every sliced parameter
     (parameters not named are replicated: read whole)."""
-    out: dict[str, Slice] = {}
+    out: dict[str, Slice | Blocks] = {}
     for prefix, m in module.named_modules():
         for name, s in getattr(m, "tp_slices", {}).items():
             out[f"{prefix}.{name}" if prefix else name] = s

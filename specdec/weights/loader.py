@@ -14,7 +14,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import CheckpointError
-from ..parallel.tp import Slice
+from ..parallel.tp import Blocks, Slice
 from .source import TensorSource
 
 # hf_name, tensor -> tensor: per-architecture fix-ups (q/k un-permute, norm shifts ...)
@@ -32,7 +32,7 @@ def load_into(
     ignore: Iterable[str] = (),
     optional: Iterable[str] = (),
     desc: str = "loading",
-    slices: dict[str, Slice] | None = None,
+    slices: dict[str, Slice | Blocks] | None = None,
 ) -> None:
     """Load ``source`` into ``module`` strictly.
 
@@ -86,9 +86,9 @@ def load_into(
         t = source.get(cname, torch.float32) if s is None else read_slice(source, cname, s)
         if transform is not None:
             t = transform(pname, t)
-        if s is not None and s.size > s.stop - s.start:  # zero rows: vocabulary padding
+        if s is not None and s.size > t.shape[s.dim]:  # zero rows: vocabulary padding
             pad = list(t.shape)
-            pad[s.dim] = s.size - (s.stop - s.start)
+            pad[s.dim] = s.size - t.shape[s.dim]
             t = torch.cat([t, t.new_zeros(pad)], dim=s.dim)
         state[pname] = t.to(device=device, dtype=dtype)
     # Buffers that are not in checkpoints (rope tables, ...) are materialised by the module.
@@ -98,13 +98,17 @@ def load_into(
         raise CheckpointError(f"{source.path}: parameters left unloaded: {still_meta[:8]}")
 
 
-def read_slice(source: TensorSource, name: str, s: Slice) -> torch.Tensor:
-    """Entries ``s.start:s.stop`` along ``s.dim`` of one tensor, fp32: read alone where the
-    source offers ``get_slice``, else read whole and sliced."""
+def read_slice(source: TensorSource, name: str, s: Slice | Blocks) -> torch.Tensor:
+    """The entries of ``s`` along ``s.dim`` of one tensor (a :class:`Blocks`: its blocks
+    concatenated), fp32: each block read alone where the source offers ``get_slice``, else the
+    tensor read whole (once) and sliced."""
     get_slice = getattr(source, "get_slice", None)
     if get_slice is not None:
-        return get_slice(name, s.dim, s.start, s.stop, torch.float32)
-    return source.get(name, torch.float32).narrow(s.dim, s.start, s.stop - s.start).contiguous()
+        parts = [get_slice(name, s.dim, a, b, torch.float32) for a, b in s.ranges]
+    else:
+        whole = source.get(name, torch.float32)
+        parts = [whole.narrow(s.dim, a, b - a) for a, b in s.ranges]
+    return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts, dim=s.dim)
 
 
 def check_layer_count(n_layers: int, n_tensors: int, path: str) -> None:
