@@ -1,0 +1,19 @@
+#!/bin/bash
+# Tensor parallelism on the H200 x2 machine (BENCHMARKS.md): random-weight targets of published
+# shapes (no checkpoint needed), TP=1 against TP=2, plain decoding and an oracle drafter, with the
+# static steps (and their NCCL collectives) captured as CUDA graphs. One device call, < 10 min.
+#   bash scripts/device_tp.sh [REPS]
+set -u
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+R=${1:-10}
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+shape() {  # name, seconds, args...
+    local name=$1 secs=$2; shift 2
+    timeout "$secs" python -m specdec bench --reps $R -n 128 --json $OUT/$name.json "$@" > /tmp/$name.log 2>&1
+    echo "== $name rc=$? ($*)"; grep -vE "it/s|^\s*$|Warning|warn" /tmp/$name.log | tail -9 | cut -c1-400
+}
+shape tp1_qwen3_8b 100 --shape qwen3-8b
+shape tp2_qwen3_8b 130 --shape qwen3-8b --tensor-parallel 2
+[ -s $OUT/tp2_qwen3_8b.json ] || shape tp2_qwen3_8b_eager 130 --shape qwen3-8b --tensor-parallel 2 --no-cuda-graphs
+shape tp1_qwen35_35b 130 --shape qwen3.5-35b-a3b
+shape tp2_qwen35_35b 150 --shape qwen3.5-35b-a3b --tensor-parallel 2
