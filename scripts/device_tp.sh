@@ -6,6 +6,7 @@
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 R=${1:-10}
+[ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 shape() {  # name, seconds, args...
     local name=$1 secs=$2; shift 2
