@@ -1,0 +1,67 @@
+"""Where a static target step's GPU time goes, on a random-weight target of a published shape:
+the captured step's median ms (uncompiled and compiled), then the kernels of one uncaptured step
+(torch.profiler), grouped by name, with the bytes the step must read and the bound they imply.
+
+    python scripts/profile_shape_step.py --shape qwen3-8b [--rows 16] [--context 512] [--compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from specdec.bench_shape import _median_ms, bandwidth, decode_bytes
+from specdec.models.graphs import GraphedTarget
+from specdec.shapes import build_shape
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="qwen3-8b")
+    ap.add_argument("--rows", type=int, default=16)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--compile", action="store_true", help="also time the compiled step")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--device", default="cuda", help="cuda (cpu: a smoke test, nothing captured or profiled)")
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    m = build_shape(a.shape, dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    total, per_token, _ = decode_bytes(m, a.context)
+    bw = bandwidth(dev, 256 << 20, 10)
+    res = {"shape": a.shape, "rows": a.rows, "context": a.context, "bound_ms": round(per_token / bw * 1e3, 3)}
+    ids = torch.randint(0, min(1000, m.config.vocab_size), (a.rows,), device=dev)
+    for comp in ([False, True] if a.compile else [False]):
+        for graphs in ((True, False) if dev.type == "cuda" else (False,)):
+            cache = m.new_cache(a.context + 2 * a.rows + 2, spare=a.rows)
+            with torch.inference_mode():
+                m(torch.randint(0, min(1000, m.config.vocab_size), (a.context,), device=dev), cache, logits="last")
+            st = GraphedTarget(m, cache, (), max_steps=a.rows, use_graphs=graphs, compile=comp)
+
+            def one():
+                st(ids)
+                cache.rollback(a.context)
+            key = ("compiled " if comp else "") + ("captured" if graphs else "uncaptured")
+            res[key + "_ms"] = round(_median_ms(one, dev, 20), 3)
+            if not graphs and not comp:
+                one()
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA if dev.type == "cuda" else torch.profiler.ProfilerActivity.CPU]) as prof:
+                    one()
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize()
+                kern = {}
+                for e in prof.events():
+                    if e.device_type == (torch.autograd.DeviceType.CUDA if dev.type == "cuda" else torch.autograd.DeviceType.CPU):
+                        k = kern.setdefault(e.name[:90], [0, 0.0])
+                        k[0] += 1
+                        k[1] += e.device_time_total / 1e3 if hasattr(e, "device_time_total") else e.cuda_time_total / 1e3
+                top = sorted(kern.items(), key=lambda kv: -kv[1][1])[: a.top]
+                res["kernels"] = sum(v[0] for v in kern.values())
+                res["kernel_ms_total"] = round(sum(v[1] for v in kern.values()), 3)
+                res["top_kernels"] = [(n, c, round(ms, 3)) for n, (c, ms) in top]
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
