@@ -64,7 +64,8 @@ def _model_args(p: argparse.ArgumentParser, draft: bool = True, sweep: bool = Fa
 
 def _tp_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N", help="split the target across N "
-                   "processes started here (CUDA: one GPU each, NCCL; CPU: gloo); Llama-family and Qwen3 targets. "
+                   "processes started here (CUDA: one GPU each, NCCL; CPU: gloo); Llama-family, Qwen3 and Qwen3.5 "
+                   "(dense, MoE: experts split) targets. "
                    "Drafters run whole on every rank; rank 0 prints (default 1)")
 
 
