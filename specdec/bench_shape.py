@@ -101,8 +101,10 @@ class OracleDrafter:
         return Proposal(torch.tensor(toks, dtype=torch.int64, device=self.device))
 
 
-def step_costs(model, context: int, reps: int, use_graphs: bool) -> dict:
-    """Median ms of static steps of 1 .. MAX_K + 1 rows at position ``context`` (rolled back after each)."""
+def step_costs(model, context: int, reps: int, use_graphs: bool, compile: bool = False) -> dict:
+    """Median ms of static steps of 1 .. MAX_K + 1 rows at position ``context`` (rolled back after
+    each); compiled (each shape compiles for seconds to minutes), only the 1-row and the padded
+    STEP_ROWS-row steps that decoding runs."""
     from .models.graphs import GraphedTarget
 
     dev = model.device
@@ -110,9 +112,9 @@ def step_costs(model, context: int, reps: int, use_graphs: bool) -> dict:
     g = torch.Generator().manual_seed(1)
     with torch.inference_mode():
         model(torch.randint(0, model.config.vocab_size, (context,), generator=g).to(dev), cache, logits="last")
-    steps = GraphedTarget(model, cache, (), max_steps=MAX_K + 1, use_graphs=use_graphs)
+    steps = GraphedTarget(model, cache, (), max_steps=MAX_K + 1, use_graphs=use_graphs, compile=compile)
     out = {}
-    for t in range(1, MAX_K + 2):
+    for t in ((1, STEP_ROWS) if compile else range(1, MAX_K + 2)):
         ids = torch.randint(0, model.config.vocab_size, (t,), generator=g).to(dev)
 
         def one():
@@ -199,7 +201,7 @@ def _mtp(model):
 
 
 def end_to_end(model, prompt_len: int, new_tokens: int, tau: float, k: int, cuda_graphs: bool,
-               batch_invariant: bool | None, seed: int = 0) -> dict:
+               batch_invariant: bool | None, seed: int = 0, compile: bool = False) -> dict:
     """Plain decoding, then the oracle drafter at ``tau`` with ``k`` drafts per step: tok/s of each."""
     dev = model.device
     g = torch.Generator().manual_seed(seed)
@@ -214,9 +216,10 @@ def end_to_end(model, prompt_len: int, new_tokens: int, tau: float, k: int, cuda
         _sync(dev)
         return r, time.perf_counter() - t0
 
-    plain, t_plain = timed(SpeculativeGenerator(model, None, 0, cuda_graphs, batch_invariant))
+    plain, t_plain = timed(SpeculativeGenerator(model, None, 0, cuda_graphs, batch_invariant, compile=compile))
     oracle = OracleDrafter(prompt + plain.token_ids, model.config.vocab_size, spoil, seed)
-    gen = SpeculativeGenerator(model, oracle, k, cuda_graphs=cuda_graphs, batch_invariant=batch_invariant)
+    gen = SpeculativeGenerator(model, oracle, k, cuda_graphs=cuda_graphs, batch_invariant=batch_invariant,
+                               compile=compile)
     spec, t_spec = timed(gen)
     plain_tps = len(plain.token_ids) / t_plain
     spec_tps = len(spec.token_ids) / t_spec
@@ -231,7 +234,7 @@ def end_to_end(model, prompt_len: int, new_tokens: int, tau: float, k: int, cuda
 def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, reps: int = 20,
                     new_tokens: int = 128, oracle_tau: float = 6.5, oracle_k: int = 15, cuda_graphs: bool = True,
                     batch_invariant: bool | None = None, drafters: bool = True, copy_bytes: int = 256 << 20,
-                    shard=None) -> dict:
+                    shard=None, compile: bool = False) -> dict:
     """The whole shape benchmark as one JSON-able dict (see the module docstring). ``shard``: run
     as one tensor-parallel rank (every rank runs the same bench; weights and bytes are per rank,
     the drafters' own steps are not timed)."""
@@ -247,13 +250,13 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
     model = build_shape(shape, dev, dt, shard=shard)
     use_graphs = cuda_graphs and dev.type == "cuda"
     invariant = dev.type == "cuda" if batch_invariant is None else batch_invariant
-    steps = step_costs(model, context, reps, use_graphs)
+    steps = step_costs(model, context, reps, use_graphs, compile)
     total, per_token, kv = decode_bytes(model, context)
     bw = bandwidth(dev, copy_bytes, reps)  # far larger than any cache level
     report = {
         "shape": shape, "machine": machine_description(dev), "commit": git_commit(),
         "tensor_parallel": shard.world if shard is not None else 1,
-        "dtype": str(dt).replace("torch.", ""), "device": str(dev), "cuda_graphs": use_graphs,
+        "dtype": str(dt).replace("torch.", ""), "device": str(dev), "cuda_graphs": use_graphs, "compile": compile,
         "params": param_count(model), "weight_bytes": total, "context": context, "reps": reps,
         "decode_ms": steps[1],
         # the step plain decoding really runs: batch-invariant steps are padded to STEP_ROWS rows
@@ -262,8 +265,9 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
         "bandwidth_bytes_per_s": round(bw), "decode_bytes_per_token": per_token, "kv_bytes_at_context": kv,
         "bound_tokens_per_s": round(bw / per_token, 2),
     }
-    report["drafter_ms"] = drafter_steps(model, context, reps) if drafters and shard is None else {}
-    report["oracle_e2e"] = end_to_end(model, context, new_tokens, oracle_tau, oracle_k, cuda_graphs, batch_invariant)
+    report["drafter_ms"] = drafter_steps(model, context, reps) if drafters and shard is None and not compile else {}
+    report["oracle_e2e"] = end_to_end(model, context, new_tokens, oracle_tau, oracle_k, cuda_graphs, batch_invariant,
+                                      compile=compile)
     return report
 
 
@@ -273,7 +277,7 @@ def format_shape(r: dict) -> str:
     per = f" per rank of {tp}" if tp > 1 else ""
     lines = [f"shape {r['shape']}: {r['params']:.3g} params, {r['weight_bytes'] / 1e9:.2f} GB {r['dtype']}{per} on "
              f"{r['device']} ({r['machine']}) | commit {r['commit']} | context {r['context']} | "
-             f"cuda_graphs={r['cuda_graphs']} batch_invariant={r['batch_invariant']}",
+             f"cuda_graphs={r['cuda_graphs']} batch_invariant={r['batch_invariant']} compile={r.get('compile', False)}",
              f"decode step {r['decode_ms']} ms | bandwidth {r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s -> bound "
              f"{r['bound_tokens_per_s']} tok/s ({r['decode_bytes_per_token'] / 1e9:.3f} GB read per token)",
              "verify ms by k: " + " ".join(f"{k}:{ms}" for k, ms in r["verify_ms"].items())]

@@ -274,8 +274,6 @@ def _check_model_args(args, drafts: list[str]) -> list[str]:
 
     device = resolve_device(args.device)
     resolve_dtype(args.dtype, device)
-    if getattr(args, "compile", False) and getattr(args, "tensor_parallel", 1) != 1:  # serve has no --compile
-        raise RequestError("--compile is not supported with --tensor-parallel yet")
     for d in drafts:
         check_spec(d)
     if "auto" in drafts:  # what auto picks depends on the target's content and the device only
@@ -461,8 +459,6 @@ def cmd_bench_shape(args) -> int:
     if bad:
         raise RequestError(f"--shape builds a random target without a tokenizer: {', '.join(bad)} cannot be used with it "
                            "(the oracle's drafts per step: --oracle-k)")
-    if args.compile:
-        raise RequestError("--compile is not supported with --shape yet (scripts/profile_compile.py times compiled steps)")
     if args.max_new_tokens < 1:
         raise RequestError(f"-n/--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     from .shapes import shape_config
@@ -478,7 +474,8 @@ def _bench_shape(shard, args) -> int:
 
     report = run_shape_bench(args.shape, device=args.device, dtype=args.dtype, context=args.context, reps=args.reps,
                              new_tokens=args.max_new_tokens, oracle_tau=args.oracle_tau, oracle_k=args.oracle_k,
-                             cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant, shard=shard)
+                             cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant, shard=shard,
+                             compile=args.compile)
     if shard is not None and shard.rank != 0:
         return 0
     print(format_shape(report))

@@ -116,3 +116,15 @@ def moe_on_rank(shard, cases: list[tuple[int, int, int]]) -> list:
             block = moe_block(seed, shared, shard)
             out.append((block(x), block.experts(x, *block.route(x))))
     return out
+
+
+def compiled_generate_on_rank(shard, path: str, drafts: list[str], prompts: list[list[int]], n: int) -> dict:
+    """Greedy token ids per drafter spec with every static step compiled (``compile=True``, with
+    batch-invariant static steps, so the CPU runs them too): the collectives traced into the graph."""
+    out = {}
+    for spec in drafts:
+        llm = LLM(path, draft=spec, shard=shard, num_draft_tokens=3, compile=True, batch_invariant=True)
+        out[spec] = [llm.generate(p, n).token_ids for p in prompts]
+        step = llm.engine._graphed.steps[16].run
+        out[spec + " compiled"] = hasattr(step, "__wrapped__")  # maybe_compile's wrapper
+    return out

@@ -85,7 +85,6 @@ def test_too_big_is_refused_before_allocating():
     (["--shape", "tiny", "--model", "/nonexistent/m.gguf"], "--model cannot be used with it"),
     (["--shape", "tiny", "--drafts", "none", "ngram"], "--drafts cannot be used with it"),
     (["--shape", "tiny", "--dataset", "humaneval"], "--dataset cannot be used with it"),
-    (["--shape", "tiny", "--compile"], "--compile is not supported with --shape"),
     (["--shape", "gpt-5"], "unknown shape 'gpt-5' (known: qwen3-8b,"),
     (["--shape", "tiny", "--context", "5000"], "exceeds shape tiny's 4096 positions"),
     (["--shape", "tiny", "--oracle-tau", "20"], "--oracle-tau 20.0 must lie in [1, 16]"),
@@ -130,3 +129,13 @@ def test_hybrid_shapes_run_scaled_down(monkeypatch, base, single_thread):
     if base == "qwen3.5-35b-a3b":  # a decode step reads the routed experts only
         assert r["decode_bytes_per_token"] < r["weight_bytes"]
 
+
+
+def test_compiled_shape_bench_times_the_decoding_steps():
+    """``--compile``: only the 1-row and the padded 16-row steps (those decoding runs) are compiled
+    and timed, and the compiled oracle run still equals compiled plain decoding."""
+    from specdec.bench_shape import run_shape_bench
+
+    r = run_shape_bench("tiny", device="cpu", reps=1, context=16, new_tokens=8, compile=True, batch_invariant=True)
+    assert r["compile"] is True and list(r["verify_ms"]) == ["15"] and r["drafter_ms"] == {}
+    assert r["oracle_e2e"]["output_equals_plain"] is True

@@ -47,8 +47,6 @@ def _run(capsys, *argv):
     (["bench", "--draft", "eagle"], "unknown drafter 'eagle'"),
     (["bench", "--num-prompts", "0"], "--num-prompts"),
     (["bench", "--data-dir", "/nonexistent-bench-data"], "/nonexistent-bench-data: no such directory"),
-    (["generate", "-p", "x", "--compile", "--tensor-parallel", "2"], "--compile is not supported with --tensor-parallel"),
-    (["bench", "--compile", "--tensor-parallel", "2"], "--compile is not supported with --tensor-parallel"),
 ])
 def test_bad_arguments_fail_before_loading(argv, culprit, capsys):
     """One line ``specdec CMD: error: ...`` naming the culprit, exit code 2, and never the missing

@@ -15,7 +15,7 @@ import torch
 from _dense_util import prompt_ids, rel_err, save_hf, tiny_model, write_gguf
 from _dflash_util import write_drafter
 from _engine_util import build_llama
-from _tp_util import children, crash_on_rank, generate_on_rank, load_on_rank, logits_on_rank, moe_on_rank
+from _tp_util import compiled_generate_on_rank, children, crash_on_rank, generate_on_rank, load_on_rank, logits_on_rank, moe_on_rank
 from gguf import GGMLQuantizationType as QT
 from specdec import LLM, load_target
 from specdec.cli import main
@@ -113,6 +113,20 @@ def test_speculative_greedy_equals_plain(spec_target):
     assert got["seed 5"] == LLM(path, draft=drafts[-1], device="cpu", num_draft_tokens=3).generate(
         prompts[0], 16, temperature=1.0, seed=5).token_ids
     assert 1 <= len(got["no seed"]) <= 16
+    _no_children_left()
+
+
+def test_compiled_steps_under_tp_equal_plain(spec_target):
+    """``compile`` under tensor parallelism: torch.compile traces the ranks' all-reduces and
+    all-gathers into the compiled static steps; greedy output (plain and with DFlash, whose
+    captured layers come from the compiled step) equals one process's plain decoding."""
+    path, drafts = spec_target
+    g = torch.Generator().manual_seed(13)
+    prompts = [torch.randint(48, (9,), generator=g).tolist()]
+    want = [LLM(path, device="cpu").generate(p, 12).token_ids for p in prompts]
+    got = run_parallel(compiled_generate_on_rank, 2, path, ["none", drafts[2]], prompts, 12, deadline_s=4 * DEADLINE)
+    assert got["none"] == want and got[drafts[2]] == want
+    assert got["none compiled"] and got[drafts[2] + " compiled"]
     _no_children_left()
 
 

@@ -134,8 +134,6 @@ class SpeculativeGenerator:
         # every rank captures and replays the same steps in the same order, so the collectives match.
         self.shard = getattr(target, "shard", None)
         self.use_graphs = bool(cuda_graphs) and on_cuda
-        if compile and self.shard is not None:
-            raise RequestError("--compile is not supported under tensor parallelism yet")
         # Seen on the H200 (bf16): inductor fused the target's step differently when it also returned
         # the layers DFlash reads, so its logits (and 5 of 10 GSM8K outputs) differed from the plain
         # step's. The compiled step now returns every layer whatever the drafter reads (graphs.py), so
