@@ -311,6 +311,7 @@ def test_static_chunked_prefill_equals_eager_prefill(loaded, kind):
     m = loaded[kind]
     prompt = torch.randint(0, m.config.vocab_size, (37,), generator=torch.Generator().manual_seed(5))
     g = SpeculativeGenerator(m, None, 3, batch_invariant=True)
+    g.static_prefill = True  # on CUDA with graphs; forced here to run the same static chunks uncaptured
     cache, graphed = g._cache_for(64, (0, 2))
     chunked = g._prefill(prompt, cache, graphed, (0, 2))
     assert cache.length == 37 and len(graphed.steps) == 1  # 16 + 16 + 5 padded: the one 16-row step
@@ -321,3 +322,22 @@ def test_static_chunked_prefill_equals_eager_prefill(loaded, kind):
     torch.testing.assert_close(chunked.captured, eager.captured, rtol=1e-4, atol=1e-4)
     nxt = torch.tensor([int(eager.logits[-1].argmax())])
     torch.testing.assert_close(graphed(nxt).logits, m(nxt, ref_cache).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_static_chunked_prefill_speculation_equals_plain(loaded):
+    """With the prompt prefilled in static chunks, speculative greedy output (drafts accepted and
+    rejected) equals plain greedy output on a hybrid target."""
+    from _engine_util import SpoiledOracle
+
+    from specdec.engine import SpeculativeGenerator
+
+    m = loaded["moe"]
+    prompt = torch.randint(0, m.config.vocab_size, (37,), generator=torch.Generator().manual_seed(6)).tolist()
+    plain = SpeculativeGenerator(m, None, 0, batch_invariant=True)
+    plain.static_prefill = True
+    want = plain.generate(prompt, 20).token_ids
+    spec = SpeculativeGenerator(m, SpoiledOracle(prompt + want, m.config.vocab_size, spoil=0.3), 3,
+                                batch_invariant=True)
+    spec.static_prefill = True
+    res = spec.generate(prompt, 20)
+    assert res.token_ids == want and sum(res.stats.accepted) > 0 and min(res.stats.accepted) < 3

@@ -139,6 +139,7 @@ class SpeculativeGenerator:
         # step's. The compiled step now returns every layer whatever the drafter reads (graphs.py), so
         # plain and DFlash decoding run the same compiled kernels (scripts/check_compile_capture.py).
         self.compile = bool(compile)
+        self.static_prefill = self.use_graphs  # see _prefill
         if drafter is not None and hasattr(drafter, "compile"):
             drafter.compile = self.compile  # drafters with static draft steps compile them too
         # every step padded to STEP_ROWS rows: identical kernels for decode and verify (see graphs.py)
@@ -261,10 +262,12 @@ class SpeculativeGenerator:
 
     def _prefill(self, prompt: torch.Tensor, cache, graphed: GraphedTarget | None, capture) -> ForwardOut:
         """The prompt's forward: the last row's logits, every row's hidden state and captured layers.
-        Short prompts on static steps run as padded ``pad_to``-row chunks of the one captured step
-        (no new graph); others as one eager forward. Plain and speculative decoding prefill alike."""
+        Short prompts on captured steps (``static_prefill``: CUDA graphs) run as padded
+        ``pad_to``-row chunks of the one captured step (no new graph); others as one eager forward
+        (uncaptured, on the CPU, the chunks cost more than they save). Plain and speculative
+        decoding prefill alike."""
         chunk = self.pad_to
-        if graphed is None or chunk is None or prompt.numel() > STATIC_PREFILL_CHUNKS * chunk:
+        if not self.static_prefill or graphed is None or chunk is None or prompt.numel() > STATIC_PREFILL_CHUNKS * chunk:
             return self.target(prompt, cache, capture=capture, logits="last", snapshots=False)
         outs = [graphed(prompt[i:i + chunk]) for i in range(0, prompt.numel(), chunk)]
         captured = torch.cat([o.captured for o in outs]) if capture else None
