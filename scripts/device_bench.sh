@@ -4,7 +4,8 @@
 # of the tree for those two, as the tree plus one half must stay under 64 MiB):
 #   call 1 (carry .dev/a .whl):  bash scripts/device_train.sh part1
 #   call 2 (carry .dev/b/part2): cat /tmp/part1 .dev/b/part2 > /tmp/smollm2.gguf
-#   call 3 (whole tree):         SPECDEC_COMMIT=<hash> bash scripts/device_bench.sh N_GSM8K N_OTHER
+#   call 3 (whole tree):         SPECDEC_COMMIT=<hash> [CHECK=0] bash scripts/device_bench.sh N_GSM8K N_OTHER
+# (N_OTHER=0: GSM8K only; CHECK=0 skips the compile-capture check)
 # Every bench row compares its outputs with plain decoding's in the same run (identical / differ).
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
