@@ -157,6 +157,7 @@ def load_model(path: str, device: str | torch.device | None = None, dtype=None, 
     if "rope_freqs.weight" in src.infos() and not arch.gguf_rope_freqs_in_config:
         model.rotary.freq_factors = src.get("rope_freqs.weight", torch.float32)
     model.eval()
+    model.fuse_projections()
     tok = None
     if tokenizer:
         if fmt == "gguf":

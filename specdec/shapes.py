@@ -124,4 +124,5 @@ def build_shape(name: str, device: torch.device, dtype: torch.dtype, *, seed: in
                 p.fill_(0.0 if zc or pname.endswith("bias") else 1.0)
             else:
                 p.normal_(0.0, 0.02, generator=gen)
+    model.fuse_projections()  # as load_model does
     return model.eval()

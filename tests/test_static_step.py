@@ -189,3 +189,23 @@ def test_static_dflash_blocks_equal_eager(tmp_path):
     assert d.kv[0].k.shape[1] > 256
     from specdec.engine import SpeculativeGenerator
     assert out.token_ids == SpeculativeGenerator(llm.model, None, 0).generate(prompt, 150).token_ids
+
+
+def test_fused_projections_compute_the_same_and_keep_the_parameters():
+    """``fuse_projections``: q/k/v and gate/up as one GEMM each; the logits stay those of the
+    separate projections (fp32), the state dict is unchanged, and the named parameters are views
+    of the fused weight (no second copy in memory)."""
+    import copy
+
+    m = _tiny_llama()
+    f = copy.deepcopy(m)
+    f.fuse_projections()
+    att, mlp = f.layers[0].self_attn, f.layers[0].mlp
+    assert att._fused is not None and mlp._fused is not None
+    assert att.k_proj.weight.data_ptr() == att._fused[0][att.q_proj.out_features:].data_ptr()
+    assert mlp.up_proj.weight.data_ptr() == mlp._fused[0][mlp.gate_proj.out_features:].data_ptr()
+    sd, fsd = m.state_dict(), f.state_dict()
+    assert sd.keys() == fsd.keys() and all(torch.equal(sd[k], fsd[k]) for k in sd)
+    prompt = torch.randint(0, 97, (9,))
+    a, b = m(prompt, m.new_cache(32)), f(prompt, f.new_cache(32))
+    torch.testing.assert_close(b.logits, a.logits, rtol=1e-5, atol=1e-5)

@@ -106,6 +106,15 @@ class CausalLM(nn.Module):
         max_len = min(max_len or self.max_context, self.max_context) + spare
         return SequenceCache([self.make_layer_cache(i, max_len, self.dtype, self.device) for i in range(len(self.layers))], max_len)
 
+    def fuse_projections(self) -> None:
+        """q/k/v and gate/up each as one GEMM (:func:`~specdec.models.layers.fuse_linears`): called
+        once the weights are loaded and placed."""
+        from .layers import Attention, SwiGLU
+
+        for m in self.modules():
+            if isinstance(m, (Attention, SwiGLU)):
+                m.fuse()
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(ids)
         return x * self.embed_scale if self.embed_scale != 1.0 else x

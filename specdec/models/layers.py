@@ -217,19 +217,29 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.scale = head_dim ** -0.5 if scale is None else scale
+        self._fused: tuple | None = None  # (weight, bias, sizes) once fuse() ran
+
+    def fuse(self) -> None:
+        """Compute q, k and v with one GEMM (see :func:`fuse_linears`); call after loading."""
+        if self._fused is None:
+            self._fused = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """``x [T, hidden]`` -> q ``[H, T, d]``, k, v ``[Hkv, T, d]``, gate ``[T, H*d]`` or None.
         Batched, ``x [B, T, hidden]`` -> ``[B, H, T, d]`` ... (cos/sin ``[B, 1, T, r]``)."""
         lead = x.shape[:-1]
-        q = self.q_proj(x)
+        if self._fused is not None:
+            w, b, sizes = self._fused
+            q, k, v = F.linear(x, w, b).split(sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         gate = None
         if self.gated:
             q = q.view(*lead, self.n_heads, 2 * self.head_dim)
             q, gate = q[..., : self.head_dim], q[..., self.head_dim :].reshape(*lead, -1)
         q = q.reshape(*lead, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(*lead, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(*lead, self.n_kv, self.head_dim)
+        k = k.view(*lead, self.n_kv, self.head_dim)
+        v = v.view(*lead, self.n_kv, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(-3, -2), k.transpose(-3, -2), v.transpose(-3, -2)
@@ -264,13 +274,48 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(hidden, inter, bias=bias)
         self.up_proj = nn.Linear(hidden, inter, bias=bias)
         self.down_proj = row_parallel(inter, hidden, bias, shard)
+        self._fused: tuple | None = None  # (weight, bias, sizes) once fuse() ran
+
+    def fuse(self) -> None:
+        """Compute gate and up with one GEMM (see :func:`fuse_linears`); call after loading."""
+        if self._fused is None:
+            self._fused = fuse_linears(self.gate_proj, self.up_proj)
+
+    @staticmethod
+    def act(x: torch.Tensor) -> torch.Tensor:
+        return F.silu(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self._fused is not None:
+            w, b, sizes = self._fused
+            gate, up = F.linear(x, w, b).split(sizes, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(self.act(gate) * up)
 
 
 class GeluTanhGLU(SwiGLU):
     """``down(gelu_tanh(gate(x)) * up(x))`` (Gemma's ``gelu_pytorch_tanh`` MLP), same parameter names."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+    @staticmethod
+    def act(x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x, approximate="tanh")
+
+
+def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+    """One weight (and bias) for linears that read the same input: their rows concatenated, and each
+    linear's parameters made views of it, so the memory is not doubled and the named parameters
+    (state dicts, drafters that copy a layer) stay as they were. One GEMM then replaces several
+    smaller ones: fewer kernels per decode step, each reading more bytes at once. Call after the
+    weights are loaded and placed (moving the module later would break the views)."""
+    sizes = [lin.out_features for lin in linears]
+    with torch.no_grad():
+        w = torch.cat([lin.weight for lin in linears])
+        has_bias = linears[0].bias is not None
+        b = torch.cat([lin.bias for lin in linears]) if has_bias else None
+        for i, lin in enumerate(linears):
+            grad = lin.weight.requires_grad
+            lin.weight = nn.Parameter(w.split(sizes)[i], requires_grad=grad)
+            if has_bias:
+                lin.bias = nn.Parameter(b.split(sizes)[i], requires_grad=grad)
+    return w, b, sizes
