@@ -79,6 +79,8 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=64, help="max new tokens per request (default 64)")
     ap.add_argument("--serial", type=int, default=8, help="prompts in the serial reference (default 8)")
     ap.add_argument("--no-controller", action="store_true")
+    ap.add_argument("--eager-steps", action="store_true", help="eager batched verify steps instead of the static "
+                    "step captured as a CUDA graph (the default on CUDA)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     lm = load_model(a.model or default_model_path(), None, None)
@@ -89,15 +91,18 @@ def main() -> None:
     reqs = [GenRequest(p, a.n, SamplingParams(), tuple(tok.eos_ids)) for p in prompts]
     slots = max(a.concurrency)
     report = {"machine": machine_description(lm.model.device), "commit": git_commit(), "n": a.n,
-              "requests_per_client": a.requests, "controller": not a.no_controller, "rows": []}
+              "requests_per_client": a.requests, "controller": not a.no_controller,
+              "static_steps": not a.eager_steps and lm.model.device.type == "cuda", "rows": []}
     serial = {}
-    loop = EngineLoop(lm, "none", max_slots=slots, max_queue=n_req, controller=False)
+    static = False if a.eager_steps else None
+    loop = EngineLoop(lm, "none", max_slots=slots, max_queue=n_req, controller=False, static_steps=static)
     loop.start()
     for i in range(min(a.serial, n_req)):  # each alone through the loop: the reference replies
         serial[i] = _serve(loop, reqs[i])[0]
     loop.stop()
     for d in a.drafts:
-        loop = EngineLoop(lm, d, max_slots=slots, max_queue=n_req, controller=not a.no_controller)
+        loop = EngineLoop(lm, d, max_slots=slots, max_queue=n_req, controller=not a.no_controller,
+                          static_steps=static)
         loop.start()
         _serve(loop, reqs[0])  # warm-up
         for c in a.concurrency:

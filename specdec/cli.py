@@ -221,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
     s.add_argument("--max-slots", type=int, default=8, help="requests generated together (default 8)")
+    s.add_argument("--no-cuda-graphs", action="store_true", help="run each batched verify step eagerly instead of "
+                   "as one CUDA graph over every slot (used on CUDA by default)")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot at most; beyond, 429 "
                    "(default 64)")
     s.add_argument("--max-context", type=int, default=None, help="positions per slot (default and limit: the "

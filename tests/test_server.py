@@ -386,7 +386,7 @@ def test_cli_serve_builds_engine_and_runs_uvicorn(monkeypatch, tmp_path):
                    "--port", "0", "--api-key", "k", "--max-context", "64"])
     assert rc == 0
     assert built == {"loaded": loaded, "draft": "ngram", "max_slots": 3, "max_queue": 5, "num_draft_tokens": 4,
-                     "block_size": None, "max_context": 64}
+                     "block_size": None, "max_context": 64, "static_steps": None}
     assert ran["host"] == "127.0.0.1" and ran["port"] == 0
     client = TestClient(ran["app"])
     assert client.get("/v1/models").status_code == 401

@@ -17,11 +17,13 @@ from ..models.base import CausalLM, ForwardOut
 
 def generate_batch(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: set[int], *,
                    slots: int = 256, temperature: float = 0.0, seed: int = 0,
-                   on_done: Callable[[int, list[int]], None] | None = None) -> list[list[int]]:
+                   on_done: Callable[[int, list[int]], None] | None = None,
+                   static_steps: bool | None = None) -> list[list[int]]:
     """Continue every prompt (token ids) by at most ``max_new_tokens`` tokens on the serving loop
     (plain decoding, ``slots`` sequences at a time); greedy when ``temperature`` is 0, else prompt
     ``i`` is sampled with seed ``seed + i``. A reply ends with (and keeps) the first stop token.
-    Returns the replies in prompt order; ``on_done(index, reply)`` is called as each finishes."""
+    Returns the replies in prompt order; ``on_done(index, reply)`` is called as each finishes.
+    ``static_steps``: see :class:`~specdec.engine.serve_loop.EngineLoop` (default: on CUDA)."""
     from ..sampling import SamplingParams
     from .requests import GenRequest
     from .serve_loop import EngineLoop
@@ -33,7 +35,7 @@ def generate_batch(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_to
                        tuple(stop_ids)) for i, p in enumerate(prompts)]
     context = max(len(p) for p in prompts) + max_new_tokens
     loop = EngineLoop(model, "none", max_slots=max(1, min(slots, len(prompts))), max_queue=0,
-                      max_context=min(context, model.max_context), controller=False)
+                      max_context=min(context, model.max_context), controller=False, static_steps=static_steps)
     return loop.run(reqs, on_done)
 
 

@@ -13,11 +13,12 @@ sampling generator and its statistics. The thread repeats, at step boundaries:
 2. one step over every slot past its prefill: each drafter proposes ``k`` tokens (``k`` from the cost
    controller, the same for the whole step; a seeded sampled request always drafts the maximum,
    so its random stream, hence its tokens, do not depend on timing), ONE batched target forward
-   verifies the rows ``[last token, d_1 .. d_k]`` (padded to the longest row) with logits at
-   every position, acceptance runs per slot as in :mod:`.generate` (greedy rows together, one
-   host sync for the step),
-   each slot advances by ``accepted + 1`` (KV entries past it are overwritten later: that is the
-   rollback) and its drafter observes the committed tokens with that slot's rows.
+   verifies the rows ``[last token, d_1 .. d_k]`` (padded to the longest row; with
+   ``static_steps``, on CUDA by default, one fixed-shape step over every slot replayed as a CUDA
+   graph: :mod:`specdec.models.graphed_batch`) with logits at every position, acceptance runs per
+   slot as in :mod:`.generate` (greedy rows together, one host sync for the step), each slot
+   advances by ``accepted + 1`` (KV entries past it are overwritten later: that is the rollback)
+   and its drafter observes the committed tokens with that slot's rows.
 
 Batch 1 is this loop with one active slot. A failure inside one request (its drafter raises)
 ends that request with an ``error`` event; a failing batched forward ends the requests of that
@@ -38,6 +39,7 @@ import torch
 from ..drafters.factory import make_drafter, resolve_spec
 from ..errors import ConfigError, ContextOverflowError, EngineStoppedError, QueueFullError, RequestError
 from ..models.base import CausalLM, ForwardOut
+from ..models.graphed_batch import GraphedBatch
 from ..sampling import SamplingParams, make_generator, probs_from_logits
 from .acceptance import accept_greedy_rows, accept_sampled
 from .batch import forward_ragged
@@ -66,7 +68,10 @@ class EngineLoop:
     ``num_draft_tokens``: drafts per step at most (a DFlash drafter drafts up to
     ``block_size - 1``). ``max_context``: positions per slot (default and limit: the model's).
     ``controller``: choose ``k`` per step for throughput (:mod:`.controller`); off, every step
-    drafts the maximum.
+    drafts the maximum. ``static_steps`` (default: on CUDA): every verify step runs as one static
+    step of ``[max_slots, kmax + 1]`` tokens, replayed as a CUDA graph on CUDA
+    (:class:`~specdec.models.graphed_batch.GraphedBatch`): no per-step op dispatch, and a row's
+    verify logits are bitwise independent of the other rows (the prefill is still eager).
 
     Errors for the HTTP layer: ``submit`` raises :class:`RequestError` (400),
     :class:`QueueFullError` (429) and :class:`EngineStoppedError` (503); failures while serving
@@ -77,7 +82,8 @@ class EngineLoop:
     step_history = 256  # step times kept for metrics()
 
     def __init__(self, loaded, draft=None, *, max_slots: int = 8, max_queue: int = 64, num_draft_tokens: int = 4,
-                 block_size: int | None = None, max_context: int | None = None, controller: bool = True):
+                 block_size: int | None = None, max_context: int | None = None, controller: bool = True,
+                 static_steps: bool | None = None):
         model: CausalLM = getattr(loaded, "model", loaded)
         if not model.batched:
             arch = getattr(getattr(loaded, "arch", None), "name", None) or model.config.model_type
@@ -102,6 +108,12 @@ class EngineLoop:
         # spare rows: a short row padded to the step's longest writes up to kmax + 1 positions past its end
         self.cache = model.new_batch_cache(max_slots, self.context, spare=self.kmax + 1)
         self.controller = DraftController(self.kmax) if controller and self.kmax > 0 else None
+        if static_steps is None:
+            static_steps = model.device.type == "cuda"
+        elif type(static_steps) is not bool:
+            raise ConfigError(f"static_steps must be True, False or None, got {static_steps!r}")
+        # every verify step as one fixed-shape step over all slots (a CUDA graph on CUDA): see graphed_batch.py
+        self.static = GraphedBatch(model, self.cache, self.kmax + 1, self.capture) if static_steps else None
 
         self._cv = threading.Condition()
         self._queue: collections.deque[tuple[GenRequest, RequestHandle, float]] = collections.deque()
@@ -381,17 +393,17 @@ class EngineLoop:
         if not rows:
             return
         n_drafts = [r.drafts.numel() for r in rows]
-        width = 1 + max(n_drafts)
+        # static steps: every row padded to the fixed kmax + 1 (one shape, one captured graph)
+        width = 1 + (self.kmax if self.static is not None else max(n_drafts))
         lasts = torch.tensor([[self._slots[r.s].last] for r in rows], device=dev)
-        drafts = torch.nn.utils.rnn.pad_sequence([r.drafts for r in rows], batch_first=True)  # [b, width-1]
+        drafts = torch.nn.utils.rnn.pad_sequence([r.drafts for r in rows], batch_first=True)  # [b, <= width-1]
+        drafts = torch.nn.functional.pad(drafts, (0, width - 1 - drafts.shape[1]))  # [b, width-1]
         ids = torch.cat([lasts, drafts], dim=1)  # row i: [last, d_1 .. d_k_i, padding]
         lengths = [self._slots[r.s].length for r in rows]
         greedy = [i for i, r in enumerate(rows) if self._slots[r.s].req.params.greedy]
         sampled = [i for i, r in enumerate(rows) if not self._slots[r.s].req.params.greedy]
         try:
-            out = self.model.forward_batch(ids, self.cache, torch.tensor(lengths, device=dev),
-                                           slots=torch.tensor([r.s for r in rows], device=dev),
-                                           span=max(lengths) + width, capture=self.capture, logits="all")
+            out = self._verify(rows, ids, lengths, width)
             packed = []
             if greedy:
                 g = torch.tensor(greedy, device=dev)
@@ -437,6 +449,23 @@ class EngineLoop:
             self._n["steps_total"] += 1
             self._n["accepted_total"] += accepted
             self._n["drafted_total"] += drafted
+
+    def _verify(self, rows: list[_Row], ids: torch.Tensor, lengths: list[int], width: int) -> ForwardOut:
+        """The step's target forward: logits, hidden and captured ``[b, width, ...]``, row ``i``
+        being slot ``rows[i].s`` verifying ``ids[i]`` at positions ``lengths[i] ..``."""
+        dev, slots = self.model.device, [r.s for r in rows]
+        if self.static is None:
+            return self.model.forward_batch(ids, self.cache, torch.tensor(lengths, device=dev),
+                                            slots=torch.tensor(slots, device=dev), span=max(lengths) + width,
+                                            capture=self.capture, logits="all")
+        # Every slot runs; an idle one (free, or a prompt being prefilled) starts at its length, so its
+        # dummy writes land past what it has committed (masked, and overwritten by its next forward).
+        starts = [0 if sl is None else sl.length for sl in self._slots]
+        out = self.static(ids, slots, starts)
+        if slots == list(range(self.max_slots)):
+            return out
+        pick = torch.tensor(slots, device=dev)
+        return ForwardOut(out.logits[pick], out.hidden[pick], None if out.captured is None else out.captured[pick])
 
     # --- per-request bookkeeping (engine thread) ------------------------------------------
     def _commit(self, s: int, toks: list[int]) -> bool:

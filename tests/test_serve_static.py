@@ -1,0 +1,165 @@
+"""Static batched verify steps (``EngineLoop(static_steps=True)``, CUDA graphs on CUDA): on the
+CPU the very function the graph captures runs eagerly, so these tests check the math the GPU
+replays. A static step equals the eager batched forward row for row (logits, hidden, captured
+features, cache writes, idle slots untouched); the loop's greedy output equals plain
+single-sequence decoding with n-gram, spoiled-oracle and real DFlash drafters; and a request's
+logits are bitwise the same served alone or beside three others. Tiny random Llama, fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _engine_util import build_llama
+from test_serve_loop import GREEDY, VOCAB, SlotOracle, _reference, _requests, _serve
+from specdec.drafters.factory import make_drafter
+from specdec.engine import SpeculativeGenerator
+from specdec.engine.batch import forward_ragged, generate_batch
+from specdec.engine.serve_loop import EngineLoop, GenRequest
+from specdec.loading import load_model
+from specdec.models.base import ForwardOut
+from specdec.models.graphed_batch import GraphedBatch
+from specdec.train.dflash_batch import new_dflash_config, new_dflash_model, save_dflash_dir
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """(loaded tiny peaky Llama, DFlash drafter dir capturing layers of it)."""
+    root = tmp_path_factory.mktemp("static")
+    loaded = load_model(build_llama(root / "target", vocab=VOCAB, hidden=32, layers=3, seed=3, head_scale=4.0),
+                        "cpu", "float32", tokenizer=False)
+    cfg = new_dflash_config(loaded, num_layers=1, block_size=4, mask_token_id=VOCAB - 1)
+    save_dflash_dir(new_dflash_model(loaded, cfg), cfg, str(root / "dflash"), dtype=None)
+    return loaded, str(root / "dflash")
+
+
+def test_static_step_equals_eager_forward_batch(setup):
+    """Ragged rows in scattered slots, one slot mid-prefill and one free: the static step's rows
+    equal the eager forward's, it writes the same KV at the rows' positions, and an idle slot's
+    committed positions stay untouched."""
+    model = setup[0].model
+    capture, width, n_slots = (0, 2), 4, 5
+    cache = model.new_batch_cache(n_slots, 40, spare=width)
+    g = torch.Generator().manual_seed(1)
+    prompts = {0: 5, 1: 9, 2: 7, 4: 2}  # slot -> committed length; slot 2 is "prefilling" (idle), 3 is free
+    rows = [torch.randint(0, VOCAB, (n,), generator=g) for n in prompts.values()]
+    forward_ragged(model, cache, rows, [0] * len(rows), list(prompts))
+    eager_cache = model.new_batch_cache(n_slots, 40, spare=width)
+    for a, b in zip(eager_cache.layers, cache.layers):
+        a.k.copy_(b.k)
+        a.v.copy_(b.v)
+
+    live, n_drafts = [0, 1, 4], [3, 0, 2]  # slot -> drafts in this step (padded to width - 1)
+    ids = torch.randint(0, VOCAB, (len(live), width), generator=g)
+    lengths = [prompts[s] for s in live]
+    ref = model.forward_batch(ids, eager_cache, torch.tensor(lengths), slots=torch.tensor(live),
+                              span=max(lengths) + width, capture=capture, logits="all")
+    step = GraphedBatch(model, cache, width, capture)
+    starts = [prompts.get(s, 0) for s in range(n_slots)]
+    out = step(ids, live, starts)
+    for i, (s, n) in enumerate(zip(live, n_drafts)):
+        for name in ("logits", "hidden", "captured"):
+            torch.testing.assert_close(getattr(out, name)[s, : n + 1], getattr(ref, name)[i, : n + 1],
+                                       atol=1e-5, rtol=1e-5, msg=lambda m: f"slot {s} {name}: {m}")
+        for a, b in zip(cache.layers, eager_cache.layers):  # the same KV entries, in the right slot
+            torch.testing.assert_close(a.k[s, :, : prompts[s] + n + 1], b.k[s, :, : prompts[s] + n + 1],
+                                       atol=1e-5, rtol=1e-5)
+    for a, b in zip(cache.layers, eager_cache.layers):  # the prefilling slot keeps its committed prompt
+        assert torch.equal(a.k[2, :, :7], b.k[2, :, :7]) and torch.equal(a.v[2, :, :7], b.v[2, :, :7])
+
+
+@pytest.mark.parametrize("kind", ["ngram", "oracle-dflash"])
+def test_static_greedy_equals_plain(setup, kind):
+    """Concurrent requests, slots refilled, prompts prefilled in chunks while others decode,
+    drafts accepted and rolled back: every output equals plain greedy decoding."""
+    loaded, dflash = setup
+    model = loaded.model
+    reqs = _requests(10, seed=2, repetitive=kind == "ngram")
+    if kind == "ngram":
+        draft = "ngram"
+    else:
+        base = make_drafter(f"dflash:{dflash}", loaded)
+        full = {tuple(r.prompt_ids): r.prompt_ids + _reference(model, r) for r in reqs}
+        seeds = iter(range(100))
+        draft = lambda: SlotOracle(base.spawn(), full, seed=next(seeds))  # noqa: E731
+    engine = EngineLoop(loaded, draft, max_slots=4, max_queue=16, num_draft_tokens=3, static_steps=True)
+    engine.prefill_chunk = 8
+    got = _serve(engine, reqs)
+    for r, (toks, done) in zip(reqs, got):
+        assert done.kind == "done", done.message
+        assert toks == _reference(model, r), f"prompt {r.prompt_ids}"
+    m = engine.metrics()
+    assert 0 < m["accepted_total"] < m["drafted_total"], m
+
+
+def test_static_real_dflash_matches_single_sequence(setup):
+    """The real DFlash drafter reads each row's captured features: it drafts what it drafts
+    serving the request alone (same accepted counts at every step)."""
+    loaded, dflash = setup
+    reqs = _requests(5, seed=4)
+    engine = EngineLoop(loaded, f"dflash:{dflash}", max_slots=3, num_draft_tokens=3, controller=False,
+                        static_steps=True)
+    got = _serve(engine, reqs)
+    for r, (toks, done) in zip(reqs, got):
+        res = SpeculativeGenerator(loaded.model, make_drafter(f"dflash:{dflash}", loaded), 3).generate(
+            r.prompt_ids, r.max_new_tokens)
+        assert toks == res.token_ids
+        assert done.stats["accepted_per_step"] == res.stats.accepted
+
+
+class _Recorder:
+    """An n-gram drafter that records every row the loop hands it (prompt rows, then each step's
+    committed rows), by prompt."""
+
+    def __init__(self, loaded, log: dict):
+        self.inner, self.log = make_drafter("ngram", loaded), log
+        self.name, self.capture_layers = "recorder", ()
+
+    def begin(self, prompt_ids, out: ForwardOut):
+        self.rows = self.log.setdefault(tuple(prompt_ids.tolist()), [])
+        self.rows.append((out.logits.clone(), out.hidden.clone()))
+        self.inner.begin(prompt_ids, out)
+
+    def observe(self, tokens, out: ForwardOut):
+        self.rows.append((out.logits.clone(), out.hidden.clone()))
+        self.inner.observe(tokens, out)
+
+    def propose(self, last_token, k, params, gen):
+        return self.inner.propose(last_token, k, params, gen)
+
+
+def test_static_rows_bitwise_alone_or_shared(setup):
+    """A request's verify-step logits and hidden states are bitwise the same served alone (in
+    slot 0) or in slot 2 beside three other requests with other lengths and drafts."""
+    loaded = setup[0]
+    pat = [5, 6, 7, 8, 9]
+    mine = GenRequest(pat * 3, 24, GREEDY)
+    others = [GenRequest([1, 2, 1, 2, 1, 2, 1], 30, GREEDY), GenRequest([40, 41, 3], 12, GREEDY),
+              GenRequest([9, 8, 7, 9, 8, 7, 9, 8, 7, 9, 8], 28, GREEDY)]
+    runs = []
+    for reqs in ([mine], others[:2] + [mine] + others[2:]):
+        log: dict = {}
+        engine = EngineLoop(loaded, lambda: _Recorder(loaded, log), max_slots=4, num_draft_tokens=3,
+                            controller=False, static_steps=True)
+        out = engine.run(reqs)
+        runs.append((out[reqs.index(mine)], log[tuple(mine.prompt_ids)]))
+        assert engine.metrics()["accepted_total"] > 0
+    (alone, rows_a), (shared, rows_s) = runs
+    assert alone == shared == _reference(loaded.model, mine)
+    assert len(rows_a) == len(rows_s) > 3
+    # The prompt rows come from the eager prefill (not static yet): there the first token's logits
+    # go through the head as one [b, H] GEMM, whose bits depend on b. Every verify step is bitwise.
+    torch.testing.assert_close(rows_a[0][0], rows_s[0][0], atol=1e-6, rtol=1e-6)
+    for j, ((la, ha), (ls, hs)) in enumerate(zip(rows_a[1:], rows_s[1:])):
+        assert torch.equal(la, ls) and torch.equal(ha, hs), f"verify step {j}"
+
+
+def test_generate_batch_static_equals_eager(setup):
+    model = setup[0].model
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(0, VOCAB, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(7)]
+    eager = generate_batch(model, prompts, 12, set(), slots=3, static_steps=False)
+    assert generate_batch(model, prompts, 12, set(), slots=3, static_steps=True) == eager
