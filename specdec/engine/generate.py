@@ -139,7 +139,10 @@ class SpeculativeGenerator:
         # step's. The compiled step now returns every layer whatever the drafter reads (graphs.py), so
         # plain and DFlash decoding run the same compiled kernels (scripts/check_compile_capture.py).
         self.compile = bool(compile)
-        self.static_prefill = self.use_graphs  # see _prefill
+        # see _prefill. Not with compile: on the H200 (torch 2.11) a compiled step captured before
+        # any eager forward of the process failed ("operation not permitted when stream is
+        # capturing"); with the eager prefill first, compiled capture ran (0 of 180 outputs differing)
+        self.static_prefill = self.use_graphs and not self.compile
         if drafter is not None and hasattr(drafter, "compile"):
             drafter.compile = self.compile  # drafters with static draft steps compile them too
         # every step padded to STEP_ROWS rows: identical kernels for decode and verify (see graphs.py)
