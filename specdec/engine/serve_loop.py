@@ -130,7 +130,9 @@ class EngineLoop:
     @staticmethod
     def _drafters(draft, loaded, block_size):
         """(name, per-slot factory or None, one instance to read settings from or None)."""
-        draft = resolve_spec(draft, loaded)  # auto: the shipped DFlash drafter on CUDA, else none
+        # auto serves plainly: on the H200 (BENCHMARKS.md) speculation in this loop was slower than
+        # plain decoding at every concurrency (n-gram 0.37-0.41x), so it is not picked for anyone
+        draft = "none" if draft == "auto" else resolve_spec(draft, loaded)
         if draft is None or draft == "none":
             if block_size is not None:
                 raise ConfigError("block_size was given but no DFlash drafter is used")
