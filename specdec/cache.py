@@ -8,7 +8,7 @@ keeps the state after every position of the last forward so rollback restores it
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import torch
 
@@ -233,10 +233,13 @@ class LinearAttnCache:
 class BatchWrite:
     """Where a batched step writes: row ``r`` of the step lives in cache slot ``slots[r]`` and
     writes positions ``pos[r]`` (``[b, T]``); attention reads positions ``0 .. span-1``.
-    ``slots`` is a ``range`` (a contiguous block of slots: views, no gather) or a long tensor."""
+    ``slots`` is a ``range`` (a contiguous block of slots: views, no gather) or a long tensor.
+    ``commit`` (``[b]`` long, or None): a prefill, whose linear-attention states are committed
+    after each row's first ``commit[r]`` positions (its padding dropped); without it the step
+    keeps the states after every row position until :meth:`BatchCache.commit` picks one."""
 
-    def __init__(self, slots, pos: torch.Tensor, span: int):
-        self.slots, self.pos, self.span = slots, pos, span
+    def __init__(self, slots, pos: torch.Tensor, span: int, commit: torch.Tensor | None = None):
+        self.slots, self.pos, self.span, self.commit = slots, pos, span, commit
         if isinstance(slots, range):
             self.rows = slice(slots.start, slots.stop)
             self.index = torch.arange(slots.start, slots.stop, device=pos.device)
@@ -258,8 +261,78 @@ class BatchKVCache:
         self.v[rows, :, w.pos] = v.transpose(1, 2)
         return self.k[w.rows, :, : w.span], self.v[w.rows, :, : w.span]
 
+    def commit(self, slots: torch.Tensor, n: torch.Tensor) -> None:
+        pass  # entries past a slot's length are never read and get overwritten
+
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
+
+
+class BatchLinearCache:
+    """Conv windows and recurrent states of one linear-attention (Gated DeltaNet) layer for many
+    sequences. A slot's recurrent state cannot be overwritten later like a KV entry, so a verify
+    step keeps its per-row results aside and the owner commits the accepted rows explicitly:
+
+    - ``conv [S, K-1, C]`` (model dtype), ``state [S, H, dk, dv]`` (fp32): each slot's committed
+      window and state;
+    - ``step_conv [S, K-1+R, C]``: the last step's conv inputs per slot (the window before it,
+      then its rows), so the window after ``n`` rows is ``step_conv[s, n : n+K-1]``;
+    - ``step_states [S, R+1, H, dk, dv]``: the state before the last step, then after each row.
+
+    A step of up to ``R`` rows writes only the ``step_*`` buffers (:meth:`stage`: graph-safe, and
+    padding or idle rows never touch a committed state); :meth:`commit` then keeps ``n`` rows of
+    it for chosen slots. A prefill (``BatchWrite.commit``) writes the committed state after each
+    row's real positions directly (:meth:`store`): there is no rollback into a prefill. A row that
+    starts at position 0 reads a zero window and state: a new sequence needs no reset.
+    """
+
+    def __init__(self, slots: int, conv_channels: int, kernel: int, n_heads: int, key_dim: int, value_dim: int,
+                 rows: int, dtype: torch.dtype, device):
+        self.kernel = kernel
+        self.conv = torch.zeros(slots, kernel - 1, conv_channels, dtype=dtype, device=device)
+        self.state = torch.zeros(slots, n_heads, key_dim, value_dim, dtype=torch.float32, device=device)
+        self.step_conv = torch.zeros(slots, kernel - 1 + rows, conv_channels, dtype=dtype, device=device)
+        self.step_states = torch.zeros(slots, rows + 1, n_heads, key_dim, value_dim, dtype=torch.float32, device=device)
+
+    @property
+    def rows(self) -> int:
+        return self.step_states.shape[1] - 1
+
+    def read(self, w: BatchWrite) -> tuple[torch.Tensor, torch.Tensor]:
+        """The committed window ``[b, K-1, C]`` and state ``[b, H, dk, dv]`` of each row's slot
+        (zeros for a row starting at position 0)."""
+        fresh = w.pos[:, 0] == 0
+        window = self.conv[w.rows].masked_fill(fresh[:, None, None], 0)
+        return window, self.state[w.rows].masked_fill(fresh[:, None, None, None], 0)
+
+    def stage(self, w: BatchWrite, conv_inputs: torch.Tensor, states: torch.Tensor, state0: torch.Tensor) -> None:
+        """Keep a step's ``conv_inputs [b, K-1+T, C]``, states after each row ``[b, T, H, dk, dv]``
+        and states before it ``[b, H, dk, dv]`` until :meth:`commit`."""
+        t = states.shape[1]
+        if t > self.rows:
+            raise RuntimeError(f"a batched step of {t} rows exceeds the {self.rows} rows of per-row linear-attention "
+                               "states (build the cache with spare >= the step width, or pass commit for a prefill)")
+        if states.dtype != torch.float32:
+            raise TypeError(f"recurrent state must be float32, got {states.dtype}")
+        self.step_conv[w.rows, : self.kernel - 1 + t] = conv_inputs
+        self.step_states[w.rows, 0] = state0
+        self.step_states[w.rows, 1: t + 1] = states
+
+    def store(self, w: BatchWrite, conv_inputs: torch.Tensor, state: torch.Tensor) -> None:
+        """Commit a prefill: ``state [b, H, dk, dv]`` after each row's ``w.commit[r]`` positions,
+        and the window that ends there, from ``conv_inputs [b, K-1+T, C]``."""
+        idx = w.commit[:, None] + torch.arange(self.kernel - 1, device=state.device)  # [b, K-1]
+        self.conv[w.rows] = conv_inputs.gather(1, idx[..., None].expand(-1, -1, conv_inputs.shape[-1]))
+        self.state[w.rows] = state
+
+    def commit(self, slots: torch.Tensor, n: torch.Tensor) -> None:
+        """Slot ``slots[i]`` keeps the first ``n[i]`` rows of its last step (0 .. rows)."""
+        self.state[slots] = self.step_states[slots, n]
+        idx = n[:, None] + torch.arange(self.kernel - 1, device=n.device)
+        self.conv[slots] = self.step_conv[slots[:, None], idx]
+
+    def nbytes(self) -> int:
+        return sum(x.numel() * x.element_size() for x in (self.conv, self.state, self.step_conv, self.step_states))
 
 
 class NoCache:
@@ -271,10 +344,23 @@ class NoCache:
 
 class BatchCache:
     """The caches of ``slots`` sequences of at most ``max_len`` positions; a sequence's length is
-    kept by its owner (the batched engine), so rolling a slot back is free (KV only)."""
+    kept by its owner (the batched engine). Rolling a slot back is free for KV layers; after a
+    verify step the owner calls :meth:`commit` with each slot's accepted rows, which
+    linear-attention layers need (:class:`BatchLinearCache`)."""
 
     def __init__(self, layers: list, slots: int, max_len: int):
         self.layers, self.slots, self.max_len = layers, slots, max_len
+        self.device = next((c.state.device for c in layers if isinstance(c, BatchLinearCache)), None)
+
+    def commit(self, slots: Sequence[int], n: Sequence[int]) -> None:
+        """After a step without ``BatchWrite.commit``: slot ``slots[i]`` keeps ``n[i]`` of its rows
+        (the rest is rolled back). Host lists in; a no-op for attention-only caches."""
+        if self.device is None or not slots:
+            return
+        s = torch.tensor(list(slots), dtype=torch.int64, device=self.device)
+        k = torch.tensor(list(n), dtype=torch.int64, device=self.device)
+        for c in self.layers:
+            c.commit(s, k)
 
     def nbytes(self) -> int:
         return sum(c.nbytes() for c in self.layers)

@@ -69,11 +69,11 @@ def test_batched_sampling_is_seeded(llama):
     assert a == b and all(len(r) == 10 for r in a)
 
 
-def test_batched_forward_refused_for_hybrid_targets(tmp_path):
-    from _mtp_util import build_qwen35
-    path = build_qwen35(tmp_path / "q", moe=False, mtp=False)
-    model = load_model(path, "cpu", "float32", tokenizer=False).model
-    with pytest.raises(ConfigError, match="not supported for qwen3_5"):
+def test_batched_forward_refused_for_unbatched_targets(tmp_path):
+    from _gemma_util import tiny_model
+    tiny_model().save_pretrained(tmp_path / "g")
+    model = load_model(str(tmp_path / "g"), "cpu", "float32", tokenizer=False).model
+    with pytest.raises(ConfigError, match="not supported for gemma3"):
         generate_batch(model, [[1, 2, 3]], 4, set())
 
 

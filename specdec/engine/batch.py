@@ -46,10 +46,11 @@ def forward_ragged(model: CausalLM, cache, rows: Sequence[torch.Tensor], starts:
     positions ``starts[r] ..`` of cache slot ``slots[r]``, right-padded to the longest row (the
     padding writes past the row's end, which later steps overwrite: the cache needs room for it).
     Returns hidden ``[b, T, H]``, captured ``[b, T, n*H]`` and the logits ``[b, V]`` of each
-    row's last real position."""
+    row's last real position. Linear-attention states are committed after each row's real
+    positions (a prefill: no rollback into it)."""
     dev = model.device
     ids = torch.nn.utils.rnn.pad_sequence([r.to(dev) for r in rows], batch_first=True)
-    last = torch.tensor([int(r.numel()) - 1 for r in rows], device=dev)
+    n = torch.tensor([int(r.numel()) for r in rows], device=dev)
     return model.forward_batch(ids, cache, torch.tensor(list(starts), device=dev),
                                slots=torch.tensor(list(slots), device=dev), span=max(starts) + ids.shape[1],
-                               capture=capture, last=last)
+                               capture=capture, last=n - 1, commit=n)

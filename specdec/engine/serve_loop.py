@@ -88,7 +88,7 @@ class EngineLoop:
         if not model.batched:
             arch = getattr(getattr(loaded, "arch", None), "name", None) or model.config.model_type
             raise ConfigError(f"{getattr(loaded, 'path', arch)}: continuous batching is not supported for {arch} "
-                              "targets yet (attention-only targets are: llama, qwen3)")
+                              "targets yet (supported: llama, qwen3, qwen3_5, qwen3_5_moe)")
         for name, v, lo in (("max_slots", max_slots, 1), ("max_queue", max_queue, 0),
                             ("num_draft_tokens", num_draft_tokens, 0)):
             if type(v) is not int or v < lo:
@@ -425,6 +425,8 @@ class EngineLoop:
         for i in greedy + sampled:  # greedy rows are width + 1 wide, sampled ones n_drafts + 2
             w = n_drafts[i] + 2 if i in sampled_set else width + 1
             res[i], off = flat[off:off + w], off + w
+        # recurrent (linear-attention) layers keep each slot's accepted rows; KV needs nothing
+        self.cache.commit([r.s for r in rows], [res[i][0] + 1 for i in range(len(rows))])
         accepted, drafted = 0, 0
         for i, r in enumerate(rows):
             slot, nd = self._slots[r.s], n_drafts[i]

@@ -84,8 +84,13 @@ class CausalLM(nn.Module):
         return ctx
 
     # Families whose layers run batched steps (``[B, T, H]`` with a :class:`BatchWrite` as the
-    # start): attention-only stacks. Others raise a ConfigError from :meth:`forward_batch`.
+    # start). Others raise a ConfigError from :meth:`forward_batch`.
     batched = False
+
+    def make_batch_layer_cache(self, i: int, slots: int, max_len: int, spare: int):
+        """Layer ``i``'s cache for batched steps (default: keys and values)."""
+        c = self.config
+        return BatchKVCache(slots, c.num_key_value_heads, c.head_dim, max_len, self.dtype, self.device)
 
     # --- the contract -------------------------------------------------------------
     @property
@@ -191,17 +196,17 @@ class CausalLM(nn.Module):
 
     def new_batch_cache(self, slots: int, max_len: int, spare: int = 0) -> BatchCache:
         """Caches for ``slots`` sequences of ``max_len`` positions (at most the model's context),
-        plus ``spare`` rows that only padding rows of a step ever occupy (never committed)."""
+        plus ``spare`` rows that only padding rows of a step ever occupy (never committed).
+        Linear-attention layers keep per-row states for steps of up to ``max(spare, 1)`` rows."""
         self.check_batched()
-        c = self.config
         max_len = min(max_len, self.max_context) + spare
-        return BatchCache([BatchKVCache(slots, c.num_key_value_heads, c.head_dim, max_len, self.dtype, self.device)
-                           for _ in self.layers], slots, max_len)
+        return BatchCache([self.make_batch_layer_cache(i, slots, max_len, spare) for i in range(len(self.layers))],
+                          slots, max_len)
 
     @torch.inference_mode()
     def forward_batch(self, ids: torch.Tensor, cache: BatchCache | None, starts: torch.Tensor, slots=None,
                       span: int | None = None, capture: Sequence[int] = (), last: torch.Tensor | None = None,
-                      logits: str | None = None) -> ForwardOut:
+                      logits: str | None = None, commit: torch.Tensor | None = None) -> ForwardOut:
         """Run ``ids [b, T]``: row ``r`` at positions ``starts[r] ..`` of cache slot ``slots[r]``
         (``slots``: a ``range`` or a long tensor; default ``range(b)``). ``span``: attention
         reads positions ``0 .. span-1`` (at least ``max(starts) + T``, known to the caller without
@@ -209,17 +214,22 @@ class CausalLM(nn.Module):
         Rows shorter than ``T`` are right-padded: padding writes past the row's length, which the
         next step overwrites. Returns hidden ``[b, T, H]``, captured ``[b, T, n*H]``, and logits
         ``[b, V]`` of the position ``last[r]`` of each row (None without ``last``); with
-        ``logits="all"`` (verify steps) fp32 logits ``[b, T, V]`` of every position instead."""
+        ``logits="all"`` (verify steps) fp32 logits ``[b, T, V]`` of every position instead.
+
+        Linear-attention (recurrent) layers cannot be overwritten later: ``commit [b]`` (a prefill)
+        commits each row's state after its first ``commit[r]`` positions; without it (a verify
+        step, at most ``max(spare, 1)`` rows) the caller then keeps each slot's accepted rows with
+        :meth:`BatchCache.commit`, and the padding is never committed."""
         if logits not in (None, "all"):
             raise ValueError(f"forward_batch: logits must be None or 'all', got {logits!r}")
         if logits == "all" and last is not None:
             raise ValueError("forward_batch: give either last or logits='all', not both")
-        out = self._forward_batch(ids, cache, starts, slots, span, capture, last)
+        out = self._forward_batch(ids, cache, starts, slots, span, capture, last, commit)
         if logits == "all":
             out.logits = self.head(out.hidden)
         return out
 
-    def _forward_batch(self, ids, cache, starts, slots, span, capture, last) -> ForwardOut:
+    def _forward_batch(self, ids, cache, starts, slots, span, capture, last, commit=None) -> ForwardOut:
         self.check_batched()
         ids = ids.to(self.device)
         b, t = ids.shape
@@ -234,7 +244,8 @@ class CausalLM(nn.Module):
             span = int(span if span is not None else cache.max_len)
             keys = torch.arange(span, device=self.device)[None, :].expand(b, -1)
             layers = cache.layers
-            write = BatchWrite(range(b) if slots is None else slots, pos, span)
+            write = BatchWrite(range(b) if slots is None else slots, pos, span,
+                               None if commit is None else commit.to(self.device))
         mask = (keys[:, None, :] <= pos[:, :, None])[:, None]  # [b, 1, T, S]
         ctx = StepContext(write, t, cos, sin, mask)
         out = self.run_layers(ids, ctx, _Layers(layers), capture, logits="none")

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cache import LinearAttnCache
+from ..cache import BatchLinearCache, LinearAttnCache
 from ..errors import ConfigError
 from ..parallel.tp import Blocks, Shard, Slice, row_parallel
 from . import delta_kernel
@@ -201,26 +201,57 @@ class GatedDeltaNet(nn.Module):
     def make_cache(self, dtype: torch.dtype, device, snapshot_tokens: int = 32) -> LinearAttnCache:
         return LinearAttnCache(self.conv_dim, self.kernel, self.hv, self.dk, self.dv, dtype, device, snapshot_tokens)
 
+    def make_batch_cache(self, slots: int, rows: int, dtype: torch.dtype, device) -> BatchLinearCache:
+        """Caches of ``slots`` sequences, keeping per-row states for steps of up to ``rows`` rows."""
+        return BatchLinearCache(slots, self.conv_dim, self.kernel, self.hv, self.dk, self.dv, rows, dtype, device)
+
     def conv(self, window: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Depthwise causal conv + SiLU. ``window [K-1, C]``, ``x [T, C]`` -> (out ``[T, C]``,
-        conv inputs ``[K-1+T, C]``, which the cache keeps for rollback).
+        conv inputs ``[K-1+T, C]``, which the cache keeps for rollback); batched, ``[b, ...]``.
 
         Written as an explicit sum over the kernel taps in fp32 (not ``F.conv1d``, whose algorithm
         and vector tails depend on ``T``), so every output row is computed the same way wherever it
         sits in the step."""
-        full = torch.cat([window.to(x.dtype), x], dim=0)
-        taps = full.float().unfold(0, self.kernel, 1)  # [T, C, K]: row t holds inputs t .. t+K-1
+        full = torch.cat([window.to(x.dtype), x], dim=-2)
+        taps = full.float().unfold(-2, self.kernel, 1)  # [..., T, C, K]: row t holds inputs t .. t+K-1
         out = (taps * self.conv1d.weight[:, 0].float()).sum(-1)
         return F.silu(out).to(x.dtype), full
+
+    def gates(self, mixed: torch.Tensor, x: torch.Tensor):
+        """Conv outputs ``mixed [..., C]`` and the layer input ``x [..., hidden]`` -> fp32
+        ``q, k [..., Hv, dk]`` (normalised, key heads repeated per value head), ``v [..., Hv, dv]``,
+        ``g, beta [..., Hv]``."""
+        lead = mixed.shape[:-1]
+        kd = self.hk * self.dk
+        q = mixed[..., :kd].reshape(*lead, self.hk, self.dk).float()
+        k = mixed[..., kd:2 * kd].reshape(*lead, self.hk, self.dk).float()
+        v = mixed[..., 2 * kd:].reshape(*lead, self.hv, self.dv).float()
+        q = l2norm(q) * self.dk ** -0.5
+        k = l2norm(k)
+        if self.hv != self.hk:
+            r = self.hv // self.hk
+            q, k = q.repeat_interleave(r, dim=-2), k.repeat_interleave(r, dim=-2)
+        beta = torch.sigmoid(self.in_proj_b(x).float())
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        return q, k, v, g, beta
+
+    def finish(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Recurrence output ``o [..., Hv, dv]`` (fp32) -> gated norm -> ``out_proj``: ``[..., hidden]``."""
+        lead = x.shape[:-1]
+        z = self.in_proj_z(x).view(*lead, self.hv, self.dv)
+        return self.out_proj(self.norm(o.to(x.dtype), z).reshape(*lead, -1))
 
     def forward(self, x: torch.Tensor, ctx, cache: LinearAttnCache) -> torch.Tensor:
         """``ctx.start``: an int (eager), or a 0-d device tensor in a static (CUDA-graph) step, where
         the live state is selected on the device and the caller does the Python bookkeeping.
+        ``x [b, T, hidden]``: a batched step (:meth:`forward_batch`).
 
         Forwards that keep per-position snapshots (decode and verify steps, which may be rolled
         back) and 1-token forwards use the recurrent form, whose per-position arithmetic does not
         depend on the row: a position verified at row 3 gets the bits it gets at row 0 in plain
         decoding. Longer forwards without snapshots (prefill) use the chunked form."""
+        if x.dim() == 3:
+            return self.forward_batch(x, ctx, cache)
         t = x.shape[0]
         start = ctx.start
         static = isinstance(start, torch.Tensor)
@@ -229,17 +260,7 @@ class GatedDeltaNet(nn.Module):
             cache.reserve_rows(t)
         window, state0 = cache.live_static() if static else (cache.conv_window(), cache.state())
         mixed, full = self.conv(window, self.in_proj_qkv(x))
-        kd = self.hk * self.dk
-        q = mixed[:, :kd].reshape(t, self.hk, self.dk).float()
-        k = mixed[:, kd:2 * kd].reshape(t, self.hk, self.dk).float()
-        v = mixed[:, 2 * kd:].reshape(t, self.hv, self.dv).float()
-        q = l2norm(q) * self.dk ** -0.5
-        k = l2norm(k)
-        if self.hv != self.hk:
-            r = self.hv // self.hk
-            q, k = q.repeat_interleave(r, dim=1), k.repeat_interleave(r, dim=1)
-        beta = torch.sigmoid(self.in_proj_b(x).float())  # [T, Hv]
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        q, k, v, g, beta = self.gates(mixed, x)
         if keep or t == 1:
             o, states = recurrent_step_form(q.contiguous(), k.contiguous(), v.contiguous(), g, beta, state0)
         else:
@@ -249,6 +270,39 @@ class GatedDeltaNet(nn.Module):
         cache.write(full, states if keep else states[-1:], state0, keep)
         if not static:
             cache.commit(start, t, keep)
-        o = o.to(x.dtype)  # [T, Hv, dv]
-        z = self.in_proj_z(x).view(t, self.hv, self.dv)
-        return self.out_proj(self.norm(o, z).reshape(t, -1))
+        return self.finish(o, x)
+
+    def forward_batch(self, x: torch.Tensor, ctx, cache) -> torch.Tensor:
+        """Rows ``x [b, T, hidden]``, row ``r`` continuing its slot's sequence (``ctx.start``, a
+        :class:`~specdec.cache.BatchWrite`, with a :class:`BatchLinearCache`), or whole sequences
+        from position 0 without a cache (``ctx.start`` None: training features).
+
+        A verify step (no ``commit``) runs the recurrent form, every slot's heads side by side as
+        ``b * Hv`` heads, and stages the state after every row for :meth:`BatchLinearCache.commit`.
+        A prefill (``commit``: each row's real length) runs the chunked form with the padding
+        positions made inert (``g = 0``, ``beta = 0`` leave the state unchanged), so the final state
+        is each row's state after its last real position, which is committed."""
+        b, t, _ = x.shape
+        w = ctx.start
+        if w is None:
+            window = x.new_zeros(b, self.kernel - 1, self.conv_dim)
+            state0 = x.new_zeros(b, self.hv, self.dk, self.dv, dtype=torch.float32)
+        else:
+            window, state0 = cache.read(w)
+        mixed, full = self.conv(window, self.in_proj_qkv(x))
+        q, k, v, g, beta = self.gates(mixed, x)  # [b, T, Hv, ...]
+        heads = b * self.hv
+        if w is not None and w.commit is None:
+            pm = [y.transpose(0, 1).reshape(t, heads, *y.shape[3:]).contiguous() for y in (q, k, v, g, beta)]
+            o, states = recurrent_step_form(*pm, state0.reshape(heads, self.dk, self.dv))  # position-major
+            o = o.view(t, b, self.hv, self.dv).transpose(0, 1)
+            cache.stage(w, full, states.view(t, b, self.hv, self.dk, self.dv).transpose(0, 1), state0)
+            return self.finish(o, x)
+        if w is not None:
+            real = (torch.arange(t, device=x.device)[None, :] < w.commit[:, None])[..., None]  # [b, T, 1]
+            g, beta = g * real, beta * real
+        hm = [y.transpose(1, 2).reshape(heads, t, *y.shape[3:]).contiguous() for y in (q, k, v, g, beta)]
+        o, s = chunked_gated_delta(*hm, state0.reshape(heads, self.dk, self.dv), self.chunk_size)
+        if w is not None:
+            cache.store(w, full, s[-1].view(b, self.hv, self.dk, self.dv))
+        return self.finish(o.view(b, self.hv, t, self.dv).transpose(1, 2), x)

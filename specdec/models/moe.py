@@ -139,6 +139,8 @@ class SparseMoeBlock(nn.Module):
         return idx, (top / top.sum(-1, keepdim=True)).to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() > 2:  # batched steps [b, T, H]: tokens are independent, route them flattened
+            return self.forward(x.reshape(-1, x.shape[-1])).view(x.shape)
         idx, w = self.route(x)
         if self.shard is None:
             out = self.experts(x, idx, w)

@@ -175,6 +175,7 @@ class Qwen35ForCausalLM(CausalLM):
 
     moe = False
     tensor_parallel = True
+    batched = True  # full-attention layers batch as usual; DeltaNet layers: BatchLinearCache
     # Linear-attention caches keep per-position states for forwards up to this many tokens
     # (verification), so rollback restores them exactly; see LinearAttnCache.
     snapshot_tokens = 32
@@ -196,6 +197,12 @@ class Qwen35ForCausalLM(CausalLM):
         if isinstance(layer, LinearAttentionDecoderLayer):
             return layer.make_cache(max_len, dtype, device, self.snapshot_tokens)
         return layer.make_cache(max_len, dtype, device)
+
+    def make_batch_layer_cache(self, i: int, slots: int, max_len: int, spare: int):
+        layer = self.layers[i]
+        if isinstance(layer, LinearAttentionDecoderLayer):  # per-row states for verify steps of <= spare rows
+            return layer.linear_attn.make_batch_cache(slots, max(spare, 1), self.dtype, self.device)
+        return super().make_batch_layer_cache(i, slots, max_len, spare)
 
 
 class Qwen35MoeForCausalLM(Qwen35ForCausalLM):
