@@ -50,9 +50,19 @@ def maybe_compile(fn, on: bool):
     except (AttributeError, RuntimeError) as e:  # no torch.compile, or e.g. a Python version this torch cannot compile for
         raise CompileError(f"--compile: torch.compile is unavailable here: {_first_line(e)}") from e
     failed = (torch._dynamo.exc.TorchDynamoException, getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", ()))
+    first = [True]
 
     @functools.wraps(fn)
     def run():
+        if first[0]:
+            # One eager run before the first compiled one fills lazy caches the step reads (e.g. RoPE's
+            # per-device inverse frequencies): traced empty, their first fill would force a recompile
+            # at a later call, possibly under CUDA-graph capture. Seen on the H200: a compiled step
+            # captured before any eager forward of the process failed ("operation not permitted when
+            # stream is capturing"); this is the likely cause, not yet confirmed there. Static steps
+            # are safe to repeat (their warm-ups do the same).
+            first[0] = False
+            fn()
         try:
             return compiled()
         except failed as e:  # compile-time failures only; a runtime error of the step passes through
