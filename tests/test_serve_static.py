@@ -92,6 +92,8 @@ def test_static_greedy_equals_plain(setup, kind):
         assert toks == _reference(model, r), f"prompt {r.prompt_ids}"
     m = engine.metrics()
     assert 0 < m["accepted_total"] < m["drafted_total"], m
+    # the controller tried k = 0 too: those steps ran the 1-wide static step, the others kmax + 1
+    assert sorted(engine._static) == [1, 4] and m["k_chosen"].get(0, 0) > 0, m
 
 
 def test_static_real_dflash_matches_single_sequence(setup):

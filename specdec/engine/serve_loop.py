@@ -71,7 +71,9 @@ class EngineLoop:
     drafts the maximum. ``static_steps`` (default: on CUDA): every verify step runs as one static
     step of ``[max_slots, kmax + 1]`` tokens, replayed as a CUDA graph on CUDA
     (:class:`~specdec.models.graphed_batch.GraphedBatch`): no per-step op dispatch, and a row's
-    verify logits are bitwise independent of the other rows (the prefill is still eager).
+    verify logits are bitwise independent of the other rows (the prefill is still eager). With the
+    controller, a step without drafts (``k = 0``) runs a second, 1-wide static step instead, so
+    that falling back costs what plain decoding costs; a row's bits then depend on the width.
 
     Errors for the HTTP layer: ``submit`` raises :class:`RequestError` (400),
     :class:`QueueFullError` (429) and :class:`EngineStoppedError` (503); failures while serving
@@ -113,7 +115,8 @@ class EngineLoop:
         elif type(static_steps) is not bool:
             raise ConfigError(f"static_steps must be True, False or None, got {static_steps!r}")
         # every verify step as one fixed-shape step over all slots (a CUDA graph on CUDA): see graphed_batch.py
-        self.static = GraphedBatch(model, self.cache, self.kmax + 1, self.capture) if static_steps else None
+        self.static_steps = static_steps
+        self._static: dict[int, GraphedBatch] = {}  # step width -> its static step (built at first use)
 
         self._cv = threading.Condition()
         self._queue: collections.deque[tuple[GenRequest, RequestHandle, float]] = collections.deque()
@@ -395,8 +398,12 @@ class EngineLoop:
         if not rows:
             return
         n_drafts = [r.drafts.numel() for r in rows]
-        # static steps: every row padded to the fixed kmax + 1 (one shape, one captured graph)
-        width = 1 + (self.kmax if self.static is not None else max(n_drafts))
+        # static steps: every row padded to kmax + 1 (one shape: a row's bits never depend on the
+        # other rows); with the controller, width 1 when nothing is drafted (a second graph: k = 0
+        # then costs a plain step, so the controller can fall back, at the price of a row's bits
+        # depending on the width the step ran, as the controller's k already does without static steps)
+        narrow = self.controller is not None and not any(n_drafts)
+        width = 1 + (max(n_drafts) if not self.static_steps else 0 if narrow else self.kmax)
         lasts = torch.tensor([[self._slots[r.s].last] for r in rows], device=dev)
         drafts = torch.nn.utils.rnn.pad_sequence([r.drafts for r in rows], batch_first=True)  # [b, <= width-1]
         drafts = torch.nn.functional.pad(drafts, (0, width - 1 - drafts.shape[1]))  # [b, width-1]
@@ -458,14 +465,17 @@ class EngineLoop:
         """The step's target forward: logits, hidden and captured ``[b, width, ...]``, row ``i``
         being slot ``rows[i].s`` verifying ``ids[i]`` at positions ``lengths[i] ..``."""
         dev, slots = self.model.device, [r.s for r in rows]
-        if self.static is None:
+        if not self.static_steps:
             return self.model.forward_batch(ids, self.cache, torch.tensor(lengths, device=dev),
                                             slots=torch.tensor(slots, device=dev), span=max(lengths) + width,
                                             capture=self.capture, logits="all")
         # Every slot runs; an idle one (free, or a prompt being prefilled) starts at its length, so its
         # dummy writes land past what it has committed (masked, and overwritten by its next forward).
         starts = [0 if sl is None else sl.length for sl in self._slots]
-        out = self.static(ids, slots, starts)
+        step = self._static.get(width)
+        if step is None:
+            step = self._static[width] = GraphedBatch(self.model, self.cache, width, self.capture)
+        out = step(ids, slots, starts)
         if slots == list(range(self.max_slots)):
             return out
         pick = torch.tensor(slots, device=dev)
