@@ -356,11 +356,12 @@ def test_greedy_exact_beside_sampled_requests(setup):
             assert toks == _reference(loaded.model, r)
 
 
-@pytest.mark.parametrize("kind", ["mtp", "adversarial"])
-def test_sampled_two_tokens_follow_the_target(tmp_path, kind):
+@pytest.mark.parametrize("kind, static", [("mtp", False), ("adversarial", False), ("adversarial", True)])
+def test_sampled_two_tokens_follow_the_target(tmp_path, kind, static):
     """The second token comes out of a verify step (sampled drafts with their probabilities,
     rejection sampling per slot): the joint of the first two tokens must be the target's. The
-    adversarial drafter samples the target's unlikely tokens: misused draft probabilities show."""
+    adversarial drafter samples the target's unlikely tokens: misused draft probabilities show.
+    ``static``: the verify steps run as the static batched step (CUDA's default), uncaptured."""
     path = build_llama(tmp_path / "t8", vocab=8, hidden=32, layers=2, seed=1, head_scale=2.0)
     loaded = load_model(path, "cpu", "float32", tokenizer=False)
     model = loaded.model
@@ -372,8 +373,10 @@ def test_sampled_two_tokens_follow_the_target(tmp_path, kind):
         draft = lambda: DistDrafter(model_next_logits(model), "adversarial")  # noqa: E731
     prompt, params, n = [3, 1, 4, 1, 5], SamplingParams(temperature=1.0), 800
     reqs = [GenRequest(prompt, 2, SamplingParams(temperature=1.0, seed=i)) for i in range(n)]
-    engine = EngineLoop(loaded, draft, max_slots=8, max_queue=n, num_draft_tokens=1, controller=False)
+    engine = EngineLoop(loaded, draft, max_slots=8, max_queue=n, num_draft_tokens=1, controller=False,
+                        static_steps=static)
     got = _serve(engine, reqs)
+    assert bool(engine._static) == static
     counts = torch.zeros(8, 8)
     for toks, _ in got:
         counts[toks[0], toks[1]] += 1
