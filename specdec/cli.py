@@ -29,11 +29,12 @@ def _version() -> str:
         return __version__
 
 
+SPEC_HELP = ("none = plain decoding; dflash = the shipped DFlash drafter, dflash:PATH = a DFlash drafter "
+             "directory; mtp = the target's own MTP block (Qwen3.5/3.6), else the MTP head shipped for it, "
+             "mtp:PATH = a trained MTP head directory")
 DRAFT_HELP = ("auto (the default) = the DFlash drafter shipped for the target on CUDA (specdec ships one for the "
               "embedded SmolLM2-135M-Instruct), plain decoding on the CPU, where it does not pay yet, "
-              "and for other targets; none = plain decoding; dflash = the shipped DFlash drafter, dflash:PATH = a DFlash drafter "
-              "directory; mtp = the target's own MTP block (Qwen3.5/3.6), else the MTP head shipped for it, "
-              "mtp:PATH = a trained MTP head directory")
+              "and for other targets; " + SPEC_HELP)
 
 
 def _model_args(p: argparse.ArgumentParser, draft: bool = True, sweep: bool = False) -> None:
@@ -216,9 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)")
     s.add_argument("--draft", default="auto", help=f"drafter: {SPECS}. auto (the default) serves plainly for now: "
                    "in the serving loop speculation was slower than plain decoding on the H200 (BENCHMARKS.md); "
-                   "none = plain decoding; dflash = the shipped DFlash drafter, dflash:PATH = a DFlash drafter "
-                   "directory; mtp = the target's own MTP block (Qwen3.5/3.6), else the MTP head shipped for it, "
-                   "mtp:PATH = a trained MTP head directory; ngram = prompt lookup")
+                   + SPEC_HELP)
     s.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafts per step at most for mtp and ngram "
                    "(default 4)")
     s.add_argument("--block-size", type=int, default=None, help="DFlash block size (default: the checkpoint's)")
@@ -327,7 +326,8 @@ def cmd_generate(args) -> int:
     gen = _generation_kwargs(args)
     (draft,) = _check_model_args(args, [args.draft])
     if args.compare and draft == "none":
-        why = ("--draft auto decodes plainly here (on the CPU, or for a target without a shipped drafter)" if args.draft == "auto" else "--compare needs a drafter to compare with plain decoding")
+        why = ("--draft auto decodes plainly here (on the CPU, or for a target without a shipped drafter)"
+               if args.draft == "auto" else "--compare needs a drafter to compare with plain decoding")
         raise RequestError(f"{why}: give --draft dflash|ngram|mtp|dflash:PATH|mtp:PATH")
     prompt = _read_prompt(args)
     return _on_ranks(args, _generate, prompt, gen)

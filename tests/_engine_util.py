@@ -241,3 +241,37 @@ def pooled_chi2(counts: torch.Tensor, probs: torch.Tensor, min_expected: float =
 def total_variation(counts: torch.Tensor, probs: torch.Tensor) -> float:
     c = counts.flatten().double()
     return 0.5 * float((c / c.sum() - probs.flatten().double()).abs().sum())
+
+
+class SlotOracle:
+    """Wraps one slot's real drafter in the serving loop (its begin / propose / observe all run,
+    with the slot's own rows) but proposes the target's greedy continuation of that prompt
+    (``refs``: prompt tuple -> prompt + continuation), each draft spoiled with probability
+    ``spoil``: most drafts are accepted and every spoiled one forces a rollback."""
+
+    def __init__(self, inner, refs: dict, vocab: int, spoil: float = 0.3, seed: int = 0):
+        self.inner, self.refs, self.vocab, self.spoil = inner, refs, vocab, spoil
+        self.name, self.capture_layers = "oracle", inner.capture_layers
+        self.block_size = getattr(inner, "block_size", None)
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def begin(self, prompt_ids, out):
+        self.seq = prompt_ids.tolist()
+        self.ref = self.refs[tuple(self.seq)]
+        self.inner.begin(prompt_ids, out)
+
+    def observe(self, tokens, out):
+        assert tokens.shape[0] == out.hidden.shape[0], "observe: one row per committed token"
+        self.seq.extend(tokens.tolist())
+        self.inner.observe(tokens, out)
+        if hasattr(self.inner, "kv"):  # DFlash: its context cache holds exactly the committed positions
+            assert self.inner.length == len(self.seq)
+
+    def propose(self, last_token, k, params, gen):
+        n = self.inner.propose(last_token, k, params, gen).tokens.numel()
+        pos = len(self.seq)
+        toks = (self.ref[pos + 1: pos + 1 + n] + [0] * n)[:n]
+        for i in range(n):
+            if float(torch.rand(1, generator=self.rng)) < self.spoil:
+                toks[i] = (toks[i] + 1 + int(torch.randint(self.vocab - 1, (1,), generator=self.rng))) % self.vocab
+        return Proposal(torch.tensor(toks, dtype=torch.int64))

@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _engine_util import plain_generate
+from _engine_util import SlotOracle, plain_generate
 from _mtp_util import build_qwen35
-from specdec.drafters.base import Proposal
 from specdec.drafters.factory import make_drafter
 from specdec.engine.batch import forward_ragged, generate_batch
 from specdec.engine.serve_loop import EngineLoop, GenRequest
@@ -93,34 +92,6 @@ def test_verify_step_is_limited_to_the_spare_rows(loaded):
         m.forward_batch(torch.zeros(2, 3, dtype=torch.long), cache, torch.tensor([0, 0]), logits="all")
 
 
-class Oracle:
-    """A slot's real drafter (begin / propose / observe all run) proposing the target's greedy
-    continuation, each draft spoiled with probability 0.3: accepted runs and rollbacks both."""
-
-    def __init__(self, inner, refs: dict, seed: int):
-        self.inner, self.refs = inner, refs
-        self.name, self.capture_layers = "oracle", inner.capture_layers
-        self.rng = torch.Generator().manual_seed(seed)
-
-    def begin(self, prompt_ids, out):
-        self.seq = prompt_ids.tolist()
-        self.ref = self.refs[tuple(self.seq)]
-        self.inner.begin(prompt_ids, out)
-
-    def observe(self, tokens, out):
-        self.seq.extend(tokens.tolist())
-        self.inner.observe(tokens, out)
-
-    def propose(self, last_token, k, params, gen):
-        n = self.inner.propose(last_token, k, params, gen).tokens.numel()
-        pos = len(self.seq)
-        toks = (self.ref[pos + 1: pos + 1 + n] + [0] * n)[:n]
-        for i in range(n):
-            if float(torch.rand(1, generator=self.rng)) < 0.3:
-                toks[i] = (toks[i] + 1 + int(torch.randint(VOCAB - 1, (1,), generator=self.rng))) % VOCAB
-        return Proposal(torch.tensor(toks, dtype=torch.int64))
-
-
 def _requests(n: int, repetitive: bool) -> list[GenRequest]:
     g = torch.Generator().manual_seed(1)
     out = []
@@ -145,7 +116,7 @@ def test_serving_loop_equals_plain_greedy(loaded, kind):
         base = make_drafter("mtp", loaded)
         full = {tuple(r.prompt_ids): r.prompt_ids + ref for r, ref in zip(reqs, refs)}
         seeds = iter(range(100))
-        draft = lambda: Oracle(base.spawn(), full, next(seeds))  # noqa: E731
+        draft = lambda: SlotOracle(base.spawn(), full, VOCAB, seed=next(seeds))  # noqa: E731
     engine = EngineLoop(loaded, draft, max_slots=3, max_queue=0, num_draft_tokens=3, controller=False)
     engine.prefill_chunk = 8  # prompts of up to 18 tokens prefill in several chunks, beside decode steps
     got = engine.run(reqs)

@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _engine_util import DistDrafter, build_llama, model_next_logits, plain_generate, pooled_chi2
-from specdec.drafters.base import Proposal
+from _engine_util import DistDrafter, SlotOracle, build_llama, model_next_logits, plain_generate, pooled_chi2
 from specdec.drafters.factory import make_drafter
 from specdec.drafters.mtp_dir import new_mtp_block, save_mtp_dir
 from specdec.engine import SpeculativeGenerator
@@ -83,39 +82,6 @@ def _reference(model, req: GenRequest) -> list[int]:
     return toks
 
 
-class SlotOracle:
-    """Wraps one slot's real drafter (its begin / propose / observe all run, with the slot's own
-    rows) but proposes the target's greedy continuation of that prompt, each draft spoiled with
-    probability ``spoil``: most drafts are accepted and every spoiled one forces a rollback."""
-
-    def __init__(self, inner, refs: dict, spoil: float = 0.3, seed: int = 0):
-        self.inner, self.refs, self.spoil = inner, refs, spoil
-        self.name, self.capture_layers = "oracle", inner.capture_layers
-        self.block_size = getattr(inner, "block_size", None)
-        self.rng = torch.Generator().manual_seed(seed)
-
-    def begin(self, prompt_ids, out):
-        self.seq = prompt_ids.tolist()
-        self.ref = self.refs[tuple(self.seq)]
-        self.inner.begin(prompt_ids, out)
-
-    def observe(self, tokens, out):
-        assert tokens.shape[0] == out.hidden.shape[0], "observe: one row per committed token"
-        self.seq.extend(tokens.tolist())
-        self.inner.observe(tokens, out)
-        if hasattr(self.inner, "kv"):  # DFlash: its context cache holds exactly the committed positions
-            assert self.inner.length == len(self.seq)
-
-    def propose(self, last_token, k, params, gen):
-        n = self.inner.propose(last_token, k, params, gen).tokens.numel()
-        pos = len(self.seq)
-        toks = (self.ref[pos + 1: pos + 1 + n] + [0] * n)[:n]
-        for i in range(n):
-            if float(torch.rand(1, generator=self.rng)) < self.spoil:
-                toks[i] = (toks[i] + 1 + int(torch.randint(VOCAB - 1, (1,), generator=self.rng))) % VOCAB
-        return Proposal(torch.tensor(toks, dtype=torch.int64))
-
-
 # --- greedy: equal to plain decoding, token for token ------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["none", "ngram", "dflash", "mtp"])
@@ -134,7 +100,7 @@ def test_greedy_batched_equals_plain(setup, kind):
         full = {tuple(r.prompt_ids): r.prompt_ids + plain_generate(model, r.prompt_ids, r.max_new_tokens).token_ids
                 for r in reqs}
         seeds = iter(range(100))
-        draft = lambda: SlotOracle(base.spawn(), full, seed=next(seeds))  # noqa: E731
+        draft = lambda: SlotOracle(base.spawn(), full, VOCAB, seed=next(seeds))  # noqa: E731
     else:
         draft = None if kind == "none" else kind
     engine = EngineLoop(loaded, draft, max_slots=4, max_queue=16, num_draft_tokens=3)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _engine_util import build_llama
-from test_serve_loop import GREEDY, VOCAB, SlotOracle, _reference, _requests, _serve
+from _engine_util import SlotOracle, build_llama
+from test_serve_loop import GREEDY, VOCAB, _reference, _requests, _serve
 from specdec.drafters.factory import make_drafter
 from specdec.engine import SpeculativeGenerator
 from specdec.engine.batch import forward_ragged, generate_batch
@@ -83,7 +83,7 @@ def test_static_greedy_equals_plain(setup, kind):
         base = make_drafter(f"dflash:{dflash}", loaded)
         full = {tuple(r.prompt_ids): r.prompt_ids + _reference(model, r) for r in reqs}
         seeds = iter(range(100))
-        draft = lambda: SlotOracle(base.spawn(), full, seed=next(seeds))  # noqa: E731
+        draft = lambda: SlotOracle(base.spawn(), full, VOCAB, seed=next(seeds))  # noqa: E731
     engine = EngineLoop(loaded, draft, max_slots=4, max_queue=16, num_draft_tokens=3, static_steps=True)
     engine.prefill_chunk = 8
     got = _serve(engine, reqs)

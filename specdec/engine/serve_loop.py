@@ -402,8 +402,12 @@ class EngineLoop:
         # other rows); with the controller, width 1 when nothing is drafted (a second graph: k = 0
         # then costs a plain step, so the controller can fall back, at the price of a row's bits
         # depending on the width the step ran, as the controller's k already does without static steps)
-        narrow = self.controller is not None and not any(n_drafts)
-        width = 1 + (max(n_drafts) if not self.static_steps else 0 if narrow else self.kmax)
+        if not self.static_steps:
+            width = 1 + max(n_drafts)
+        elif self.controller is not None and not any(n_drafts):
+            width = 1
+        else:
+            width = 1 + self.kmax
         lasts = torch.tensor([[self._slots[r.s].last] for r in rows], device=dev)
         drafts = torch.nn.utils.rnn.pad_sequence([r.drafts for r in rows], batch_first=True)  # [b, <= width-1]
         drafts = torch.nn.functional.pad(drafts, (0, width - 1 - drafts.shape[1]))  # [b, width-1]

@@ -285,13 +285,17 @@ class SwiGLU(nn.Module):
     def act(x: torch.Tensor) -> torch.Tensor:
         return F.silu(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def inner(self, x: torch.Tensor) -> torch.Tensor:
+        """``act(gate(x)) * up(x)``: the input of ``down_proj`` (a rank's block of it, sharded)."""
         if self._fused is not None:
             w, b, sizes = self._fused
             gate, up = F.linear(x, w, b).split(sizes, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(self.act(gate) * up)
+        return self.act(gate) * up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.inner(x))
 
 
 class GeluTanhGLU(SwiGLU):

@@ -150,7 +150,7 @@ class SparseMoeBlock(nn.Module):
         out = self.experts.partial(x, idx, w)
         if self.shared_expert is not None:
             se = self.shared_expert  # its block of the intermediate, the row-parallel down_proj unreduced
-            part = F.linear(F.silu(se.gate_proj(x)) * se.up_proj(x), se.down_proj.weight)
+            part = F.linear(se.inner(x), se.down_proj.weight)
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * part
         return self.shard.all_reduce(out)
 
