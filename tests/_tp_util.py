@@ -118,10 +118,20 @@ def moe_on_rank(shard, cases: list[tuple[int, int, int]]) -> list:
     return out
 
 
-def compiled_generate_on_rank(shard, path: str, drafts: list[str], prompts: list[list[int]], n: int) -> dict:
+def compiled_generate_on_rank(shard, path: str, drafts: list[str], prompts: list[list[int]], n: int,
+                              references: list[list[int]]) -> dict:
     """Greedy token ids per drafter spec with every static step compiled (``compile=True``, with
-    batch-invariant static steps, so the CPU runs them too): the collectives traced into the graph."""
-    out = {}
+    batch-invariant static steps, so the CPU runs them too): the collectives traced into the graph.
+    Also a spoiled oracle's ids (``references``: prompt + plain continuation), so that compiled
+    verify steps commit part of their rows and roll the rest back."""
+    from _engine_util import SpoiledOracle
+
+    out = {"oracle": [], "oracle accepted": 0}
+    for ref, p in zip(references, prompts):
+        oracle = SpoiledOracle(ref, LLM(path, shard=shard).model.config.vocab_size, spoil=0.3)
+        res = LLM(path, draft=oracle, shard=shard, num_draft_tokens=3, compile=True, batch_invariant=True).generate(p, n)
+        out["oracle"].append(res.token_ids)
+        out["oracle accepted"] += sum(res.stats.accepted)
     for spec in drafts:
         llm = LLM(path, draft=spec, shard=shard, num_draft_tokens=3, compile=True, batch_invariant=True)
         out[spec] = [llm.generate(p, n).token_ids for p in prompts]

@@ -124,8 +124,11 @@ def test_compiled_steps_under_tp_equal_plain(spec_target):
     g = torch.Generator().manual_seed(13)
     prompts = [torch.randint(48, (9,), generator=g).tolist()]
     want = [LLM(path, device="cpu").generate(p, 12).token_ids for p in prompts]
-    got = run_parallel(compiled_generate_on_rank, 2, path, ["none", drafts[2]], prompts, 12, deadline_s=4 * DEADLINE)
+    refs = [p + w for p, w in zip(prompts, want)]
+    got = run_parallel(compiled_generate_on_rank, 2, path, ["none", drafts[2]], prompts, 12, refs,
+                       deadline_s=4 * DEADLINE)
     assert got["none"] == want and got[drafts[2]] == want
+    assert got["oracle"] == want and got["oracle accepted"] > 0  # compiled verify steps, accepted and rolled back
     assert got["none compiled"] and got[drafts[2] + " compiled"]
     _no_children_left()
 
