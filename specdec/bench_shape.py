@@ -144,7 +144,8 @@ def decode_bytes(model, context: int) -> tuple[int, int, int]:
     c = model.config
     if getattr(c, "num_experts", 0):
         experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n) * size
-        active -= int(experts * (1 - c.num_experts_per_tok / c.num_experts))
+        top_k = getattr(c, "num_experts_per_tok", None) or c.top_k_experts  # Qwen / Gemma 4 spelling
+        active -= int(experts * (1 - top_k / c.num_experts))
     cache = model.new_cache(1)
     kv_per_pos = sum(lc.k[:, :1].numel() + lc.v[:, :1].numel() for lc in cache.layers if isinstance(lc, KVCache)) * size
     return total, active + kv_per_pos * context, kv_per_pos * context
@@ -182,13 +183,22 @@ def _time_drafter(model, make, ids: torch.Tensor, reps: int) -> dict:
 
 def _dflash(model):
     from .drafters.dflash import DFlashDrafter
-    from .train.dflash_batch import new_dflash_config, new_dflash_model
+    from .train.dflash_batch import default_target_layer_ids, new_dflash_config, new_dflash_model
 
     c, view = model.config, model
     if not c.intermediate_size:  # an MoE target. Assumed: a dense FFN of the target's active width
         wide = dataclasses.replace(c, intermediate_size=c.moe_intermediate_size * c.num_experts_per_tok)
         view = SimpleNamespace(config=wide, layers=model.layers, embed_tokens=model.embed_tokens)
+    if c.model_type.startswith("gemma"):
+        view = SimpleNamespace(config=SimpleNamespace(**{**vars(c), "rope_scaling": None, "partial_rotary_factor": 1.0}),
+                               layers=model.layers, embed_tokens=model.embed_tokens)
     cfg = new_dflash_config(view, 5, 16, mask_token_id=c.vocab_size - 1)
+    if c.model_type.startswith("gemma"):  # the seed drafter's layout (gemma-4-26B-A4B-it): 4 sliding + 1 full
+        n = len(model.layers)             # layers, 6 target layers, soft-capped logits, its own embedding scale
+        cfg.update(layer_types=["sliding_attention"] * 4 + ["full_attention"], use_sliding_window=True,
+                   sliding_window=c.sliding_window)
+        cfg["dflash_config"].update(target_layer_ids=default_target_layer_ids(n, 6), input_embedding_scale=c.hidden_size ** 0.5,
+                                    final_logit_softcapping=c.final_logit_softcapping)
     d = DFlashDrafter(new_dflash_model(model, cfg, init="random").to(model.dtype).eval(), model)
     return d, d.block_size - 1, False
 

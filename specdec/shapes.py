@@ -54,6 +54,23 @@ QWEN35_35B_A3B = {
     "shared_expert_intermediate_size": 512, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
     "tie_word_embeddings": False, "rope_parameters": _QWEN35_ROPE, "mtp_num_hidden_layers": 1,
 }
+# Gemma 4 26B-A4B (google/gemma-4-26B-A4B-it's text_config, as derived checkpoints publish it):
+# every layer has a dense GELU MLP (2112) beside 128 experts (top 8, 704 wide); five sliding-window
+# (1024) layers of 8 KV heads x 256 per full layer of 2 KV heads x 512 with keys reused as values;
+# tied, scaled embeddings; final logits soft-capped at 30. The target of the reference DFlash drafter.
+GEMMA4_26B_A4B = {
+    "model_type": "gemma4_text", "vocab_size": 262144, "hidden_size": 2816, "intermediate_size": 2112,
+    "num_hidden_layers": 30, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+    "global_head_dim": 512, "num_global_key_value_heads": 2, "attention_k_eq_v": True,
+    "enable_moe_block": True, "num_experts": 128, "top_k_experts": 8, "moe_intermediate_size": 704,
+    "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0, "sliding_window": 1024,
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5,
+    "rope_parameters": {"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                           "rope_theta": 1000000.0},
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+    "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
+    "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh",
+}
 # A few-MB Qwen3-style shape for tests (not a published model).
 TINY = {
     "model_type": "qwen3", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
@@ -62,7 +79,7 @@ TINY = {
 }
 
 SHAPES = {"qwen3-8b": QWEN3_8B, "qwen3.5-9b": QWEN35_9B, "qwen3.5-35b-a3b": QWEN35_35B_A3B,
-          "smollm2-135m": SMOLLM2_135M, "tiny": TINY}
+          "gemma4-26b-a4b": GEMMA4_26B_A4B, "smollm2-135m": SMOLLM2_135M, "tiny": TINY}
 
 
 def shape_config(name: str):
@@ -103,7 +120,8 @@ def free_bytes(device: torch.device) -> int:
 
 def build_shape(name: str, device: torch.device, dtype: torch.dtype, *, seed: int = 0, headroom: float = 0.9,
                 free: int | None = None, shard=None):
-    """The target of shape ``name`` on ``device`` in ``dtype``, weights ~N(0, 0.02), norms the identity.
+    """The target of shape ``name`` on ``device`` in ``dtype``, weights ~N(0, 0.02), norms (and
+    checkpoint scalar buffers) the identity.
 
     Refuses (ConfigError, one line) before allocating when the weights exceed ``headroom`` of the
     free memory (``free``: measured when None), so a shape that cannot fit fails at once.
@@ -124,5 +142,8 @@ def build_shape(name: str, device: torch.device, dtype: torch.dtype, *, seed: in
                 p.fill_(0.0 if zc or pname.endswith("bias") else 1.0)
             else:
                 p.normal_(0.0, 0.02, generator=gen)
+        for b in model.buffers():  # checkpoint scalars (Gemma 4's layer_scalar): the identity
+            if b.is_floating_point():
+                b.fill_(1.0)
     model.fuse_projections()  # as load_model does
     return model.eval()

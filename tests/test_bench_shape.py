@@ -65,7 +65,7 @@ def test_oracle_spoil_probability():
 
 # parameters including embeddings (and the untied LM head): the published sizes' orders of magnitude
 @pytest.mark.parametrize("name, params", [("qwen3-8b", 8.19e9), ("qwen3.5-9b", 8.95e9), ("qwen3.5-35b-a3b", 34.7e9),
-                                          ("smollm2-135m", 1.35e8), ("tiny", 2.1e5)])
+                                          ("gemma4-26b-a4b", 25.2e9), ("smollm2-135m", 1.35e8), ("tiny", 2.1e5)])
 def test_shapes_build_on_meta(name, params):
     m = meta_model(name)
     assert m.embed_tokens.weight.is_meta
@@ -73,7 +73,32 @@ def test_shapes_build_on_meta(name, params):
 
 
 def test_every_shape_is_tested():
-    assert set(SHAPES) == {"qwen3-8b", "qwen3.5-9b", "qwen3.5-35b-a3b", "smollm2-135m", "tiny"}
+    assert set(SHAPES) == {"qwen3-8b", "qwen3.5-9b", "qwen3.5-35b-a3b", "gemma4-26b-a4b", "smollm2-135m", "tiny"}
+
+
+def test_gemma4_moe_shape_runs_scaled_down(monkeypatch, single_thread):
+    """The gemma4-26b-a4b shape's structure (dense MLP beside top-k experts, 5 sliding : 1 full with
+    k = v, soft cap, tied embeddings, the layer_scalar buffer) scaled down: it builds with finite
+    logits, its decode bytes count top_k_experts of the experts, and the oracle run equals plain."""
+    from specdec import shapes
+    from specdec.bench_shape import decode_bytes, run_shape_bench
+
+    small = dict(shapes.GEMMA4_26B_A4B, vocab_size=512, hidden_size=64, intermediate_size=48, num_hidden_layers=6,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                 num_global_key_value_heads=1, num_experts=8, top_k_experts=2, moe_intermediate_size=16,
+                 sliding_window=8, max_position_embeddings=4096, layer_types=["sliding_attention"] * 5 + ["full_attention"])
+    monkeypatch.setitem(SHAPES, "gemma4-small", small)
+    model = build_shape("gemma4-small", torch.device("cpu"), torch.float32)
+    assert all(float(layer.layer_scalar) == 1.0 for layer in model.layers)
+    logits = model(torch.arange(20), model.new_cache(32)).logits
+    assert torch.isfinite(logits).all() and logits.abs().max() <= 30.0  # soft-capped
+    total, per_token, _ = decode_bytes(model, 0)
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n) * 4
+    assert total - per_token == experts * 6 // 8  # 6 of 8 experts not read per token
+    r = run_shape_bench("gemma4-small", device="cpu", context=24, reps=2, new_tokens=48, oracle_tau=4)
+    e = r["oracle_e2e"]
+    assert e["output_equals_plain"] and e["measured_tau"] > 2, e
+    assert r["drafter_ms"]["dflash (5 layers, block 16)"]["ms"] > 0
 
 
 def test_too_big_is_refused_before_allocating():
