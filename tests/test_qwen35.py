@@ -117,8 +117,37 @@ def test_moe_gather_and_grouped_paths_agree():
     ex.gather_max_rows = 0
     grouped = ex(x, idx, w)
     ex.gather_max_rows = 100
-    gathered = ex(x, idx, w)
-    assert torch.allclose(grouped, gathered, atol=1e-5)
+    static = ex(x, idx, w)  # 3 * 5 * 2 > 6 experts: every expert on every row
+    assert torch.allclose(grouped, static, atol=1e-5)
+    gathered = ex(x[:1], idx[:1], w[:1])  # 3 * 1 * 2 = 6: each pair's weights gathered
+    assert torch.allclose(grouped[:1], gathered, atol=1e-5)
+
+
+def _row0_varies(ex, t: int, trials: int = 8) -> int:
+    """How many of ``trials`` steps of ``t`` rows give row 0 other bits when only the other rows change."""
+    g = torch.Generator().manual_seed(t)
+    differ = 0
+    for _ in range(trials):
+        x, x2 = torch.randn(t, 16, generator=g), torch.randn(t, 16, generator=g)
+        idx, idx2 = (torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(t)]) for _ in range(2))
+        w, w2 = torch.rand(t, 2, generator=g), torch.rand(t, 2, generator=g)
+        x2[0], idx2[0], w2[0] = x[0], idx[0], w[0]  # row 0 alike, the others not
+        differ += not torch.equal(ex(x, idx, w)[0], ex(x2, idx2, w2)[0])
+    return differ
+
+
+def test_moe_static_step_rows_are_independent():
+    """In a fixed-shape step (the static forms), a row's output is bitwise the same whatever the
+    other rows hold and route to: the property batch-invariant decoding rests on. The grouped
+    (prefill) form, whose per-expert matmuls have as many rows as route there, fails it."""
+    torch.manual_seed(1)
+    ex = Experts(8, 16, 8)
+    with torch.no_grad():
+        ex.gate_up_proj.normal_(), ex.down_proj.normal_()
+    assert _row0_varies(ex, 1) == 0  # the gather form (1 x 2 pairs)
+    assert _row0_varies(ex, 16) == 0  # the dense form (16 x 2 pairs > 8 experts / 3)
+    ex.gather_max_rows = 0
+    assert _row0_varies(ex, 16) > 0
 
 
 # --- DeltaNet forms and caches ---------------------------------------------------------------

@@ -49,10 +49,10 @@ class Experts(nn.Module):
     whole output (the shares summed by one all-reduce).
     """
 
-    # Forwards of up to this many rows (every decode and verify step, padded or not) gather each
-    # (token, expert) pair's weights: no host sync, graph-safe, and one kernel path whose
-    # per-row arithmetic does not depend on the row or on the other rows' experts, with or without
-    # CUDA graphs. Longer forwards (prefill) group tokens by expert.
+    # Forwards of up to this many rows (every decode and verify step, padded or not), and every
+    # forward inside a CUDA-graph capture, take a static path: no host sync, graph-safe, and
+    # per-row arithmetic that does not depend on the other rows' experts. Longer eager forwards
+    # (prefill) group tokens by expert, which reads the counts on the host.
     gather_max_rows = 16
 
     def __init__(self, num_experts: int, hidden: int, inter: int, act=F.silu, shard: Shard | None = None):
@@ -76,22 +76,21 @@ class Experts(nn.Module):
         """This rank's share of :meth:`forward` (all of it without a shard): the pairs whose
         expert it holds, ``[T, H]``, not yet summed over ranks."""
         t, k = idx.shape
-        # Inside a CUDA-graph capture always gather: the grouped path reads counts on the host.
         if t <= self.gather_max_rows or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
             mine = None
-            if self.rows is not None:
-                # Static shapes, no host sync: every pair is computed, those of other ranks'
-                # experts with local expert 0 and then dropped. So a decode step's expert work is
-                # not divided across ranks here (the expert weights' memory is); dividing it needs
-                # a device-side compaction of the pairs (a grouped GEMM over a per-rank list).
+            if self.rows is not None:  # other ranks' pairs: computed with local expert 0, then dropped
                 idx = idx - self.rows.start
                 mine = (idx >= 0) & (idx < self.rows.size)
                 idx = idx.masked_fill(~mine, 0)
-            flat = idx.reshape(-1)
-            xs = x.repeat_interleave(k, dim=0)[:, :, None]  # [T*k, H, 1]
-            gate, up = torch.bmm(self.gate_up_proj[flat], xs)[..., 0].chunk(2, dim=-1)
-            y = torch.bmm(self.down_proj[flat], (self.act(gate) * up)[:, :, None])[..., 0]  # [T*k, H]
-            y = y.view(t, k, -1) * weights[..., None]
+            # Two static forms; which one depends only on the shape, so a step's rows never see
+            # each other. Gathering copies each (token, expert) pair's weights (~3 x the pair's
+            # bytes moved); running every local expert on every row reads each expert once. A
+            # padded 16-row step routes 128 pairs (top 8): on 128-256 experts the dense form moves
+            # 1.5-3x fewer bytes, and under expert parallelism it is the form that divides the
+            # experts' work across ranks. A 1-row decode (8 pairs) gathers.
+            dense = 3 * t * k > self.gate_up_proj.shape[0]
+            y = self._dense(x, idx) if dense else self._gather(x, idx)  # [T, k, H]
+            y = y * weights[..., None]
             if mine is not None:
                 y = y.masked_fill(~mine[..., None], 0)
             return y.sum(1)
@@ -113,6 +112,19 @@ class Experts(nn.Module):
             pos += n
         return out
 
+    def _gather(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """Each pair's output ``[T, k, H]`` from its expert's gathered weights (one GEMV a pair)."""
+        t, k = idx.shape
+        flat = idx.reshape(-1)
+        xs = x.repeat_interleave(k, dim=0)[:, :, None]  # [T*k, H, 1]
+        gate, up = torch.bmm(self.gate_up_proj[flat], xs)[..., 0].chunk(2, dim=-1)
+        return torch.bmm(self.down_proj[flat], (self.act(gate) * up)[:, :, None])[..., 0].view(t, k, -1)
+
+    def _dense(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """Every local expert on every row (``[E, T, H]``), then each pair's row picked out."""
+        gate, up = torch.matmul(x, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)  # [E, T, I] each
+        y = torch.matmul(self.act(gate) * up, self.down_proj.transpose(1, 2))  # [E, T, H]
+        return y[idx, torch.arange(idx.shape[0], device=idx.device)[:, None]]  # [T, k, H]
 
 class SparseMoeBlock(nn.Module):
     """Top-k routed experts (fp32 softmax router, weights renormalised over the top k) plus a
