@@ -86,6 +86,44 @@ def test_compiled_dflash_block_drafts_the_uncompiled_tokens(target, tmp_path):
     assert out.token_ids == plain_gen.generate(prompt, 16).token_ids
 
 
+def test_compiled_dflash_samples_through_the_compiled_block(target, tmp_path):
+    """At T > 0 with ``compile`` the DFlash drafter samples from its compiled static block's logits,
+    never from an eager block forward, and after the first request compiles nothing more. Seen on
+    the H200 (bf16, --compile): sampled proposals fell back to the eager block (hundreds of kernel
+    launches from Python per step) and DFlash at T=1 ran at 0.32x plain decoding."""
+    import torch._dynamo.utils
+
+    from _dflash_util import write_drafter
+
+    from specdec.drafters.dflash import load_dflash_drafter
+    from specdec.sampling import SamplingParams
+
+    path, m = target
+    d_path, _ = write_drafter(tmp_path / "d", hidden=32, num_target_layers=4, n_layers=2, target_layer_ids=(1, 2),
+                              block_size=6)
+    prompt = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(3)).tolist()
+    eager = SpeculativeGenerator(m, load_dflash_drafter(d_path, m), 5, batch_invariant=True)
+    d = load_dflash_drafter(d_path, m)
+    gen = SpeculativeGenerator(m, d, 5, batch_invariant=True, compile=True)
+    eager_blocks, block_logits = [], d.block_logits
+
+    def count(last_token):
+        eager_blocks.append(last_token)
+        return block_logits(last_token)
+
+    d.block_logits = count
+    gen.generate(prompt, 16, SamplingParams(temperature=1.0, seed=0))  # compiles the sampled block
+    assert _compiled(d._sampled.fn)
+    torch._dynamo.utils.counters.clear()
+    for seed in (1, 2):
+        params = SamplingParams(temperature=1.0, seed=seed)
+        out = gen.generate(prompt, 24, params)
+        assert out.token_ids == eager.generate(prompt, 24, params).token_ids  # fp32: the same samples
+    assert not eager_blocks, f"{len(eager_blocks)} proposals ran the eager block"
+    assert not torch._dynamo.utils.counters["stats"]["unique_graphs"], dict(torch._dynamo.utils.counters["stats"])
+    assert sum(out.stats.accepted) > 0
+
+
 def test_compile_failure_is_one_specdec_error(monkeypatch):
     """A step torch.compile cannot compile is a CompileError naming --compile, not a dynamo traceback."""
 

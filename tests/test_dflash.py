@@ -269,6 +269,35 @@ def test_static_block_rebuilt_when_context_buffers_are_reallocated(tmp_path, lla
     assert run(_prompt(5, seed=4), 4) == longer  # buffers never shrink: a short request after it reuses them
 
 
+def test_static_block_samples_from_the_eager_distributions(tmp_path, llama):
+    """Sampled proposals with static steps come from the static block (built once beside the
+    greedy one, both reused) and carry the eager block's filtered distributions."""
+    path, _ = _write(tmp_path, block_size=5)
+    dr = load_dflash_drafter(path, llama[1])
+    dr.static_steps = True
+    propose, seen = dr.propose, []
+
+    def spy(last_token, k, params, gen):
+        eager = dr.block_logits(last_token)[:k]
+        prop = propose(last_token, k, params, gen)
+        if params.greedy:
+            assert prop.probs is None
+        else:
+            assert torch.allclose(prop.probs, probs_from_logits(eager, params), atol=1e-5)
+            assert bool((prop.probs.gather(1, prop.tokens[:, None]) > 0).all())  # drawn from those probs
+        seen.append((dr._static, dr._sampled))
+        return prop
+
+    dr.propose = spy
+    gen = SpeculativeGenerator(llama[1].model, dr, 4)
+    for params in (SamplingParams(temperature=0.8, top_p=0.9, seed=1), SamplingParams(),
+                   SamplingParams(temperature=1.3, top_k=7, seed=2)):
+        gen.generate(_prompt(7), 12, params)
+    greedy = {id(g) for g, _ in seen if g is not None}
+    sampled = {id(s) for _, s in seen if s is not None}
+    assert len(greedy) == 1 and len(sampled) == 1  # each built once, then reused (``seen`` keeps them alive)
+
+
 def test_default_target_layer_ids():
     # published z-lab configs: Qwen3-8B (36 layers, 5 drafter layers), Qwen3.5-122B-A10B (48, 8)
     assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
@@ -424,10 +453,14 @@ PARAMS = SamplingParams(temperature=0.9, top_k=5)
 PROMPT = [1, 4, 2]
 
 
-def test_sampling_follows_target_distribution(small_vocab):
+@pytest.mark.parametrize("static", [False, True])
+def test_sampling_follows_target_distribution(small_vocab, static):
+    """``static``: drafts sampled from the static block's logits (as on CUDA; uncaptured here)."""
     loaded, dpath, v = small_vocab
     exact = _exact_joint(loaded.model, PROMPT, PARAMS, v)
-    counts = _joint_counts(loaded.model, load_dflash_drafter(dpath, loaded), PROMPT, PARAMS, 800, v)
+    drafter = load_dflash_drafter(dpath, loaded)
+    drafter.static_steps = static
+    counts = _joint_counts(loaded.model, drafter, PROMPT, PARAMS, 800, v)
     stat, df, pval = pooled_chi2(counts, exact)
     assert pval > ALPHA, f"chi2={stat:.1f} df={df} p={pval:.2e}"
 

@@ -73,13 +73,16 @@ class DFlashDrafter:
         self.capture_layers: tuple[int, ...] = tuple(c.target_layer_ids)
         self.length = 0  # committed positions whose context K/V are cached
         self.kv: list[_ContextKV] = []
-        # Greedy blocks as one static step (a CUDA graph on CUDA, with the target's sharded embedding
-        # and head's collectives inside under tensor parallelism; eager elsewhere, for tests)
+        # Blocks as one static step (a CUDA graph on CUDA, with the target's sharded embedding and
+        # head's collectives inside under tensor parallelism; eager elsewhere, for tests)
         self.static_steps = target.device.type == "cuda"
         self.min_capacity = 1024  # context K/V rows at least (see begin)
         # torch.compile the static block (set by the engine's ``compile``); compiled blocks are static
         self.compile = False
+        # the static blocks: greedy (the argmax inside the step) and sampled (the logits out of it),
+        # each built at its first use for the current context buffers
         self._static: _StaticBlock | None = None
+        self._sampled: _StaticBlock | None = None
 
     def spawn(self) -> "DFlashDrafter":
         """A drafter sharing these weights with an empty context cache (one per sequence of a batch)."""
@@ -97,7 +100,7 @@ class DFlashDrafter:
         cap = max(self.min_capacity, 1 << (2 * int(prompt_ids.numel()) - 1).bit_length())
         have = self.kv[0].k.shape[1] if self.kv else 0
         if have < cap:
-            self._static = None  # it holds the last request's buffers: free them before allocating
+            self._static = self._sampled = None  # they hold the last request's buffers: free them before allocating
             self.kv = [_ContextKV(c.num_key_value_heads, c.head_dim, cap, w.dtype, w.device)
                        for _ in range(c.num_hidden_layers)]
         self.length = 0
@@ -113,20 +116,36 @@ class DFlashDrafter:
 
         Greedy: the argmax of each block row. Sampling: each row sampled from the drafter's
         own filtered distribution, returned with it so acceptance stays exact (z-lab does the same).
+        With static steps both run the block as a static step: sampling reads its logits and
+        filters and samples them outside it (a handful of kernels, whatever the sampling params).
         """
-        if params.greedy and (self.static_steps or self.compile):
-            if not self.kv:
-                raise RuntimeError("DFlashDrafter.propose called before begin")
-            st = self._static
-            if st is None or not st.reads(self.kv):
-                self._static = None  # free the old step and the buffers it holds first
-                st = self._static = _StaticBlock(self)  # first use, a new request, or the context cache grew
-            return Proposal(st(int(last_token), self.length)[: max(0, k)])
-        logits = self.block_logits(last_token)[: max(0, k)]
-        if params.greedy:
-            return Proposal(logits.argmax(-1))
+        if self.static_steps or self.compile:
+            block = self._static_block(sampled=not params.greedy)(int(last_token), self.length)[: max(0, k)]
+            if params.greedy:
+                return Proposal(block)
+            logits = block
+        else:
+            logits = self.block_logits(last_token)[: max(0, k)]
+            if params.greedy:
+                return Proposal(logits.argmax(-1))
         probs = probs_from_logits(logits, params)
         return Proposal(torch.multinomial(probs, 1, generator=gen).squeeze(1), probs)
+
+    def _static_block(self, sampled: bool) -> "_StaticBlock":
+        """The greedy or the sampled static block over the current context buffers, (re)built at
+        its first use, for a new request's buffers, or after the context cache grew."""
+        if not self.kv:
+            raise RuntimeError("DFlashDrafter.propose called before begin")
+        st = self._sampled if sampled else self._static
+        if st is None or not st.reads(self.kv):
+            # free the old step and the buffers it holds first
+            if sampled:
+                self._sampled = None
+                st = self._sampled = _StaticBlock(self, logits=True)
+            else:
+                self._static = None
+                st = self._static = _StaticBlock(self)
+        return st
 
     # --- the work -------------------------------------------------------------------
     def _append(self, out: ForwardOut, n: int) -> None:
@@ -186,17 +205,19 @@ class DFlashDrafter:
 
 
 class _StaticBlock:
-    """Greedy drafting of one block with static shapes: the last token and the start position
-    are device buffers, attention reads the whole context cache masked by position. On CUDA it
-    is captured once per context buffer and replayed; it writes no drafter state.
+    """One block with static shapes: the last token and the start position are device buffers,
+    attention reads the whole context cache masked by position. It returns the greedy drafts
+    ``[B - 1]`` (the argmax inside the step), or with ``logits`` the drafter's fp32 logits
+    ``[B - 1, V]`` for sampling. On CUDA it is captured once per context buffer and replayed;
+    it writes no drafter state.
 
     It holds the context buffers it was built for and reads only those: a captured graph
     replays their addresses, so they must stay alive, and the drafter's check that its cache is
     still these buffers (:meth:`reads`) compares objects, not ``id()`` values that a freed
     buffer's successor may reuse."""
 
-    def __init__(self, d: DFlashDrafter):
-        self.d = d
+    def __init__(self, d: DFlashDrafter, logits: bool = False):
+        self.d, self.logits = d, logits
         self.buffers = [(s.k, s.v) for s in d.kv]
         c, dev = d.model.config, d.target.device
         self.ids = torch.full((d.block_size,), c.mask_token_id, dtype=torch.int64, device=dev)
@@ -212,7 +233,8 @@ class _StaticBlock:
         if c.input_embedding_scale != 1.0:
             x = x * c.input_embedding_scale
         h = d.model.block_hidden_static(x, self.start, self.buffers)
-        return d.model.scale_logits(d.target.raw_logits(h[1:])).argmax(-1)
+        logits = d.model.scale_logits(d.target.raw_logits(h[1:]))
+        return logits if self.logits else logits.argmax(-1)
 
     def reads(self, kv: list[_ContextKV]) -> bool:
         """Whether ``kv`` is still made of the buffers this step reads."""
