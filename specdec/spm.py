@@ -1,6 +1,7 @@
-"""SentencePiece-style GGUF vocabularies (``tokenizer.ggml.model = "llama"``: Llama 2, Gemma 3 ...).
+"""SentencePiece-style GGUF vocabularies: ``tokenizer.ggml.model = "llama"`` (Llama 2, Gemma 3 ...)
+and ``"gemma4"`` (Gemma 4).
 
-The encoder follows llama.cpp's ``llm_tokenizer_spm`` so ids equal llama.cpp's:
+The ``llama`` encoder follows llama.cpp's ``llm_tokenizer_spm`` so ids equal llama.cpp's:
 
 1. Special-token text is split out first, longest token first: control, user-defined and unknown
    tokens (``tokenizer.ggml.token_type`` 3, 4, 2). User-defined tokens such as Gemma's ``"\\n\\n"``
@@ -15,6 +16,14 @@ The encoder follows llama.cpp's ``llm_tokenizer_spm`` so ids equal llama.cpp's:
 Decoding turns ``"▁"`` back into spaces, byte tokens into bytes, renders control tokens unless
 special tokens are skipped, and drops the one space ``add_space_prefix`` put in front.
 
+``gemma4`` is what llama.cpp calls SentencePiece-style BPE (:class:`SpmBpeTokenizer`): a BPE
+vocabulary (``tokenizer.ggml.merges``) over raw UTF-8 with ``"▁"`` for spaces and ``<0xNN>`` byte
+fallback. It differs from the above in three places only: step 3 merges the adjacent pair with the
+lowest merge rank (the pair's position in ``tokenizer.ggml.merges``, not the score of its
+concatenation; ties: the leftmost pair); each fragment is first cut into runs of newlines and
+runs of everything else, which merge separately; and a run of newlines that is itself a token is
+emitted whole. There is never a space prefix, and BOS is always added.
+
 :class:`SpmTokenizer` offers the few methods of ``tokenizers.Tokenizer`` that
 :class:`specdec.tokenizer.Tokenizer` calls, so both kinds sit behind one wrapper.
 """
@@ -22,6 +31,7 @@ special tokens are skipped, and drops the one space ``add_space_prefix`` put in 
 from __future__ import annotations
 
 import heapq
+import re
 from dataclasses import dataclass
 
 from .errors import CheckpointError, RequestError
@@ -146,6 +156,12 @@ class SpmTokenizer:
             frags = nxt
         return frags
 
+    def _pair_priority(self, left: str, right: str) -> float | None:
+        """When the adjacent symbols ``left`` ``right`` merge (lowest first), or None if they don't:
+        here when their concatenation is a token, highest score first."""
+        tid = self.vocab.get(left + right)
+        return None if tid is None else -self.scores[tid]
+
     def _encode_fragment(self, text: str, out: list[int]) -> None:
         n = len(text)
         if n == 0:
@@ -155,17 +171,17 @@ class SpmTokenizer:
         size = [1] * n
         prev = list(range(-1, n - 1))
         nxt = list(range(1, n)) + [-1]
-        vocab, scores = self.vocab, self.scores
+        vocab, priority = self.vocab, self._pair_priority
         heap: list[tuple[float, int, int, int]] = []
 
         def try_pair(left: int, right: int) -> None:
             if left < 0 or right < 0:
                 return
-            piece = text[start[left]: start[left] + size[left] + size[right]]
-            tid = vocab.get(piece)
-            if tid is not None:
-                # highest score first; equal scores: leftmost first
-                heapq.heappush(heap, (-scores[tid], left, right, len(piece)))
+            mid = start[right]
+            p = priority(text[start[left]: mid], text[mid: mid + size[right]])
+            if p is not None:
+                # equal priorities: leftmost first
+                heapq.heappush(heap, (p, left, right, size[left] + size[right]))
 
         for i in range(1, n):
             try_pair(i - 1, i)
@@ -186,7 +202,7 @@ class SpmTokenizer:
             tid = vocab.get(piece)
             if tid is not None:
                 out.append(tid)
-            else:  # a character outside the vocabulary: its UTF-8 bytes
+            else:  # a piece outside the vocabulary (a character, for scores): its UTF-8 bytes
                 for b in piece.encode("utf-8"):
                     bid = self.byte_ids[b]
                     if bid is None:
@@ -196,17 +212,46 @@ class SpmTokenizer:
             i = nxt[i]
 
 
+class SpmBpeTokenizer(SpmTokenizer):
+    """llama.cpp's SentencePiece-style BPE (``tokenizer.ggml.model = "gemma4"``): pairs merge by
+    their rank in ``merges`` (each ``"left right"``), newline runs apart (see the module docstring)."""
+
+    _RUNS = re.compile(r"\n+|[^\n]+")
+
+    def __init__(self, tokens: list[str], scores: list[float], types: list[int], merges: list[tuple[str, str]],
+                 **kw):
+        super().__init__(tokens, scores, types, **kw)
+        self.ranks: dict[tuple[str, str], int] = {}
+        for rank, pair in enumerate(merges):
+            self.ranks.setdefault(pair, rank)  # a repeated pair keeps its first rank (llama.cpp)
+
+    def _pair_priority(self, left: str, right: str) -> float | None:
+        return self.ranks.get((left, right))
+
+    def _encode_fragment(self, text: str, out: list[int]) -> None:
+        for run in self._RUNS.findall(text):
+            tid = self.vocab.get(run) if run[0] == "\n" else None
+            if tid is not None:  # llama.cpp emits a newline run that is a token whole, merges or not
+                out.append(tid)
+            else:
+                super()._encode_fragment(run, out)
+
+
 def from_gguf_metadata(meta: dict, source: str) -> SpmTokenizer:
-    """An :class:`SpmTokenizer` from GGUF metadata, with llama.cpp's defaults for absent keys
-    (BOS 1, EOS 2, UNK 0, add BOS, add a space prefix). Every field is type- and size-checked:
-    a corrupt vocabulary is a :class:`CheckpointError` naming the file and the field."""
+    """An :class:`SpmTokenizer` (``tokenizer.ggml.model = "llama"``) or :class:`SpmBpeTokenizer`
+    (``"gemma4"``) from GGUF metadata, with llama.cpp's defaults for absent keys: for ``llama``
+    BOS 1, EOS 2, UNK 0, add BOS, add a space prefix; for ``gemma4`` no default ids, no space
+    prefix, and BOS always added (llama.cpp overrides ``add_bos_token = false``). Every field is
+    type- and size-checked: a corrupt vocabulary is a :class:`CheckpointError` naming the file and
+    the field."""
     from .tokenizer import _gguf_field, _gguf_strings
 
+    bpe = meta.get("tokenizer.ggml.model") == "gemma4"
     tokens = _gguf_strings(meta, "tokenizer.ggml.tokens", source, required=True)
-    if "tokenizer.ggml.scores" not in meta:
+    if "tokenizer.ggml.scores" not in meta and not bpe:
         raise CheckpointError(f"{source}: GGUF metadata field 'tokenizer.ggml.scores' is missing "
                               "(a SentencePiece vocabulary needs its scores)")
-    scores = _gguf_field(meta, "tokenizer.ggml.scores", list, source, [])
+    scores = _gguf_field(meta, "tokenizer.ggml.scores", list, source, [0.0] * len(tokens))
     types = _gguf_field(meta, "tokenizer.ggml.token_type", list, source, [NORMAL] * len(tokens))
     for key, arr, kind in (("tokenizer.ggml.scores", scores, (int, float)), ("tokenizer.ggml.token_type", types, int)):
         if len(arr) != len(tokens):
@@ -225,9 +270,31 @@ def from_gguf_metadata(meta: dict, source: str) -> SpmTokenizer:
     def flag(key: str, default: bool) -> bool:
         return bool(_gguf_field(meta, key, (bool, int), source, default))
 
-    return SpmTokenizer(tokens, scores, types,
-                        add_space_prefix=flag("tokenizer.ggml.add_space_prefix", True),
-                        bos_id=tid("tokenizer.ggml.bos_token_id", 1), eos_id=tid("tokenizer.ggml.eos_token_id", 2),
-                        unk_id=tid("tokenizer.ggml.unknown_token_id", 0),
-                        add_bos=flag("tokenizer.ggml.add_bos_token", True),
-                        add_eos=flag("tokenizer.ggml.add_eos_token", False), source=source)
+    add_eos = flag("tokenizer.ggml.add_eos_token", False)
+    if not bpe:
+        return SpmTokenizer(tokens, scores, types,
+                            add_space_prefix=flag("tokenizer.ggml.add_space_prefix", True),
+                            bos_id=tid("tokenizer.ggml.bos_token_id", 1), eos_id=tid("tokenizer.ggml.eos_token_id", 2),
+                            unk_id=tid("tokenizer.ggml.unknown_token_id", 0),
+                            add_bos=flag("tokenizer.ggml.add_bos_token", True), add_eos=add_eos, source=source)
+    # llama.cpp's BPE path reads add_space_prefix but never adds one (flag() still type-checks it)
+    flag("tokenizer.ggml.add_space_prefix", False)
+    flag("tokenizer.ggml.add_bos_token", True)
+    bos, eos = tid("tokenizer.ggml.bos_token_id", None), tid("tokenizer.ggml.eos_token_id", None)
+    if bos is None:
+        raise CheckpointError(f"{source}: GGUF field 'tokenizer.ggml.bos_token_id' is missing or negative "
+                              "(a gemma4 vocabulary always adds BOS)")
+    if add_eos and eos is None:
+        raise CheckpointError(f"{source}: GGUF field 'tokenizer.ggml.eos_token_id' is missing or negative "
+                              "(tokenizer.ggml.add_eos_token is true)")
+    if "tokenizer.ggml.merges" not in meta:
+        raise CheckpointError(f"{source}: GGUF field 'tokenizer.ggml.merges' is missing (a gemma4 vocabulary needs its merges)")
+    merges = []
+    for m in _gguf_strings(meta, "tokenizer.ggml.merges", source):
+        cut = m.find(" ", 1)  # as llama.cpp: the first space after the first character
+        if cut < 0:
+            raise CheckpointError(f"{source}: GGUF field 'tokenizer.ggml.merges' has an entry without a space: {m!r}")
+        merges.append((m[:cut], m[cut + 1:]))
+    return SpmBpeTokenizer(tokens, scores, types, merges, add_space_prefix=False, bos_id=bos, eos_id=eos,
+                           unk_id=tid("tokenizer.ggml.unknown_token_id", None), add_bos=True, add_eos=add_eos,
+                           source=source)

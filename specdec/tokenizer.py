@@ -3,7 +3,8 @@
 GGUF BPE vocabularies are rebuilt as a ``tokenizers`` BPE model with llama.cpp's pre-tokenizer
 regexes for the file's ``tokenizer.ggml.pre`` type, so ids match llama.cpp's. SentencePiece
 vocabularies (``tokenizer.ggml.model = "llama"``) use :class:`specdec.spm.SpmTokenizer`, which
-follows llama.cpp's SPM tokenizer.
+follows llama.cpp's SPM tokenizer, and Gemma 4's SentencePiece-style BPE (``"gemma4"``) its
+subclass :class:`specdec.spm.SpmBpeTokenizer`, which follows llama.cpp's BPE tokenizer for it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pix
 ADD_BOS_DEFAULT = IGNORE_MERGES
 # end-of-turn token texts llama.cpp recognises when a SentencePiece file names no EOT id
 SPM_EOT_TEXTS = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>", "<EOT>")
+# Gemma 4's end-of-generation tokens besides EOS, by text as llama.cpp finds them: the end of a
+# turn, and the start of a tool's answer (the model stops there for the caller to run the tool)
+GEMMA4_EOG_TEXTS = ("<turn|>", "<|tool_response>")
 # token types in tokenizer.ggml.token_type
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -152,11 +156,11 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, meta: dict, source: str) -> "Tokenizer":
         kind = meta.get("tokenizer.ggml.model")
-        if kind == "llama":
+        if kind in ("llama", "gemma4"):
             return cls._from_gguf_spm(meta, source)
         if kind != "gpt2":
             raise CheckpointError(f"{source}: GGUF tokenizer model '{kind}' is not supported "
-                                  "(supported: gpt2 BPE, llama SentencePiece)")
+                                  "(supported: gpt2 BPE, llama SentencePiece, gemma4 SentencePiece-style BPE)")
         tokens = _gguf_strings(meta, "tokenizer.ggml.tokens", source, required=True)
         types = _gguf_field(meta, "tokenizer.ggml.token_type", list, source, [1] * len(tokens))
         if len(types) != len(tokens):
@@ -202,6 +206,8 @@ class Tokenizer:
             eot = next((spm.vocab[t] for t in SPM_EOT_TEXTS if t in spm.vocab), None)
         if eot is not None and int(eot) not in eos_ids:
             eos_ids.append(int(eot))
+        if meta.get("tokenizer.ggml.model") == "gemma4":
+            eos_ids += [spm.vocab[t] for t in GEMMA4_EOG_TEXTS if t in spm.vocab and spm.vocab[t] not in eos_ids]
         return cls(spm, bos_id=spm.bos_id, eos_ids=eos_ids, add_bos=spm.add_bos,
                    chat_template=meta.get("tokenizer.chat_template"), source=source)
 

@@ -7,7 +7,8 @@ dense and MoE, loaded back by specdec and compared with transformers on the HF c
   Gemma-style SentencePiece vocabulary;
 - ``moe``: routed experts (router scale and per-expert scale as ``ffn_gate_inp.scale`` /
   ``ffn_down_exps.scale``), ``attention_k_eq_v`` full layers with one KV head (per-layer
-  ``head_count_kv``, no ``attn_v``), an untied LM head; written without a vocabulary.
+  ``head_count_kv``, no ``attn_v``), an untied LM head; written without a vocabulary, and again
+  with the ``gemma4`` vocabulary llama.cpp's converter writes for Gemma 4 (SentencePiece-style BPE).
 
 F32 logits agree within 1e-4 relative max error and 16 greedy tokens are transformers'. A file
 less one tensor or one required metadata key is refused in one line naming it.
@@ -22,6 +23,7 @@ import torch
 from _dense_util import hf_greedy, hf_logits, prompt_ids, rel_err, save_hf
 from test_convert_gemma import gemma_tokenizer
 from test_gemma4 import COMMON, F, S, randomise
+from test_tokenizer import gemma4_meta
 from specdec.convert import build_plan, convert
 from specdec.convert.quantize import parse_type
 from specdec.convert.writer import write_plan
@@ -100,6 +102,30 @@ def test_info_reads_the_gguf(files):
     info = describe(files["moe"][2])
     assert info["architecture"] == "gemma4" and info["layers"] == 4 and info["num_experts"] == 8
     assert info["attention_dims"] == {S: "16x2kv", F: "32x1kv"}
+
+
+def test_gemma4_vocabulary_loads(files, tmp_path, capsys):
+    """A Gemma 4 GGUF whose vocabulary is ``tokenizer.ggml.model = "gemma4"``: ``specdec info``
+    describes it and the model loads with a tokenizer that round-trips text."""
+    from specdec.cli import main
+
+    plan = build_plan(files["moe"][0], vocab=False)
+    for key, value in gemma4_meta(COMMON["vocab_size"]).items():
+        if isinstance(value, list):
+            plan.array(key, value)
+        elif isinstance(value, bool):
+            plan.boolean(key, value)
+        elif isinstance(value, int):
+            plan.u32(key, value)
+        else:
+            plan.string(key, value)
+    out = str(tmp_path / "gemma4-vocab.gguf")
+    write_plan(plan, out, parse_type("f32"), progress=lambda total, desc: None)
+    assert main(["info", out, "--json"]) == 0
+    assert '"model": "gemma4"' in capsys.readouterr().out
+    tok = load_model(out, "cpu", "float32").tokenizer
+    assert tok is not None and tok.encode("ab a") == [2, tok.tok.vocab["ab"], tok.tok.vocab["▁a"]]
+    assert tok.decode(tok.encode("abab\n\n\né", add_special=False)) == "abab\n\n\né"
 
 
 def _write_without(path: str, tmp_path, tensor: str | None = None, key: str | None = None) -> str:

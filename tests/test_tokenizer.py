@@ -21,8 +21,10 @@ from specdec.weights.gguf_io import GGUFSource
 VOCAB_DIR = os.environ.get("SPECDEC_LLAMA_VOCAB_DIR", "/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp/models")
 SEP = "\n__ggml_vocab_test__\n"
 # The four the project targets, plus other BPE pre-tokenizers specdec maps (cheap to check),
-# plus the SentencePiece (``llama`` model) vocabularies: Llama 2 (space prefix) and Phi-3.
-VOCABS = ["qwen2", "qwen35", "llama-bpe", "gpt-2", "starcoder", "refact", "mpt", "command-r", "llama-spm", "phi-3"]
+# plus the SentencePiece (``llama`` model) vocabularies: Llama 2 (space prefix) and Phi-3, plus
+# Gemma 4's SentencePiece-style BPE (``gemma4`` model).
+VOCABS = ["qwen2", "qwen35", "llama-bpe", "gpt-2", "starcoder", "refact", "mpt", "command-r", "llama-spm", "phi-3",
+          "gemma-4"]
 
 
 def read_cases(path: str) -> list[tuple[str, list[int]]]:
@@ -143,6 +145,110 @@ def test_spm_space_prefix():
     # a fragment after a special token gets the prefix too
     assert tok.encode("a<turn>a", add_special=False) == [ids["▁a"], ids["<turn>"], ids["▁a"]]
     assert tok.decode(tok.encode("a a", add_special=False)) == "a a"
+
+
+# --- gemma4: SentencePiece-style BPE ---------------------------------------------------------------
+
+def gemma4_meta(n_tokens: int = 0, **meta) -> dict:
+    """A tiny ``gemma4`` vocabulary as GGUF metadata: Gemma 4's special tokens, byte tokens, and
+    pieces whose merge ranks disagree with their scores (scoring them as SentencePiece would gives
+    other ids), padded with unused ``[PADi]`` tokens to ``n_tokens``."""
+    tokens = ([("<pad>", 3), ("<eos>", 3), ("<bos>", 3), ("<unk>", 3), ("<mask>", 3), ("<|turn>", 3), ("<turn|>", 3),
+               ("<|tool_response>", 4)] + [(f"<0x{b:02X}>", 6) for b in range(256)]
+              + [(t, 1) for t in ("▁", "a", "b", "\n", "ab", "ba", "aba", "▁a", "\n\n", "\n\n\n", "a\n")])
+    tokens += [(f"[PAD{i}]", 5) for i in range(len(tokens), n_tokens)]
+    # by score "ba" would merge first and "aba" next; by rank "a b" does
+    score = {"ba": -0.5, "aba": -1.0}
+    m = {"tokenizer.ggml.model": "gemma4", "tokenizer.ggml.tokens": [t for t, _ in tokens],
+         "tokenizer.ggml.scores": [score.get(t, -5.0) for t, _ in tokens],
+         "tokenizer.ggml.token_type": [k for _, k in tokens],
+         "tokenizer.ggml.merges": ["a b", "b a", "ab a", "▁ a", "\n \n", "a \n"],
+         "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1, "tokenizer.ggml.unknown_token_id": 3,
+         "tokenizer.ggml.add_space_prefix": False, "tokenizer.ggml.add_bos_token": True,
+         "tokenizer.chat_template": "{{ bos_token }}{% for m in messages %}<|turn>{{ m.role }}\n{{ m.content }}<turn|>\n"
+                                    "{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}"}
+    m.update(meta)
+    return m
+
+
+def test_gemma4_merges_by_rank_and_keeps_newline_runs():
+    meta = gemma4_meta()
+    tok = Tokenizer.from_gguf(meta, "tiny.gguf")
+    ids = {t: i for i, t in enumerate(meta["tokenizer.ggml.tokens"])}
+
+    def enc(text: str) -> list[str]:
+        return [meta["tokenizer.ggml.tokens"][i] for i in tok.encode(text, add_special=False)]
+
+    assert enc("abab") == ["ab", "ab"]  # rank 0 "a b" twice; scores would give "aba" "b"
+    assert enc("aba") == ["aba"]  # "a b", then "ab a"
+    assert enc("a a") == ["a", "▁a"]  # spaces are "▁", and no space prefix
+    assert enc("\n\n\n") == ["\n\n\n"]  # a newline run that is a token comes out whole ...
+    assert enc("\n\n\n\n") == ["\n\n", "\n\n"]  # ... else it merges like any text
+    assert enc("a\nb") == ["a", "\n", "b"]  # newline runs merge apart: no "a \n" across them
+    assert enc("é") == ["<0xC3>", "<0xA9>"]  # byte fallback
+    assert enc("a<|turn>b<|tool_response>") == ["a", "<|turn>", "b", "<|tool_response>"]
+    assert tok.encode("ab") == [ids["<bos>"], ids["ab"]]
+    for text in ("abab \n\n\n é a<|turn>b", "  a\n\n\n\nb "):
+        assert tok.decode(tok.encode(text, add_special=False)) == text
+    assert tok.decode(tok.encode("a<|turn>b"), skip_special=True) == "ab"
+    assert tok.bos_id == 2 and tok.eos_ids == [1, ids["<turn|>"], ids["<|tool_response>"]]
+    chat = tok.apply_chat_template([{"role": "user", "content": "ab"}])
+    assert chat == "<bos><|turn>user\nab<turn|>\n<|turn>model\n"
+    got = tok.encode(chat)  # the template's own <bos> is not doubled
+    assert got[:2] == [ids["<bos>"], ids["<|turn>"]] and got.count(ids["<bos>"]) == 1 and tok.decode(got) == chat
+    # llama.cpp adds BOS to a gemma4 vocabulary even when the file says not to
+    assert Tokenizer.from_gguf(gemma4_meta(**{"tokenizer.ggml.add_bos_token": False}), "x").encode("a")[0] == 2
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("tokenizer.ggml.merges", None, "'tokenizer.ggml.merges' is missing"),
+    ("tokenizer.ggml.merges", ["a b", "ab"], "'tokenizer.ggml.merges' has an entry without a space: 'ab'"),
+    ("tokenizer.ggml.merges", ["a b", 3], "'tokenizer.ggml.merges' entry #1"),
+    ("tokenizer.ggml.bos_token_id", None, "'tokenizer.ggml.bos_token_id' is missing"),
+    ("tokenizer.ggml.bos_token_id", 999, "'tokenizer.ggml.bos_token_id' = 999 is outside"),
+    ("tokenizer.ggml.token_type", [1], "'tokenizer.ggml.token_type' has 1 entries"),
+])
+def test_corrupt_gemma4_vocabulary_is_named(field, value, match):
+    meta = gemma4_meta()
+    if value is None:
+        del meta[field]
+    else:
+        meta[field] = value
+    with pytest.raises(CheckpointError, match=match) as e:
+        Tokenizer.from_gguf(meta, "x.gguf")
+    assert str(e.value).startswith("x.gguf: ") and "\n" not in str(e.value)
+
+
+def test_gemma4_reference_vocabulary_matches_transformers():
+    """The Gemma 4 vocabulary of llama.cpp's tests: special ids, a chat template from the file, and
+    the same ids as transformers' ``GemmaTokenizer`` (BPE with byte fallback, ``"▁"`` for spaces)
+    built from the file's tokens and merges, on llama.cpp's test strings and on random ones."""
+    import random
+
+    from tokenizers import AddedToken
+    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+
+    path = os.path.join(VOCAB_DIR, "ggml-vocab-gemma-4.gguf")
+    if not os.path.exists(path + ".inp"):
+        pytest.skip(f"{path}(.inp/.out) not found (set SPECDEC_LLAMA_VOCAB_DIR)")
+    meta = GGUFSource(path).metadata
+    tok = Tokenizer.from_gguf(meta, path)
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    assert tok.bos_id == 2 and tok.add_bos and tok.eos_ids == [1, tokens.index("<turn|>"), tokens.index("<|tool_response>")]
+    chat = tok.apply_chat_template([{"role": "user", "content": "Hi there"}])
+    assert chat.startswith("<bos><|turn>user\nHi there<turn|>\n<|turn>model\n"), chat
+    ids = tok.encode(chat)
+    assert ids[:3] == [2, tokens.index("<|turn>"), tokens.index("user")] and ids.count(2) == 1
+
+    hf = GemmaTokenizer(vocab={t: i for i, t in enumerate(tokens)},
+                        merges=[tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]])
+    hf.add_tokens([AddedToken(t, special=k == 3, normalized=False) for t, k in zip(tokens, types) if k in (3, 4)])
+    rng = random.Random(0)
+    alphabet = list("ab \n\t.,é🦙{}()=\r") + ["the", "  ", "\n\n", "<|turn>"]
+    texts = [t for t, _ in read_cases(path)] + ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 30)))
+                                                for _ in range(500)]
+    bad = [t for t in texts if tok.encode(t, add_special=False) != hf(t, add_special_tokens=False)["input_ids"]]
+    assert not bad, f"{len(bad)} of {len(texts)} differ from transformers, e.g. {bad[:3]}"
 
 
 def test_llama_cpp_pre_names_are_mapped():
