@@ -2,8 +2,9 @@
 CPU the very function the graph captures runs eagerly, so these tests check the math the GPU
 replays. A static step equals the eager batched forward row for row (logits, hidden, captured
 features, cache writes, idle slots untouched), and so does the one-slot static prefill step; the
-loop's greedy output equals plain single-sequence decoding with n-gram, spoiled-oracle and real DFlash drafters; and a request's
-logits are bitwise the same served alone or beside three others. Tiny random Llama, fp32."""
+loop's greedy output equals plain single-sequence decoding with n-gram, spoiled-oracle and real
+DFlash drafters; and a request's logits are bitwise the same served alone or beside three others
+(more in test_serve_exact.py). Tiny random Llama, fp32."""
 
 from __future__ import annotations
 

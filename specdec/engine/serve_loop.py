@@ -79,8 +79,9 @@ class EngineLoop:
 
     - each prompt prefills on its own: a prompt of at most ``static_prefill_max`` tokens in chunks
       of ``static_prefill_chunk`` through one static ``[1, static_prefill_chunk]`` step
-      (:class:`~specdec.models.graphed_batch.GraphedPrefill`, a CUDA graph on CUDA: about 3 ms a
-      replay for a small model where an eager forward costs ~60 ms of op dispatch), a longer one
+      (:class:`~specdec.models.graphed_batch.GraphedPrefill`, a CUDA graph on CUDA; not timed yet:
+      the single-sequence engine's 16-row graph took 2-3.7 ms on the H200 where an eager SmolLM2
+      forward cost ~60 ms of op dispatch), a longer one
       (or one whose padded last chunk would not fit the cache) in eager forwards of its own of
       ``prefill_chunk`` tokens: shapes set by the prompt alone, bitwise independent of the
       others too, but not graph-replayed;
