@@ -227,6 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-slots", type=int, default=8, help="requests generated together (default 8)")
     s.add_argument("--no-cuda-graphs", action="store_true", help="run each batched verify step eagerly instead of "
                    "as one CUDA graph over every slot (used on CUDA by default)")
+    s.add_argument("--no-exact-batching", action="store_true", help="let a request's output depend on the requests "
+                   "served beside it, for speed: joining prompts prefill together in one eager forward and steps "
+                   "without drafts run 1 token wide (by default with CUDA graphs each prompt prefills on its own "
+                   "through a static step and every step runs the one wide step, so a greedy reply is bitwise the "
+                   "same served alone or in a batch)")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot at most; beyond, 429 "
                    "(default 64)")
     s.add_argument("--max-context", type=int, default=None, help="positions per slot (default and limit: the "

@@ -1,9 +1,10 @@
 """Static batched verify steps (``EngineLoop(static_steps=True)``, CUDA graphs on CUDA): on the
 CPU the very function the graph captures runs eagerly, so these tests check the math the GPU
 replays. A static step equals the eager batched forward row for row (logits, hidden, captured
-features, cache writes, idle slots untouched); the loop's greedy output equals plain
-single-sequence decoding with n-gram, spoiled-oracle and real DFlash drafters; and a request's
-logits are bitwise the same served alone or beside three others. Tiny random Llama, fp32."""
+features, cache writes, idle slots untouched), and so does the one-slot static prefill step; the
+loop's greedy output equals plain single-sequence decoding with n-gram, spoiled-oracle and real
+DFlash drafters; and a request's logits are bitwise the same served alone or beside three others
+(more in test_serve_exact.py). Tiny random Llama, fp32."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from specdec.engine.batch import forward_ragged, generate_batch
 from specdec.engine.serve_loop import EngineLoop, GenRequest
 from specdec.loading import load_model
 from specdec.models.base import ForwardOut
-from specdec.models.graphed_batch import GraphedBatch
+from specdec.models.graphed_batch import GraphedBatch, GraphedPrefill
 from specdec.train.dflash_batch import new_dflash_config, new_dflash_model, save_dflash_dir
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -70,6 +71,33 @@ def test_static_step_equals_eager_forward_batch(setup):
         assert torch.equal(a.k[2, :, :7], b.k[2, :, :7]) and torch.equal(a.v[2, :, :7], b.v[2, :, :7])
 
 
+def test_static_prefill_equals_eager_forward(setup):
+    """A 13-token prompt in chunks of 5 (the last one padded) into slot 2 of 4: the same last
+    logits, hidden rows, captured rows and KV as one eager forward of the whole prompt; the
+    other slots' committed positions untouched."""
+    model = setup[0].model
+    cache, ref = (model.new_batch_cache(4, 30, spare=4) for _ in range(2))
+    prompt = torch.randint(0, VOCAB, (13,), generator=torch.Generator().manual_seed(2))
+    want = forward_ragged(model, ref, [prompt], [0], [2], (0, 2))
+    for a in cache.layers:
+        a.k.fill_(7.0)
+    step, outs = GraphedPrefill(model, cache, 5, (0, 2)), []
+    for i in range(0, 13, 5):
+        outs.append(step(prompt[i: i + 5], 2, i))
+    hidden = torch.cat([o.hidden[0, : min(5, 13 - i)] for o, i in zip(outs, range(0, 13, 5))])
+    captured = torch.cat([o.captured[0, : min(5, 13 - i)] for o, i in zip(outs, range(0, 13, 5))])
+    close = dict(atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs[-1].logits, want.logits, **close)
+    torch.testing.assert_close(hidden, want.hidden[0], **close)
+    torch.testing.assert_close(captured, want.captured[0], **close)
+    for a, b in zip(cache.layers, ref.layers):
+        torch.testing.assert_close(a.k[2, :, :13], b.k[2, :, :13], **close)
+        torch.testing.assert_close(a.v[2, :, :13], b.v[2, :, :13], **close)
+        assert bool((a.k[[0, 1, 3]] == 7.0).all())
+    with pytest.raises(RuntimeError, match="does not fit"):
+        step(prompt[:3], 2, 30)
+
+
 @pytest.mark.parametrize("kind", ["ngram", "oracle-dflash"])
 def test_static_greedy_equals_plain(setup, kind):
     """Concurrent requests, slots refilled, prompts prefilled in chunks while others decode,
@@ -92,8 +120,20 @@ def test_static_greedy_equals_plain(setup, kind):
         assert toks == _reference(model, r), f"prompt {r.prompt_ids}"
     m = engine.metrics()
     assert 0 < m["accepted_total"] < m["drafted_total"], m
-    # the controller tried k = 0 too: those steps ran the 1-wide static step, the others kmax + 1
-    assert sorted(engine._static) == [1, 4] and m["k_chosen"].get(0, 0) > 0, m
+    # the controller tried k = 0 too: exact (the default), those steps still ran the kmax + 1 wide step
+    assert sorted(engine._static) == [4] and m["k_chosen"].get(0, 0) > 0, m
+
+
+def test_inexact_k0_runs_the_narrow_step(setup):
+    """exact=False: steps without drafts run the 1-wide static step, prompts prefill together
+    (eagerly), and the output still equals plain greedy decoding."""
+    loaded = setup[0]
+    reqs = _requests(8, seed=2, repetitive=True)
+    engine = EngineLoop(loaded, "ngram", max_slots=4, num_draft_tokens=3, static_steps=True, exact=False)
+    engine.controller.choose = lambda alphas: 0 if len(alphas) > 1 else 3
+    for r, toks in zip(reqs, engine.run(reqs)):
+        assert toks == _reference(loaded.model, r)
+    assert sorted(engine._static) == [1, 4] and engine._prefill_step is None
 
 
 def test_static_real_dflash_matches_single_sequence(setup):
@@ -151,10 +191,8 @@ def test_static_rows_bitwise_alone_or_shared(setup):
     (alone, rows_a), (shared, rows_s) = runs
     assert alone == shared == _reference(loaded.model, mine)
     assert len(rows_a) == len(rows_s) > 3
-    # The prompt rows come from the eager prefill (not static yet): there the first token's logits
-    # go through the head as one [b, H] GEMM, whose bits depend on b. Every verify step is bitwise.
-    torch.testing.assert_close(rows_a[0][0], rows_s[0][0], atol=1e-6, rtol=1e-6)
-    for j, ((la, ha), (ls, hs)) in enumerate(zip(rows_a[1:], rows_s[1:])):
+    # the prompt rows come from the static prefill (exact, the default): bitwise too
+    for j, ((la, ha), (ls, hs)) in enumerate(zip(rows_a, rows_s)):
         assert torch.equal(la, ls) and torch.equal(ha, hs), f"verify step {j}"
 
 

@@ -361,7 +361,8 @@ def test_closed_stream_cancels_the_request(live):
 
 # --- the command line ---------------------------------------------------------------------------
 
-def test_cli_serve_builds_engine_and_runs_uvicorn(monkeypatch, tmp_path):
+@pytest.mark.parametrize("flags", [[], ["--no-exact-batching"]])
+def test_cli_serve_builds_engine_and_runs_uvicorn(monkeypatch, tmp_path, flags):
     import sys
     import types
 
@@ -383,10 +384,11 @@ def test_cli_serve_builds_engine_and_runs_uvicorn(monkeypatch, tmp_path):
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: ran.update(kw, app=app))
     model = tmp_path / "tiny.gguf"
     rc = cli.main(["serve", "--model", str(model), "--draft", "ngram", "--max-slots", "3", "--max-queue", "5",
-                   "--port", "0", "--api-key", "k", "--max-context", "64"])
+                   "--port", "0", "--api-key", "k", "--max-context", "64"] + flags)
     assert rc == 0
     assert built == {"loaded": loaded, "draft": "ngram", "max_slots": 3, "max_queue": 5, "num_draft_tokens": 4,
-                     "block_size": None, "max_context": 64, "static_steps": None}
+                     "block_size": None, "max_context": 64, "static_steps": None,
+                     "exact": False if flags else None}
     assert ran["host"] == "127.0.0.1" and ran["port"] == 0
     client = TestClient(ran["app"])
     assert client.get("/v1/models").status_code == 401

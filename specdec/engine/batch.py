@@ -23,7 +23,10 @@ def generate_batch(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_to
     (plain decoding, ``slots`` sequences at a time); greedy when ``temperature`` is 0, else prompt
     ``i`` is sampled with seed ``seed + i``. A reply ends with (and keeps) the first stop token.
     Returns the replies in prompt order; ``on_done(index, reply)`` is called as each finishes.
-    ``static_steps``: see :class:`~specdec.engine.serve_loop.EngineLoop` (default: on CUDA)."""
+    ``static_steps``: see :class:`~specdec.engine.serve_loop.EngineLoop` (default: on CUDA). Not
+    ``exact``: a batch job prefills the prompts joining together in one forward (up to an eighth
+    of ``slots`` prompts in one forward instead of one static step per 32 tokens of each), so a
+    reply's bits may depend on which prompts it was batched with."""
     from ..sampling import SamplingParams
     from .requests import GenRequest
     from .serve_loop import EngineLoop
@@ -35,7 +38,8 @@ def generate_batch(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_to
                        tuple(stop_ids)) for i, p in enumerate(prompts)]
     context = max(len(p) for p in prompts) + max_new_tokens
     loop = EngineLoop(model, "none", max_slots=max(1, min(slots, len(prompts))), max_queue=0,
-                      max_context=min(context, model.max_context), controller=False, static_steps=static_steps)
+                      max_context=min(context, model.max_context), controller=False, static_steps=static_steps,
+                      exact=False)
     return loop.run(reqs, on_done)
 
 

@@ -6,10 +6,11 @@ drafter instance (``spawn()`` of one loaded drafter: shared weights, per-slot ca
 sampling generator and its statistics. The thread repeats, at step boundaries:
 
 1. cancelled requests free their slots; waiting requests take the free slots; every prompt not
-   yet prefilled advances by one chunk of ``prefill_chunk`` positions (all in one right-padded
-   forward, so a long prompt delays the running requests by one chunk per step, not by its whole
-   prefill); a prompt that is complete samples its first token from its last logits and its
-   drafter ``begin``\\ s with the prompt's rows;
+   yet prefilled advances by up to ``prefill_chunk`` positions (so a long prompt delays the
+   running requests by one chunk per step, not by its whole prefill): with ``exact``, each prompt
+   on its own (static ``[1, static_prefill_chunk]`` steps, or one eager forward of its own),
+   otherwise all in one right-padded forward; a prompt that is complete samples its first token
+   from its last logits and its drafter ``begin``\\ s with the prompt's rows;
 2. one step over every slot past its prefill: each drafter proposes ``k`` tokens (``k`` from the cost
    controller, the same for the whole step; a seeded sampled request always drafts the maximum,
    so its random stream, hence its tokens, do not depend on timing), ONE batched target forward
@@ -39,7 +40,7 @@ import torch
 from ..drafters.factory import make_drafter, resolve_spec
 from ..errors import ConfigError, ContextOverflowError, EngineStoppedError, QueueFullError, RequestError
 from ..models.base import CausalLM, ForwardOut
-from ..models.graphed_batch import GraphedBatch
+from ..models.graphed_batch import GraphedBatch, GraphedPrefill
 from ..sampling import SamplingParams, make_generator, probs_from_logits
 from .acceptance import accept_greedy_rows, accept_sampled
 from .batch import forward_ragged
@@ -71,21 +72,40 @@ class EngineLoop:
     drafts the maximum. ``static_steps`` (default: on CUDA): every verify step runs as one static
     step of ``[max_slots, kmax + 1]`` tokens, replayed as a CUDA graph on CUDA
     (:class:`~specdec.models.graphed_batch.GraphedBatch`): no per-step op dispatch, and a row's
-    verify logits are bitwise independent of the other rows (the prefill is still eager). With the
-    controller, a step without drafts (``k = 0``) runs a second, 1-wide static step instead, so
-    that falling back costs what plain decoding costs; a row's bits then depend on the width.
+    verify logits are bitwise independent of the other rows.
+
+    ``exact`` (default: ``static_steps``; needs them): a request's bits, hence its greedy tokens,
+    are the same served alone or beside any other requests (issue 11). Two things make it so:
+
+    - each prompt prefills on its own: a prompt of at most ``static_prefill_max`` tokens in chunks
+      of ``static_prefill_chunk`` through one static ``[1, static_prefill_chunk]`` step
+      (:class:`~specdec.models.graphed_batch.GraphedPrefill`, a CUDA graph on CUDA; not timed yet:
+      the single-sequence engine's 16-row graph took 2-3.7 ms on the H200 where an eager SmolLM2
+      forward cost ~60 ms of op dispatch), a longer one
+      (or one whose padded last chunk would not fit the cache) in eager forwards of its own of
+      ``prefill_chunk`` tokens: shapes set by the prompt alone, bitwise independent of the
+      others too, but not graph-replayed;
+    - with the controller, a step without drafts (``k = 0``) still runs the wide step (drafting is
+      skipped, which saves the drafter's cost, not the target's).
+
+    With ``exact=False`` the joining prompts prefill together in one right-padded eager forward
+    (a prompt's bits then depend on which prompts join with it), and a step without drafts runs a
+    second, 1-wide static step, which costs what plain decoding costs (a row's bits then depend on
+    the width the controller chose, so on the load).
 
     Errors for the HTTP layer: ``submit`` raises :class:`RequestError` (400),
     :class:`QueueFullError` (429) and :class:`EngineStoppedError` (503); failures while serving
     arrive as ``error`` events. Requests are served in arrival order.
     """
 
-    prefill_chunk = 512  # prompt positions per prefill forward
+    prefill_chunk = 512  # prompt positions per prefill forward (per boundary with exact)
+    static_prefill_chunk = 32  # rows of the exact prefill's static step
+    static_prefill_max = 512  # longer prompts prefill in eager forwards of their own (see the class docstring)
     step_history = 256  # step times kept for metrics()
 
     def __init__(self, loaded, draft=None, *, max_slots: int = 8, max_queue: int = 64, num_draft_tokens: int = 4,
                  block_size: int | None = None, max_context: int | None = None, controller: bool = True,
-                 static_steps: bool | None = None):
+                 static_steps: bool | None = None, exact: bool | None = None):
         model: CausalLM = getattr(loaded, "model", loaded)
         if not model.batched:
             arch = getattr(getattr(loaded, "arch", None), "name", None) or model.config.model_type
@@ -117,6 +137,15 @@ class EngineLoop:
         # every verify step as one fixed-shape step over all slots (a CUDA graph on CUDA): see graphed_batch.py
         self.static_steps = static_steps
         self._static: dict[int, GraphedBatch] = {}  # step width -> its static step (built at first use)
+        if exact is None:
+            exact = static_steps
+        elif type(exact) is not bool:
+            raise ConfigError(f"exact must be True, False or None, got {exact!r}")
+        elif exact and not static_steps:
+            raise ConfigError("exact=True needs static_steps (fixed-shape verify steps); pass static_steps=True")
+        # a request's bits independent of the other requests: prompts prefill alone, k = 0 keeps the wide step
+        self.exact = exact
+        self._prefill_step: GraphedPrefill | None = None  # built at first use
 
         self._cv = threading.Condition()
         self._queue: collections.deque[tuple[GenRequest, RequestHandle, float]] = collections.deque()
@@ -197,7 +226,7 @@ class EngineLoop:
         """Serve ``reqs`` to the end on the calling thread (no server thread) and return each one's
         committed token ids, in order: batch jobs such as self-distillation run the very loop that
         serves. Requests join as slots free up, in groups of at least an eighth of the slots (their
-        prompts prefilled together), so the batch stays full. ``on_done(i, ids)`` as each finishes.
+        prompts prefilled together unless ``exact``), so the batch stays full. ``on_done(i, ids)`` as each finishes.
         A request that fails raises :class:`RequestError` naming it (after the others finish)."""
         if self._thread is not None:
             raise RuntimeError("EngineLoop.run() while the engine thread serves: use submit()")
@@ -260,7 +289,7 @@ class EngineLoop:
             m = dict(self._n)
             m.update(queue_depth=len(self._queue), slots_in_use=sum(s is not None for s in self._slots),
                      max_slots=self.max_slots, max_queue=self.max_queue, context=self.context, draft=self.draft_name,
-                     max_draft_tokens=self.kmax, controller=self.controller is not None,
+                     max_draft_tokens=self.kmax, controller=self.controller is not None, exact=self.exact,
                      running=self._thread is not None and not self._stopped,
                      step_seconds=list(self._step_s), k_chosen=dict(self._k_hist))
         m["acceptance_rate"] = m["accepted_total"] / m["drafted_total"] if m["drafted_total"] else 0.0
@@ -322,11 +351,16 @@ class EngineLoop:
             self._count("prompt_tokens_total", len(req.prompt_ids))
 
     def _prefill(self) -> None:
-        """One chunk of every prompt still being prefilled, in one forward (see below for the exception)."""
+        """One chunk of every prompt still being prefilled: each alone with ``exact``, else in one
+        forward (see below for the exception)."""
         todo = [s for s in range(self.max_slots) if self._slots[s] is not None and not self._slots[s].out]
         if not todo:
             return
         chunk = self.prefill_chunk
+        if self.exact:
+            for s in todo:
+                self._prefill_alone(s)
+            return
         width = max(min(chunk, self._slots[s].prompt.numel() - self._slots[s].length) for s in todo)
         # a row is padded to the widest chunk; one whose padding would run past its cache rows
         # (a prompt ending near the context limit) runs alone, unpadded
@@ -335,8 +369,29 @@ class EngineLoop:
             if group:
                 self._prefill_rows(group, chunk)
 
+    def _prefill_alone(self, s: int) -> None:
+        """Advance slot ``s``'s prompt by up to ``prefill_chunk`` positions in forwards whose shapes
+        depend on this prompt only: static ``[1, static_prefill_chunk]`` steps for a short prompt,
+        else one eager forward of the prompt's next ``prefill_chunk`` tokens."""
+        slot, c = self._slots[s], self.static_prefill_chunk
+        n = slot.prompt.numel()
+        if n > self.static_prefill_max or -(-n // c) * c > self.cache.max_len:
+            self._prefill_rows([s], self.prefill_chunk)
+            return
+        if self._prefill_step is None:
+            self._prefill_step = GraphedPrefill(self.model, self.cache, c, self.capture)
+        for _ in range(max(1, self.prefill_chunk // c)):
+            seg = slot.prompt[slot.length: slot.length + c]
+            try:
+                out = self._prefill_step(seg, s, slot.length)
+            except Exception as e:  # noqa: BLE001 - this request fails, the others go on
+                self._fail(s, e)
+                return
+            if self._prefilled(s, 0, seg.numel(), out):
+                return
+
     def _prefill_rows(self, group: list[int], chunk: int) -> None:
-        dev, slots = self.model.device, [self._slots[s] for s in group]
+        slots = [self._slots[s] for s in group]
         segs = [sl.prompt[sl.length: sl.length + chunk] for sl in slots]
         try:
             out = forward_ragged(self.model, self.cache, segs, [sl.length for sl in slots], group, self.capture)
@@ -344,31 +399,38 @@ class EngineLoop:
             for s in group:
                 self._fail(s, e)
             return
+        for r, s in enumerate(group):
+            self._prefilled(s, r, segs[r].numel(), out)
+
+    def _prefilled(self, s: int, r: int, m: int, out: ForwardOut) -> bool:
+        """Slot ``s`` ran ``m`` prompt positions as row ``r`` of ``out`` (logits: its last one's).
+        At the prompt's end, its first token and its drafter's ``begin``. True when the prompt is
+        done (or the request failed)."""
+        slot, dev = self._slots[s], self.model.device
         keep = self._spawn is not None  # only a drafter reads the prompt rows
-        for r, (s, slot) in enumerate(zip(group, slots)):
-            m = segs[r].numel()
+        if keep:
+            slot.rows_h.append(out.hidden[r, :m])
+            if out.captured is not None:
+                slot.rows_c.append(out.captured[r, :m])
+        slot.length += m
+        if slot.length < slot.prompt.numel():
+            return False
+        try:
+            p = slot.req.params
+            slot.gen = None if p.greedy else make_generator(p.seed, dev)
+            first = _sample_one(out.logits[r], p, slot.gen)
             if keep:
-                slot.rows_h.append(out.hidden[r, :m])
-                if out.captured is not None:
-                    slot.rows_c.append(out.captured[r, :m])
-            slot.length += m
-            if slot.length < slot.prompt.numel():
-                continue
-            try:
-                p = slot.req.params
-                slot.gen = None if p.greedy else make_generator(p.seed, dev)
-                first = _sample_one(out.logits[r], p, slot.gen)
-                if keep:
-                    rows = ForwardOut(out.logits[r: r + 1], torch.cat(slot.rows_h),
-                                      torch.cat(slot.rows_c) if slot.rows_c else None)
-                    slot.drafter = self._spawn()
-                    slot.drafter.begin(slot.prompt.to(dev), rows)
-            except Exception as e:  # noqa: BLE001 - this request fails alone
-                self._fail(s, e)
-                continue
-            slot.rows_h, slot.rows_c = [], []
-            slot.ttft_s = time.perf_counter() - slot.t_submit
-            self._commit(s, [first])
+                rows = ForwardOut(out.logits[r: r + 1], torch.cat(slot.rows_h),
+                                  torch.cat(slot.rows_c) if slot.rows_c else None)
+                slot.drafter = self._spawn()
+                slot.drafter.begin(slot.prompt.to(dev), rows)
+        except Exception as e:  # noqa: BLE001 - this request fails alone
+            self._fail(s, e)
+            return True
+        slot.rows_h, slot.rows_c = [], []
+        slot.ttft_s = time.perf_counter() - slot.t_submit
+        self._commit(s, [first])
+        return True
 
     def _step(self) -> None:
         """One verify step over every active slot (see the module docstring)."""
@@ -399,12 +461,13 @@ class EngineLoop:
             return
         n_drafts = [r.drafts.numel() for r in rows]
         # static steps: every row padded to kmax + 1 (one shape: a row's bits never depend on the
-        # other rows); with the controller, width 1 when nothing is drafted (a second graph: k = 0
-        # then costs a plain step, so the controller can fall back, at the price of a row's bits
-        # depending on the width the step ran, as the controller's k already does without static steps)
+        # other rows); without exact and with the controller, width 1 when nothing is drafted (a
+        # second graph: k = 0 then costs a plain step, so the controller can fall back, at the price
+        # of a row's bits depending on the width the step ran, as the controller's k already does
+        # without static steps)
         if not self.static_steps:
             width = 1 + max(n_drafts)
-        elif self.controller is not None and not any(n_drafts):
+        elif self.controller is not None and not any(n_drafts) and not self.exact:
             width = 1
         else:
             width = 1 + self.kmax

@@ -16,6 +16,10 @@ a request's output equals the same request served alone.
 
 Rows are slots, in order, so each layer's cache is read as a view (``slots=range(S)``): a tensor
 of slot indices would gather (copy) every layer's whole KV cache on each step.
+
+:class:`GraphedPrefill` is the prefill's static step: ONE prompt chunk of at most ``C`` tokens
+into one slot, ``[1, C]`` (right-padded with token 0), whatever else the loop serves, so a
+prompt's KV cache, hidden rows and first token have the same bits served alone or beside others.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from ..cache import BatchCache
+from ..cache import BatchCache, BatchLinearCache
 from .base import CausalLM, ForwardOut
 from .graphs import capture as capture_graph
 
@@ -83,3 +87,63 @@ class GraphedBatch:
         self.graph.replay()
         o = self.out
         return ForwardOut(o.logits, o.hidden.clone(), None if o.captured is None else o.captured.clone())
+
+
+class GraphedPrefill:
+    """Prefills one slot's prompt chunk by chunk as a static step of ``[1, width]`` tokens.
+
+    The step reads the whole cache of its slot (the slot index, start position and real length are
+    static device tensors) and commits linear-attention states after the chunk's real positions
+    (the prefill form of :meth:`~specdec.models.base.CausalLM.forward_batch`). Its inputs are the
+    chunk, zero padding and the slot's own cache, so its bits never depend on other slots. The
+    cache needs ``width`` positions from the chunk's start (the padding writes past the chunk's
+    end, where nobody reads). ``use_graphs`` as in :class:`GraphedBatch`.
+    """
+
+    def __init__(self, model: CausalLM, cache: BatchCache, width: int, capture: Sequence[int] = (),
+                 use_graphs: bool | None = None):
+        model.check_batched()
+        self.use_graphs = model.device.type == "cuda" if use_graphs is None else use_graphs
+        if self.use_graphs and model.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        self.model, self.cache, self.width, self.capture = model, cache, width, tuple(capture)
+        dev = model.device
+        self.ids = torch.zeros(1, width, dtype=torch.int64, device=dev)
+        self.start, self.slot, self.n = (torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(3))
+        self.graph = None
+        self.out: ForwardOut | None = None
+
+    def _run(self) -> ForwardOut:
+        c = self.cache
+        return self.model.forward_batch(self.ids, c, self.start, slots=self.slot, span=c.max_len,
+                                        capture=self.capture, last=self.n - 1, commit=self.n)
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, slot: int, start: int) -> ForwardOut:
+        """Run the prompt chunk ``ids [m]`` (``0 < m <= width``) at positions ``start ..`` of
+        ``slot``. Returns copies of the logits ``[1, V]`` of its last position, hidden
+        ``[1, width, H]`` and captured ``[1, width, n*H]`` (rows past ``m``: padding)."""
+        m = ids.numel()
+        if not 0 < m <= self.width:
+            raise ValueError(f"static prefill step takes 1..{self.width} tokens, got {m}")
+        if start + self.width > self.cache.max_len:
+            raise RuntimeError(f"static prefill step at position {start} does not fit the cache of "
+                               f"{self.cache.max_len} positions")
+        self.ids.copy_(torch.nn.functional.pad(ids.reshape(1, m).to(self.ids.device), (0, self.width - m)))
+        self.start.fill_(start)
+        self.slot.fill_(slot)
+        self.n.fill_(m)
+        if not self.use_graphs:
+            return self._run()
+        if self.graph is None:
+            # the warm-ups and the capture run this step too: KV writes repeat, but a linear-attention
+            # layer would read the state its previous run committed, so the slot's states are restored
+            linear = [c for c in self.cache.layers if isinstance(c, BatchLinearCache)]
+            saved = [(c.conv[slot].clone(), c.state[slot].clone()) for c in linear]
+            self.graph, self.out = capture_graph(self._run, self.ids.device)
+            for c, (conv, state) in zip(linear, saved):
+                c.conv[slot].copy_(conv)
+                c.state[slot].copy_(state)
+        self.graph.replay()
+        o = self.out
+        return ForwardOut(o.logits.clone(), o.hidden.clone(), None if o.captured is None else o.captured.clone())

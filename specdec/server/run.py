@@ -53,7 +53,8 @@ def serve(args) -> int:
     loaded = load_model(path, args.device, args.dtype)
     engine = EngineLoop(loaded, args.draft, max_slots=args.max_slots, max_queue=args.max_queue,
                         num_draft_tokens=args.num_draft_tokens, block_size=args.block_size,
-                        max_context=args.max_context, static_steps=False if args.no_cuda_graphs else None)
+                        max_context=args.max_context, static_steps=False if args.no_cuda_graphs else None,
+                        exact=False if args.no_exact_batching else None)
     name = args.served_model_name or os.path.basename(os.path.normpath(path))
     app = create_app(engine, loaded.tokenizer, name, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                      max_tokens_limit=args.max_tokens)
