@@ -138,3 +138,26 @@ def compiled_generate_on_rank(shard, path: str, drafts: list[str], prompts: list
         step = llm.engine._graphed.steps[16].run
         out[spec + " compiled"] = hasattr(step, "__wrapped__")  # maybe_compile's wrapper
     return out
+
+
+def serve_after_idle_on_rank(shard, path: str, prompt: list[int], idle_s: float):
+    """The serving loop under tensor parallelism left idle for ``idle_s`` (longer than the collective
+    timeout the test gives the ranks), then serving one greedy n-gram request: rank 0 starts the loop
+    and returns the request's token ids, the other ranks follow it (and return None)."""
+    import time
+
+    from specdec.engine.serve_loop import EngineLoop, GenRequest
+    from specdec.loading import load_model
+    from specdec.sampling import SamplingParams
+
+    engine = EngineLoop(load_model(path, shard.device, tokenizer=False, shard=shard), "ngram", max_slots=2)
+    engine.heartbeat_s = 0.5
+    if shard.rank:
+        engine.follow()
+        return None
+    engine.start()
+    time.sleep(idle_s)
+    handle = engine.submit(GenRequest(prompt, 8, SamplingParams()))
+    toks = [t for ev in handle.events(timeout=60) if ev.kind == "tokens" for t in ev.token_ids]
+    engine.stop()
+    return toks

@@ -112,6 +112,7 @@ class EngineLoop:
 
     prefill_chunk = 512  # prompt positions per prefill forward
     step_history = 256  # step times kept for metrics()
+    heartbeat_s = HEARTBEAT_S  # tensor parallelism: an idle rank 0 sends an empty boundary this often
 
     def __init__(self, loaded, draft=None, *, max_slots: int = 8, max_queue: int = 64, num_draft_tokens: int = 4,
                  block_size: int | None = None, max_context: int | None = None, controller: bool = True,
@@ -328,9 +329,9 @@ class EngineLoop:
 
     # --- the engine thread ---------------------------------------------------------------
     def _run(self) -> None:
-        # idle under tensor parallelism: an empty boundary every HEARTBEAT_S keeps the followers'
+        # idle under tensor parallelism: an empty boundary every heartbeat_s keeps the followers'
         # wait in the broadcast from timing out (and costs one small broadcast, no spinning)
-        idle_s = None if self._sync is None else HEARTBEAT_S
+        idle_s = None if self._sync is None else self.heartbeat_s
         with torch.inference_mode():
             while True:
                 with self._cv:

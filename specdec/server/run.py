@@ -62,7 +62,6 @@ def _serve(shard, args) -> int:
     from ..api import default_model_path
     from ..engine.serve_loop import EngineLoop
     from ..loading import load_model
-    from ..parallel.launch import ParallelError
     from .app import create_app
 
     path = args.model or default_model_path()
@@ -87,8 +86,8 @@ def _serve(shard, args) -> int:
         server.run()
     finally:
         engine.stop()
-    if shard is not None and engine.error is not None:
-        raise ParallelError(f"the serving loop stopped: {type(engine.error).__name__}: {engine.error}")
+    if shard is not None and engine.error is not None:  # not a user's error: a rank that died tells more
+        raise RuntimeError(f"the serving loop stopped: {type(engine.error).__name__}: {engine.error}")
     return 0
 
 
