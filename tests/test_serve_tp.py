@@ -190,11 +190,14 @@ def test_follower_dying_ends_the_server_with_one_error(tiny):
         two.kill()
 
 
-def test_idle_longer_than_the_collective_timeout(tiny):
+def test_idle_longer_than_the_collective_timeout_and_rank_0_chooses_k(tiny):
     """Rank 0's heartbeat (an empty boundary every 0.5 s here) keeps the followers' broadcast from
-    timing out (2 s here) while no request comes for 4 s; then the loop serves what one process does."""
+    timing out (4 s here: well above the ranks' start-up skew) while no request comes for 6 s; then
+    the loop serves what one process does."""
     from specdec import LLM
 
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]
-    got = run_parallel(serve_after_idle_on_rank, 2, tiny, prompt, 4.0, timeout_s=2.0, deadline_s=120.0)
+    got, ks, follower_ks = run_parallel(serve_after_idle_on_rank, 2, tiny, prompt, 6.0, timeout_s=4.0,
+                                        deadline_s=120.0)
     assert got == LLM(tiny, device="cpu").generate(prompt, 8).token_ids
+    assert len(ks) > 1 and follower_ks == ks  # k changed from step to step, on both ranks alike
