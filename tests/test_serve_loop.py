@@ -440,15 +440,12 @@ def test_prompt_chunks_interleave_with_decode_steps(setup):
     c = GenRequest([7, 8, 9], 30, GREEDY)  # decodes all along
     handles = [engine.submit(c), engine.submit(a)]
     with torch.inference_mode():
-        engine._boundary()
-        engine._step()
+        engine._step(engine._boundary().k)
         assert engine._slots[1].length == 24 and len(engine._slots[0].out) == 2  # a: one chunk; c: decoding
-        engine._boundary()
-        engine._step()
+        engine._step(engine._boundary().k)
         handles.append(engine.submit(b))
         for _ in range(40):
-            engine._boundary()
-            engine._step()
+            engine._step(engine._boundary().k)
     for h, r in zip(handles, (c, a, b)):
         toks, done = _collect(h, 1)
         assert done.kind == "done", done.message

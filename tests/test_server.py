@@ -380,8 +380,9 @@ def test_cli_serve_builds_engine_and_runs_uvicorn(monkeypatch, tmp_path, flags):
 
     loaded = types.SimpleNamespace(tokenizer=TOK)
     monkeypatch.setitem(sys.modules, "specdec.engine.serve_loop", types.SimpleNamespace(EngineLoop=Loop))
-    monkeypatch.setattr("specdec.loading.load_model", lambda path, device, dtype: loaded)
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: ran.update(kw, app=app))
+    monkeypatch.setattr("specdec.loading.load_model", lambda path, device, dtype, shard: loaded)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: ran.update(host=self.config.host, port=self.config.port,
+                                                                       app=self.config.app))
     model = tmp_path / "tiny.gguf"
     rc = cli.main(["serve", "--model", str(model), "--draft", "ngram", "--max-slots", "3", "--max-queue", "5",
                    "--port", "0", "--api-key", "k", "--max-context", "64"] + flags)

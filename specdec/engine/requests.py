@@ -101,6 +101,7 @@ class Slot:
     t_submit: float = 0.0  # perf_counter() at submit
     queued_s: float = 0.0  # submit -> slot taken
     ttft_s: float = 0.0  # submit -> first token (queue + prefill)
+    seed: int | None = None  # the sampling generator's seed (drawn at admission when the request has none)
 
     def stats(self) -> dict:
         """The ``stats`` of the request's ``done`` event."""

@@ -24,6 +24,14 @@ sampling generator and its statistics. The thread repeats, at step boundaries:
 Batch 1 is this loop with one active slot. A failure inside one request (its drafter raises)
 ends that request with an ``error`` event; a failing batched forward ends the requests of that
 step; the loop keeps serving the others.
+
+Under tensor parallelism (a target loaded with a ``shard`` of two or more ranks) every rank runs
+this loop: rank 0 :meth:`~EngineLoop.start`\\ s it and takes the requests, the other ranks
+:meth:`~EngineLoop.follow` it. At each step boundary rank 0 decides alone (cancellations, joining
+requests with their generator seeds, the step's ``k``) and hands the decision, a
+:class:`Boundary`, to the followers (:mod:`specdec.parallel.boundary`), which apply it instead of
+deciding: from there on every rank runs the same forwards on the same inputs. A failing forward
+then ends the loop on every rank (the ranks might no longer agree), not just its requests.
 """
 
 from __future__ import annotations
@@ -41,15 +49,37 @@ from ..drafters.factory import make_drafter, resolve_spec
 from ..errors import ConfigError, ContextOverflowError, EngineStoppedError, QueueFullError, RequestError
 from ..models.base import CausalLM, ForwardOut
 from ..models.graphed_batch import GraphedBatch, GraphedPrefill
+from ..parallel.boundary import HEARTBEAT_S, BoundaryChannel
 from ..sampling import SamplingParams, make_generator, probs_from_logits
 from .acceptance import accept_greedy_rows, accept_sampled
 from .batch import forward_ragged
 from .controller import DraftController
 from .requests import Event, GenRequest, RequestHandle, Slot
 
-__all__ = ["EngineLoop", "Event", "GenRequest", "RequestHandle"]
+__all__ = ["Boundary", "EngineLoop", "Event", "GenRequest", "RequestHandle"]
 
 ALPHA_EMA = 0.3  # weight of the newest step in a slot's acceptance rate
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """What the loop decided at one step boundary; under tensor parallelism rank 0 hands it to
+    the other ranks, which apply it instead of deciding (only changes travel)."""
+
+    cancel: tuple[int, ...] = ()  # slots whose requests were cancelled
+    join: tuple[tuple[int, GenRequest, int | None], ...] = ()  # (slot, request, sampling generator seed)
+    k: int = 0  # drafts in the coming step (before the per-slot caps)
+    stop: bool = False  # the loop ends (followers return from follow())
+
+
+class _Mirror(RequestHandle):
+    """A follower's stand-in for a client: rank 0 sends the real events, these are dropped."""
+
+    def __init__(self):
+        super().__init__("follower")
+
+    def _send(self, ev: Event) -> None:
+        self.finished = self.finished or ev.kind in ("done", "error")
 
 
 @dataclass
@@ -102,6 +132,7 @@ class EngineLoop:
     static_prefill_chunk = 32  # rows of the exact prefill's static step
     static_prefill_max = 512  # longer prompts prefill in eager forwards of their own (see the class docstring)
     step_history = 256  # step times kept for metrics()
+    heartbeat_s = HEARTBEAT_S  # tensor parallelism: an idle rank 0 sends an empty boundary this often
 
     def __init__(self, loaded, draft=None, *, max_slots: int = 8, max_queue: int = 64, num_draft_tokens: int = 4,
                  block_size: int | None = None, max_context: int | None = None, controller: bool = True,
@@ -146,6 +177,9 @@ class EngineLoop:
         # a request's bits independent of the other requests: prompts prefill alone, k = 0 keeps the wide step
         self.exact = exact
         self._prefill_step: GraphedPrefill | None = None  # built at first use
+        self._shard = getattr(model, "shard", None)
+        self._sync: BoundaryChannel | None = None  # tensor parallelism: set by start() / follow()
+        self.error: BaseException | None = None  # under tensor parallelism, what ended the loop
 
         self._cv = threading.Condition()
         self._queue: collections.deque[tuple[GenRequest, RequestHandle, float]] = collections.deque()
@@ -188,8 +222,35 @@ class EngineLoop:
                 raise EngineStoppedError("the engine was stopped; build a new EngineLoop")
             if self._thread is not None:
                 return
+            self._join_ranks(lead=True)
             self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
             self._thread.start()
+
+    def follow(self) -> None:
+        """Ranks other than 0 of a tensor-parallel group: run the loop on this thread, applying
+        rank 0's decisions, until rank 0 stops (returns) or a forward fails (raises)."""
+        self._join_ranks(lead=False)
+        with torch.inference_mode():
+            while not (plan := self._sync.share()).stop:
+                self._boundary(plan)
+                if any(self._slots):
+                    self._step(plan.k)
+
+    def _join_ranks(self, lead: bool) -> None:
+        """Open the channel rank 0 decides through (every rank at the same point: start or follow)."""
+        rank = 0 if self._shard is None else self._shard.rank
+        if (rank == 0) != lead:
+            raise RuntimeError(f"rank {rank}: " + ("ranks other than 0 follow(): rank 0 starts the loop" if lead
+                                                   else "rank 0 start()s the loop; follow() is for the other ranks"))
+        if self._shard is not None and self._shard.world > 1:
+            self._sync = BoundaryChannel(self._shard)
+
+    def wait(self) -> None:
+        """Block until the loop's thread ends: after :meth:`stop`, or under tensor parallelism
+        when it failed (then :attr:`error` says why and every request got an ``error`` event)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
 
     def stop(self) -> None:
         """Stop after the current step; every queued or running request gets an ``error`` event."""
@@ -259,9 +320,9 @@ class EngineLoop:
                     for _ in range(min(free, len(todo))):
                         i = todo.pop()
                         self._enqueue(reqs[i], listener(i), bounded=False)
-                self._boundary()
+                plan = self._boundary()
                 if any(s is not None for s in self._slots):
-                    self._step()
+                    self._step(plan.k)
         if failed:
             i, msg = failed[0]
             raise RequestError(f"request {i} failed: {msg}" + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""))
@@ -297,22 +358,38 @@ class EngineLoop:
 
     # --- the engine thread ---------------------------------------------------------------
     def _run(self) -> None:
+        # idle under tensor parallelism: an empty boundary every heartbeat_s keeps the followers'
+        # wait in the broadcast from timing out (and costs one small broadcast, no spinning)
+        idle_s = None if self._sync is None else self.heartbeat_s
         with torch.inference_mode():
             while True:
                 with self._cv:
                     while not self._stopped and not self._queue and not any(self._slots):
-                        self._cv.wait()
+                        if not self._cv.wait(idle_s):
+                            break  # a heartbeat
                     if self._stopped:
                         break
                 try:
-                    self._boundary()
+                    plan = self._boundary()
                     if any(self._slots):
-                        self._step()
+                        self._step(plan.k)
                 except Exception as e:  # noqa: BLE001 - a bug in the loop: fail what it held, keep serving
+                    if self._sync is not None:  # the ranks may no longer agree: the loop ends on every rank
+                        self.error = e
+                        break
                     for s in range(self.max_slots):
                         if self._slots[s] is not None:
                             self._fail(s, e)
-        self._drain("the engine was stopped")
+            if self._sync is not None and self.error is None:
+                try:
+                    self._sync.share(Boundary(stop=True))  # the followers return from follow()
+                except Exception as e:  # noqa: BLE001 - a follower is gone: the launcher ends the ranks
+                    self.error = e
+        if self.error is not None:
+            with self._cv:
+                self._stopped = True
+        self._drain("the engine was stopped" if self.error is None
+                    else f"the tensor-parallel engine failed: {_describe(self.error)}")
 
     def _drain(self, why: str) -> None:
         with self._cv:
@@ -324,11 +401,28 @@ class EngineLoop:
             if self._slots[s] is not None:
                 self._fail(s, why)
 
-    def _boundary(self) -> None:
-        """Cancellations, then waiting requests join the free slots."""
-        for s, slot in enumerate(self._slots):
-            if slot is not None and slot.handle.cancelled:
+    def _boundary(self, plan: Boundary | None = None) -> Boundary:
+        """Cancellations, then waiting requests join the free slots, then one prefill chunk;
+        returns what was decided (``k`` for the coming step). Under tensor parallelism rank 0
+        shares its decision with the followers here, which pass it as ``plan``."""
+        if plan is None:
+            plan = self._decide()
+            if self._sync is not None:
+                self._sync.share(plan)
+        else:  # a follower: rank 0 decided
+            for s in plan.cancel:
                 self._finish(s, "cancelled")
+            now = time.perf_counter()
+            self._admit(plan.join, [(_Mirror(), now) for _ in plan.join])
+        self._prefill()
+        return plan
+
+    def _decide(self) -> Boundary:
+        """Cancellations free their slots and waiting requests take them (the queue and the
+        handles are read here only); then the coming step's ``k``."""
+        cancel = tuple(s for s, slot in enumerate(self._slots) if slot is not None and slot.handle.cancelled)
+        for s in cancel:
+            self._finish(s, "cancelled")
         with self._cv:
             dropped = [p for p in self._queue if p[1].cancelled]
             if dropped:
@@ -339,16 +433,28 @@ class EngineLoop:
         for req, handle, _ in dropped:
             handle._send(Event("done", finish_reason="cancelled",
                                stats={"prompt_tokens": len(req.prompt_ids), "completion_tokens": 0}))
-        if joining:
-            self._admit(joining, free[: len(joining)])
-        self._prefill()
+        # an unseeded sampled request gets its seed here, so that every rank samples alike
+        join = tuple((s, req, req.params.seed if req.params.seed is not None or req.params.greedy
+                      else int(torch.randint(0, 2**62, (1,)))) for (req, _, _), s in zip(joining, free))
+        self._admit(join, [(handle, t_sub) for _, handle, t_sub in joining])
+        return Boundary(cancel, join, self._choose_k())
 
-    def _admit(self, joining, free: list[int]) -> None:
+    def _admit(self, join, clients: list[tuple[RequestHandle, float]]) -> None:
+        """``join``: (slot, request, seed) each; ``clients``: each one's handle and submit time."""
         now = time.perf_counter()
-        for (req, handle, t_sub), s in zip(joining, free):
+        for (s, req, seed), (handle, t_sub) in zip(join, clients):
             self._slots[s] = Slot(req, handle, None, None, 0, prompt=torch.tensor(req.prompt_ids, dtype=torch.int64),
-                                  stop=frozenset(int(t) for t in req.stop_ids), t_submit=t_sub, queued_s=now - t_sub)
+                                  stop=frozenset(int(t) for t in req.stop_ids), t_submit=t_sub, queued_s=now - t_sub,
+                                  seed=seed)
             self._count("prompt_tokens_total", len(req.prompt_ids))
+
+    def _choose_k(self) -> int:
+        """Drafts for the coming step: the controller's choice for the slots that will step (the
+        running ones and the prompts whose last chunk this boundary prefills)."""
+        if self.controller is None:
+            return self.kmax
+        return self.controller.choose([sl.alpha for sl in self._slots if sl is not None and (
+            sl.out or sl.prompt.numel() - sl.length <= self.prefill_chunk)])
 
     def _prefill(self) -> None:
         """One chunk of every prompt still being prefilled: each alone with ``exact``, else in one
@@ -385,6 +491,8 @@ class EngineLoop:
             try:
                 out = self._prefill_step(seg, s, slot.length)
             except Exception as e:  # noqa: BLE001 - this request fails, the others go on
+                if self._sync is not None:  # under tensor parallelism the ranks may disagree now: end the loop
+                    raise
                 self._fail(s, e)
                 return
             if self._prefilled(s, 0, seg.numel(), out):
@@ -396,6 +504,8 @@ class EngineLoop:
         try:
             out = forward_ragged(self.model, self.cache, segs, [sl.length for sl in slots], group, self.capture)
         except Exception as e:  # noqa: BLE001 - these requests fail, the running ones go on
+            if self._sync is not None:
+                raise
             for s in group:
                 self._fail(s, e)
             return
@@ -417,7 +527,7 @@ class EngineLoop:
             return False
         try:
             p = slot.req.params
-            slot.gen = None if p.greedy else make_generator(p.seed, dev)
+            slot.gen = None if p.greedy else make_generator(slot.seed, dev)
             first = _sample_one(out.logits[r], p, slot.gen)
             if keep:
                 rows = ForwardOut(out.logits[r: r + 1], torch.cat(slot.rows_h),
@@ -432,14 +542,13 @@ class EngineLoop:
         self._commit(s, [first])
         return True
 
-    def _step(self) -> None:
-        """One verify step over every active slot (see the module docstring)."""
+    def _step(self, k: int) -> None:
+        """One verify step over every active slot, drafting ``k`` (see the module docstring)."""
         t0 = time.perf_counter()
         dev = self.model.device
         active = [s for s in range(self.max_slots) if self._slots[s] is not None and self._slots[s].out]
         if not active:
             return
-        k = self.kmax if self.controller is None else self.controller.choose([self._slots[s].alpha for s in active])
         rows: list[_Row] = []
         for s in active:
             slot = self._slots[s]
@@ -491,6 +600,8 @@ class EngineLoop:
                 packed.append(accept_sampled(rows[i].drafts, rows[i].probs, p, slot.gen))
             flat = torch.cat(packed).tolist()  # the one host sync of the step
         except Exception as e:  # noqa: BLE001 - the step's requests fail, the loop goes on
+            if self._sync is not None:
+                raise
             for r in rows:
                 self._fail(r.s, e)
             return

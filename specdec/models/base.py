@@ -88,9 +88,10 @@ class CausalLM(nn.Module):
     batched = False
 
     def make_batch_layer_cache(self, i: int, slots: int, max_len: int, spare: int):
-        """Layer ``i``'s cache for batched steps (default: keys and values)."""
-        c = self.config
-        return BatchKVCache(slots, c.num_key_value_heads, c.head_dim, max_len, self.dtype, self.device)
+        """Layer ``i``'s cache for batched steps (default: keys and values of the KV heads the
+        layer holds: a rank's share under tensor parallelism)."""
+        return BatchKVCache(slots, self.layers[i].self_attn.n_kv, self.config.head_dim, max_len, self.dtype,
+                            self.device)
 
     # --- the contract -------------------------------------------------------------
     @property
@@ -189,8 +190,6 @@ class CausalLM(nn.Module):
     # --- batched steps (many sequences; training data and the server) --------------------
     def check_batched(self) -> None:
         """Refuse batched steps where they are not supported (one-line ConfigError)."""
-        if self.shard is not None:
-            raise ConfigError("batched forwards are not supported with tensor parallelism yet")
         if not self.batched:
             raise ConfigError(f"batched forwards are not supported for {self.config.model_type} targets yet")
 

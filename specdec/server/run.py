@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import sys
+import threading
 
 from ..errors import ConfigError
 
@@ -36,32 +38,60 @@ def is_loopback(host: str) -> bool:
 def serve(args) -> int:
     check_serve_args(args)
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401
 
-        from .app import create_app
+        from .app import create_app  # noqa: F401
     except ImportError as e:
         raise ConfigError(f"specdec serve needs the serve extra ({e.name} is missing): "
                           "pip install 'specdec[serve]'") from None
-    from ..api import default_model_path
-    from ..engine.serve_loop import EngineLoop
-    from ..loading import load_model
-
     if not is_loopback(args.host) and not args.api_key:
         print(f"specdec serve: warning: listening on {args.host} without --api-key: anyone who can reach this "
               "port can use the model", file=sys.stderr)
+    if args.tensor_parallel == 1:
+        return _serve(None, args)
+    from ..parallel.launch import run_parallel
+    return run_parallel(_serve, args.tensor_parallel, args, device=args.device)
+
+
+def _serve(shard, args) -> int:
+    """Load the target (this rank's part of it under tensor parallelism) and serve it until
+    Ctrl-C or SIGTERM. Rank 0 runs the HTTP server and the engine loop; other ranks follow that
+    loop with no HTTP (:meth:`EngineLoop.follow`) and end when rank 0 stops it."""
+    import uvicorn
+
+    from ..api import default_model_path
+    from ..engine.serve_loop import EngineLoop
+    from ..loading import load_model
+    from .app import create_app
+
     path = args.model or default_model_path()
-    loaded = load_model(path, args.device, args.dtype)
+    loaded = load_model(path, args.device if shard is None else shard.device, args.dtype, shard=shard)
     engine = EngineLoop(loaded, args.draft, max_slots=args.max_slots, max_queue=args.max_queue,
                         num_draft_tokens=args.num_draft_tokens, block_size=args.block_size,
                         max_context=args.max_context, static_steps=False if args.no_cuda_graphs else None,
                         exact=False if args.no_exact_batching else None)
+    if shard is not None and shard.rank > 0:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every rank: rank 0 stops the others
+        engine.follow()
+        return 0
     name = args.served_model_name or os.path.basename(os.path.normpath(path))
     app = create_app(engine, loaded.tokenizer, name, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                      max_tokens_limit=args.max_tokens)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
     engine.start()
-    print(f"specdec serve: {name} (draft {args.draft}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    if shard is not None:  # an engine that fails under tensor parallelism stops the server; the error follows
+        threading.Thread(target=_stop_when_done, args=(engine, server), daemon=True).start()
+    tp = "" if shard is None else f", tensor-parallel {shard.world}"
+    print(f"specdec serve: {name} (draft {args.draft}{tp}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        server.run()
     finally:
         engine.stop()
+    if shard is not None and engine.error is not None:  # not a user's error: a rank that died tells more
+        raise RuntimeError(f"the serving loop stopped: {type(engine.error).__name__}: {engine.error}")
     return 0
+
+
+def _stop_when_done(engine, server) -> None:
+    engine.wait()
+    server.should_exit = True
