@@ -64,3 +64,10 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
     g = torch.Generator(device=device)
     g.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
     return g
+
+
+def sample_one(logits: torch.Tensor, params: SamplingParams, gen) -> int:
+    """One token from ``logits [V]``: the argmax when greedy, else a draw from the filtered distribution."""
+    if params.greedy:
+        return int(logits.argmax())
+    return int(torch.multinomial(probs_from_logits(logits, params), 1, generator=gen))

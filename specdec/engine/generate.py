@@ -17,7 +17,7 @@ from ..drafters.base import Drafter, Proposal, slice_out
 from ..errors import ContextOverflowError, RequestError
 from ..models.base import CausalLM, ForwardOut
 from ..models.graphs import GraphedTarget
-from ..sampling import SamplingParams, make_generator, probs_from_logits
+from ..sampling import SamplingParams, make_generator, probs_from_logits, sample_one
 from .acceptance import accept_greedy, accept_sampled
 
 
@@ -210,7 +210,7 @@ class SpeculativeGenerator:
 
         t0 = time.perf_counter()
         out = self._prefill(prompt.to(dev), cache, graphed, capture)
-        first = self._sample_one(out.logits[-1], params, gen)
+        first = sample_one(out.logits[-1], params, gen)
         if drafter is not None:
             drafter.begin(prompt.to(dev), out)
         stats.prefill_s = time.perf_counter() - t0
@@ -275,9 +275,3 @@ class SpeculativeGenerator:
         outs = [graphed(prompt[i:i + chunk]) for i in range(0, prompt.numel(), chunk)]
         captured = torch.cat([o.captured for o in outs]) if capture else None
         return ForwardOut(outs[-1].logits[-1:].clone(), torch.cat([o.hidden for o in outs]), captured)
-
-    @staticmethod
-    def _sample_one(logits: torch.Tensor, params: SamplingParams, gen) -> int:
-        if params.greedy:
-            return int(logits.argmax())
-        return int(torch.multinomial(probs_from_logits(logits, params), 1, generator=gen))

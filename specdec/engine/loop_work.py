@@ -1,0 +1,278 @@
+"""The work of the serving loop's step boundaries, which :class:`~.serve_loop.EngineLoop` inherits:
+prompt chunks (prefill), the batched verify step, and each request's bookkeeping as its tokens
+commit or it ends.
+
+This is half of one class, not a second engine: the methods run on the loop's state (slots,
+cache, drafters, controller, static steps, ``exact``), which :class:`~.serve_loop.EngineLoop`
+builds and documents; :mod:`.serve_loop`'s docstring gives the order of a boundary's work.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..models.base import ForwardOut
+from ..models.graphed_batch import GraphedBatch, GraphedPrefill
+from ..sampling import make_generator, probs_from_logits, sample_one
+from .acceptance import accept_greedy_rows, accept_sampled
+from .batch import forward_ragged
+from .requests import Event
+
+ALPHA_EMA = 0.3  # weight of the newest step in a slot's acceptance rate
+
+
+@dataclass
+class _Row:
+    """One slot's row of a verify step."""
+
+    s: int
+    drafts: torch.Tensor  # [k_r]
+    probs: torch.Tensor | None  # [k_r, V] or None (argmax drafts)
+
+
+class SlotWork:
+    """Prefill, verify and per-request bookkeeping of :class:`~.serve_loop.EngineLoop` (engine thread)."""
+
+    def _prefill(self) -> None:
+        """One chunk of every prompt still being prefilled: each alone with ``exact``, else in one
+        forward (see below for the exception)."""
+        todo = [s for s in range(self.max_slots) if self._slots[s] is not None and not self._slots[s].out]
+        if not todo:
+            return
+        chunk = self.prefill_chunk
+        if self.exact:
+            for s in todo:
+                self._prefill_alone(s)
+            return
+        width = max(min(chunk, self._slots[s].prompt.numel() - self._slots[s].length) for s in todo)
+        # a row is padded to the widest chunk; one whose padding would run past its cache rows
+        # (a prompt ending near the context limit) runs alone, unpadded
+        fits = [s for s in todo if self._slots[s].length + width <= self.cache.max_len]
+        for group in [fits] + [[s] for s in todo if s not in fits]:
+            if group:
+                self._prefill_rows(group, chunk)
+
+    def _prefill_alone(self, s: int) -> None:
+        """Advance slot ``s``'s prompt by up to ``prefill_chunk`` positions in forwards whose shapes
+        depend on this prompt only: static ``[1, static_prefill_chunk]`` steps for a short prompt,
+        else one eager forward of the prompt's next ``prefill_chunk`` tokens."""
+        slot, c = self._slots[s], self.static_prefill_chunk
+        n = slot.prompt.numel()
+        if n > self.static_prefill_max or -(-n // c) * c > self.cache.max_len:
+            self._prefill_rows([s], self.prefill_chunk)
+            return
+        if self._prefill_step is None:
+            self._prefill_step = GraphedPrefill(self.model, self.cache, c, self.capture)
+        for _ in range(max(1, self.prefill_chunk // c)):
+            seg = slot.prompt[slot.length: slot.length + c]
+            try:
+                out = self._prefill_step(seg, s, slot.length)
+            except Exception as e:  # noqa: BLE001 - this request fails, the others go on
+                if self._sync is not None:  # under tensor parallelism the ranks may disagree now: end the loop
+                    raise
+                self._fail(s, e)
+                return
+            if self._prefilled(s, 0, seg.numel(), out):
+                return
+
+    def _prefill_rows(self, group: list[int], chunk: int) -> None:
+        slots = [self._slots[s] for s in group]
+        segs = [sl.prompt[sl.length: sl.length + chunk] for sl in slots]
+        try:
+            out = forward_ragged(self.model, self.cache, segs, [sl.length for sl in slots], group, self.capture)
+        except Exception as e:  # noqa: BLE001 - these requests fail, the running ones go on
+            if self._sync is not None:
+                raise
+            for s in group:
+                self._fail(s, e)
+            return
+        for r, s in enumerate(group):
+            self._prefilled(s, r, segs[r].numel(), out)
+
+    def _prefilled(self, s: int, r: int, m: int, out: ForwardOut) -> bool:
+        """Slot ``s`` ran ``m`` prompt positions as row ``r`` of ``out`` (logits: its last one's).
+        At the prompt's end, its first token and its drafter's ``begin``. True when the prompt is
+        done (or the request failed)."""
+        slot, dev = self._slots[s], self.model.device
+        keep = self._spawn is not None  # only a drafter reads the prompt rows
+        if keep:
+            slot.rows_h.append(out.hidden[r, :m])
+            if out.captured is not None:
+                slot.rows_c.append(out.captured[r, :m])
+        slot.length += m
+        if slot.length < slot.prompt.numel():
+            return False
+        try:
+            p = slot.req.params
+            slot.gen = None if p.greedy else make_generator(slot.seed, dev)
+            first = sample_one(out.logits[r], p, slot.gen)
+            if keep:
+                rows = ForwardOut(out.logits[r: r + 1], torch.cat(slot.rows_h),
+                                  torch.cat(slot.rows_c) if slot.rows_c else None)
+                slot.drafter = self._spawn()
+                slot.drafter.begin(slot.prompt.to(dev), rows)
+        except Exception as e:  # noqa: BLE001 - this request fails alone
+            self._fail(s, e)
+            return True
+        slot.rows_h, slot.rows_c = [], []
+        slot.ttft_s = time.perf_counter() - slot.t_submit
+        self._commit(s, [first])
+        return True
+
+    def _step(self, k: int) -> None:
+        """One verify step over every active slot, drafting ``k`` (see the module docstring)."""
+        t0 = time.perf_counter()
+        dev = self.model.device
+        active = [s for s in range(self.max_slots) if self._slots[s] is not None and self._slots[s].out]
+        if not active:
+            return
+        rows: list[_Row] = []
+        for s in active:
+            slot = self._slots[s]
+            p = slot.req.params
+            # a seeded sampled request drafts a fixed k: its random stream (one draw per draft) must not
+            # depend on the controller's timing, so the same seed gives the same tokens
+            ks = self.kmax if p.seed is not None and not p.greedy else k
+            ks = max(0, min(ks, slot.req.max_new_tokens - len(slot.out)))
+            try:
+                row = _Row(s, torch.empty(0, dtype=torch.int64, device=dev), None)
+                if slot.drafter is not None and ks > 0:
+                    prop = slot.drafter.propose(slot.last, ks, slot.req.params, slot.gen)
+                    row.drafts = prop.tokens.to(dev).reshape(-1)[:ks]
+                    row.probs = None if prop.probs is None else prop.probs[: row.drafts.numel()]
+                rows.append(row)
+            except Exception as e:  # noqa: BLE001 - this request fails alone
+                self._fail(s, e)
+        if not rows:
+            return
+        n_drafts = [r.drafts.numel() for r in rows]
+        # static steps: every row padded to kmax + 1 (one shape: a row's bits never depend on the
+        # other rows); without exact and with the controller, width 1 when nothing is drafted (a
+        # second graph: k = 0 then costs a plain step, so the controller can fall back, at the price
+        # of a row's bits depending on the width the step ran, as the controller's k already does
+        # without static steps)
+        if not self.static_steps:
+            width = 1 + max(n_drafts)
+        elif self.controller is not None and not any(n_drafts) and not self.exact:
+            width = 1
+        else:
+            width = 1 + self.kmax
+        lasts = torch.tensor([[self._slots[r.s].last] for r in rows], device=dev)
+        drafts = torch.nn.utils.rnn.pad_sequence([r.drafts for r in rows], batch_first=True)  # [b, <= width-1]
+        drafts = torch.nn.functional.pad(drafts, (0, width - 1 - drafts.shape[1]))  # [b, width-1]
+        ids = torch.cat([lasts, drafts], dim=1)  # row i: [last, d_1 .. d_k_i, padding]
+        lengths = [self._slots[r.s].length for r in rows]
+        greedy = [i for i, r in enumerate(rows) if self._slots[r.s].req.params.greedy]
+        sampled = [i for i, r in enumerate(rows) if not self._slots[r.s].req.params.greedy]
+        try:
+            out = self._verify(rows, ids, lengths, width)
+            packed = []
+            if greedy:
+                g = torch.tensor(greedy, device=dev)
+                packed.append(accept_greedy_rows(drafts[g], torch.tensor([n_drafts[i] for i in greedy], device=dev),
+                                                 out.logits[g]).reshape(-1))
+            for i in sampled:
+                slot, n = self._slots[rows[i].s], n_drafts[i]
+                p = probs_from_logits(out.logits[i, : n + 1], slot.req.params)
+                packed.append(accept_sampled(rows[i].drafts, rows[i].probs, p, slot.gen))
+            flat = torch.cat(packed).tolist()  # the one host sync of the step
+        except Exception as e:  # noqa: BLE001 - the step's requests fail, the loop goes on
+            if self._sync is not None:
+                raise
+            for r in rows:
+                self._fail(r.s, e)
+            return
+        res, off = {}, 0
+        sampled_set = set(sampled)
+        for i in greedy + sampled:  # greedy rows are width + 1 wide, sampled ones n_drafts + 2
+            w = n_drafts[i] + 2 if i in sampled_set else width + 1
+            res[i], off = flat[off:off + w], off + w
+        # recurrent (linear-attention) layers keep each slot's accepted rows; KV needs nothing
+        self.cache.commit([r.s for r in rows], [res[i][0] + 1 for i in range(len(rows))])
+        accepted, drafted = 0, 0
+        for i, r in enumerate(rows):
+            slot, nd = self._slots[r.s], n_drafts[i]
+            n, toks = res[i][0], res[i][1:res[i][0] + 2]
+            slot.length += n + 1  # positions past it hold rejected rows: overwritten next step
+            slot.accepted.append(n)
+            slot.drafted += nd
+            accepted, drafted = accepted + n, drafted + nd
+            if nd:
+                slot.alpha = (1 - ALPHA_EMA) * slot.alpha + ALPHA_EMA * n / nd
+            if self._commit(r.s, toks) or slot.drafter is None:
+                continue
+            try:
+                cap = None if out.captured is None else out.captured[i, : n + 1]
+                slot.drafter.observe(ids[i, : n + 1], ForwardOut(out.logits[i, : n + 1], out.hidden[i, : n + 1], cap))
+            except Exception as e:  # noqa: BLE001
+                self._fail(r.s, e)
+        dt = time.perf_counter() - t0
+        if self.controller is not None:
+            self.controller.record(len(rows), k, dt)
+        with self._cv:
+            self._step_s.append(dt)
+            self._k_hist[k] += 1
+            self._n["steps_total"] += 1
+            self._n["accepted_total"] += accepted
+            self._n["drafted_total"] += drafted
+
+    def _verify(self, rows: list[_Row], ids: torch.Tensor, lengths: list[int], width: int) -> ForwardOut:
+        """The step's target forward: logits, hidden and captured ``[b, width, ...]``, row ``i``
+        being slot ``rows[i].s`` verifying ``ids[i]`` at positions ``lengths[i] ..``."""
+        dev, slots = self.model.device, [r.s for r in rows]
+        if not self.static_steps:
+            return self.model.forward_batch(ids, self.cache, torch.tensor(lengths, device=dev),
+                                            slots=torch.tensor(slots, device=dev), span=max(lengths) + width,
+                                            capture=self.capture, logits="all")
+        # Every slot runs; an idle one (free, or a prompt being prefilled) starts at its length, so its
+        # dummy writes land past what it has committed (masked, and overwritten by its next forward).
+        starts = [0 if sl is None else sl.length for sl in self._slots]
+        step = self._static.get(width)
+        if step is None:
+            step = self._static[width] = GraphedBatch(self.model, self.cache, width, self.capture)
+        out = step(ids, slots, starts)
+        if slots == list(range(self.max_slots)):
+            return out
+        pick = torch.tensor(slots, device=dev)
+        return ForwardOut(out.logits[pick], out.hidden[pick], None if out.captured is None else out.captured[pick])
+
+    # --- per-request bookkeeping (engine thread) ------------------------------------------
+    def _commit(self, s: int, toks: list[int]) -> bool:
+        """Emit the committed ``toks`` of slot ``s`` up to a stop id or the token budget (nothing
+        after them); True when the request is over (its slot is then free)."""
+        slot = self._slots[s]
+        emit, reason = [], None
+        for t in toks:
+            emit.append(t)
+            if t in slot.stop:
+                reason = "stop"
+                break
+            if len(slot.out) + len(emit) >= slot.req.max_new_tokens:
+                reason = "length"
+                break
+        slot.out.extend(emit)
+        slot.last = emit[-1]
+        self._count("tokens_total", len(emit))
+        slot.handle._send(Event("tokens", token_ids=emit))
+        if reason is not None:
+            self._finish(s, reason)
+            return True
+        return False
+
+    def _finish(self, s: int, reason: str) -> None:
+        slot, self._slots[s] = self._slots[s], None
+        stats = slot.stats()
+        self._count("requests_cancelled" if reason == "cancelled" else "requests_finished")
+        slot.handle._send(Event("done", finish_reason=reason, stats=stats))
+
+    def _fail(self, s: int, err) -> None:
+        slot, self._slots[s] = self._slots[s], None
+        self._count("requests_failed")
+        slot.handle._send(Event("error", message=err if isinstance(err, str) else describe(err)))
+
+
+def describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
