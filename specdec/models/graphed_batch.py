@@ -33,7 +33,22 @@ from .base import CausalLM, ForwardOut
 from .graphs import capture as capture_graph
 
 
-class GraphedBatch:
+class _StaticStep:
+    """What both static steps share: a batched model, its cache, a step width, captured layers and
+    the graph (captured at the first call, with ``use_graphs``: default on CUDA)."""
+
+    def __init__(self, model: CausalLM, cache: BatchCache, width: int, capture: Sequence[int],
+                 use_graphs: bool | None):
+        model.check_batched()
+        self.use_graphs = model.device.type == "cuda" if use_graphs is None else use_graphs
+        if self.use_graphs and model.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        self.model, self.cache, self.width, self.capture = model, cache, width, tuple(capture)
+        self.graph = None
+        self.out: ForwardOut | None = None
+
+
+class GraphedBatch(_StaticStep):
     """Runs verify steps of ``width`` tokens for every slot of ``cache`` as one static step.
 
     ``use_graphs`` (default: on CUDA) captures the step at its first call and replays it after;
@@ -44,17 +59,11 @@ class GraphedBatch:
 
     def __init__(self, model: CausalLM, cache: BatchCache, width: int, capture: Sequence[int] = (),
                  use_graphs: bool | None = None):
-        model.check_batched()
-        self.use_graphs = model.device.type == "cuda" if use_graphs is None else use_graphs
-        if self.use_graphs and model.device.type != "cuda":
-            raise ValueError("CUDA graphs need a CUDA device")
-        self.model, self.cache, self.width, self.capture = model, cache, width, tuple(capture)
+        super().__init__(model, cache, width, capture, use_graphs)
         s, dev = cache.slots, model.device
         # the step's inputs: static buffers, refilled before each run (never reallocated: the graph reads them)
         self.ids = torch.zeros(s, width, dtype=torch.int64, device=dev)
         self.starts = torch.zeros(s, dtype=torch.int64, device=dev)
-        self.graph = None
-        self.out: ForwardOut | None = None
 
     def _run(self) -> ForwardOut:
         """The static step: shapes depend on (slots, width, cache length) only; no host sync."""
@@ -89,7 +98,7 @@ class GraphedBatch:
         return ForwardOut(o.logits, o.hidden.clone(), None if o.captured is None else o.captured.clone())
 
 
-class GraphedPrefill:
+class GraphedPrefill(_StaticStep):
     """Prefills one slot's prompt chunk by chunk as a static step of ``[1, width]`` tokens.
 
     The step reads the whole cache of its slot (the slot index, start position and real length are
@@ -102,16 +111,10 @@ class GraphedPrefill:
 
     def __init__(self, model: CausalLM, cache: BatchCache, width: int, capture: Sequence[int] = (),
                  use_graphs: bool | None = None):
-        model.check_batched()
-        self.use_graphs = model.device.type == "cuda" if use_graphs is None else use_graphs
-        if self.use_graphs and model.device.type != "cuda":
-            raise ValueError("CUDA graphs need a CUDA device")
-        self.model, self.cache, self.width, self.capture = model, cache, width, tuple(capture)
+        super().__init__(model, cache, width, capture, use_graphs)
         dev = model.device
         self.ids = torch.zeros(1, width, dtype=torch.int64, device=dev)
         self.start, self.slot, self.n = (torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(3))
-        self.graph = None
-        self.out: ForwardOut | None = None
 
     def _run(self) -> ForwardOut:
         c = self.cache
