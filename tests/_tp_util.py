@@ -193,13 +193,15 @@ class PromptOracle:
     """A serving-loop drafter (one per slot) proposing the target's greedy continuation of its
     request's prompt (``refs``: prompt tuple -> prompt + continuation), each draft spoiled with
     probability ``spoil``. Its random stream is seeded by the prompt alone, so every rank (and a
-    single process) proposes the same drafts for the same request, whatever the spawn order."""
+    single process) proposes the same drafts for the same request, whatever the spawn order.
+    ``inner``: a real drafter of the slot whose begin / propose / observe all run (its forwards
+    too, with their collectives), only its tokens replaced."""
 
     name = "oracle"
-    capture_layers: tuple[int, ...] = ()
 
-    def __init__(self, refs: dict, vocab: int, spoil: float = 0.3):
-        self.refs, self.vocab, self.spoil = refs, vocab, spoil
+    def __init__(self, refs: dict, vocab: int, spoil: float = 0.3, inner=None):
+        self.refs, self.vocab, self.spoil, self.inner = refs, vocab, spoil, inner
+        self.capture_layers = () if inner is None else tuple(inner.capture_layers)
 
     def begin(self, prompt_ids, out) -> None:
         self.seq = prompt_ids.tolist()
@@ -207,16 +209,22 @@ class PromptOracle:
         import torch
 
         self.rng = torch.Generator().manual_seed(sum(self.seq) * 31 + len(self.seq))
+        if self.inner is not None:
+            self.inner.begin(prompt_ids, out)
 
     def observe(self, tokens, out) -> None:
         assert tokens.shape[0] == out.hidden.shape[0], "observe: one row per committed token"
         self.seq.extend(tokens.tolist())
+        if self.inner is not None:
+            self.inner.observe(tokens, out)
 
     def propose(self, last_token, k, params, gen):
         import torch
 
         from specdec.drafters.base import Proposal
 
+        if self.inner is not None:
+            k = self.inner.propose(last_token, k, params, gen).tokens.numel()
         pos = len(self.seq)  # last_token is ref[pos]
         toks = (self.ref[pos + 1: pos + 1 + k] + [0] * k)[:k]
         for i in range(k):
@@ -225,10 +233,11 @@ class PromptOracle:
         return Proposal(torch.tensor(toks, dtype=torch.int64))
 
 
-LOOP_CASES = {  # name -> EngineLoop settings, and whether k cycles (kmax .. 0: steps without drafts too)
-    "exact": (dict(static_steps=True, exact=True), True),
-    "eager": (dict(static_steps=False, exact=False), False),
-    "static inexact": (dict(static_steps=True, exact=False), True),
+LOOP_CASES = {  # name -> EngineLoop settings, whether k cycles (kmax .. 0: steps without drafts too), inner drafter
+    "exact": (dict(static_steps=True, exact=True), True, None),
+    "eager": (dict(static_steps=False, exact=False), False, None),
+    "static inexact": (dict(static_steps=True, exact=False), True, None),
+    "exact mtp": (dict(static_steps=True, exact=True), False, "mtp"),  # the checkpoint's MTP block runs inside
 }
 
 
@@ -237,13 +246,15 @@ def serve_loop(loaded, refs: dict, reqs: list, case: str, shard=None) -> tuple[l
     slots on ``loaded`` with :class:`PromptOracle` drafts: without ``shard`` (or on rank 0 of it)
     returns each request's token ids and the loop's metrics; a follower follows rank 0 and returns
     (None, its metrics)."""
+    from specdec.drafters.factory import make_drafter
     from specdec.engine.serve_loop import EngineLoop, GenRequest
     from specdec.sampling import SamplingParams
 
-    settings, cycle = LOOP_CASES[case]
+    settings, cycle, inner = LOOP_CASES[case]
     vocab = loaded.model.config.vocab_size
-    engine = EngineLoop(loaded, lambda: PromptOracle(refs, vocab), max_slots=3, max_queue=len(reqs),
-                        num_draft_tokens=3, controller=cycle, **settings)
+    base = None if inner is None else make_drafter(inner, loaded)
+    engine = EngineLoop(loaded, lambda: PromptOracle(refs, vocab, inner=base and base.spawn()), max_slots=3,
+                        max_queue=len(reqs), num_draft_tokens=3, controller=cycle, **settings)
     engine.prefill_chunk, engine.static_prefill_chunk = 8, 8  # prompts prefill in several chunks beside decoding
     if cycle and (shard is None or shard.rank == 0):
         engine.controller = CyclingController(engine.kmax)
