@@ -255,7 +255,8 @@ def serve_loop(loaded, refs: dict, reqs: list, case: str, shard=None) -> tuple[l
     base = None if inner is None else make_drafter(inner, loaded)
     engine = EngineLoop(loaded, lambda: PromptOracle(refs, vocab, inner=base and base.spawn()), max_slots=3,
                         max_queue=len(reqs), num_draft_tokens=3, controller=cycle, **settings)
-    engine.prefill_chunk, engine.static_prefill_chunk = 8, 8  # prompts prefill in several chunks beside decoding
+    # long prompts prefill in several chunks beside decoding; exact: up to 48 tokens in static steps
+    engine.prefill_chunk, engine.static_prefill_chunk, engine.static_prefill_max = 72, 8, 48
     if cycle and (shard is None or shard.rank == 0):
         engine.controller = CyclingController(engine.kmax)
     greq = [GenRequest(list(p), n, SamplingParams()) for p, n in reqs]
@@ -267,7 +268,7 @@ def serve_loop(loaded, refs: dict, reqs: list, case: str, shard=None) -> tuple[l
     handles = [engine.submit(r) for r in greq]  # queued before the loop starts: the same joins every run
     engine.start()
     try:
-        events = [list(h.events(timeout=60)) for h in handles]
+        events = [list(h.events(timeout=30)) for h in handles]
     finally:
         engine.stop()
     assert engine.error is None, engine.error
