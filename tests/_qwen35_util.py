@@ -35,6 +35,13 @@ DENSE = dict(TEXT, intermediate_size=128)
 MOE = dict(TEXT, moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2)
 
 
+# Tensor parallelism (2 ranks): two key heads per rank, each serving two value heads, so a rank's
+# value heads are not one run of llama.cpp's tiled order, and its grouped order differs from the tiled one.
+TP_HEADS = dict(linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=8, linear_value_head_dim=8)
+TP_DENSE = dict(DENSE, **TP_HEADS)
+TP_MOE = dict(MOE, **TP_HEADS)  # 8 experts: 4 a rank (expert parallel), the shared expert split
+
+
 def _perturb(model: torch.nn.Module, seed: int) -> None:
     """transformers initialises zero-centred norms to 0 and dt_bias to 1: make them random so a
     wrong convention cannot pass unnoticed."""
@@ -274,3 +281,29 @@ def our_greedy(model, ids: torch.Tensor, n: int) -> list[int]:
         tok = int(model(torch.tensor([tok]), cache, logits="last").logits[-1].argmax())
         out.append(tok)
     return out
+
+
+def build_tp_dense(path, seed: int, **over) -> str:
+    """A tiny random Qwen3.5 dense checkpoint for 2 ranks (:data:`TP_DENSE`, transformers) with an MTP block."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    from _mtp_util import set_config  # _mtp_util imports this module
+
+    torch.manual_seed(seed)
+    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**dict(TP_DENSE, **over)))
+    _perturb(model, seed)
+    model.eval().save_pretrained(str(path))
+    add_mtp_tensors(str(path), "model.layers.2.", seed=seed + 1)
+    set_config(str(path), mtp_num_hidden_layers=1)
+    return str(path)
+
+
+def build_tp_moe(path, seed: int) -> str:
+    """A tiny random Qwen3.5 MoE checkpoint for 2 ranks (:data:`TP_MOE`, transformers), no MTP block."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    torch.manual_seed(seed)
+    model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**TP_MOE))
+    _perturb(model, seed)
+    model.eval().save_pretrained(str(path))
+    return str(path)

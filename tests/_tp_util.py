@@ -185,3 +185,110 @@ class CyclingController:
 
     def record(self, batch: int, k: int, seconds: float) -> None:
         pass
+
+
+# --- the serving loop on hybrid targets (tests/test_serve_tp_hybrid.py) ------------------------
+
+class PromptOracle:
+    """A serving-loop drafter (one per slot) proposing the target's greedy continuation of its
+    request's prompt (``refs``: prompt tuple -> prompt + continuation), each draft spoiled with
+    probability ``spoil``. Its random stream is seeded by the prompt alone, so every rank (and a
+    single process) proposes the same drafts for the same request, whatever the spawn order.
+    ``inner``: a real drafter of the slot whose begin / propose / observe all run (its forwards
+    too, with their collectives), only its tokens replaced."""
+
+    name = "oracle"
+
+    def __init__(self, refs: dict, vocab: int, spoil: float = 0.3, inner=None):
+        self.refs, self.vocab, self.spoil, self.inner = refs, vocab, spoil, inner
+        self.capture_layers = () if inner is None else tuple(inner.capture_layers)
+
+    def begin(self, prompt_ids, out) -> None:
+        self.seq = prompt_ids.tolist()
+        self.ref = self.refs[tuple(self.seq)]
+        import torch
+
+        self.rng = torch.Generator().manual_seed(sum(self.seq) * 31 + len(self.seq))
+        if self.inner is not None:
+            self.inner.begin(prompt_ids, out)
+
+    def observe(self, tokens, out) -> None:
+        assert tokens.shape[0] == out.hidden.shape[0], "observe: one row per committed token"
+        self.seq.extend(tokens.tolist())
+        if self.inner is not None:
+            self.inner.observe(tokens, out)
+
+    def propose(self, last_token, k, params, gen):
+        import torch
+
+        from specdec.drafters.base import Proposal
+
+        if self.inner is not None:
+            k = self.inner.propose(last_token, k, params, gen).tokens.numel()
+        pos = len(self.seq)  # last_token is ref[pos]
+        toks = (self.ref[pos + 1: pos + 1 + k] + [0] * k)[:k]
+        for i in range(k):
+            if float(torch.rand(1, generator=self.rng)) < self.spoil:
+                toks[i] = (toks[i] + 1 + int(torch.randint(self.vocab - 1, (1,), generator=self.rng))) % self.vocab
+        return Proposal(torch.tensor(toks, dtype=torch.int64))
+
+
+LOOP_CASES = {  # name -> EngineLoop settings, whether k cycles (kmax .. 0: steps without drafts too), inner drafter
+    "exact": (dict(static_steps=True, exact=True), True, None),
+    "eager": (dict(static_steps=False, exact=False), False, None),
+    "static inexact": (dict(static_steps=True, exact=False), True, None),
+    "exact mtp": (dict(static_steps=True, exact=True), False, "mtp"),  # the checkpoint's MTP block runs inside
+}
+
+
+def serve_loop(loaded, refs: dict, reqs: list, case: str, shard=None) -> tuple[list[list[int]] | None, dict]:
+    """Serve the greedy ``reqs`` (prompt, max new tokens each) through an :class:`EngineLoop` of 3
+    slots on ``loaded`` with :class:`PromptOracle` drafts: without ``shard`` (or on rank 0 of it)
+    returns each request's token ids and the loop's metrics; a follower follows rank 0 and returns
+    (None, its metrics)."""
+    from specdec.drafters.factory import make_drafter
+    from specdec.engine.serve_loop import EngineLoop, GenRequest
+    from specdec.sampling import SamplingParams
+
+    settings, cycle, inner = LOOP_CASES[case]
+    vocab = loaded.model.config.vocab_size
+    base = None if inner is None else make_drafter(inner, loaded)
+    engine = EngineLoop(loaded, lambda: PromptOracle(refs, vocab, inner=base and base.spawn()), max_slots=3,
+                        max_queue=len(reqs), num_draft_tokens=3, controller=cycle, **settings)
+    # long prompts prefill in several chunks beside decoding; exact: up to 48 tokens in static steps
+    engine.prefill_chunk, engine.static_prefill_chunk, engine.static_prefill_max = 72, 8, 48
+    if cycle and (shard is None or shard.rank == 0):
+        engine.controller = CyclingController(engine.kmax)
+    greq = [GenRequest(list(p), n, SamplingParams()) for p, n in reqs]
+    if shard is None:
+        return engine.run(greq), engine.metrics()
+    if shard.rank:
+        engine.follow()
+        return None, engine.metrics()
+    handles = [engine.submit(r) for r in greq]  # queued before the loop starts: the same joins every run
+    engine.start()
+    try:
+        events = [list(h.events(timeout=30)) for h in handles]
+    finally:
+        engine.stop()
+    assert engine.error is None, engine.error
+    errors = [ev.message for evs in events for ev in evs if ev.kind == "error"]
+    assert not errors, errors
+    return [[t for ev in evs if ev.kind == "tokens" for t in ev.token_ids] for evs in events], engine.metrics()
+
+
+def serve_loop_on_rank(shard, path: str, refs: dict, reqs: list, cases: list[str]) -> dict:
+    """Every case of :func:`serve_loop` on this rank's shard of ``path``: rank 0 returns, per case,
+    its tokens, its metrics and the follower's metrics (sent over after the loop ends)."""
+    import torch.distributed as dist
+
+    from specdec.loading import load_model
+
+    loaded = load_model(path, shard.device, "float32", tokenizer=False, shard=shard)
+    out = {}
+    for case in cases:
+        toks, metrics = serve_loop(loaded, refs, reqs, case, shard)
+        theirs = [metrics]
+        dist.broadcast_object_list(theirs, src=1)
+        out[case] = (toks, metrics, theirs[0])
+    return out

@@ -14,8 +14,7 @@ import torch
 
 from _dense_util import rel_err
 from _dflash_util import write_drafter
-from _mtp_util import set_config
-from _qwen35_util import DENSE, MOE, _perturb, add_mtp_tensors, write_gguf
+from _qwen35_util import build_tp_dense as _build, build_tp_moe as _build_moe, write_gguf
 from _tp_util import children, generate_on_rank, logits_on_rank
 from specdec import LLM, load_target
 from specdec.errors import ConfigError
@@ -25,37 +24,6 @@ from specdec.parallel.launch import run_parallel
 
 DEADLINE = 120.0
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-# Two key heads per rank, each serving two value heads: a rank's value heads are not one run of
-# llama.cpp's tiled order, and its grouped order differs from the tiled one.
-TP_HEADS = dict(linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=8, linear_value_head_dim=8)
-TP_DENSE = dict(DENSE, **TP_HEADS)
-TP_MOE = dict(MOE, **TP_HEADS)  # 8 experts: 4 a rank (expert parallel), the shared expert split
-
-
-def _build(path, seed: int, **over) -> str:
-    """A tiny random Qwen3.5 dense checkpoint (transformers) with an MTP block."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**dict(TP_DENSE, **over)))
-    _perturb(model, seed)
-    model.eval().save_pretrained(str(path))
-    add_mtp_tensors(str(path), "model.layers.2.", seed=seed + 1)
-    set_config(str(path), mtp_num_hidden_layers=1)
-    return str(path)
-
-
-def _build_moe(path, seed: int) -> str:
-    """A tiny random Qwen3.5 MoE checkpoint (transformers), no MTP block."""
-    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
-
-    torch.manual_seed(seed)
-    model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**TP_MOE))
-    _perturb(model, seed)
-    model.eval().save_pretrained(str(path))
-    return str(path)
-
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
