@@ -4,7 +4,8 @@
 For each drafter and each concurrency c, c client threads each send ``--requests`` GSM8K chat
 requests one after another (T=0). Reported: throughput (new tokens / wall seconds), per-request
 latency p50 / p99, tau, and how many replies equal the same prompt served alone (a serial
-reference: each prompt through the same loop with no other request, plain decoding).
+reference: each prompt through the same drafter's loop with no other request; with ``exact``,
+the default with static steps, every reply should: ``--no-exact`` measures the other mode).
 
     python scripts/bench_serve.py [--model M] [--drafts none ngram dflash] [--concurrency 1 4 16 32]
 """
@@ -81,6 +82,8 @@ def main() -> None:
     ap.add_argument("--no-controller", action="store_true")
     ap.add_argument("--eager-steps", action="store_true", help="eager batched verify steps instead of the static "
                     "step captured as a CUDA graph (the default on CUDA)")
+    ap.add_argument("--no-exact", action="store_true", help="EngineLoop(exact=False): batched eager prefill, "
+                    "1-wide steps without drafts")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     lm = load_model(a.model or default_model_path(), None, None)
@@ -93,18 +96,15 @@ def main() -> None:
     report = {"machine": machine_description(lm.model.device), "commit": git_commit(), "n": a.n,
               "requests_per_client": a.requests, "controller": not a.no_controller,
               "static_steps": not a.eager_steps and lm.model.device.type == "cuda", "rows": []}
-    serial = {}
     static = False if a.eager_steps else None
-    loop = EngineLoop(lm, "none", max_slots=slots, max_queue=n_req, controller=False, static_steps=static)
-    loop.start()
-    for i in range(min(a.serial, n_req)):  # each alone through the loop: the reference replies
-        serial[i] = _serve(loop, reqs[i])[0]
-    loop.stop()
+    exact = False if a.no_exact or a.eager_steps else None
+    report["exact"] = exact is None and report["static_steps"]
     for d in a.drafts:
         loop = EngineLoop(lm, d, max_slots=slots, max_queue=n_req, controller=not a.no_controller,
-                          static_steps=static)
+                          static_steps=static, exact=exact)
         loop.start()
         _serve(loop, reqs[0])  # warm-up
+        serial = {i: _serve(loop, reqs[i])[0] for i in range(min(a.serial, n_req))}  # each alone: the reference
         for c in a.concurrency:
             r = run_level(loop, reqs, c, a.requests)
             outs = r.pop("outputs")
