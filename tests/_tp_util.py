@@ -65,6 +65,25 @@ def children(pid: int | None = None) -> list[tuple[int, str]]:
     return out
 
 
+def no_children_left() -> None:
+    left = children()
+    assert not left, f"processes left running: {left}"
+
+
+def assert_logits_equal_single_process(cases: dict, deadline_s: float) -> None:
+    """``cases``: name -> (target path, ids). Each target's logits at TP=2 (gloo) equal one
+    process's within 1e-5 relative, and no rank is left running."""
+    from _dense_util import rel_err
+    from specdec.parallel.launch import run_parallel
+
+    got = run_parallel(logits_on_rank, 2, list(cases.values()), deadline_s=deadline_s)
+    for (name, (path, ids)), x in zip(cases.items(), got):
+        ref = load_target(path, device="cpu").logits(ids)
+        assert x.shape == ref.shape, name
+        assert rel_err(x, ref) < 1e-5, (name, rel_err(x, ref))
+    no_children_left()
+
+
 def crash_on_rank(shard):
     """Rank 1 dies without a word (a crash); rank 0 waits for it in an all-reduce."""
     import torch

@@ -6,7 +6,6 @@ ends every rank with one error. Each test spawns its ranks once and does all its
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
@@ -15,9 +14,10 @@ import torch
 from _dense_util import prompt_ids, rel_err, save_hf, tiny_model, write_gguf
 from _dflash_util import write_drafter
 from _engine_util import build_llama
-from _tp_util import compiled_generate_on_rank, children, crash_on_rank, generate_on_rank, load_on_rank, logits_on_rank, moe_on_rank
+from _tp_util import (assert_logits_equal_single_process, compiled_generate_on_rank, crash_on_rank, generate_on_rank,
+                      load_on_rank, moe_on_rank, no_children_left)
 from gguf import GGMLQuantizationType as QT
-from specdec import LLM, load_target
+from specdec import LLM
 from specdec.cli import main
 from specdec.drafters.mtp_dir import new_mtp_block, save_mtp_dir
 from specdec.errors import CheckpointError
@@ -27,10 +27,6 @@ from specdec.parallel.launch import ParallelError, run_parallel
 DEADLINE = 120.0
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-
-def _no_children_left():
-    left = children()
-    assert not left, f"processes left running: {left}"
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +72,7 @@ def test_logits_equal_single_process(targets):
     ids = prompt_ids(24)
     small = {"vocab47": 47, "bias": 64}
     cases = {n: (path, [i % small[n] for i in ids] if n in small else ids) for n, path in targets.items()}
-    got = run_parallel(logits_on_rank, 2, list(cases.values()), deadline_s=DEADLINE)
-    for (n, (path, x)), g in zip(cases.items(), got):
-        ref = load_target(path, device="cpu").logits(x)
-        assert g.shape == ref.shape, n
-        assert rel_err(g, ref) < 1e-5, (n, rel_err(g, ref))
-    _no_children_left()
+    assert_logits_equal_single_process(cases, DEADLINE)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +104,7 @@ def test_speculative_greedy_equals_plain(spec_target):
     assert got["seed 5"] == LLM(path, draft=drafts[-1], device="cpu", num_draft_tokens=3).generate(
         prompts[0], 16, temperature=1.0, seed=5).token_ids
     assert 1 <= len(got["no seed"]) <= 16
-    _no_children_left()
+    no_children_left()
 
 
 def test_compiled_steps_under_tp_equal_plain(spec_target):
@@ -130,7 +121,7 @@ def test_compiled_steps_under_tp_equal_plain(spec_target):
     assert got["none"] == want and got[drafts[2]] == want
     assert got["oracle"] == want and got["oracle accepted"] > 0  # compiled verify steps, accepted and rolled back
     assert got["none compiled"] and got[drafts[2] + " compiled"]
-    _no_children_left()
+    no_children_left()
 
 
 def test_rank_failing_at_load_ends_every_rank(targets, tmp_path):
@@ -142,13 +133,13 @@ def test_rank_failing_at_load_ends_every_rank(targets, tmp_path):
     with pytest.raises(CheckpointError, match=r"^rank 1: .*truncated\.gguf: truncated file"):
         run_parallel(load_on_rank, 2, [targets["llama.gguf"], str(bad)], [1, 2, 3], deadline_s=DEADLINE)
     assert time.monotonic() - t0 < 60
-    _no_children_left()
+    no_children_left()
 
 
 def test_rank_crashing_ends_every_rank():
     with pytest.raises(ParallelError, match=r"^rank 1 failed: exited with code 3 without reporting"):
         run_parallel(crash_on_rank, 2, deadline_s=DEADLINE)
-    _no_children_left()
+    no_children_left()
 
 
 def test_cli_generate(targets, capfd):
@@ -159,7 +150,7 @@ def test_cli_generate(targets, capfd):
     assert main(args + ["--tensor-parallel", "2"]) == 0
     out, err = capfd.readouterr()
     assert json.loads(out)["token_ids"] == want["token_ids"]  # rank 0 alone printed: one JSON object
-    _no_children_left()
+    no_children_left()
 
 
 def test_cli_errors_are_one_line(targets, tmp_path, capfd):
@@ -170,7 +161,7 @@ def test_cli_errors_are_one_line(targets, tmp_path, capfd):
     assert len(err) == 1 and err[0].startswith("specdec generate: error: rank 0: ") and "truncated" in err[0], err
     assert main(["generate", "--model", str(bad), "--device", "cpu", "-p", "x", "--tensor-parallel", "0"]) == 2
     assert "--tensor-parallel must be an integer >= 1" in capfd.readouterr().err
-    _no_children_left()
+    no_children_left()
 
 
 def test_each_rank_holds_its_slices(targets):
@@ -241,7 +232,7 @@ def test_moe_block_equals_single_process():
             ref, ref_experts = block(x), block.experts(x, *block.route(x))
         assert rel_err(g, ref) < 1e-5, (seed, shared, t, rel_err(g, ref))
         assert rel_err(g_experts, ref_experts) < 1e-5, (seed, shared, t)
-    _no_children_left()
+    no_children_left()
 
 
 def test_moe_fewer_experts_than_ranks_is_one_error():

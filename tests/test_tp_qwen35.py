@@ -12,11 +12,10 @@ import dataclasses
 import pytest
 import torch
 
-from _dense_util import rel_err
 from _dflash_util import write_drafter
 from _qwen35_util import build_tp_dense as _build, build_tp_moe as _build_moe, write_gguf
-from _tp_util import children, generate_on_rank, logits_on_rank
-from specdec import LLM, load_target
+from _tp_util import assert_logits_equal_single_process, generate_on_rank, no_children_left
+from specdec import LLM
 from specdec.errors import ConfigError
 from specdec.loading import load_model, read_model_config
 from specdec.parallel import Shard
@@ -42,22 +41,13 @@ def ckpts(tmp_path_factory):
     return out
 
 
-def _no_children_left():
-    left = children()
-    assert not left, f"processes left running: {left}"
-
 
 def test_logits_equal_single_process(ckpts):
     g = torch.Generator().manual_seed(1)
     # 40 tokens run the chunked form (no snapshots), 20 the recurrent one
     cases = {(n, t): (path, torch.randint(256, (t,), generator=g).tolist())
              for n, path in ckpts.items() for t in (40, 20)}
-    got = run_parallel(logits_on_rank, 2, list(cases.values()), deadline_s=DEADLINE)
-    for (key, (path, ids)), x in zip(cases.items(), got):
-        ref = load_target(path, device="cpu").logits(ids)
-        assert x.shape == ref.shape, key
-        assert rel_err(x, ref) < 1e-5, (key, rel_err(x, ref))
-    _no_children_left()
+    assert_logits_equal_single_process(cases, DEADLINE)
 
 
 def test_speculative_greedy_equals_plain(ckpts, tmp_path):
@@ -80,7 +70,7 @@ def test_speculative_greedy_equals_plain(ckpts, tmp_path):
     # sampling with the MTP drafter draws the same tokens from the same seed as one process
     assert got["seed 5"] == LLM(path, draft="mtp", device="cpu", num_draft_tokens=3).generate(
         prompts[0], 16, temperature=1.0, seed=5).token_ids
-    _no_children_left()
+    no_children_left()
 
 
 def test_moe_speculative_greedy_equals_plain(ckpts):
@@ -96,7 +86,7 @@ def test_moe_speculative_greedy_equals_plain(ckpts):
     assert got["none"] == want
     assert got["ngram"] == want
     assert got["oracle"] == want and got["oracle accepted"] > 0
-    _no_children_left()
+    no_children_left()
 
 
 def test_each_rank_reads_only_its_slices(ckpts, monkeypatch):
