@@ -84,6 +84,8 @@ def main() -> None:
                     "step captured as a CUDA graph (the default on CUDA)")
     ap.add_argument("--no-exact", action="store_true", help="EngineLoop(exact=False): batched eager prefill, "
                     "1-wide steps without drafts")
+    ap.add_argument("--context", type=int, default=None, help="positions per slot (EngineLoop max_context; "
+                    "default: the model's). Every step attends over all of them")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     lm = load_model(a.model or default_model_path(), None, None)
@@ -95,13 +97,13 @@ def main() -> None:
     slots = max(a.concurrency)
     report = {"machine": machine_description(lm.model.device), "commit": git_commit(), "n": a.n,
               "requests_per_client": a.requests, "controller": not a.no_controller,
-              "static_steps": not a.eager_steps and lm.model.device.type == "cuda", "rows": []}
+              "context": a.context, "static_steps": not a.eager_steps and lm.model.device.type == "cuda", "rows": []}
     static = False if a.eager_steps else None
     exact = False if a.no_exact or a.eager_steps else None
     report["exact"] = exact is None and report["static_steps"]
     for d in a.drafts:
         loop = EngineLoop(lm, d, max_slots=slots, max_queue=n_req, controller=not a.no_controller,
-                          static_steps=static, exact=exact)
+                          static_steps=static, exact=exact, max_context=a.context)
         loop.start()
         _serve(loop, reqs[0])  # warm-up
         serial = {i: _serve(loop, reqs[i])[0] for i in range(min(a.serial, n_req))}  # each alone: the reference
@@ -109,7 +111,9 @@ def main() -> None:
             r = run_level(loop, reqs, c, a.requests)
             outs = r.pop("outputs")
             same = [outs[i] == serial[i] for i in serial if i in outs]
-            r.update(draft=d, equal_to_serial=f"{sum(same)}/{len(same)}")
+            first = {i: next((j for j, (x, y) in enumerate(zip(outs[i], serial[i])) if x != y), min(len(outs[i]), len(serial[i])))
+                     for i in serial if i in outs and outs[i] != serial[i]}
+            r.update(draft=d, equal_to_serial=f"{sum(same)}/{len(same)}", first_difference=first)
             report["rows"].append(r)
             print(json.dumps(r), flush=True)
         loop.stop()

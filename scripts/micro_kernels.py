@@ -174,9 +174,37 @@ def allreduce(args) -> dict:
     return res
 
 
+def attn(args) -> dict:
+    """Is a masked SDPA row the same bits whatever the span of cache it reads (the masked tail
+    growing)? The serving loop could then attend over the live context only."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    out = {}
+    torch.manual_seed(0)
+    for b, h, hkv, d in ((32, 9, 3, 64), (1, 32, 8, 128)):
+        for t in (1, 16):
+            q = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(b, h, 8192, d, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn_like(k)
+            live = 300
+            for name, be in (("default", None), ("efficient", SDPBackend.EFFICIENT_ATTENTION), ("math", SDPBackend.MATH)):
+                def run(span):
+                    m = torch.full((b, 1, t, span), float("-inf"), device="cuda", dtype=torch.bfloat16)
+                    m[..., :live] = 0
+                    if be is None:
+                        return F.scaled_dot_product_attention(q, k[:, :, :span], v[:, :, :span], attn_mask=m)
+                    with sdpa_kernel([be]):
+                        return F.scaled_dot_product_attention(q, k[:, :, :span], v[:, :, :span], attn_mask=m)
+                ref = run(512)
+                key = f"b{b}_h{h}_d{d}_t{t}_{name}"
+                out[key] = {str(sp): torch.equal(ref, run(sp)) for sp in (1024, 2048, 4096, 8192)}
+                out[key + "_us"] = {str(sp): _time_graph(lambda: run(sp), reps=5, inner=10) for sp in (512, 8192)}
+    print(json.dumps(out, indent=1), flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=["gemm", "allreduce"])
+    p.add_argument("what", choices=["gemm", "allreduce", "attn"])
     p.add_argument("--shape", default="qwen3-8b")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--hidden", type=int, default=4096)
@@ -184,7 +212,7 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("micro_kernels: needs CUDA")
-    res = gemm(args) if args.what == "gemm" else allreduce(args)
+    res = {"gemm": gemm, "allreduce": allreduce, "attn": attn}[args.what](args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -189,7 +189,11 @@ def _init(rank: int, world: int, kind: str, init_method: str, timeout_s: float, 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # ranks share the cores
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
-    return Shard(rank, world, device)
+    shard = Shard(rank, world, device)
+    if kind == "cuda":
+        from .tp import enable_symmetric_memory
+        enable_symmetric_memory(shard, torch.bfloat16)
+    return shard
 
 
 def _run_torchrun(fn, world: int, args, kind: str, timeout_s: float) -> Any:
