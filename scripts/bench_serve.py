@@ -86,6 +86,8 @@ def main() -> None:
                     "1-wide steps without drafts")
     ap.add_argument("--context", type=int, default=None, help="positions per slot (EngineLoop max_context; "
                     "default: the model's). Every step attends over all of them")
+    ap.add_argument("--repeat-serial", action="store_true", help="serve the serial reference twice and "
+                    "report whether both passes agree (run-to-run determinism, apart from batching)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     lm = load_model(a.model or default_model_path(), None, None)
@@ -107,6 +109,11 @@ def main() -> None:
         loop.start()
         _serve(loop, reqs[0])  # warm-up
         serial = {i: _serve(loop, reqs[i])[0] for i in range(min(a.serial, n_req))}  # each alone: the reference
+        if a.repeat_serial:  # the same requests alone once more: does the loop give the same bits twice?
+            again = {i: _serve(loop, reqs[i])[0] for i in serial}
+            rep = {"draft": d, "serial_repeat_equal": f"{sum(again[i] == serial[i] for i in serial)}/{len(serial)}"}
+            report.setdefault("serial_repeat", []).append(rep)
+            print(json.dumps(rep), flush=True)
         for c in a.concurrency:
             r = run_level(loop, reqs, c, a.requests)
             outs = r.pop("outputs")
