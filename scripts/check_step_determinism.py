@@ -50,6 +50,20 @@ def main():
         x = torch.randn(a.slots * w, cfg.hidden_size, device=dev, dtype=torch.bfloat16)
         wt = torch.randn(cfg.intermediate_size * 2, cfg.hidden_size, device=dev, dtype=torch.bfloat16)
         res[f"gemm_w{w}"] = same_n(lambda: F.linear(x, wt))
+        # the same row at every position of the batch: same bits? (a GEMM kernel that splits K
+        # differently per tile of rows would not give them)
+        for name, (n_out, n_in) in {"qkv": ((h + 2 * kv) * d, cfg.hidden_size), "down": (cfg.hidden_size, cfg.intermediate_size),
+                                    "gate_up": (2 * cfg.intermediate_size, cfg.hidden_size),
+                                    "lm_head": (cfg.vocab_size, cfg.hidden_size)}.items():
+            wt = torch.randn(n_out, n_in, device=dev, dtype=torch.bfloat16) * 0.05
+            xr = torch.randn(1, n_in, device=dev, dtype=torch.bfloat16).expand(a.slots * w, -1).contiguous()
+            y = F.linear(xr, wt)
+            res[f"gemm_{name}_rows_equal_w{w}"] = f"{sum(torch.equal(y[0], y[i]) for i in range(y.shape[0]))}/{y.shape[0]}"
+        q1 = q[:1].expand_as(q).contiguous()
+        k1, v1 = k[:1].expand_as(k).contiguous(), v[:1].expand_as(v).contiguous()
+        m1 = mask[:1].expand_as(mask).contiguous()
+        o = attend(q1, k1, v1, m1, d ** -0.5)
+        res[f"attend_rows_equal_w{w}"] = f"{sum(torch.equal(o[0], o[i]) for i in range(o.shape[0]))}/{o.shape[0]}"
         print(json.dumps({k2: v2 for k2, v2 in res.items() if k2.endswith(f"w{w}")}), flush=True)
 
 

@@ -236,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot at most; beyond, 429 "
                    "(default 64)")
     s.add_argument("--max-context", type=int, default=None, help="positions per slot (default and limit: the "
-                   "model's context); prompt plus max_tokens must fit")
+                   "model's context); prompt plus max_tokens must fit. Every step attends over all of them, so a "
+                   "context near what requests need is faster (SmolLM2 on an H200: 2x at 1024 against 8192)")
     s.add_argument("--max-tokens", type=int, default=4096, help="largest max_tokens a request may ask for, and the "
                    "default when it asks for none (default 4096)")
     s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB; "

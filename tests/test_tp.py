@@ -340,3 +340,12 @@ def test_gguf_expert_rows_decode_alone(tmp_path, qtype):
     whole = src.get("blk.0.ffn_down_exps.weight", torch.float32)
     assert whole.shape == (5, 3, 256)
     assert torch.equal(src.get_slice("blk.0.ffn_down_exps.weight", 0, 2, 5, torch.float32), whole[2:5])
+
+
+def test_symmetric_memory_all_reduce_is_cuda_only():
+    """The one-shot all-reduce over symmetric memory is set up for CUDA ranks only: a CPU rank
+    keeps gloo (its all-reduce is the one the tests above exercise), with nothing registered."""
+    from specdec.parallel import tp
+
+    assert tp.enable_symmetric_memory(tp.Shard(0, 2, "cpu"), torch.bfloat16) is False
+    assert "cpu" not in tp._SYMM

@@ -11,15 +11,15 @@ by the same instructions, in the same order, whatever ``M`` is (1..16): the resu
 function of that row alone (tested on the CPU through Triton's interpreter where Triton imports).
 No split-K: the sum over K stays in one program.
 
-Only used on CUDA, for bf16/fp16 weights and <= 16 rows; everything else runs ``F.linear``.
+An experiment, not wired into the models: on an H200 (scripts/micro_kernels.py gemm, BENCHMARKS.md)
+cuBLAS turned out to cost the same at 1 and at 16 rows for every Qwen3-8B weight, so the padded
+step's extra cost is not in its GEMMs; this kernel is 1-10 % faster than cuBLAS at 16 rows there,
+and slower on SmolLM2's LM head. Kept for the batch-invariance work (its rows do not depend on M).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
-import torch.nn.functional as F
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
     import triton
@@ -28,7 +28,6 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 ROWS = 16  # the most rows one launch takes (one tl.dot tile)
-_ENABLED = os.environ.get("SPECDEC_SKINNY", "1") != "0"
 
 
 def config(n: int, k: int) -> tuple[int, int, int, int]:
@@ -74,30 +73,3 @@ def launch(x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, cfg: tuple
                                    y.stride(0), HAS_BIAS=b is not None, EVEN_K=k % bk == 0, BN=bn, BK=bk,
                                    num_warps=warps, num_stages=stages)
     return y
-
-
-def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether ``linear(x, w)`` takes the kernel: CUDA, half-precision weights with unit stride
-    along K, and at most 16 rows."""
-    return (_ENABLED and triton is not None and x.is_cuda and w.dtype in (torch.bfloat16, torch.float16)
-            and x.dtype == w.dtype and w.stride(-1) == 1 and x.numel() // x.shape[-1] <= ROWS)
-
-
-if triton is not None:
-    @torch.library.custom_op("specdec::skinny_linear", mutates_args=())
-    def _skinny_op(x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        return launch(x2, w, b)
-
-    @_skinny_op.register_fake
-    def _(x2, w, b):
-        return x2.new_empty(x2.shape[0], w.shape[0])
-
-
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, w, b)``, through the skinny kernel where :func:`usable` (one opaque op, so
-    ``torch.compile`` and CUDA graphs take it as it is)."""
-    if not usable(x, w):
-        return F.linear(x, w, b)
-    lead = x.shape[:-1]
-    y = _skinny_op(x.reshape(-1, x.shape[-1]).contiguous(), w, b)
-    return y.view(*lead, w.shape[0])
