@@ -86,6 +86,8 @@ def main() -> None:
                     "1-wide steps without drafts")
     ap.add_argument("--context", type=int, default=None, help="positions per slot (EngineLoop max_context; "
                     "default: the model's). Every step attends over all of them")
+    ap.add_argument("--no-span-buckets", action="store_true", help="static steps attend over the whole context "
+                    "(EngineLoop span_buckets=False)")
     ap.add_argument("--repeat-serial", action="store_true", help="serve the serial reference twice and "
                     "report whether both passes agree (run-to-run determinism, apart from batching)")
     ap.add_argument("--json", default=None)
@@ -103,9 +105,11 @@ def main() -> None:
     static = False if a.eager_steps else None
     exact = False if a.no_exact or a.eager_steps else None
     report["exact"] = exact is None and report["static_steps"]
+    report["span_buckets"] = report["static_steps"] and not a.no_span_buckets
     for d in a.drafts:
         loop = EngineLoop(lm, d, max_slots=slots, max_queue=n_req, controller=not a.no_controller,
-                          static_steps=static, exact=exact, max_context=a.context)
+                          static_steps=static, exact=exact, max_context=a.context,
+                          span_buckets=False if a.no_span_buckets or a.eager_steps else None)
         loop.start()
         _serve(loop, reqs[0])  # warm-up
         serial = {i: _serve(loop, reqs[i])[0] for i in range(min(a.serial, n_req))}  # each alone: the reference

@@ -134,3 +134,33 @@ def test_inexact_batching_is_batch_dependent(target):
 def test_exact_needs_static_steps(target):
     with pytest.raises(Exception, match="static_steps"):
         EngineLoop(target[0], "none", static_steps=False, exact=True)
+
+
+@pytest.mark.parametrize("k", [0, 3], ids=["plain", "oracle"])
+def test_span_buckets_rows_bitwise(target, k, monkeypatch):
+    """Span buckets: each static step attends over the smallest bucket that holds every slot's
+    positions (16, 32, 64 here, from a lowered minimum), with the span-invariant attention. A
+    request alone runs steps of shorter spans than beside longer ones, and its rows must keep
+    their bits. (On the CPU this holds for spans under ~768, where its kernel walks keys in the
+    same blocks; the GPU check is scripts/bench_serve.py's equal_to_serial on the H200.)"""
+    from specdec.engine import loop_work
+
+    monkeypatch.setattr(loop_work, "SPAN_BUCKET_MIN", 16)
+    reqs, rows_s, rows_a = _alone_and_shared(target, k, False, span_buckets=True)
+    spans_used = set()
+    for r, alone in zip(reqs, rows_a):
+        key = tuple(r.prompt_ids)
+        a, s = alone[key], rows_s[key]
+        for name in ("logits", "hidden", "captured"):
+            n = min(a[name].shape[0], s[name].shape[0])
+            assert torch.equal(a[name][:n], s[name][:n]), f"prompt of {len(key)} tokens: {name} differ"
+    loaded, capture = target
+    engine = EngineLoop(loaded, "none", max_slots=4, static_steps=True, span_buckets=True)
+    for need in (1, 16, 17, 40, 64, 65):
+        spans_used.add(engine._span(need))
+    assert sorted(spans_used) == [16, 32, 64, 128] or engine.cache.max_len < 128
+
+
+def test_span_buckets_need_static_steps(target):
+    with pytest.raises(Exception, match="span_buckets"):
+        EngineLoop(target[0], "none", static_steps=False, span_buckets=True)

@@ -21,6 +21,8 @@ from .acceptance import accept_greedy_rows, accept_sampled
 from .batch import forward_ragged
 from .requests import Event
 
+SPAN_BUCKET_MIN = 256  # the smallest span a static step attends over with span buckets
+
 ALPHA_EMA = 0.3  # weight of the newest step in a slot's acceptance rate
 
 
@@ -64,12 +66,15 @@ class SlotWork:
         if n > self.static_prefill_max or -(-n // c) * c > self.cache.max_len:
             self._prefill_rows([s], self.prefill_chunk)
             return
-        if self._prefill_step is None:
-            self._prefill_step = GraphedPrefill(self.model, self.cache, c, self.capture)
         for _ in range(max(1, self.prefill_chunk // c)):
             seg = slot.prompt[slot.length: slot.length + c]
+            span = self._span(slot.length + c)
+            step = self._prefill_steps.get(span)
+            if step is None:
+                step = self._prefill_steps[span] = GraphedPrefill(self.model, self.cache, c, self.capture, span=span,
+                                                                  span_invariant=self.span_buckets)
             try:
-                out = self._prefill_step(seg, s, slot.length)
+                out = step(seg, s, slot.length)
             except Exception as e:  # noqa: BLE001 - this request fails, the others go on
                 if self._sync is not None:  # under tensor parallelism the ranks may disagree now: end the loop
                     raise
@@ -91,6 +96,17 @@ class SlotWork:
             return
         for r, s in enumerate(group):
             self._prefilled(s, r, segs[r].numel(), out)
+
+    def _span(self, need: int) -> int:
+        """The span a static step needing positions ``0 .. need-1`` attends over: the whole cache, or
+        with span buckets the smallest of 256, 512, 1024, ... that holds them (at most the cache)."""
+        top = self.cache.max_len
+        if not self.span_buckets:
+            return top
+        span = SPAN_BUCKET_MIN
+        while span < need:
+            span *= 2
+        return min(span, top)
 
     def _prefilled(self, s: int, r: int, m: int, out: ForwardOut) -> bool:
         """Slot ``s`` ran ``m`` prompt positions as row ``r`` of ``out`` (logits: its last one's).
@@ -230,9 +246,11 @@ class SlotWork:
         # Every slot runs; an idle one (free, or a prompt being prefilled) starts at its length, so its
         # dummy writes land past what it has committed (masked, and overwritten by its next forward).
         starts = [0 if sl is None else sl.length for sl in self._slots]
-        step = self._static.get(width)
+        span = self._span(max(starts) + width)
+        step = self._static.get((width, span))
         if step is None:
-            step = self._static[width] = GraphedBatch(self.model, self.cache, width, self.capture)
+            step = self._static[(width, span)] = GraphedBatch(self.model, self.cache, width, self.capture, span=span,
+                                                              span_invariant=self.span_buckets)
         out = step(ids, slots, starts)
         if slots == list(range(self.max_slots)):
             return out

@@ -126,7 +126,7 @@ class EngineLoop(SlotWork):
 
     def __init__(self, loaded, draft=None, *, max_slots: int = 8, max_queue: int = 64, num_draft_tokens: int = 4,
                  block_size: int | None = None, max_context: int | None = None, controller: bool = True,
-                 static_steps: bool | None = None, exact: bool | None = None):
+                 static_steps: bool | None = None, exact: bool | None = None, span_buckets: bool | None = None):
         model: CausalLM = getattr(loaded, "model", loaded)
         if not model.batched:
             arch = getattr(getattr(loaded, "arch", None), "name", None) or model.config.model_type
@@ -157,7 +157,7 @@ class EngineLoop(SlotWork):
             raise ConfigError(f"static_steps must be True, False or None, got {static_steps!r}")
         # every verify step as one fixed-shape step over all slots (a CUDA graph on CUDA): see graphed_batch.py
         self.static_steps = static_steps
-        self._static: dict[int, GraphedBatch] = {}  # step width -> its static step (built at first use)
+        self._static: dict[tuple[int, int], GraphedBatch] = {}  # (width, span) -> its static step (at first use)
         if exact is None:
             exact = static_steps
         elif type(exact) is not bool:
@@ -166,7 +166,15 @@ class EngineLoop(SlotWork):
             raise ConfigError("exact=True needs static_steps (fixed-shape verify steps); pass static_steps=True")
         # a request's bits independent of the other requests: prompts prefill alone, k = 0 keeps the wide step
         self.exact = exact
-        self._prefill_step: GraphedPrefill | None = None  # built at first use
+        self._prefill_steps: dict[int, GraphedPrefill] = {}  # span -> the exact prefill's static step
+        # static steps attend over the smallest of 256, 512, ... (and the whole cache) that holds every
+        # slot's positions, not over the whole cache: with span-invariant attention (layers.py), whose
+        # bits hold across spans on CUDA (measured on the H200), not on the CPU: default on CUDA only
+        if span_buckets is None:
+            span_buckets = static_steps and model.device.type == "cuda"
+        elif type(span_buckets) is not bool or (span_buckets and not static_steps):
+            raise ConfigError(f"span_buckets must be True (with static_steps), False or None, got {span_buckets!r}")
+        self.span_buckets = span_buckets
         self._shard = getattr(model, "shard", None)
         self._sync: BoundaryChannel | None = None  # tensor parallelism: set by start() / follow()
         self.error: BaseException | None = None  # under tensor parallelism, what ended the loop

@@ -24,6 +24,7 @@ prompt's KV cache, hidden rows and first token have the same bits served alone o
 
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import torch
@@ -31,6 +32,7 @@ import torch
 from ..cache import BatchCache, BatchLinearCache
 from .base import CausalLM, ForwardOut
 from .graphs import capture as capture_graph
+from .layers import span_invariant_attention
 
 
 class _StaticStep:
@@ -38,14 +40,23 @@ class _StaticStep:
     the graph (captured at the first call, with ``use_graphs``: default on CUDA)."""
 
     def __init__(self, model: CausalLM, cache: BatchCache, width: int, capture: Sequence[int],
-                 use_graphs: bool | None):
+                 use_graphs: bool | None, span: int | None = None, span_invariant: bool = False):
         model.check_batched()
+        if span is not None and not width <= span <= cache.max_len:
+            raise ValueError(f"static step span {span} must lie in {width}..{cache.max_len}")
+        # attention reads positions 0 .. span-1 of each slot (default: the whole cache); steps of
+        # several spans give a row the same bits only with span_invariant (layers.span_invariant_attention)
+        self.span = cache.max_len if span is None else span
+        self.span_invariant = span_invariant
         self.use_graphs = model.device.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and model.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
         self.model, self.cache, self.width, self.capture = model, cache, width, tuple(capture)
         self.graph = None
         self.out: ForwardOut | None = None
+
+    def _attention(self):
+        return span_invariant_attention() if self.span_invariant else contextlib.nullcontext()
 
 
 class GraphedBatch(_StaticStep):
@@ -58,8 +69,8 @@ class GraphedBatch(_StaticStep):
     """
 
     def __init__(self, model: CausalLM, cache: BatchCache, width: int, capture: Sequence[int] = (),
-                 use_graphs: bool | None = None):
-        super().__init__(model, cache, width, capture, use_graphs)
+                 use_graphs: bool | None = None, span: int | None = None, span_invariant: bool = False):
+        super().__init__(model, cache, width, capture, use_graphs, span, span_invariant)
         s, dev = cache.slots, model.device
         # the step's inputs: static buffers, refilled before each run (never reallocated: the graph reads them)
         self.ids = torch.zeros(s, width, dtype=torch.int64, device=dev)
@@ -68,8 +79,9 @@ class GraphedBatch(_StaticStep):
     def _run(self) -> ForwardOut:
         """The static step: shapes depend on (slots, width, cache length) only; no host sync."""
         c = self.cache
-        return self.model.forward_batch(self.ids, c, self.starts, slots=range(c.slots), span=c.max_len,
-                                        capture=self.capture, logits="all")
+        with self._attention():
+            return self.model.forward_batch(self.ids, c, self.starts, slots=range(c.slots), span=self.span,
+                                            capture=self.capture, logits="all")
 
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, slots: Sequence[int], starts: Sequence[int]) -> ForwardOut:
@@ -82,9 +94,9 @@ class GraphedBatch(_StaticStep):
             raise ValueError(f"static batched step takes ids [b, {self.width}] and {self.cache.slots} starts, "
                              f"got ids {list(ids.shape)} and {len(starts)} starts")
         dev = self.ids.device
-        if max(starts) + self.width > self.cache.max_len:  # an index past the cache would be a device fault
-            raise RuntimeError(f"static batched step at position {max(starts)} does not fit the cache of "
-                               f"{self.cache.max_len} positions")
+        if max(starts) + self.width > self.span:  # an index past the span would be a device fault
+            raise RuntimeError(f"static batched step at position {max(starts)} does not fit its span of "
+                               f"{self.span} positions")
         self.starts.copy_(torch.tensor(list(starts), dtype=torch.int64))
         self.ids.index_copy_(0, torch.tensor(list(slots), dtype=torch.int64, device=dev), ids.to(dev))
         if not self.use_graphs:
@@ -110,16 +122,17 @@ class GraphedPrefill(_StaticStep):
     """
 
     def __init__(self, model: CausalLM, cache: BatchCache, width: int, capture: Sequence[int] = (),
-                 use_graphs: bool | None = None):
-        super().__init__(model, cache, width, capture, use_graphs)
+                 use_graphs: bool | None = None, span: int | None = None, span_invariant: bool = False):
+        super().__init__(model, cache, width, capture, use_graphs, span, span_invariant)
         dev = model.device
         self.ids = torch.zeros(1, width, dtype=torch.int64, device=dev)
         self.start, self.slot, self.n = (torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(3))
 
     def _run(self) -> ForwardOut:
         c = self.cache
-        return self.model.forward_batch(self.ids, c, self.start, slots=self.slot, span=c.max_len,
-                                        capture=self.capture, last=self.n - 1, commit=self.n)
+        with self._attention():
+            return self.model.forward_batch(self.ids, c, self.start, slots=self.slot, span=self.span,
+                                            capture=self.capture, last=self.n - 1, commit=self.n)
 
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, slot: int, start: int) -> ForwardOut:
@@ -129,9 +142,9 @@ class GraphedPrefill(_StaticStep):
         m = ids.numel()
         if not 0 < m <= self.width:
             raise ValueError(f"static prefill step takes 1..{self.width} tokens, got {m}")
-        if start + self.width > self.cache.max_len:
-            raise RuntimeError(f"static prefill step at position {start} does not fit the cache of "
-                               f"{self.cache.max_len} positions")
+        if start + self.width > self.span:
+            raise RuntimeError(f"static prefill step at position {start} does not fit its span of "
+                               f"{self.span} positions")
         self.ids.copy_(torch.nn.functional.pad(ids.reshape(1, m).to(self.ids.device), (0, self.width - m)))
         self.start.fill_(start)
         self.slot.fill_(slot)

@@ -6,7 +6,9 @@ Tensors inside a model are ``[T, ...]`` (one sequence, no batch dimension); atte
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -135,6 +137,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     if single:
         q, k, v = q[None], k[None], v[None]
     groups = q.shape[1] // k.shape[1]
+    if not single and getattr(_SPAN_INVARIANT, "on", False):
+        return _attend_span_invariant(q, k, v, mask, scale, groups)
     if not single and groups > 1 and FOLD_GQA_BATCHED:
         return _attend_folded(q, k, v, mask, scale, groups)
     if groups > 1 and not _SDPA_GQA:
@@ -164,6 +168,39 @@ def _attend_folded(q, k, v, mask, scale: float, groups: int) -> torch.Tensor:
         m = mask.unsqueeze(2).expand(mask.shape[0], 1, groups, t, mask.shape[-1]).reshape(mask.shape[0], 1, groups * t, -1)
     o = F.scaled_dot_product_attention(qf, k, v, attn_mask=m, scale=scale)
     return o.reshape(b, h, t, o.shape[-1])
+
+
+# Batched static steps whose span follows the live context (the serving loop's span buckets) need a
+# row's attention bits not to change with how many masked keys follow its live ones. SDPA's default
+# CUDA kernel at [1, 32, 1, 128] and its math kernel change them as the span grows; the memory-efficient
+# kernel did not, in every shape measured on the H200 (BENCHMARKS.md, scripts/micro_kernels.py attn).
+# So such steps fold each KV head's query group into its rows (no GQA, which that kernel lacks) and,
+# on CUDA, take the memory-efficient kernel. The CPU's kernels change bits with the span: the loop
+# uses span buckets on CUDA only.
+_SPAN_INVARIANT = threading.local()
+
+
+@contextlib.contextmanager
+def span_invariant_attention():
+    """Within it (this thread), batched attention takes the span-invariant form above."""
+    prev = getattr(_SPAN_INVARIANT, "on", False)
+    _SPAN_INVARIANT.on = True
+    try:
+        yield
+    finally:
+        _SPAN_INVARIANT.on = prev
+
+
+def _attend_span_invariant(q, k, v, mask, scale: float, groups: int) -> torch.Tensor:
+    def run():
+        if groups > 1:
+            return _attend_folded(q, k, v, mask, scale, groups)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    if not q.is_cuda:
+        return run()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+        return run()
 
 
 def _sdpa_has_gqa() -> bool:
