@@ -233,11 +233,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "without drafts run 1 token wide (by default with CUDA graphs each prompt prefills on its own "
                    "through a static step and every step runs the one wide step, so a greedy reply is bitwise the "
                    "same served alone or in a batch)")
+    s.add_argument("--no-span-buckets", action="store_true", help="with CUDA graphs, every step attends over each "
+                   "slot's whole context (by default over the smallest of 256, 512, ... positions that holds every "
+                   "slot's, with attention kernels whose bits do not change with that span)")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot at most; beyond, 429 "
                    "(default 64)")
     s.add_argument("--max-context", type=int, default=None, help="positions per slot (default and limit: the "
-                   "model's context); prompt plus max_tokens must fit. Every step attends over all of them, so a "
-                   "context near what requests need is faster (SmolLM2 on an H200: 2x at 1024 against 8192)")
+                   "model's context); prompt plus max_tokens must fit. The KV cache holds max-slots x this; on CUDA "
+                   "a step attends over the smallest power of two >= 256 that holds its slots' positions")
     s.add_argument("--max-tokens", type=int, default=4096, help="largest max_tokens a request may ask for, and the "
                    "default when it asks for none (default 4096)")
     s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB; "

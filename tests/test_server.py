@@ -361,7 +361,7 @@ def test_closed_stream_cancels_the_request(live):
 
 # --- the command line ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("flags", [[], ["--no-exact-batching"]])
+@pytest.mark.parametrize("flags", [[], ["--no-exact-batching"], ["--no-span-buckets"]])
 def test_cli_serve_builds_engine_and_runs_uvicorn(monkeypatch, tmp_path, flags):
     import sys
     import types
@@ -389,7 +389,8 @@ def test_cli_serve_builds_engine_and_runs_uvicorn(monkeypatch, tmp_path, flags):
     assert rc == 0
     assert built == {"loaded": loaded, "draft": "ngram", "max_slots": 3, "max_queue": 5, "num_draft_tokens": 4,
                      "block_size": None, "max_context": 64, "static_steps": None,
-                     "exact": False if flags else None}
+                     "exact": False if "--no-exact-batching" in flags else None,
+                     "span_buckets": False if "--no-span-buckets" in flags else None}
     assert ran["host"] == "127.0.0.1" and ran["port"] == 0
     client = TestClient(ran["app"])
     assert client.get("/v1/models").status_code == 401

@@ -7,8 +7,10 @@ captured as a CUDA graph because its shapes change every step (active slots, dra
 
 :class:`GraphedBatch` runs every verify step with ONE fixed shape: ``[S, W]`` token ids where
 ``S`` is every slot of the cache (row ``r`` is slot ``r``; idle slots run dummy rows) and
-``W = kmax + 1`` (rows with fewer drafts are right-padded); attention reads the whole
-preallocated cache masked by position, and the start positions live in a static device tensor.
+``W = kmax + 1`` (rows with fewer drafts are right-padded); attention reads positions
+``0 .. span-1`` of every slot masked by position (``span``: the whole preallocated cache, or a
+span bucket the serving loop picks, one static step per (width, span); a row's bits then hold
+across spans only with ``span_invariant``), and the start positions live in a static device tensor.
 On CUDA the step is captured once and replayed (one launch); elsewhere the very same function runs
 eagerly, so CPU tests check the exact math the graph runs. With one shape, every step runs the same
 kernels: a row's logits do not depend on what the other rows hold or how many are live, so in bf16

@@ -69,7 +69,8 @@ def _serve(shard, args) -> int:
     engine = EngineLoop(loaded, args.draft, max_slots=args.max_slots, max_queue=args.max_queue,
                         num_draft_tokens=args.num_draft_tokens, block_size=args.block_size,
                         max_context=args.max_context, static_steps=False if args.no_cuda_graphs else None,
-                        exact=False if args.no_exact_batching else None)
+                        exact=False if args.no_exact_batching else None,
+                        span_buckets=False if args.no_span_buckets or args.no_cuda_graphs else None)
     if shard is not None and shard.rank > 0:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every rank: rank 0 stops the others
         engine.follow()

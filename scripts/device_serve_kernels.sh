@@ -1,0 +1,67 @@
+#!/bin/bash
+# The 2026-11-30 measurements on nvidia-h200-x2 (BENCHMARKS.md), one device call each (< 10 min).
+# Subcommands that need SmolLM2 want the GGUF at /tmp/smollm2.gguf (or /tmp/part1 + .dev/b/part2:
+# the two-call upload of BENCHMARKS.md). Results go to $OUT/all.tgz (one file: $OUT brings back few).
+#   micro        all-reduce (NCCL, NCCL_PROTO=LL, one-shot), GEMM sweep, then on GPU 0 the serving
+#                benchmark (exact and not) and T=1 DFlash, on GPU 1 the GEMM sweep
+#   tp           qwen3-8b shape compiled: TP=1, TP=2 (one-shot all-reduce), TP=2 (NCCL only)
+#   serve        serving at context 1024 (exact and not), SDPA span check, qwen3-8b step profiles
+#   determinism  plain serving, each prompt alone twice: static exact, static not exact, eager
+#   buckets      serving with span buckets (GPU 0) against the whole context (GPU 1)
+set -u
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+[ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
+G=/tmp/smollm2.gguf
+smollm2() { [ -f $G ] || cat /tmp/part1 .dev/b/part2 > $G; }
+serve() {  # name, gpu, seconds, bench_serve args...
+    local name=$1 gpu=$2 secs=$3; shift 3
+    CUDA_VISIBLE_DEVICES=$gpu timeout $secs python scripts/bench_serve.py --model $G --json $OUT/$name.json "$@" \
+        > $OUT/$name.log 2>&1
+    echo "$name rc=$?"; grep -E "rror|Traceback" $OUT/$name.log | tail -3; cut -c1-150 $OUT/$name.log | grep -E "concurrency|repeat"; }
+case "${1:-}" in
+micro)
+    smollm2
+    timeout 90 python scripts/micro_kernels.py allreduce --json $OUT/ar_default.json > $OUT/ar_default.log 2>&1
+    NCCL_PROTO=LL timeout 60 python scripts/micro_kernels.py allreduce --json $OUT/ar_ll.json > $OUT/ar_ll.log 2>&1
+    (serve serve_exact 0 230
+     serve serve_noexact 0 170 --no-exact
+     CUDA_VISIBLE_DEVICES=0 timeout 90 python -m specdec bench -m $G -n 128 --dataset gsm8k --num-prompts 30 -t 1 \
+         --drafts none dflash ngram --compile --json $OUT/t1_gsm8k.json > $OUT/t1.log 2>&1) &
+    (export CUDA_VISIBLE_DEVICES=1
+     timeout 200 python scripts/micro_kernels.py gemm --sweep --json $OUT/gemm_qwen3_8b.json > $OUT/gemm_qwen3_8b.log 2>&1
+     timeout 60 python scripts/micro_kernels.py gemm --shape smollm2-135m --sweep --json $OUT/gemm_smollm2.json \
+         > $OUT/gemm_smollm2.log 2>&1) &
+    wait ;;
+tp)
+    b() { local name=$1 secs=$2; shift 2
+          timeout $secs python -m specdec bench --reps 5 -n 128 --shape qwen3-8b --compile --json $OUT/$name.json "$@" \
+              > $OUT/$name.log 2>&1
+          echo "== $name rc=$?"; grep -vE "it/s|^\s*$|Warning|warn" $OUT/$name.log | tail -7 | cut -c1-300; }
+    b tp1 170
+    b tp2_symm 190 --tensor-parallel 2
+    SPECDEC_SYMM_ALLREDUCE=0 b tp2_nccl 190 --tensor-parallel 2 ;;
+serve)
+    smollm2
+    (serve serve_exact_1024 0 200 --context 1024 --no-span-buckets
+     serve serve_noexact_1024 0 150 --context 1024 --no-exact) &
+    (export CUDA_VISIBLE_DEVICES=1
+     timeout 60 python scripts/micro_kernels.py attn > $OUT/attn.log 2>&1
+     for r in 1 16; do timeout 120 python scripts/profile_shape_step.py --shape qwen3-8b --rows $r --compile \
+         > $OUT/profile_q8_rows$r.log 2>&1; done) &
+    wait ;;
+determinism)
+    smollm2
+    d="--context 1024 --drafts none --concurrency 16 --serial 16 --requests 1 --repeat-serial --no-span-buckets"
+    serve exact 0 150 $d &
+    serve noexact 1 150 $d --no-exact &
+    wait
+    serve eager 0 150 $d --eager-steps ;;
+buckets)
+    smollm2
+    serve buckets 0 170 --drafts none ngram dflash &
+    serve whole 1 170 --drafts ngram dflash --no-span-buckets &
+    wait ;;
+*)
+    sed -n 2,10p "$0"; exit 2 ;;
+esac
+cd $OUT && tar czf all.tgz *.json *.log 2>/dev/null; rm -f *.json *.log
