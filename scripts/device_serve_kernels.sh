@@ -8,6 +8,8 @@
 #   serve        serving at context 1024 (exact and not), SDPA span check, qwen3-8b step profiles
 #   determinism  plain serving, each prompt alone twice: static exact, static not exact, eager
 #   buckets      serving with span buckets (GPU 0) against the whole context (GPU 1)
+#   reuse        serving with span buckets and kept slot drafters (GPU 0); plain serving with span
+#                buckets, each prompt alone twice (GPU 1)
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
@@ -61,7 +63,13 @@ buckets)
     serve buckets 0 170 --drafts none ngram dflash &
     serve whole 1 170 --drafts ngram dflash --no-span-buckets &
     wait ;;
+reuse)
+    smollm2
+    serve reuse 0 170 --drafts none ngram dflash &
+    serve determinism_buckets 1 150 --context 1024 --drafts none --concurrency 16 --serial 16 --requests 1 \
+        --repeat-serial &
+    wait ;;
 *)
-    sed -n 2,10p "$0"; exit 2 ;;
+    sed -n 2,12p "$0"; exit 2 ;;
 esac
 cd $OUT && tar czf all.tgz *.json *.log 2>/dev/null; rm -f *.json *.log

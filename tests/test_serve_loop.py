@@ -450,3 +450,50 @@ def test_prompt_chunks_interleave_with_decode_steps(setup):
         toks, done = _collect(h, 1)
         assert done.kind == "done", done.message
         assert toks == _reference(model, r)
+
+
+def test_slot_drafters_are_kept_across_requests(setup, monkeypatch):
+    """A slot keeps its built-in drafter across requests (a DFlash drafter keeps its context
+    buffers and static block: one capture per slot on CUDA), and ``begin`` starts it afresh: the
+    drafts each request gets through a reused drafter (stale context rows past its length) equal
+    those of a fresh drafter, and replies equal plain decoding. A failed request drops its drafter."""
+    from specdec.drafters import dflash as dfm
+
+    loaded, dirs = setup
+    drafts, spawned = {}, []
+    orig_spawn, orig_begin, orig_propose = dfm.DFlashDrafter.spawn, dfm.DFlashDrafter.begin, dfm.DFlashDrafter.propose
+
+    def spawn(self):
+        d = orig_spawn(self)
+        d.static_steps = True  # the static block path (eager on the CPU), which reads the whole buffers
+        spawned.append(d)
+        return d
+
+    def begin(self, prompt_ids, out):
+        self.key = tuple(prompt_ids.tolist())
+        orig_begin(self, prompt_ids, out)
+
+    def propose(self, last_token, k, params, gen):
+        p = orig_propose(self, last_token, k, params, gen)
+        drafts.setdefault(self.key, []).append(p.tokens.tolist())
+        return p
+
+    monkeypatch.setattr(dfm.DFlashDrafter, "spawn", spawn)
+    monkeypatch.setattr(dfm.DFlashDrafter, "begin", begin)
+    monkeypatch.setattr(dfm.DFlashDrafter, "propose", propose)
+    reqs = _requests(6, seed=4, repetitive=True)
+    spec = f"dflash:{dirs['dflash']}"
+    kept = _serve(EngineLoop(loaded, spec, max_slots=1, controller=False), reqs)  # one slot: one drafter for all
+    assert len(spawned) == 1
+    reused, drafts = drafts, {}
+    for r in reqs:  # each request with a drafter of its own
+        _serve(EngineLoop(loaded, spec, max_slots=1, controller=False), [r])
+    assert len(spawned) == 1 + len(reqs)
+    assert reused == drafts and sum(len(v) for v in drafts.values()) > len(reqs)
+    for r, (toks, done) in zip(reqs, kept):
+        assert done.kind == "done" and toks == _reference(loaded.model, r)
+    engine = EngineLoop(loaded, spec, max_slots=1)
+    engine._slot_drafters[0] = "kept"
+    engine._slots[0] = type("S", (), {"handle": type("H", (), {"_send": lambda self, ev: None})()})()
+    engine._fail(0, "x")
+    assert 0 not in engine._slot_drafters

@@ -97,6 +97,18 @@ class SlotWork:
         for r, s in enumerate(group):
             self._prefilled(s, r, segs[r].numel(), out)
 
+    def _slot_drafter(self, s: int):
+        """Slot ``s``'s drafter. A built-in drafter (made by ``spawn``) is spawned at the slot's first
+        request and kept, started afresh by ``begin`` for each request: a DFlash drafter keeps its
+        context buffers and its captured block, one graph capture per slot instead of per request.
+        A drafter factory gets called for every request; a request that fails drops its drafter."""
+        if not self._reuse_drafters:
+            return self._spawn()
+        d = self._slot_drafters.get(s)
+        if d is None:
+            d = self._slot_drafters[s] = self._spawn()
+        return d
+
     def _span(self, need: int) -> int:
         """The span a static step needing positions ``0 .. need-1`` attends over: the whole cache, or
         with span buckets the smallest of 256, 512, 1024, ... that holds them (at most the cache)."""
@@ -128,7 +140,7 @@ class SlotWork:
             if keep:
                 rows = ForwardOut(out.logits[r: r + 1], torch.cat(slot.rows_h),
                                   torch.cat(slot.rows_c) if slot.rows_c else None)
-                slot.drafter = self._spawn()
+                slot.drafter = self._slot_drafter(s)
                 slot.drafter.begin(slot.prompt.to(dev), rows)
         except Exception as e:  # noqa: BLE001 - this request fails alone
             self._fail(s, e)
@@ -288,6 +300,7 @@ class SlotWork:
 
     def _fail(self, s: int, err) -> None:
         slot, self._slots[s] = self._slots[s], None
+        self._slot_drafters.pop(s, None)  # it may have failed mid-way: the slot's next request gets a new one
         self._count("requests_failed")
         slot.handle._send(Event("error", message=err if isinstance(err, str) else describe(err)))
 

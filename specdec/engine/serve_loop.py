@@ -138,6 +138,8 @@ class EngineLoop(SlotWork):
                 raise ConfigError(f"{name} must be an integer >= {lo}, got {v!r}")
         self.model, self.max_slots, self.max_queue = model, max_slots, max_queue
         self.draft_name, self._spawn, proto = self._drafters(draft, loaded, block_size)
+        self._slot_drafters: dict[int, object] = {}  # slot -> its drafter, kept across requests
+        self._reuse_drafters = proto is not None and self._spawn == getattr(proto, "spawn", None)
         if proto is None:
             self.kmax = 0
         elif getattr(proto, "block_size", None):
