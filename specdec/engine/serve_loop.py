@@ -196,8 +196,8 @@ class EngineLoop(SlotWork):
     @staticmethod
     def _drafters(draft, loaded, block_size):
         """(name, per-slot factory or None, one instance to read settings from or None)."""
-        # auto serves plainly: on the H200 (BENCHMARKS.md, ee46455) speculation in this loop was slower
-        # than plain decoding from 4 clients on (n-gram 0.93-0.98x, DFlash 0.55x at 4), so it is not picked
+        # auto serves plainly: on the H200 (BENCHMARKS.md, bd1b17f) speculation in this loop paid at few
+        # clients only (DFlash 1.86x at 1, 0.81x at 4, 0.36x at 32; n-gram 0.96-1.11x), so it is not picked
         draft = "none" if draft == "auto" else resolve_spec(draft, loaded)
         if draft is None or draft == "none":
             if block_size is not None:
