@@ -72,8 +72,8 @@ reuse)
     wait ;;
 slots)
     smollm2
-    serve all_slots 0 170 --drafts none dflash &
-    serve per_slot 1 170 --drafts none dflash --per-slot-drafters &
+    serve all_slots 0 170 --drafts none dflash --all-slots-drafter &
+    serve per_slot 1 170 --drafts none dflash &
     wait ;;
 *)
     sed -n 2,13p "$0"; exit 2 ;;

@@ -110,9 +110,9 @@ class EngineLoop(SlotWork):
 
     ``span_buckets`` (default: on CUDA with static steps): a static step attends over the smallest of
     256, 512, ... positions holding every slot's, with span-invariant attention, not over the whole
-    context. ``all_slots_drafter`` (default on): a drafter that offers ``for_slots`` (DFlash) drafts
-    for every slot in one static step and writes every slot's committed rows in one more
-    (:class:`~specdec.drafters.dflash.DFlashSlots`), instead of a pass per slot; with static steps.
+    context. ``all_slots_drafter`` (off until measured on a GPU): a drafter that offers ``for_slots``
+    (DFlash) drafts for every slot in one static step and writes every slot's committed rows in one
+    more (:class:`~specdec.drafters.dflash.DFlashSlots`), instead of a pass per slot; with static steps.
 
     With ``exact=False`` the joining prompts prefill together in one right-padded eager forward
     (a prompt's bits then depend on which prompts join with it), and a step without drafts runs a
@@ -133,7 +133,7 @@ class EngineLoop(SlotWork):
     def __init__(self, loaded, draft=None, *, max_slots: int = 8, max_queue: int = 64, num_draft_tokens: int = 4,
                  block_size: int | None = None, max_context: int | None = None, controller: bool = True,
                  static_steps: bool | None = None, exact: bool | None = None, span_buckets: bool | None = None,
-                 all_slots_drafter: bool = True):
+                 all_slots_drafter: bool = False):
         model: CausalLM = getattr(loaded, "model", loaded)
         if not model.batched:
             arch = getattr(getattr(loaded, "arch", None), "name", None) or model.config.model_type
