@@ -88,6 +88,8 @@ def main() -> None:
                     "default: the model's). Every step attends over all of them")
     ap.add_argument("--no-span-buckets", action="store_true", help="static steps attend over the whole context "
                     "(EngineLoop span_buckets=False)")
+    ap.add_argument("--all-slots-drafter", action="store_true", help="DFlash drafts for every slot in one static "
+                    "step (EngineLoop all_slots_drafter=True), not in a pass per slot")
     ap.add_argument("--repeat-serial", action="store_true", help="serve the serial reference twice and "
                     "report whether both passes agree (run-to-run determinism, apart from batching)")
     ap.add_argument("--json", default=None)
@@ -106,10 +108,12 @@ def main() -> None:
     exact = False if a.no_exact or a.eager_steps else None
     report["exact"] = exact is None and report["static_steps"]
     report["span_buckets"] = report["static_steps"] and not a.no_span_buckets
+    report["all_slots_drafter"] = a.all_slots_drafter
     for d in a.drafts:
         loop = EngineLoop(lm, d, max_slots=slots, max_queue=n_req, controller=not a.no_controller,
                           static_steps=static, exact=exact, max_context=a.context,
-                          span_buckets=False if a.no_span_buckets or a.eager_steps else None)
+                          span_buckets=False if a.no_span_buckets or a.eager_steps else None,
+                          all_slots_drafter=a.all_slots_drafter)
         loop.start()
         _serve(loop, reqs[0])  # warm-up
         serial = {i: _serve(loop, reqs[i])[0] for i in range(min(a.serial, n_req))}  # each alone: the reference

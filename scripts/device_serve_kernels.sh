@@ -10,6 +10,7 @@
 #   buckets      serving with span buckets (GPU 0) against the whole context (GPU 1)
 #   reuse        serving with span buckets and kept slot drafters (GPU 0); plain serving with span
 #                buckets, each prompt alone twice (GPU 1)
+#   slots        DFlash serving with one drafter step for all slots (GPU 0) against a pass per slot (GPU 1)
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
@@ -69,7 +70,12 @@ reuse)
     serve determinism_buckets 1 150 --context 1024 --drafts none --concurrency 16 --serial 16 --requests 1 \
         --repeat-serial &
     wait ;;
+slots)
+    smollm2
+    serve all_slots 0 170 --drafts none dflash --all-slots-drafter &
+    serve per_slot 1 170 --drafts none dflash &
+    wait ;;
 *)
-    sed -n 2,12p "$0"; exit 2 ;;
+    sed -n 2,13p "$0"; exit 2 ;;
 esac
 cd $OUT && tar czf all.tgz *.json *.log 2>/dev/null; rm -f *.json *.log

@@ -20,6 +20,7 @@ from specdec.engine.serve_loop import EngineLoop, GenRequest
 from specdec.loading import load_model
 from specdec.models.base import ForwardOut
 from specdec.models.graphed_batch import GraphedBatch, GraphedPrefill
+from specdec.sampling import SamplingParams
 from specdec.train.dflash_batch import new_dflash_config, new_dflash_model, save_dflash_dir
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -136,19 +137,39 @@ def test_inexact_k0_runs_the_narrow_step(setup):
     assert sorted({w for w, _ in engine._static}) == [1, 4] and not engine._prefill_steps
 
 
-def test_static_real_dflash_matches_single_sequence(setup):
+@pytest.mark.parametrize("all_slots", [False, True], ids=["per-slot", "all-slots"])
+def test_static_real_dflash_matches_single_sequence(setup, all_slots):
     """The real DFlash drafter reads each row's captured features: it drafts what it drafts
     serving the request alone (same accepted counts at every step)."""
     loaded, dflash = setup
     reqs = _requests(5, seed=4)
     engine = EngineLoop(loaded, f"dflash:{dflash}", max_slots=3, num_draft_tokens=3, controller=False,
-                        static_steps=True)
+                        static_steps=True, all_slots_drafter=all_slots)
+    assert (engine._all_slots is not None) == all_slots  # every slot drafts in one step (DFlashSlots)
     got = _serve(engine, reqs)
     for r, (toks, done) in zip(reqs, got):
         res = SpeculativeGenerator(loaded.model, make_drafter(f"dflash:{dflash}", loaded), 3).generate(
             r.prompt_ids, r.max_new_tokens)
         assert toks == res.token_ids
         assert done.stats["accepted_per_step"] == res.stats.accepted
+
+
+def test_all_slots_dflash_seeded_sampling_alone_or_shared(setup):
+    """Seeded sampled requests drafted by the all-slots DFlash step: a slot's drafts depend on its
+    own inputs only, so each request samples the same tokens served alone or beside others."""
+    loaded, dflash = setup
+    reqs = _requests(5, seed=6)
+    for i, r in enumerate(reqs):
+        r.params = SamplingParams(temperature=1.0, top_k=20, seed=100 + i)
+
+    def serve(batch):
+        engine = EngineLoop(loaded, f"dflash:{dflash}", max_slots=3, controller=False, static_steps=True,
+                            all_slots_drafter=True)
+        assert engine._all_slots is not None
+        return [toks for toks, _ in _serve(engine, batch)]
+    shared = serve(reqs)
+    assert [serve([r])[0] for r in reqs] == shared
+    assert len({tuple(t) for t in shared}) == len(reqs)
 
 
 class _Recorder:

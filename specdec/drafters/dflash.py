@@ -84,6 +84,11 @@ class DFlashDrafter:
         self._static: _StaticBlock | None = None
         self._sampled: _StaticBlock | None = None
 
+    def for_slots(self, slots: int, capacity: int, width: int, span_of=None, span_invariant: bool = False
+                  ) -> "DFlashSlots":
+        """One drafter for all ``slots`` of the serving loop (:class:`DFlashSlots`)."""
+        return DFlashSlots(self, slots, capacity, width, span_of, span_invariant)
+
     def spawn(self) -> "DFlashDrafter":
         """A drafter sharing these weights with an empty context cache (one per sequence of a batch)."""
         d = DFlashDrafter(self.model, self.target, self.block_size, self.path)
@@ -251,6 +256,134 @@ class _StaticBlock:
             self.graph, self.out = capture(self.fn, self.ids.device)
         self.graph.replay()
         return self.out.clone()
+
+
+class DFlashSlots:
+    """One DFlash drafter for every slot of the serving loop: one static step drafts a block for
+    every slot, and one writes every slot's committed rows into its context cache, instead of a
+    pass per slot for each.
+
+    Context keys and values live in ``[slots, n_kv, capacity, d]`` buffers per drafter layer (a
+    slot's positions past its length are masked, or overwritten later). Both steps have shapes
+    that depend on the slot count (and the proposal's on its span) only, so a slot's drafts never
+    depend on what the other slots hold: a seeded sampled request drafts, and so samples, the same
+    served alone or beside others. ``span_of(need)``: the span a proposal attends over (the
+    loop's span buckets), run with span-invariant attention when ``span_invariant``. On CUDA the
+    steps are captured as graphs and replayed; elsewhere the same functions run eagerly."""
+
+    def __init__(self, d: DFlashDrafter, slots: int, capacity: int, width: int, span_of=None,
+                 span_invariant: bool = False):
+        c, w = d.model.config, d.model.fc.weight
+        dev = d.target.device
+        self.d, self.slots, self.capacity, self.width = d, slots, capacity, width
+        self.block = d.block_size
+        self.span_of = span_of or (lambda need: capacity)
+        self.span_invariant = span_invariant
+        self.k = [torch.zeros(slots, c.num_key_value_heads, capacity, c.head_dim, dtype=w.dtype, device=dev)
+                  for _ in range(c.num_hidden_layers)]
+        self.v = [torch.zeros_like(t) for t in self.k]
+        self.lengths = [0] * slots
+        feat = len(c.target_layer_ids) * c.hidden_size
+        # static inputs, refilled before each run
+        self.obs_feats = torch.zeros(slots, width, feat, dtype=w.dtype, device=dev)
+        self.obs_start = torch.zeros(slots, dtype=torch.int64, device=dev)
+        self.ids = torch.full((slots, self.block), c.mask_token_id, dtype=torch.int64, device=dev)
+        self.start = torch.zeros(slots, dtype=torch.int64, device=dev)
+        self.use_graphs = dev.type == "cuda"
+        self._observe_graph = None
+        self._blocks: dict[int, tuple] = {}  # span -> (graph or None, outputs)
+
+    # --- per request --------------------------------------------------------------
+    @torch.inference_mode()
+    def begin(self, s: int, prompt_ids: torch.Tensor, out: ForwardOut) -> None:
+        """Slot ``s``'s new request: its prompt rows (``out.captured``) become its context."""
+        n = int(prompt_ids.numel())
+        feats = out.captured
+        if feats is None or feats.shape[0] != n:
+            raise RuntimeError(f"DFlash needs the target's captured layers for the {n} prompt rows")
+        if n + self.width > self.capacity:
+            raise RuntimeError(f"a prompt of {n} tokens does not fit the drafter's context of {self.capacity}")
+        pos = torch.arange(n, device=feats.device)
+        for i, (k, v) in enumerate(self.d.model.context_kv(feats, pos)):
+            self.k[i][s, :, :n] = k
+            self.v[i][s, :, :n] = v
+        self.lengths[s] = n
+
+    def drop(self, s: int) -> None:
+        self.lengths[s] = 0
+
+    # --- per step -------------------------------------------------------------------
+    def _observe_run(self) -> None:
+        m = self.d.model
+        pos = self.obs_start[:, None] + torch.arange(self.width, device=self.obs_start.device)[None, :]
+        rows = torch.arange(self.slots, device=pos.device)[:, None]
+        for i, (k, v) in enumerate(m.context_kv_slots(self.obs_feats, pos)):
+            self.k[i][rows, :, pos] = k.transpose(1, 2)
+            self.v[i][rows, :, pos] = v.transpose(1, 2)
+
+    @torch.inference_mode()
+    def observe(self, items: list[tuple[int, torch.Tensor]]) -> None:
+        """Each ``(slot, captured rows [n, F])`` appends its slot's committed rows, in one step
+        over every slot (the others write past their lengths, where nothing is read)."""
+        for s, feats in items:
+            n = feats.shape[0]
+            if not 0 < n <= self.width:
+                raise RuntimeError(f"DFlash observe takes 1..{self.width} rows a step, got {n}")
+            self.obs_feats[s, :n] = feats
+        if max(self.lengths) + self.width > self.capacity:
+            raise RuntimeError(f"the drafter's context of {self.capacity} positions is full")
+        self.obs_start.copy_(torch.tensor(self.lengths, dtype=torch.int64))
+        if not self.use_graphs:
+            self._observe_run()
+        else:
+            if self._observe_graph is None:
+                self._observe_graph, _ = capture(self._observe_run, self.obs_start.device)
+            self._observe_graph.replay()
+        for s, feats in items:
+            self.lengths[s] += feats.shape[0]
+
+    def _block_run(self, span: int):
+        d = self.d
+        c = d.model.config
+        x = d.target.embed_tokens(self.ids).to(d.model.fc.weight.dtype)
+        if c.input_embedding_scale != 1.0:
+            x = x * c.input_embedding_scale
+        ctx = [(k[:, :, :span], v[:, :, :span]) for k, v in zip(self.k, self.v)]
+        if self.span_invariant:
+            from ..models.layers import span_invariant_attention
+            with span_invariant_attention():
+                h = d.model.block_hidden_slots(x, self.start, ctx)
+        else:
+            h = d.model.block_hidden_slots(x, self.start, ctx)
+        logits = d.model.scale_logits(d.target.raw_logits(h[:, 1:]))  # [S, B-1, V] fp32
+        return logits.argmax(-1), logits
+
+    @torch.inference_mode()
+    def propose(self, rows: list[tuple[int, int, int, SamplingParams, torch.Generator | None]]) -> list[Proposal]:
+        """One block for every slot; ``rows``: ``(slot, last token, k, params, generator)`` of the
+        slots that draft, each getting ``min(k, block - 1)`` drafts (sampled from the drafter's own
+        filtered distribution, returned with it, for sampled requests)."""
+        for s, last, _, _, _ in rows:
+            self.ids[s, 0] = int(last)
+        self.start.copy_(torch.tensor(self.lengths, dtype=torch.int64))
+        span = self.span_of(max(self.lengths))
+        if not self.use_graphs:
+            greedy, logits = self._block_run(span)
+        else:
+            st = self._blocks.get(span)
+            if st is None:
+                st = self._blocks[span] = capture(lambda: self._block_run(span), self.ids.device)
+            st[0].replay()
+            greedy, logits = st[1]
+        out = []
+        for s, _, k, params, gen in rows:
+            k = max(0, min(k, self.block - 1))
+            if params.greedy:
+                out.append(Proposal(greedy[s, :k].clone()))
+            else:
+                probs = probs_from_logits(logits[s, :k], params)
+                out.append(Proposal(torch.multinomial(probs, 1, generator=gen).squeeze(1), probs))
+        return out
 
 
 def check_fit(c: DFlashConfig, target: CausalLM, source: str) -> None:

@@ -220,6 +220,17 @@ class DFlashAttention(nn.Module):
         return self.o_proj(o.transpose(0, 1).reshape(b, -1))
 
 
+    def forward_slots(self, x, cos, sin, k_ctx, v_ctx, mask):
+        """Blocks of many sequences: ``x [S, B, H]``, ``cos/sin [S, 1, B, r]``, ``k_ctx, v_ctx
+        [S, n_kv, span, d]``, ``mask [S, 1, B, span + B]`` -> ``[S, B, H]``."""
+        s, b = x.shape[:2]
+        q = self.q_norm(self.q_proj(x).view(s, b, self.n_heads, self.head_dim)).transpose(1, 2)
+        q = apply_rope(q, cos, sin)
+        k, v = self.kv(x, cos, sin)
+        o = attend(q, torch.cat([k_ctx, k], dim=2), torch.cat([v_ctx, v], dim=2), mask, self.scale)
+        return self.o_proj(o.transpose(1, 2).reshape(s, b, -1))
+
+
 class DFlashLayer(nn.Module):
     def __init__(self, c: DFlashConfig):
         super().__init__()
@@ -228,8 +239,9 @@ class DFlashLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
 
-    def forward(self, x, cos, sin, k_ctx, v_ctx, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_ctx, v_ctx, mask)
+    def forward(self, x, cos, sin, k_ctx, v_ctx, mask, slots: bool = False):
+        attn = self.self_attn.forward_slots if slots else self.self_attn
+        x = x + attn(self.input_layernorm(x), cos, sin, k_ctx, v_ctx, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -314,6 +326,46 @@ class DFlashDraftModel(nn.Module):
                 masks[key] = ok
             k_ctx, v_ctx = ctx_kv[i]
             x = layer(x, cos, sin, k_ctx, v_ctx, masks[key])
+        return self.norm(x)
+
+    def context_kv_slots(self, feats: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`context_kv` for many sequences: ``feats [S, W, n_ids * H]`` at ``positions [S, W]``
+        -> per layer keys and values ``[S, n_kv, W, d]``."""
+        s, w = positions.shape
+        ctx = self.hidden_norm(self.fc(feats.to(self.fc.weight.dtype)))
+        cos, sin = self.rotary.cos_sin(positions.reshape(-1), ctx.dtype)
+        cos, sin = cos.view(s, 1, w, -1), sin.view(s, 1, w, -1)
+        return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+
+    def block_hidden_slots(self, x: torch.Tensor, starts: torch.Tensor, ctx_kv) -> torch.Tensor:
+        """:meth:`block_hidden_static` for many sequences: ``x [S, B, H]``, ``starts [S]`` (device),
+        ``ctx_kv[i] = (K, V) [S, n_kv, span, d]`` with each slot's positions at or past its start
+        masked out -> ``[S, B, H]``. Every row depends on its own slot's inputs only."""
+        s, b = x.shape[:2]
+        span = ctx_kv[0][0].shape[2]
+        dev = x.device
+        pos = starts[:, None] + torch.arange(b, device=dev)[None, :]  # [S, B]
+        cos, sin = self.rotary.cos_sin(pos.reshape(-1), x.dtype)
+        cos, sin = cos.view(s, 1, b, -1), sin.view(s, 1, b, -1)
+        ctx_pos = torch.arange(span, device=dev)[None, :].expand(s, -1)
+        kpos = torch.cat([ctx_pos, pos], dim=1)[:, None, :]  # [S, 1, span + B]
+        valid = torch.cat([ctx_pos < starts[:, None], torch.ones(s, b, dtype=torch.bool, device=dev)], dim=1)
+        q = pos[:, :, None]  # [S, B, 1]
+        masks: dict = {}
+        for i, layer in enumerate(self.layers):
+            window, causal = self.config.windows[i], self.config.causal[i]
+            key = (window, causal)
+            if key not in masks:
+                ok = valid[:, None, :].expand(s, b, -1)
+                if causal:
+                    ok = ok & (kpos <= q)
+                if window is not None:
+                    ok = ok & ((q - kpos) < window)
+                    if not causal:
+                        ok = ok & ((kpos - q) < window)
+                masks[key] = ok[:, None]  # [S, 1, B, span + B]
+            k_ctx, v_ctx = ctx_kv[i]
+            x = layer(x, cos, sin, k_ctx, v_ctx, masks[key], slots=True)
         return self.norm(x)
 
     def logits(self, h: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:

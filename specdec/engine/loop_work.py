@@ -97,6 +97,11 @@ class SlotWork:
         for r, s in enumerate(group):
             self._prefilled(s, r, segs[r].numel(), out)
 
+    def _drafted(self, prop, ks: int):
+        """A proposal's drafts (at most ``ks``, on the device) and their probabilities."""
+        drafts = prop.tokens.to(self.model.device).reshape(-1)[:ks]
+        return drafts, None if prop.probs is None else prop.probs[: drafts.numel()]
+
     def _slot_drafter(self, s: int):
         """Slot ``s``'s drafter. A built-in drafter (made by ``spawn``) is spawned at the slot's first
         request and kept, started afresh by ``begin`` for each request: a DFlash drafter keeps its
@@ -140,8 +145,12 @@ class SlotWork:
             if keep:
                 rows = ForwardOut(out.logits[r: r + 1], torch.cat(slot.rows_h),
                                   torch.cat(slot.rows_c) if slot.rows_c else None)
-                slot.drafter = self._slot_drafter(s)
-                slot.drafter.begin(slot.prompt.to(dev), rows)
+                if self._all_slots is not None:  # one drafter for every slot
+                    self._all_slots.begin(s, slot.prompt.to(dev), rows)
+                    slot.drafter = self._all_slots
+                else:
+                    slot.drafter = self._slot_drafter(s)
+                    slot.drafter.begin(slot.prompt.to(dev), rows)
         except Exception as e:  # noqa: BLE001 - this request fails alone
             self._fail(s, e)
             return True
@@ -158,6 +167,7 @@ class SlotWork:
         if not active:
             return
         rows: list[_Row] = []
+        together: list[tuple[_Row, tuple]] = []  # rows the all-slots drafter proposes for, in one step
         for s in active:
             slot = self._slots[s]
             p = slot.req.params
@@ -168,12 +178,24 @@ class SlotWork:
             try:
                 row = _Row(s, torch.empty(0, dtype=torch.int64, device=dev), None)
                 if slot.drafter is not None and ks > 0:
-                    prop = slot.drafter.propose(slot.last, ks, slot.req.params, slot.gen)
-                    row.drafts = prop.tokens.to(dev).reshape(-1)[:ks]
-                    row.probs = None if prop.probs is None else prop.probs[: row.drafts.numel()]
+                    if slot.drafter is self._all_slots:
+                        together.append((row, (s, slot.last, ks, p, slot.gen)))
+                    else:
+                        row.drafts, row.probs = self._drafted(slot.drafter.propose(slot.last, ks, p, slot.gen), ks)
                 rows.append(row)
             except Exception as e:  # noqa: BLE001 - this request fails alone
                 self._fail(s, e)
+        if together:
+            try:
+                for (row, (_, _, ks, _, _)), prop in zip(together, self._all_slots.propose([a for _, a in together])):
+                    row.drafts, row.probs = self._drafted(prop, ks)
+            except Exception as e:  # noqa: BLE001 - these requests fail, the others go on
+                if self._sync is not None:
+                    raise
+                failed = {row.s for row, _ in together}
+                for s in failed:
+                    self._fail(s, e)
+                rows = [r for r in rows if r.s not in failed]
         if not rows:
             return
         n_drafts = [r.drafts.numel() for r in rows]
@@ -221,6 +243,7 @@ class SlotWork:
         # recurrent (linear-attention) layers keep each slot's accepted rows; KV needs nothing
         self.cache.commit([r.s for r in rows], [res[i][0] + 1 for i in range(len(rows))])
         accepted, drafted = 0, 0
+        observed: list[tuple[int, torch.Tensor]] = []  # the all-slots drafter's rows, written in one step
         for i, r in enumerate(rows):
             slot, nd = self._slots[r.s], n_drafts[i]
             n, toks = res[i][0], res[i][1:res[i][0] + 2]
@@ -232,11 +255,23 @@ class SlotWork:
                 slot.alpha = (1 - ALPHA_EMA) * slot.alpha + ALPHA_EMA * n / nd
             if self._commit(r.s, toks) or slot.drafter is None:
                 continue
+            cap = None if out.captured is None else out.captured[i, : n + 1]
+            if slot.drafter is self._all_slots:
+                observed.append((r.s, cap))
+                continue
             try:
-                cap = None if out.captured is None else out.captured[i, : n + 1]
                 slot.drafter.observe(ids[i, : n + 1], ForwardOut(out.logits[i, : n + 1], out.hidden[i, : n + 1], cap))
             except Exception as e:  # noqa: BLE001
                 self._fail(r.s, e)
+        if observed:
+            try:
+                self._all_slots.observe(observed)
+            except Exception as e:  # noqa: BLE001
+                if self._sync is not None:
+                    raise
+                for s, _ in observed:
+                    if self._slots[s] is not None:
+                        self._fail(s, e)
         dt = time.perf_counter() - t0
         if self.controller is not None:
             self.controller.record(len(rows), k, dt)
@@ -301,6 +336,8 @@ class SlotWork:
     def _fail(self, s: int, err) -> None:
         slot, self._slots[s] = self._slots[s], None
         self._slot_drafters.pop(s, None)  # it may have failed mid-way: the slot's next request gets a new one
+        if self._all_slots is not None:
+            self._all_slots.drop(s)
         self._count("requests_failed")
         slot.handle._send(Event("error", message=err if isinstance(err, str) else describe(err)))
 

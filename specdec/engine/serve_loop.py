@@ -108,6 +108,12 @@ class EngineLoop(SlotWork):
     - with the controller, a step without drafts (``k = 0``) still runs the wide step (drafting is
       skipped, which saves the drafter's cost, not the target's).
 
+    ``span_buckets`` (default: on CUDA with static steps): a static step attends over the smallest of
+    256, 512, ... positions holding every slot's, with span-invariant attention, not over the whole
+    context. ``all_slots_drafter`` (off until measured on a GPU): a drafter that offers ``for_slots``
+    (DFlash) drafts for every slot in one static step and writes every slot's committed rows in one
+    more (:class:`~specdec.drafters.dflash.DFlashSlots`), instead of a pass per slot; with static steps.
+
     With ``exact=False`` the joining prompts prefill together in one right-padded eager forward
     (a prompt's bits then depend on which prompts join with it), and a step without drafts runs a
     second, 1-wide static step, which costs what plain decoding costs (a row's bits then depend on
@@ -126,7 +132,8 @@ class EngineLoop(SlotWork):
 
     def __init__(self, loaded, draft=None, *, max_slots: int = 8, max_queue: int = 64, num_draft_tokens: int = 4,
                  block_size: int | None = None, max_context: int | None = None, controller: bool = True,
-                 static_steps: bool | None = None, exact: bool | None = None, span_buckets: bool | None = None):
+                 static_steps: bool | None = None, exact: bool | None = None, span_buckets: bool | None = None,
+                 all_slots_drafter: bool = False):
         model: CausalLM = getattr(loaded, "model", loaded)
         if not model.batched:
             arch = getattr(getattr(loaded, "arch", None), "name", None) or model.config.model_type
@@ -177,6 +184,12 @@ class EngineLoop(SlotWork):
         elif type(span_buckets) is not bool or (span_buckets and not static_steps):
             raise ConfigError(f"span_buckets must be True (with static_steps), False or None, got {span_buckets!r}")
         self.span_buckets = span_buckets
+        # a drafter that drafts for every slot in one static step (DFlash): one instead of one per slot
+        self._all_slots = None
+        if (all_slots_drafter and proto is not None and self._reuse_drafters and static_steps
+                and callable(getattr(proto, "for_slots", None))):
+            self._all_slots = proto.for_slots(max_slots, self.cache.max_len + self.kmax + 1, self.kmax + 1,
+                                              self._span, self.span_buckets)
         self._shard = getattr(model, "shard", None)
         self._sync: BoundaryChannel | None = None  # tensor parallelism: set by start() / follow()
         self.error: BaseException | None = None  # under tensor parallelism, what ended the loop
