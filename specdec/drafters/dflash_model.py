@@ -245,6 +245,18 @@ class DFlashLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def _by_position(ok: torch.Tensor, kpos: torch.Tensor, q: torch.Tensor, window: int | None, causal: bool) -> torch.Tensor:
+    """``ok`` (valid keys) narrowed by position: keys after the query when ``causal``, and keys
+    ``window`` or more positions away (before it; after it too when not causal)."""
+    if causal:
+        ok = ok & (kpos <= q)
+    if window is not None:
+        ok = ok & ((q - kpos) < window)
+        if not causal:
+            ok = ok & ((kpos - q) < window)
+    return ok
+
+
 def block_mask(start: int, b: int, lo: int, window: int | None, causal: bool, device) -> torch.Tensor | None:
     """Boolean ``[b, start + b - lo]``: which keys (positions ``lo..start+b-1``) block query
     ``i`` (position ``start + i``) sees. None means every key (bidirectional, no window)."""
@@ -316,14 +328,7 @@ class DFlashDraftModel(nn.Module):
             window, causal = self.config.windows[i], self.config.causal[i]
             key = (window, causal)
             if key not in masks:
-                ok = valid.expand(b, -1)
-                if causal:
-                    ok = ok & (kpos <= q)
-                if window is not None:
-                    ok = ok & ((q - kpos) < window)
-                    if not causal:
-                        ok = ok & ((kpos - q) < window)
-                masks[key] = ok
+                masks[key] = _by_position(valid.expand(b, -1), kpos, q, window, causal)
             k_ctx, v_ctx = ctx_kv[i]
             x = layer(x, cos, sin, k_ctx, v_ctx, masks[key])
         return self.norm(x)
@@ -355,15 +360,8 @@ class DFlashDraftModel(nn.Module):
         for i, layer in enumerate(self.layers):
             window, causal = self.config.windows[i], self.config.causal[i]
             key = (window, causal)
-            if key not in masks:
-                ok = valid[:, None, :].expand(s, b, -1)
-                if causal:
-                    ok = ok & (kpos <= q)
-                if window is not None:
-                    ok = ok & ((q - kpos) < window)
-                    if not causal:
-                        ok = ok & ((kpos - q) < window)
-                masks[key] = ok[:, None]  # [S, 1, B, span + B]
+            if key not in masks:  # [S, 1, B, span + B]
+                masks[key] = _by_position(valid[:, None, :].expand(s, b, -1), kpos, q, window, causal)[:, None]
             k_ctx, v_ctx = ctx_kv[i]
             x = layer(x, cos, sin, k_ctx, v_ctx, masks[key], slots=True)
         return self.norm(x)
