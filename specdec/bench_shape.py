@@ -233,12 +233,18 @@ def end_to_end(model, prompt_len: int, new_tokens: int, tau: float, k: int, cuda
     spec, t_spec = timed(gen)
     plain_tps = len(plain.token_ids) / t_plain
     spec_tps = len(spec.token_ids) / t_spec
+
+    def decode_tps(r, t):  # the tokens after the first over the time after the prefill (and first token)
+        return round((len(r.token_ids) - 1) / max(t - r.stats.prefill_s, 1e-9), 2)
     return {"drafter": "ORACLE (the target's own greedy continuation, spoiled; not a real drafter)",
             "k": k, "requested_tau": tau, "spoil_probability": round(spoil, 4),
             "measured_tau": round(spec.stats.tau, 3),
             "prompt_tokens": prompt_len, "new_tokens": len(plain.token_ids),
             "plain_tokens_per_s": round(plain_tps, 2), "oracle_tokens_per_s": round(spec_tps, 2),
-            "speedup": round(spec_tps / plain_tps, 3), "output_equals_plain": spec.token_ids == plain.token_ids}
+            "speedup": round(spec_tps / plain_tps, 3), "output_equals_plain": spec.token_ids == plain.token_ids,
+            "plain_prefill_s": round(plain.stats.prefill_s, 4), "oracle_prefill_s": round(spec.stats.prefill_s, 4),
+            "plain_decode_tokens_per_s": decode_tps(plain, t_plain),
+            "oracle_decode_tokens_per_s": decode_tps(spec, t_spec)}
 
 
 def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, reps: int = 20,
@@ -297,6 +303,9 @@ def format_shape(r: dict) -> str:
     lines.append(f"ORACLE drafter (not real) k={e['k']} tau {e['measured_tau']} (asked {e['requested_tau']}): "
                  f"{e['oracle_tokens_per_s']} tok/s vs plain {e['plain_tokens_per_s']} ({e['speedup']}x), "
                  f"output equals plain: {e['output_equals_plain']}")
+    lines.append(f"after the {e['prompt_tokens']}-token prefill (plain {e['plain_prefill_s']} s, oracle "
+                 f"{e['oracle_prefill_s']} s): plain {e['plain_decode_tokens_per_s']} tok/s, oracle "
+                 f"{e['oracle_decode_tokens_per_s']} tok/s")
     return "\n".join(lines)
 
 

@@ -41,6 +41,9 @@ def test_cli_tiny_writes_every_field(tmp_path, capsys, single_thread):
     assert "ORACLE" in e["drafter"] and e["output_equals_plain"] and e["new_tokens"] == 160
     assert abs(e["measured_tau"] - 4) < 1.2, e
     assert e["plain_tokens_per_s"] > 0 and e["oracle_tokens_per_s"] > 0
+    # decode-only rates leave the prefill out: faster than the rates that count it
+    assert 0 < e["plain_prefill_s"] and e["plain_decode_tokens_per_s"] > e["plain_tokens_per_s"]
+    assert e["oracle_decode_tokens_per_s"] > e["oracle_tokens_per_s"]
 
 
 def test_oracle_is_lossless_and_tracks_tau(single_thread):
