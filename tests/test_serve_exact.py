@@ -164,3 +164,29 @@ def test_span_buckets_rows_bitwise(target, k, monkeypatch):
 def test_span_buckets_need_static_steps(target):
     with pytest.raises(Exception, match="span_buckets"):
         EngineLoop(target[0], "none", static_steps=False, span_buckets=True)
+
+
+@pytest.fixture
+def two_threads():
+    """The CPU's kernels split work across threads by shape: with more than one, a row's bits can
+    depend on its index in the batch (SDPA at T = 1 does). CI machines have two cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("k", [0, 3], ids=["plain", "oracle"])
+def test_rows_bitwise_alone_or_shared_two_threads(target, k, two_threads):
+    """The exactness test above with two intra-op threads: a request alone (slot 0) and beside
+    others (any slot) must still give the same bits. The static steps attend one slot at a time
+    on the CPU; with a batched SDPA call, half the prompts' logits differed here."""
+    reqs, rows_s, rows_a = _alone_and_shared(target, k, False)
+    for r, alone in zip(reqs, rows_a):
+        key = tuple(r.prompt_ids)
+        a, s = alone[key], rows_s[key]
+        for name in ("logits", "hidden", "captured"):
+            n = min(a[name].shape[0], s[name].shape[0])
+            assert torch.equal(a[name][:n], s[name][:n]), f"prompt of {len(key)} tokens: {name} differ"

@@ -34,7 +34,7 @@ import torch
 from ..cache import BatchCache, BatchLinearCache
 from .base import CausalLM, ForwardOut
 from .graphs import capture as capture_graph
-from .layers import span_invariant_attention
+from .layers import attention_row_by_row, span_invariant_attention
 
 
 class _StaticStep:
@@ -57,8 +57,16 @@ class _StaticStep:
         self.graph = None
         self.out: ForwardOut | None = None
 
+    @contextlib.contextmanager
     def _attention(self):
-        return span_invariant_attention() if self.span_invariant else contextlib.nullcontext()
+        """The step's attention: span-invariant with ``span_invariant``, and on the CPU one slot
+        per call (layers.attention_row_by_row), so a row's bits never depend on its slot."""
+        with contextlib.ExitStack() as stack:
+            if self.span_invariant:
+                stack.enter_context(span_invariant_attention())
+            if self.model.device.type != "cuda":
+                stack.enter_context(attention_row_by_row())
+            yield
 
 
 class GraphedBatch(_StaticStep):

@@ -136,6 +136,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     single = q.dim() == 3
     if single:
         q, k, v = q[None], k[None], v[None]
+    if not single and q.shape[0] > 1 and not q.is_cuda and getattr(_ROW_BY_ROW, "on", False):
+        return torch.cat([attend(q[i:i + 1], k[i:i + 1], v[i:i + 1], None if mask is None else mask[i:i + 1], scale)
+                          for i in range(q.shape[0])])
     groups = q.shape[1] // k.shape[1]
     if not single and getattr(_SPAN_INVARIANT, "on", False):
         return _attend_span_invariant(q, k, v, mask, scale, groups)
@@ -189,6 +192,25 @@ def span_invariant_attention():
         yield
     finally:
         _SPAN_INVARIANT.on = prev
+
+
+# The CPU's SDPA splits its work across threads by shape, and at T = 1 or 3 (other sizes too, it
+# may be) a batch element's bits then depend on its index: with 2 threads, half of a batch's
+# elements differ from the same inputs at element 0. The serving loop's static steps (a row's bits
+# must not depend on its slot) therefore attend one sequence at a time on the CPU. CUDA kernels
+# gave every element the same bits (scripts/check_step_determinism.py on the H200).
+_ROW_BY_ROW = threading.local()
+
+
+@contextlib.contextmanager
+def attention_row_by_row():
+    """Within it (this thread), batched CPU attention runs one batch element per call."""
+    prev = getattr(_ROW_BY_ROW, "on", False)
+    _ROW_BY_ROW.on = True
+    try:
+        yield
+    finally:
+        _ROW_BY_ROW.on = prev
 
 
 def _attend_span_invariant(q, k, v, mask, scale: float, groups: int) -> torch.Tensor:
