@@ -1,15 +1,31 @@
 """Shared fixtures."""
 
+import contextlib
+
 import pytest
 import torch
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")
 def single_thread():
     """Tiny models run far faster on one intra-op thread (no thread-pool sync per small op)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _threads(1):
         yield
-    finally:
-        torch.set_num_threads(n)
+
+
+@pytest.fixture
+def two_threads():
+    """The CPU's kernels split work across threads by shape: with more than one, a row's bits can
+    depend on its index in the batch (SDPA at T = 1 does). CI machines have two cores."""
+    with _threads(2):
+        yield

@@ -106,10 +106,8 @@ def _alone_and_shared(target, k: int, force_k0: bool, **kw):
     return reqs, rows_s, [rows for _, rows in alone]
 
 
-@pytest.mark.parametrize("k, force_k0, static_max", [(0, False, 512), (3, False, 512), (3, True, 512), (3, False, 20)],
-                         ids=["plain", "oracle", "oracle-k0", "oracle-long-eager"])
-def test_rows_bitwise_alone_or_shared(target, k, force_k0, static_max):
-    reqs, rows_s, rows_a = _alone_and_shared(target, k, force_k0, static_max=static_max)
+def _assert_same_rows(reqs, rows_s, rows_a) -> None:
+    """Every row each prompt's drafter saw served beside others equals the one it saw alone."""
     for r, alone in zip(reqs, rows_a):
         key = tuple(r.prompt_ids)
         a, s = alone[key], rows_s[key]
@@ -119,6 +117,13 @@ def test_rows_bitwise_alone_or_shared(target, k, force_k0, static_max):
             n = min(a[name].shape[0], s[name].shape[0])
             assert n >= (len(key) + 1 if name != "logits" else 2)
             assert torch.equal(a[name][:n], s[name][:n]), f"prompt of {len(key)} tokens: {name} differ"
+
+
+@pytest.mark.parametrize("k, force_k0, static_max", [(0, False, 512), (3, False, 512), (3, True, 512), (3, False, 20)],
+                         ids=["plain", "oracle", "oracle-k0", "oracle-long-eager"])
+def test_rows_bitwise_alone_or_shared(target, k, force_k0, static_max):
+    reqs, rows_s, rows_a = _alone_and_shared(target, k, force_k0, static_max=static_max)
+    _assert_same_rows(reqs, rows_s, rows_a)
 
 
 def test_inexact_batching_is_batch_dependent(target):
@@ -148,12 +153,7 @@ def test_span_buckets_rows_bitwise(target, k, monkeypatch):
     monkeypatch.setattr(loop_work, "SPAN_BUCKET_MIN", 16)
     reqs, rows_s, rows_a = _alone_and_shared(target, k, False, span_buckets=True)
     spans_used = set()
-    for r, alone in zip(reqs, rows_a):
-        key = tuple(r.prompt_ids)
-        a, s = alone[key], rows_s[key]
-        for name in ("logits", "hidden", "captured"):
-            n = min(a[name].shape[0], s[name].shape[0])
-            assert torch.equal(a[name][:n], s[name][:n]), f"prompt of {len(key)} tokens: {name} differ"
+    _assert_same_rows(reqs, rows_s, rows_a)
     loaded, capture = target
     engine = EngineLoop(loaded, "none", max_slots=4, static_steps=True, span_buckets=True)
     for need in (1, 16, 17, 40, 64, 65):
@@ -166,27 +166,10 @@ def test_span_buckets_need_static_steps(target):
         EngineLoop(target[0], "none", static_steps=False, span_buckets=True)
 
 
-@pytest.fixture
-def two_threads():
-    """The CPU's kernels split work across threads by shape: with more than one, a row's bits can
-    depend on its index in the batch (SDPA at T = 1 does). CI machines have two cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize("k", [0, 3], ids=["plain", "oracle"])
 def test_rows_bitwise_alone_or_shared_two_threads(target, k, two_threads):
     """The exactness test above with two intra-op threads: a request alone (slot 0) and beside
     others (any slot) must still give the same bits. The static steps attend one slot at a time
     on the CPU; with a batched SDPA call, half the prompts' logits differed here."""
     reqs, rows_s, rows_a = _alone_and_shared(target, k, False)
-    for r, alone in zip(reqs, rows_a):
-        key = tuple(r.prompt_ids)
-        a, s = alone[key], rows_s[key]
-        for name in ("logits", "hidden", "captured"):
-            n = min(a[name].shape[0], s[name].shape[0])
-            assert torch.equal(a[name][:n], s[name][:n]), f"prompt of {len(key)} tokens: {name} differ"
+    _assert_same_rows(reqs, rows_s, rows_a)

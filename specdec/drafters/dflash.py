@@ -9,7 +9,6 @@ one forward over ``[last token, mask x (B-1)]``. See :mod:`.dflash_model` for th
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
@@ -18,7 +17,7 @@ from ..config import read_json
 from ..errors import CheckpointError, ConfigError
 from ..models.base import CausalLM, ForwardOut
 from ..models.graphs import capture, maybe_compile
-from ..models.layers import attention_row_by_row, span_invariant_attention
+from ..models.layers import static_step_attention
 from ..sampling import SamplingParams, probs_from_logits
 from ..weights import load_into
 from ..weights.loader import check_layer_count
@@ -351,11 +350,7 @@ class DFlashSlots:
         if c.input_embedding_scale != 1.0:
             x = x * c.input_embedding_scale
         ctx = [(k[:, :, :span], v[:, :, :span]) for k, v in zip(self.k, self.v)]
-        with contextlib.ExitStack() as stack:  # a slot's bits never depend on its index or the span
-            if self.span_invariant:
-                stack.enter_context(span_invariant_attention())
-            if not x.is_cuda:
-                stack.enter_context(attention_row_by_row())
+        with static_step_attention(self.span_invariant, x.is_cuda):  # a slot's bits: its own inputs only
             h = d.model.block_hidden_slots(x, self.start, ctx)
         logits = d.model.scale_logits(d.target.raw_logits(h[:, 1:]))  # [S, B-1, V] fp32
         return logits.argmax(-1), logits

@@ -211,24 +211,15 @@ class DFlashAttention(nn.Module):
         return apply_rope(k, cos, sin), v
 
     def forward(self, x, cos, sin, k_ctx, v_ctx, mask):
-        """``x [B, H]`` (normed block); ``k_ctx, v_ctx [n_kv, S, d]`` -> ``[B, H]``."""
-        b = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(b, self.n_heads, self.head_dim)).transpose(0, 1)
+        """``x [B, H]`` (normed block); ``k_ctx, v_ctx [n_kv, S, d]`` -> ``[B, H]``. Many sequences at
+        once: ``x [N, B, H]``, ``cos/sin [N, 1, B, r]``, ``k_ctx, v_ctx [N, n_kv, S, d]``, ``mask
+        [N, 1, B, S + B]`` -> ``[N, B, H]``."""
+        lead = x.shape[:-1]
+        q = self.q_norm(self.q_proj(x).view(*lead, self.n_heads, self.head_dim)).transpose(-3, -2)
         q = apply_rope(q, cos, sin)
         k, v = self.kv(x, cos, sin)
-        o = attend(q, torch.cat([k_ctx, k], dim=1), torch.cat([v_ctx, v], dim=1), mask, self.scale)
-        return self.o_proj(o.transpose(0, 1).reshape(b, -1))
-
-
-    def forward_slots(self, x, cos, sin, k_ctx, v_ctx, mask):
-        """Blocks of many sequences: ``x [S, B, H]``, ``cos/sin [S, 1, B, r]``, ``k_ctx, v_ctx
-        [S, n_kv, span, d]``, ``mask [S, 1, B, span + B]`` -> ``[S, B, H]``."""
-        s, b = x.shape[:2]
-        q = self.q_norm(self.q_proj(x).view(s, b, self.n_heads, self.head_dim)).transpose(1, 2)
-        q = apply_rope(q, cos, sin)
-        k, v = self.kv(x, cos, sin)
-        o = attend(q, torch.cat([k_ctx, k], dim=2), torch.cat([v_ctx, v], dim=2), mask, self.scale)
-        return self.o_proj(o.transpose(1, 2).reshape(s, b, -1))
+        o = attend(q, torch.cat([k_ctx, k], dim=-2), torch.cat([v_ctx, v], dim=-2), mask, self.scale)
+        return self.o_proj(o.transpose(-3, -2).reshape(*lead, -1))
 
 
 class DFlashLayer(nn.Module):
@@ -239,9 +230,8 @@ class DFlashLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
 
-    def forward(self, x, cos, sin, k_ctx, v_ctx, mask, slots: bool = False):
-        attn = self.self_attn.forward_slots if slots else self.self_attn
-        x = x + attn(self.input_layernorm(x), cos, sin, k_ctx, v_ctx, mask)
+    def forward(self, x, cos, sin, k_ctx, v_ctx, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_ctx, v_ctx, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -363,7 +353,7 @@ class DFlashDraftModel(nn.Module):
             if key not in masks:  # [S, 1, B, span + B]
                 masks[key] = _by_position(valid[:, None, :].expand(s, b, -1), kpos, q, window, causal)[:, None]
             k_ctx, v_ctx = ctx_kv[i]
-            x = layer(x, cos, sin, k_ctx, v_ctx, masks[key], slots=True)
+            x = layer(x, cos, sin, k_ctx, v_ctx, masks[key])
         return self.norm(x)
 
     def logits(self, h: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:

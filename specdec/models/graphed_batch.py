@@ -26,7 +26,6 @@ prompt's KV cache, hidden rows and first token have the same bits served alone o
 
 from __future__ import annotations
 
-import contextlib
 from typing import Sequence
 
 import torch
@@ -34,7 +33,7 @@ import torch
 from ..cache import BatchCache, BatchLinearCache
 from .base import CausalLM, ForwardOut
 from .graphs import capture as capture_graph
-from .layers import attention_row_by_row, span_invariant_attention
+from .layers import static_step_attention
 
 
 class _StaticStep:
@@ -57,16 +56,9 @@ class _StaticStep:
         self.graph = None
         self.out: ForwardOut | None = None
 
-    @contextlib.contextmanager
     def _attention(self):
-        """The step's attention: span-invariant with ``span_invariant``, and on the CPU one slot
-        per call (layers.attention_row_by_row), so a row's bits never depend on its slot."""
-        with contextlib.ExitStack() as stack:
-            if self.span_invariant:
-                stack.enter_context(span_invariant_attention())
-            if self.model.device.type != "cuda":
-                stack.enter_context(attention_row_by_row())
-            yield
+        """The step's attention (layers.static_step_attention): a row's bits never depend on its slot."""
+        return static_step_attention(self.span_invariant, self.model.device.type == "cuda")
 
 
 class GraphedBatch(_StaticStep):

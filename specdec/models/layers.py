@@ -184,14 +184,18 @@ _SPAN_INVARIANT = threading.local()
 
 
 @contextlib.contextmanager
-def span_invariant_attention():
-    """Within it (this thread), batched attention takes the span-invariant form above."""
-    prev = getattr(_SPAN_INVARIANT, "on", False)
-    _SPAN_INVARIANT.on = True
+def _switched_on(flag: threading.local):
+    prev = getattr(flag, "on", False)
+    flag.on = True
     try:
         yield
     finally:
-        _SPAN_INVARIANT.on = prev
+        flag.on = prev
+
+
+def span_invariant_attention():
+    """Within it (this thread), batched attention takes the span-invariant form above."""
+    return _switched_on(_SPAN_INVARIANT)
 
 
 # The CPU's SDPA splits its work across threads by shape, and at T = 1 or 3 (other sizes too, it
@@ -202,15 +206,21 @@ def span_invariant_attention():
 _ROW_BY_ROW = threading.local()
 
 
-@contextlib.contextmanager
 def attention_row_by_row():
     """Within it (this thread), batched CPU attention runs one batch element per call."""
-    prev = getattr(_ROW_BY_ROW, "on", False)
-    _ROW_BY_ROW.on = True
-    try:
+    return _switched_on(_ROW_BY_ROW)
+
+
+@contextlib.contextmanager
+def static_step_attention(span_invariant: bool, on_cuda: bool):
+    """The attention of a batched static step whose rows must not depend on their slot: the
+    span-invariant form with ``span_invariant``, and one slot per call off CUDA."""
+    with contextlib.ExitStack() as stack:
+        if span_invariant:
+            stack.enter_context(span_invariant_attention())
+        if not on_cuda:
+            stack.enter_context(attention_row_by_row())
         yield
-    finally:
-        _ROW_BY_ROW.on = prev
 
 
 def _attend_span_invariant(q, k, v, mask, scale: float, groups: int) -> torch.Tensor:
