@@ -8,6 +8,12 @@ reference: each prompt through the same drafter's loop with no other request; wi
 the default with static steps, every reply should: ``--no-exact`` measures the other mode).
 
     python scripts/bench_serve.py [--model M] [--drafts none ngram dflash] [--concurrency 1 4 16 32]
+
+``--shape qwen3-8b`` serves a random target of that shape (``specdec bench --shape``) with random
+prompts and no stop token; its drafts are ``none`` and ``oracle``. The ORACLE proposes the reply
+this same loop gives the prompt (taken in a first pass in which its drafts are all spoiled), each
+draft spoiled with the probability giving ``--oracle-tau`` tokens per step at ``--oracle-k`` drafts:
+what a drafter of that tau would give on this target, not a real drafter.
 """
 
 from __future__ import annotations
@@ -22,10 +28,42 @@ import torch
 
 from specdec.api import default_model_path
 from specdec.bench import git_commit, load_prompts, machine_description
+from specdec.bench_shape import oracle_spoil
+from specdec.drafters.base import Proposal
 from specdec.engine.requests import GenRequest
 from specdec.engine.serve_loop import EngineLoop
 from specdec.loading import load_model
 from specdec.sampling import SamplingParams
+from specdec.shapes import build_shape
+
+
+class ServeOracle:
+    """ORACLE (benchmarks only): proposes ``refs[prompt]`` (the reply the loop gives the prompt) from
+    the reply position, each draft replaced by a wrong id with probability ``spoil``; an unknown
+    prompt gets only wrong ids. One per request (a drafter factory)."""
+
+    name = "oracle"
+    capture_layers: tuple[int, ...] = ()
+    flat_draft_cost = True
+
+    def __init__(self, refs: dict, vocab: int, spoil: float, seed: int):
+        self.refs, self.vocab, self.spoil = refs, vocab, spoil
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def begin(self, prompt_ids, out) -> None:
+        self.ref, self.n, self.device = self.refs.get(tuple(prompt_ids.tolist())), 0, out.hidden.device
+
+    def observe(self, tokens, out) -> None:
+        self.n += tokens.numel()  # the reply's tokens before the last one
+
+    def propose(self, last_token, k, params, gen) -> Proposal:
+        spoil = 1.0 if self.ref is None else self.spoil
+        ref = self.ref or []
+        toks = (ref[self.n + 1:self.n + 1 + k] + [0] * k)[:k]
+        for i in range(k):
+            if float(torch.rand(1, generator=self.rng)) < spoil:
+                toks[i] = (toks[i] + 1 + int(torch.randint(self.vocab - 1, (1,), generator=self.rng))) % self.vocab
+        return Proposal(torch.tensor(toks, dtype=torch.int64, device=self.device))
 
 
 def _serve(loop: EngineLoop, req: GenRequest) -> tuple[list[int], float, dict]:
@@ -92,31 +130,65 @@ def main() -> None:
                     "step (EngineLoop all_slots_drafter=True), not in a pass per slot")
     ap.add_argument("--repeat-serial", action="store_true", help="serve the serial reference twice and "
                     "report whether both passes agree (run-to-run determinism, apart from batching)")
+    ap.add_argument("--shape", default=None, help="a random target of this shape (specdec bench --shape), "
+                    "random prompts, drafts none and oracle")
+    ap.add_argument("--prompt-len", type=int, default=256, help="--shape: prompt tokens (default 256)")
+    ap.add_argument("--oracle-tau", type=float, default=4.0, help="--shape: the oracle's tokens per step (default 4)")
+    ap.add_argument("--oracle-k", type=int, default=15, help="--shape: the oracle's drafts per step (default 15)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    lm = load_model(a.model or default_model_path(), None, None)
-    tok = lm.tokenizer
     n_req = max(a.concurrency) * a.requests
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]), add_special=False)
-               for (q,) in load_prompts("gsm8k", n_req)]
-    reqs = [GenRequest(p, a.n, SamplingParams(), tuple(tok.eos_ids)) for p in prompts]
+    if a.shape:
+        spoil = oracle_spoil(a.oracle_tau, a.oracle_k)
+        lm = build_shape(a.shape, torch.device("cuda" if torch.cuda.is_available() else "cpu"),
+                         torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+        vocab, dev = lm.config.vocab_size, lm.device
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(vocab, (a.prompt_len,), generator=g).tolist() for _ in range(n_req)]
+        reqs = [GenRequest(p, a.n, SamplingParams(), ()) for p in prompts]
+        if a.drafts == ap.get_default("drafts"):
+            a.drafts = ["none", "oracle"]
+        if a.context is None:
+            a.context = 2048
+    else:
+        lm = load_model(a.model or default_model_path(), None, None)
+        tok, dev = lm.tokenizer, lm.model.device
+        prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]), add_special=False)
+                   for (q,) in load_prompts("gsm8k", n_req)]
+        reqs = [GenRequest(p, a.n, SamplingParams(), tuple(tok.eos_ids)) for p in prompts]
     slots = max(a.concurrency)
-    report = {"machine": machine_description(lm.model.device), "commit": git_commit(), "n": a.n,
+    report = {"machine": machine_description(dev), "commit": git_commit(), "n": a.n, "shape": a.shape,
               "requests_per_client": a.requests, "controller": not a.no_controller,
-              "context": a.context, "static_steps": not a.eager_steps and lm.model.device.type == "cuda", "rows": []}
+              "context": a.context, "static_steps": not a.eager_steps and dev.type == "cuda", "rows": []}
+    if a.shape:
+        report.update(prompt_len=a.prompt_len, oracle_tau=a.oracle_tau, oracle_k=a.oracle_k, oracle_spoil=spoil)
     static = False if a.eager_steps else None
     exact = False if a.no_exact or a.eager_steps else None
     report["exact"] = exact is None and report["static_steps"]
     report["span_buckets"] = report["static_steps"] and not a.no_span_buckets
     report["all_slots_drafter"] = a.all_slots_drafter
     for d in a.drafts:
-        loop = EngineLoop(lm, d, max_slots=slots, max_queue=n_req, controller=not a.no_controller,
+        draft, refs = d, {}
+        if d == "oracle":
+            if not a.shape:
+                raise SystemExit("--drafts oracle needs --shape")
+            seeds = iter(range(10 ** 9))
+            draft = lambda: ServeOracle(refs, vocab, spoil, next(seeds))  # noqa: E731
+        loop = EngineLoop(lm, draft, max_slots=slots, max_queue=n_req, controller=not a.no_controller,
+                          num_draft_tokens=a.oracle_k if d == "oracle" else 4,
                           static_steps=static, exact=exact, max_context=a.context,
                           span_buckets=False if a.no_span_buckets or a.eager_steps else None,
                           all_slots_drafter=a.all_slots_drafter)
         loop.start()
         _serve(loop, reqs[0])  # warm-up
+        if d == "oracle":  # the replies this loop gives (its drafts all spoiled), all at once: the oracle's reference
+            ref_pass = run_level(loop, reqs, slots, a.requests)["outputs"]
+            refs.update({tuple(reqs[i].prompt_ids): v for i, v in ref_pass.items()})
         serial = {i: _serve(loop, reqs[i])[0] for i in range(min(a.serial, n_req))}  # each alone: the reference
+        if d == "oracle":  # the reference pass ran batched: exact, its replies are the serial ones
+            rep = {"draft": d, "reference_equal_to_serial": f"{sum(ref_pass[i] == serial[i] for i in serial)}/{len(serial)}"}
+            report["oracle_reference"] = rep
+            print(json.dumps(rep), flush=True)
         if a.repeat_serial:  # the same requests alone once more: does the loop give the same bits twice?
             again = {i: _serve(loop, reqs[i])[0] for i in serial}
             rep = {"draft": d, "serial_repeat_equal": f"{sum(again[i] == serial[i] for i in serial)}/{len(serial)}"}

@@ -11,6 +11,11 @@
 #   reuse        serving with span buckets and kept slot drafters (GPU 0); plain serving with span
 #                buckets, each prompt alone twice (GPU 1)
 #   slots        DFlash serving with one drafter step for all slots (GPU 0) against a pass per slot (GPU 1)
+# One GPU (nvidia-h200), 2026-12-01:
+#   serve1       SmolLM2 serving (none, ngram, DFlash a pass per slot), DFlash with one step for all
+#                slots, then the width-invariance check on the smollm2-135m and qwen3-8b shapes
+#   shape        serving a random qwen3-8b-shape target, plain and an oracle drafter (tau 4, k 15),
+#                controller on, then the oracle with the controller off
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
@@ -75,7 +80,20 @@ slots)
     serve all_slots 0 170 --drafts none dflash --all-slots-drafter &
     serve per_slot 1 170 --drafts none dflash &
     wait ;;
+serve1)
+    smollm2
+    serve per_slot 0 220 --drafts none ngram dflash
+    serve all_slots 0 150 --drafts dflash --all-slots-drafter
+    for sh in smollm2-135m qwen3-8b; do
+        timeout 80 python scripts/check_width_invariance.py --shape $sh --json $OUT/width_$sh.json > $OUT/width_$sh.log 2>&1
+        echo "width $sh rc=$?"; tail -3 $OUT/width_$sh.log; done ;;
+shape)
+    sh() { local name=$1 secs=$2; shift 2
+           timeout $secs python scripts/bench_serve.py --shape qwen3-8b --json $OUT/$name.json "$@" > $OUT/$name.log 2>&1
+           echo "$name rc=$?"; grep -E "rror|Traceback" $OUT/$name.log | tail -3; cut -c1-150 $OUT/$name.log; }
+    sh shape_q8 330
+    sh shape_q8_noctl 200 --drafts oracle --no-controller ;;
 *)
-    sed -n 2,13p "$0"; exit 2 ;;
+    sed -n 2,18p "$0"; exit 2 ;;
 esac
 cd $OUT && tar czf all.tgz *.json *.log 2>/dev/null; rm -f *.json *.log

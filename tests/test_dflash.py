@@ -269,6 +269,46 @@ def test_static_block_rebuilt_when_context_buffers_are_reallocated(tmp_path, lla
     assert run(_prompt(5, seed=4), 4) == longer  # buffers never shrink: a short request after it reuses them
 
 
+def test_observe_defers_context_writes(tmp_path, llama, monkeypatch):
+    """``observe`` only keeps the committed rows' captured features; the next proposal writes
+    all pending rows' context K/V at once (a serving step with k = 0 costs the drafter no
+    forward). The context then holds what writing after every observe holds, and the block's
+    logits agree."""
+    from specdec.models.base import ForwardOut
+
+    path, _ = _write(tmp_path, block_size=4)
+    model = llama[1].model
+    base = load_dflash_drafter(path, llama[1])
+    ids = torch.tensor(_prompt(20, seed=5))
+    cache = model.new_cache(64)
+    out = model.forward(ids, cache, capture=base.capture_layers)
+    rows = [ForwardOut(out.logits[a:b], out.hidden[a:b], out.captured[a:b])
+            for a, b in ((0, 8), (8, 11), (11, 12), (12, 20))]
+    each, deferred = base.spawn(), base.spawn()
+    for d in (each, deferred):
+        d.begin(ids[:8], rows[0])
+    calls = []
+    orig = type(base.model).context_kv
+    monkeypatch.setattr(type(base.model), "context_kv", lambda self, f, p: calls.append(f.shape[0]) or orig(self, f, p))
+    for r in rows[1:]:
+        each.observe(ids[:r.hidden.shape[0]], r)
+        each.block_logits(0)
+    assert calls == [3, 1, 8]
+    calls.clear()
+    for r in rows[1:]:
+        deferred.observe(ids[:r.hidden.shape[0]], r)
+    assert calls == [] and deferred.length == 20 and deferred._written == 8
+    got = deferred.block_logits(0)
+    assert calls == [12] and deferred._written == 20
+    torch.testing.assert_close(got, each.block_logits(0), rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():  # the context of all 20 positions, computed in one go
+        ref = orig(base.model, out.captured, torch.arange(20))
+    for (k, v), a, b in zip(ref, each.kv, deferred.kv):
+        for d in (a, b):
+            torch.testing.assert_close(d.k[:, :20], k, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(d.v[:, :20], v, rtol=1e-5, atol=1e-5)
+
+
 def test_static_block_samples_from_the_eager_distributions(tmp_path, llama):
     """Sampled proposals with static steps come from the static block (built once beside the
     greedy one, both reused) and carry the eager block's filtered distributions."""

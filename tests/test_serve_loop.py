@@ -280,6 +280,21 @@ def test_controller_choices():
     assert ctl.choose([0.9] * 8) == 0 and (8, 0) not in ctl.cost
 
 
+def test_controller_limited_choices():
+    """With ``choices`` the controller measures and picks only those ``k`` (static steps with a
+    drafter whose proposals cost the same for any k: 0 or kmax); the loop passes them then."""
+    ctl = DraftController(15, choices=(0, 15), explore_every=3)
+    picks = set()
+    for _ in range(20):
+        k = ctl.choose([0.8] * 4)
+        ctl.record(4, k, 1.0)
+        picks.add(k)
+    assert picks == {0, 15} and set(ctl.cost) == {(4, 0), (4, 15)}
+    for bad in ((16,), (-1, 3), ()):
+        with pytest.raises(ValueError, match="choices"):
+            DraftController(15, choices=bad)
+
+
 def test_controller_reexplores():
     ctl = DraftController(2, explore_every=5)
     assert _settle(ctl, [0.1], lambda k: 1.0 + k) == 0
@@ -497,3 +512,12 @@ def test_slot_drafters_are_kept_across_requests(setup, monkeypatch):
     engine._slots[0] = type("S", (), {"handle": type("H", (), {"_send": lambda self, ev: None})()})()
     engine._fail(0, "x")
     assert 0 not in engine._slot_drafters
+
+
+def test_loop_controller_choices(setup):
+    """Static steps with DFlash or n-gram: the controller weighs k = 0 against kmax only; eager
+    steps (whose width follows k) and MTP (whose proposals cost a pass per draft) weigh every k."""
+    loaded, dirs = setup
+    for spec, static, want in ((f"dflash:{dirs['dflash']}", True, (0, 3)), ("ngram", True, (0, 4)),
+                               ("ngram", False, (0, 1, 2, 3, 4)), (f"mtp:{dirs['mtp']}", True, (0, 1, 2, 3, 4))):
+        assert EngineLoop(loaded, spec, max_slots=2, static_steps=static).controller.choices == want, spec

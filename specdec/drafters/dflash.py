@@ -66,13 +66,15 @@ class DFlashDrafter:
     """A loaded DFlash drafter bound to its target (whose embedding and LM head it uses)."""
 
     name = "dflash"
+    flat_draft_cost = True  # a proposal costs the same for any k (the serving controller reads it)
 
     def __init__(self, model: DFlashDraftModel, target: CausalLM, block_size: int | None = None, path: str = ""):
         c = model.config
         self.model, self.target, self.path = model, target, path
         self.block_size = _check_block_size(block_size, c.block_size, path or "the drafter")
         self.capture_layers: tuple[int, ...] = tuple(c.target_layer_ids)
-        self.length = 0  # committed positions whose context K/V are cached
+        self.length = 0  # committed positions (their context K/V cached, or pending: see observe)
+        self._written, self._pending = 0, []  # positions whose K/V are written; captured rows not yet written
         self.kv: list[_ContextKV] = []
         # Blocks as one static step (a CUDA graph on CUDA, with the target's sharded embedding and
         # head's collectives inside under tensor parallelism; eager elsewhere, for tests)
@@ -109,11 +111,15 @@ class DFlashDrafter:
             self._static = self._sampled = None  # they hold the last request's buffers: free them before allocating
             self.kv = [_ContextKV(c.num_key_value_heads, c.head_dim, cap, w.dtype, w.device)
                        for _ in range(c.num_hidden_layers)]
-        self.length = 0
+        self.length, self._written, self._pending = 0, 0, []
         self._append(out, int(prompt_ids.numel()))
+        self._flush()
 
     @torch.inference_mode()
     def observe(self, tokens: torch.Tensor, out: ForwardOut) -> None:
+        """Take the committed rows' captured features; their context K/V are written at the next
+        proposal, all pending rows at once: a serving step that drafts nothing (the controller's
+        k = 0) then costs this drafter a copy, not a forward."""
         self._append(out, int(tokens.numel()))
 
     @torch.inference_mode()
@@ -125,6 +131,7 @@ class DFlashDrafter:
         With static steps both run the block as a static step: sampling reads its logits and
         filters and samples them outside it (a handful of kernels, whatever the sampling params).
         """
+        self._flush()
         if self.static_steps or self.compile:
             block = self._static_block(sampled=not params.greedy)(int(last_token), self.length)[: max(0, k)]
             if params.greedy:
@@ -159,16 +166,27 @@ class DFlashDrafter:
         if feats is None or feats.shape[0] != n:
             raise RuntimeError(f"DFlash needs the target's captured layers {self.capture_layers} for the {n} "
                                "committed rows; the engine must forward with capture=drafter.capture_layers")
-        pos = torch.arange(self.length, self.length + n, device=feats.device)
-        for store, (k, v) in zip(self.kv, self.model.context_kv(feats, pos)):
-            store.write(self.length, k, v)
+        self._pending.append(feats.clone())  # a view of a static step's output: copied before its next replay
         self.length += n
+
+    def _flush(self) -> None:
+        """Write the context K/V of the rows observed since the last proposal (positions
+        ``_written .. length - 1``)."""
+        if not self._pending:
+            return
+        feats = self._pending[0] if len(self._pending) == 1 else torch.cat(self._pending)
+        self._pending = []
+        pos = torch.arange(self._written, self._written + feats.shape[0], device=feats.device)
+        for store, (k, v) in zip(self.kv, self.model.context_kv(feats, pos)):
+            store.write(self._written, k, v)
+        self._written += feats.shape[0]
 
     @torch.inference_mode()
     def block_logits(self, last_token: int) -> torch.Tensor:
         """fp32 logits ``[B - 1, V]`` for the block after ``last_token``; changes no state."""
         if not self.kv:
             raise RuntimeError("DFlashDrafter.propose called before begin")
+        self._flush()
         c, start = self.model.config, self.length
         ids = torch.full((self.block_size,), c.mask_token_id, dtype=torch.int64, device=self.target.device)
         ids[0] = int(last_token)

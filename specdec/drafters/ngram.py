@@ -15,6 +15,7 @@ from .base import Proposal
 
 class NgramDrafter:
     name = "ngram"
+    flat_draft_cost = True  # a proposal costs the same for any k (the serving controller reads it)
     capture_layers: tuple[int, ...] = ()
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):

@@ -30,17 +30,26 @@ def bucket(batch: int) -> int:
 
 
 class DraftController:
-    """Picks ``k`` in ``0..kmax`` per step from EMA step times per (batch bucket, k).
+    """Picks ``k`` in ``0..kmax`` (or among ``choices``) per step from EMA step times per (batch
+    bucket, k).
+
+    ``choices``: the ``k`` worth trying. With static steps every step with drafts runs the same
+    width (``kmax + 1`` rows a slot), so for a drafter whose proposal costs the same for any ``k``
+    (DFlash's block, n-gram lookups) a step costs the same for every ``k > 0`` and ``kmax``
+    commits the most: ``(0, kmax)`` then spares the loop exploring ``k`` that cannot win.
 
     ``choose`` explores a (bucket, k) pair it has never measured, and every ``explore_every``-th
     step of a bucket re-measures the pair measured longest ago (costs drift as contexts grow),
     so a ``k`` that once lost is tried again. ``ema`` weights the newest measurement.
     """
 
-    def __init__(self, kmax: int, explore_every: int = 50, ema: float = 0.2):
+    def __init__(self, kmax: int, explore_every: int = 50, ema: float = 0.2, choices: tuple[int, ...] | None = None):
         if kmax < 0:
             raise ValueError(f"kmax must be >= 0, got {kmax}")
         self.kmax, self.explore_every, self.ema = kmax, explore_every, ema
+        self.choices = tuple(range(kmax + 1)) if choices is None else tuple(sorted(set(choices)))
+        if not self.choices or min(self.choices) < 0 or max(self.choices) > kmax:
+            raise ValueError(f"choices must lie in 0..{kmax}, got {choices!r}")
         self.cost: dict[tuple[int, int], float] = {}  # (bucket, k) -> EMA seconds per step
         self.seen: dict[tuple[int, int], int] = {}  # (bucket, k) -> step count at its last measurement
         self.steps: dict[int, int] = {}  # bucket -> steps chosen
@@ -51,7 +60,7 @@ class DraftController:
             return 0
         b = bucket(len(alphas))
         n = self.steps[b] = self.steps.get(b, 0) + 1
-        ks = range(self.kmax + 1)
+        ks = self.choices
         unmeasured = [k for k in ks if (b, k) not in self.cost]
         if unmeasured:
             return unmeasured[0]

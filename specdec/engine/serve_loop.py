@@ -159,11 +159,15 @@ class EngineLoop(SlotWork):
         self.context = min(max_context or model.max_context, model.max_context)
         # spare rows: a short row padded to the step's longest writes up to kmax + 1 positions past its end
         self.cache = model.new_batch_cache(max_slots, self.context, spare=self.kmax + 1)
-        self.controller = DraftController(self.kmax) if controller and self.kmax > 0 else None
         if static_steps is None:
             static_steps = model.device.type == "cuda"
         elif type(static_steps) is not bool:
             raise ConfigError(f"static_steps must be True, False or None, got {static_steps!r}")
+        # static steps with drafts all run kmax + 1 rows a slot: for a drafter whose proposals cost
+        # the same for any k (flat_draft_cost), only k = 0 and k = kmax can be best
+        flat = static_steps and getattr(proto, "flat_draft_cost", False)
+        self.controller = (DraftController(self.kmax, choices=(0, self.kmax) if flat else None)
+                           if controller and self.kmax > 0 else None)
         # every verify step as one fixed-shape step over all slots (a CUDA graph on CUDA): see graphed_batch.py
         self.static_steps = static_steps
         self._static: dict[tuple[int, int], GraphedBatch] = {}  # (width, span) -> its static step (at first use)
