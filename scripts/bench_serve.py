@@ -126,8 +126,10 @@ def main() -> None:
                     "default: the model's). Every step attends over all of them")
     ap.add_argument("--no-span-buckets", action="store_true", help="static steps attend over the whole context "
                     "(EngineLoop span_buckets=False)")
-    ap.add_argument("--all-slots-drafter", action="store_true", help="DFlash drafts for every slot in one static "
-                    "step (EngineLoop all_slots_drafter=True), not in a pass per slot")
+    ap.add_argument("--per-slot-drafters", action="store_true", help="DFlash drafts in a pass per slot "
+                    "(EngineLoop all_slots_drafter=False), not for every slot in one static step (the default)")
+    ap.add_argument("--wide-k0", action="store_true", help="exact steps without drafts stay wide (skip the "
+                    "1-wide step and its check against the wide one)")
     ap.add_argument("--repeat-serial", action="store_true", help="serve the serial reference twice and "
                     "report whether both passes agree (run-to-run determinism, apart from batching)")
     ap.add_argument("--shape", default=None, help="a random target of this shape (specdec bench --shape), "
@@ -166,7 +168,8 @@ def main() -> None:
     exact = False if a.no_exact or a.eager_steps else None
     report["exact"] = exact is None and report["static_steps"]
     report["span_buckets"] = report["static_steps"] and not a.no_span_buckets
-    report["all_slots_drafter"] = a.all_slots_drafter
+    report["all_slots_drafter"] = not a.per_slot_drafters
+    report["wide_k0"] = a.wide_k0
     for d in a.drafts:
         draft, refs = d, {}
         if d == "oracle":
@@ -178,7 +181,9 @@ def main() -> None:
                           num_draft_tokens=a.oracle_k if d == "oracle" else 4,
                           static_steps=static, exact=exact, max_context=a.context,
                           span_buckets=False if a.no_span_buckets or a.eager_steps else None,
-                          all_slots_drafter=a.all_slots_drafter)
+                          all_slots_drafter=False if a.per_slot_drafters else None)
+        if a.wide_k0:
+            loop._narrow_exact = False
         loop.start()
         _serve(loop, reqs[0])  # warm-up
         if d == "oracle":  # the replies this loop gives (its drafts all spoiled), all at once: the oracle's reference
@@ -200,7 +205,9 @@ def main() -> None:
             same = [outs[i] == serial[i] for i in serial if i in outs]
             first = {i: next((j for j, (x, y) in enumerate(zip(outs[i], serial[i])) if x != y), min(len(outs[i]), len(serial[i])))
                      for i in serial if i in outs and outs[i] != serial[i]}
-            r.update(draft=d, equal_to_serial=f"{sum(same)}/{len(same)}", first_difference=first)
+            m = loop.metrics()
+            r.update(draft=d, equal_to_serial=f"{sum(same)}/{len(same)}", first_difference=first,
+                     k_chosen=m["k_chosen"], narrow_exact_spans=m["narrow_exact_spans"])
             report["rows"].append(r)
             print(json.dumps(r), flush=True)
         loop.stop()

@@ -16,6 +16,8 @@
 #                slots, then the width-invariance check on the smollm2-135m and qwen3-8b shapes
 #   shape        serving a random qwen3-8b-shape target, plain and an oracle drafter (tau 4, k 15),
 #                controller on, then the oracle with the controller off
+#   serve2       SmolLM2 serving (none, ngram, DFlash all-slots; 1-wide checked k = 0 steps), DFlash
+#                with wide k = 0 steps, DFlash a pass per slot; then the qwen3-8b shape with the oracle
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
@@ -87,6 +89,13 @@ serve1)
     for sh in smollm2-135m qwen3-8b; do
         timeout 80 python scripts/check_width_invariance.py --shape $sh --json $OUT/width_$sh.json > $OUT/width_$sh.log 2>&1
         echo "width $sh rc=$?"; tail -3 $OUT/width_$sh.log; done ;;
+serve2)
+    smollm2
+    serve serve2 0 200 --drafts none ngram dflash
+    serve serve2_widek0 0 90 --drafts dflash --wide-k0
+    serve serve2_per_slot 0 90 --drafts dflash --per-slot-drafters
+    timeout 150 python scripts/bench_serve.py --shape qwen3-8b --json $OUT/shape2_q8.json > $OUT/shape2_q8.log 2>&1
+    echo "shape2 rc=$?"; cut -c1-150 $OUT/shape2_q8.log ;;
 shape)
     sh() { local name=$1 secs=$2; shift 2
            timeout $secs python scripts/bench_serve.py --shape qwen3-8b --json $OUT/$name.json "$@" > $OUT/$name.log 2>&1

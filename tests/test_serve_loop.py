@@ -295,6 +295,25 @@ def test_controller_limited_choices():
             DraftController(15, choices=bad)
 
 
+def test_slot_acceptance_estimate():
+    """A slot's acceptance estimate is per draft given the ones before it were accepted (the
+    controller's model), not accepted / drafted: a step that accepts 3 of 15 drafts is 3 of 4
+    tried, and the model's expected tokens then match the 4 a step commits."""
+    from specdec.engine.requests import Slot
+
+    sl = Slot(None, None, None, None, 0)
+    assert sl.alpha == 0.5
+    for _ in range(40):
+        sl.record_drafts(3, 15, 0.3)
+    assert abs(sl.alpha - 0.75) < 1e-6 and abs(expected_tokens(sl.alpha, 15) - 4.0) < 0.1
+    for _ in range(40):
+        sl.record_drafts(4, 4, 0.3)
+    assert sl.alpha > 0.99
+    before = sl.alpha
+    sl.record_drafts(0, 0, 0.3)  # a step without drafts says nothing
+    assert sl.alpha == before
+
+
 def test_controller_reexplores():
     ctl = DraftController(2, explore_every=5)
     assert _settle(ctl, [0.1], lambda k: 1.0 + k) == 0

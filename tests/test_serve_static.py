@@ -121,8 +121,48 @@ def test_static_greedy_equals_plain(setup, kind):
         assert toks == _reference(model, r), f"prompt {r.prompt_ids}"
     m = engine.metrics()
     assert 0 < m["accepted_total"] < m["drafted_total"], m
-    # the controller tried k = 0 too: exact (the default), those steps still ran the kmax + 1 wide step
-    assert sorted(w for w, _ in engine._static) == [4] and m["k_chosen"].get(0, 0) > 0, m
+    # the controller tried k = 0 too: exact (the default), those steps ran 1 wide only where that
+    # gave the wide step's bits (checked), else the kmax + 1 wide step
+    assert m["k_chosen"].get(0, 0) > 0, m
+    assert {w for w, _ in engine._static} == {1, 4}, m  # 1: used, or built once for the check
+
+
+@pytest.mark.parametrize("check", ["same", "differs", "real"])
+def test_exact_k0_steps_narrow_only_where_checked(setup, monkeypatch, check):
+    """exact: the first step without drafts at a span runs the 1-wide step and the wide one and
+    compares them; where the rows' bits agree, steps without drafts run 1 wide from then on, else
+    they stay wide for good. The comparison is made to agree or to differ here, or left as it is
+    (on the CPU, fp32 GEMMs give a row other bits at 3 and at 12 rows: it differs). Replies equal
+    plain greedy decoding each way (the tiny peaky model's argmax does not move with the bits)."""
+    import itertools
+
+    from specdec.engine import loop_work
+    from specdec.models.graphed_batch import GraphedBatch
+
+    loaded = setup[0]
+    if check != "real":
+        monkeypatch.setattr(loop_work, "same_bits", lambda a, b: check == "same")
+    widths = []
+    call = GraphedBatch.__call__
+    monkeypatch.setattr(GraphedBatch, "__call__", lambda self, *a: widths.append(self.width) or call(self, *a))
+    reqs = _requests(6, seed=3, repetitive=True)
+    engine = EngineLoop(loaded, "ngram", max_slots=3, num_draft_tokens=3, static_steps=True)
+    steps = itertools.count()
+    engine.controller.choose = lambda alphas: 3 if next(steps) % 3 == 2 else 0
+    for r, toks in zip(reqs, engine.run(reqs)):
+        assert toks == _reference(loaded.model, r)
+    m = engine.metrics()
+    if check == "real":
+        check = "same" if engine._narrow_exact else "differs"
+    if check == "same":
+        assert engine._narrow_exact and m["narrow_exact_spans"], m
+        # every step without drafts ran 1 wide (also a k = 3 step whose n-gram found nothing); the
+        # checks ran both
+        assert widths.count(1) >= m["k_chosen"][0] and widths.count(4) <= m["k_chosen"][3] + len(m["narrow_exact_spans"])
+        assert len(widths) == m["steps_total"] + len(m["narrow_exact_spans"])
+    else:
+        assert not engine._narrow_exact and m["narrow_exact_spans"] is None
+        assert widths.count(1) == 1 and widths.count(4) == m["steps_total"]  # the check ran both, then wide
 
 
 def test_inexact_k0_runs_the_narrow_step(setup):
@@ -152,6 +192,47 @@ def test_static_real_dflash_matches_single_sequence(setup, all_slots):
             r.prompt_ids, r.max_new_tokens)
         assert toks == res.token_ids
         assert done.stats["accepted_per_step"] == res.stats.accepted
+
+
+def test_dflash_steps_without_drafts_defer_context_writes(setup):
+    """Steps that draft nothing (k = 0) leave the committed rows pending in the DFlash drafter (a
+    slot's own, or the all-slots one) until it next drafts, or, all-slots, until a slot holds a
+    step's width of them. Both drafters then propose the same drafts at the same steps, and every
+    reply equals plain greedy decoding."""
+    import itertools
+
+    loaded, dflash = setup
+    reqs = _requests(4, seed=5)
+
+    from specdec.drafters import dflash as dfm
+
+    def run(all_slots, monkeypatch):
+        engine = EngineLoop(loaded, f"dflash:{dflash}", max_slots=2, num_draft_tokens=3, static_steps=True,
+                            all_slots_drafter=all_slots)
+        assert engine.controller.choices == (0, 3)
+        steps = itertools.count()
+        engine.controller.choose = lambda alphas: 3 if next(steps) % 6 == 5 else 0  # 5 steps of 1 row, then drafts
+        flushes, drafts = [], []
+        if all_slots:
+            orig, propose = engine._all_slots._observe_run, engine._all_slots.propose
+            engine._all_slots._observe_run = lambda: flushes.append(1) or orig()
+            engine._all_slots.propose = lambda rows: [drafts.append(p.tokens.tolist()) or p for p in propose(rows)]
+        else:
+            one = dfm.DFlashDrafter.propose
+            monkeypatch.setattr(dfm.DFlashDrafter, "propose", lambda self, *a: drafts.append(
+                (p := one(self, *a)).tokens.tolist()) or p)
+        got = [(toks, done.stats["accepted_per_step"]) for toks, done in _serve(engine, reqs)]
+        return got, drafts, engine.metrics(), len(flushes)
+    with pytest.MonkeyPatch.context() as mp:
+        shared, drafts, m, flushes = run(True, mp)
+        alone, drafts_alone, _, _ = run(False, mp)
+    # the drafts read the context the deferred writes left: a row written to the wrong place changes them
+    assert shared == alone and drafts == drafts_alone and len(drafts) > 4
+    for r, (toks, _) in zip(reqs, shared):
+        assert toks == _reference(loaded.model, r)
+    assert m["k_chosen"][0] > 4 * m["k_chosen"][3] > 0, m
+    # a flush per drafting step, and one whenever 4 rows (the width) wait: far fewer than the steps
+    assert 0 < flushes < m["steps_total"] / 2, (flushes, m)
 
 
 def test_all_slots_dflash_seeded_sampling_alone_or_shared(setup):

@@ -301,7 +301,9 @@ class DFlashSlots:
         self.k = [torch.zeros(slots, c.num_key_value_heads, capacity, c.head_dim, dtype=w.dtype, device=dev)
                   for _ in range(c.num_hidden_layers)]
         self.v = [torch.zeros_like(t) for t in self.k]
-        self.lengths = [0] * slots
+        self.lengths = [0] * slots  # positions written per slot
+        self.pending: dict[int, list[torch.Tensor]] = {}  # slot -> captured rows observed, not yet written
+        self.n_pending = [0] * slots
         feat = len(c.target_layer_ids) * c.hidden_size
         # static inputs, refilled before each run
         self.obs_feats = torch.zeros(slots, width, feat, dtype=w.dtype, device=dev)
@@ -327,9 +329,13 @@ class DFlashSlots:
             self.k[i][s, :, :n] = k
             self.v[i][s, :, :n] = v
         self.lengths[s] = n
+        self.pending.pop(s, None)
+        self.n_pending[s] = 0
 
     def drop(self, s: int) -> None:
         self.lengths[s] = 0
+        self.pending.pop(s, None)
+        self.n_pending[s] = 0
 
     # --- per step -------------------------------------------------------------------
     def _observe_run(self) -> None:
@@ -342,24 +348,42 @@ class DFlashSlots:
 
     @torch.inference_mode()
     def observe(self, items: list[tuple[int, torch.Tensor]]) -> None:
-        """Each ``(slot, captured rows [n, F])`` appends its slot's committed rows, in one step
-        over every slot (the others write past their lengths, where nothing is read)."""
+        """Each ``(slot, captured rows [n, F])`` appends its slot's committed rows. They are kept
+        (the loop's captured rows are copies) and written by the next proposal, or once a slot
+        holds ``width`` pending rows: a step that drafts nothing costs no drafter step."""
         for s, feats in items:
             n = feats.shape[0]
             if not 0 < n <= self.width:
                 raise RuntimeError(f"DFlash observe takes 1..{self.width} rows a step, got {n}")
-            self.obs_feats[s, :n] = feats
-        if max(self.lengths) + self.width > self.capacity:
-            raise RuntimeError(f"the drafter's context of {self.capacity} positions is full")
-        self.obs_start.copy_(torch.tensor(self.lengths, dtype=torch.int64))
-        if not self.use_graphs:
-            self._observe_run()
-        else:
-            if self._observe_graph is None:
-                self._observe_graph, _ = capture(self._observe_run, self.obs_start.device)
-            self._observe_graph.replay()
-        for s, feats in items:
-            self.lengths[s] += feats.shape[0]
+            self.pending.setdefault(s, []).append(feats)
+            self.n_pending[s] += n
+        if max(self.n_pending) >= self.width:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write every slot's pending rows, up to ``width`` a slot per step over every slot (the
+        others write past their lengths, where nothing is read)."""
+        while any(self.n_pending):
+            if max(self.lengths) + self.width > self.capacity:
+                raise RuntimeError(f"the drafter's context of {self.capacity} positions is full")
+            took = {}
+            for s, parts in self.pending.items():
+                rows = torch.cat(parts) if len(parts) > 1 else parts[0]
+                n = min(rows.shape[0], self.width)
+                self.obs_feats[s, :n] = rows[:n]
+                took[s] = n
+                self.pending[s] = [rows[n:]] if n < rows.shape[0] else []
+            self.obs_start.copy_(torch.tensor(self.lengths, dtype=torch.int64))
+            if not self.use_graphs:
+                self._observe_run()
+            else:
+                if self._observe_graph is None:
+                    self._observe_graph, _ = capture(self._observe_run, self.obs_start.device)
+                self._observe_graph.replay()
+            for s, n in took.items():
+                self.lengths[s] += n
+                self.n_pending[s] -= n
+            self.pending = {s: p for s, p in self.pending.items() if p}
 
     def _block_run(self, span: int):
         d = self.d
@@ -378,6 +402,7 @@ class DFlashSlots:
         """One block for every slot; ``rows``: ``(slot, last token, k, params, generator)`` of the
         slots that draft, each getting ``min(k, block - 1)`` drafts (sampled from the drafter's own
         filtered distribution, returned with it, for sampled requests)."""
+        self._flush()
         for s, last, _, _, _ in rows:
             self.ids[s, 0] = int(last)
         self.start.copy_(torch.tensor(self.lengths, dtype=torch.int64))

@@ -23,7 +23,7 @@ from .requests import Event
 
 SPAN_BUCKET_MIN = 256  # the smallest span a static step attends over with span buckets
 
-ALPHA_EMA = 0.3  # weight of the newest step in a slot's acceptance rate
+ALPHA_EMA = 0.3  # weight of the newest step in a slot's acceptance estimate
 
 
 @dataclass
@@ -200,13 +200,14 @@ class SlotWork:
             return
         n_drafts = [r.drafts.numel() for r in rows]
         # static steps: every row padded to kmax + 1 (one shape: a row's bits never depend on the
-        # other rows); without exact and with the controller, width 1 when nothing is drafted (a
-        # second graph: k = 0 then costs a plain step, so the controller can fall back, at the price
-        # of a row's bits depending on the width the step ran, as the controller's k already does
-        # without static steps)
+        # other rows); with the controller, width 1 when nothing is drafted (a second graph: k = 0
+        # then costs a plain step, so the controller can fall back). With exact, only while the
+        # 1-wide step has given a row the bits of the wide one (checked per span, _verify); without
+        # exact always, a row's bits then depending on the width the step ran
         if not self.static_steps:
             width = 1 + max(n_drafts)
-        elif self.controller is not None and not any(n_drafts) and not self.exact:
+        elif self.controller is not None and not any(n_drafts) and (
+                not self.exact or (self._narrow_exact and self._sync is None)):  # ranks would need to agree
             width = 1
         else:
             width = 1 + self.kmax
@@ -251,8 +252,7 @@ class SlotWork:
             slot.accepted.append(n)
             slot.drafted += nd
             accepted, drafted = accepted + n, drafted + nd
-            if nd:
-                slot.alpha = (1 - ALPHA_EMA) * slot.alpha + ALPHA_EMA * n / nd
+            slot.record_drafts(n, nd, ALPHA_EMA)
             if self._commit(r.s, toks) or slot.drafter is None:
                 continue
             cap = None if out.captured is None else out.captured[i, : n + 1]
@@ -294,15 +294,40 @@ class SlotWork:
         # dummy writes land past what it has committed (masked, and overwritten by its next forward).
         starts = [0 if sl is None else sl.length for sl in self._slots]
         span = self._span(max(starts) + width)
-        step = self._static.get((width, span))
-        if step is None:
-            step = self._static[(width, span)] = GraphedBatch(self.model, self.cache, width, self.capture, span=span,
-                                                              span_invariant=self.span_buckets)
-        out = step(ids, slots, starts)
+        out = self._static_step(width, span)(ids, slots, starts)
+        if width == 1 and self.exact and self.kmax and span not in self._narrow_spans:
+            out = self._check_narrow(out, ids, slots, starts, span)
         if slots == list(range(self.max_slots)):
             return out
         pick = torch.tensor(slots, device=dev)
         return ForwardOut(out.logits[pick], out.hidden[pick], None if out.captured is None else out.captured[pick])
+
+    def _static_step(self, width: int, span: int) -> GraphedBatch:
+        step = self._static.get((width, span))
+        if step is None:
+            step = self._static[(width, span)] = GraphedBatch(self.model, self.cache, width, self.capture, span=span,
+                                                              span_invariant=self.span_buckets)
+        return step
+
+    def _check_narrow(self, out: ForwardOut, ids: torch.Tensor, slots: list[int], starts: list[int],
+                      span: int) -> ForwardOut:
+        """The first 1-wide exact step at ``span``: the wide step runs on the same rows too (after it,
+        so that its cache writes are the ones kept). Where every live row has the wide step's bits
+        (logits, hidden, captured), 1-wide steps at this span are used from now on; else never again
+        in this loop (the kernels' results depend on the row count here: cuBLAS picks kernels by
+        shape). Returns the wide step's rows, the bits an exact step has either way."""
+        w = 1 + self.kmax
+        wide = self._static_step(w, self._span(max(starts) + w))(
+            torch.nn.functional.pad(ids, (0, self.kmax)), slots, starts)
+        pick = torch.tensor(slots, device=ids.device)
+        pairs = [(out.logits, wide.logits), (out.hidden, wide.hidden)]
+        if out.captured is not None:
+            pairs.append((out.captured, wide.captured))
+        if all(same_bits(a[pick, 0], b[pick, 0]) for a, b in pairs):
+            self._narrow_spans.add(span)
+        else:
+            self._narrow_exact = False
+        return ForwardOut(wide.logits[:, :1], wide.hidden[:, :1], None if wide.captured is None else wide.captured[:, :1])
 
     # --- per-request bookkeeping (engine thread) ------------------------------------------
     def _commit(self, s: int, toks: list[int]) -> bool:
@@ -340,6 +365,11 @@ class SlotWork:
             self._all_slots.drop(s)
         self._count("requests_failed")
         slot.handle._send(Event("error", message=err if isinstance(err, str) else describe(err)))
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The 1-wide step's check (a function, so that a test can make it fail)."""
+    return torch.equal(a, b)
 
 
 def describe(e: BaseException) -> str:

@@ -95,13 +95,29 @@ class Slot:
     stop: frozenset = frozenset()
     rows_h: list = field(default_factory=list)  # prompt rows for the drafter's begin (while prefilling)
     rows_c: list = field(default_factory=list)
-    alpha: float = 0.5  # acceptance rate (EMA); the prior before the slot has drafted
+    # per-draft acceptance: EMAs of accepted drafts and of drafts tried (the drafts up to and with
+    # the first rejected one: those after it were never tested); the prior 1 of 2 before any step
+    hits: float = 1.0
+    tries: float = 2.0
     accepted: list[int] = field(default_factory=list)  # accepted drafts per step
     drafted: int = 0
     t_submit: float = 0.0  # perf_counter() at submit
     queued_s: float = 0.0  # submit -> slot taken
     ttft_s: float = 0.0  # submit -> first token (queue + prefill)
     seed: int | None = None  # the sampling generator's seed (drawn at admission when the request has none)
+
+    @property
+    def alpha(self) -> float:
+        """The chance that a draft is accepted given that the ones before it were (the controller's
+        model: a step with ``k`` drafts then commits ``1 + a + ... + a^k`` tokens on average)."""
+        return self.hits / self.tries
+
+    def record_drafts(self, n: int, drafted: int, ema: float) -> None:
+        """A step accepted ``n`` of ``drafted`` drafts: ``n`` of the ``n + 1`` tried (``n`` of ``n``
+        when all were accepted); the acceptance estimate moves by ``ema`` towards it."""
+        if drafted:
+            self.hits = (1 - ema) * self.hits + ema * n
+            self.tries = (1 - ema) * self.tries + ema * (n + (n < drafted))
 
     def stats(self) -> dict:
         """The ``stats`` of the request's ``done`` event."""

@@ -105,14 +105,18 @@ class EngineLoop(SlotWork):
       (or one whose padded last chunk would not fit the cache) in eager forwards of its own of
       ``prefill_chunk`` tokens: shapes set by the prompt alone, bitwise independent of the
       others too, but not graph-replayed;
-    - with the controller, a step without drafts (``k = 0``) still runs the wide step (drafting is
-      skipped, which saves the drafter's cost, not the target's).
+    - with the controller, a step without drafts (``k = 0``) runs a 1-wide step only where that
+      gives a row the bits of the wide step: the first such step at each span runs both and
+      compares (``_check_narrow``); once they differ (on the H200 cuBLAS picks other GEMM kernels
+      for the qwen3-8b shape's 32 and 512 rows, not for SmolLM2's), steps without drafts stay wide,
+      which saves the drafter's cost, not the target's. Not under tensor parallelism (always wide).
 
     ``span_buckets`` (default: on CUDA with static steps): a static step attends over the smallest of
     256, 512, ... positions holding every slot's, with span-invariant attention, not over the whole
-    context. ``all_slots_drafter`` (off until measured on a GPU): a drafter that offers ``for_slots``
+    context. ``all_slots_drafter`` (default: with static steps): a drafter that offers ``for_slots``
     (DFlash) drafts for every slot in one static step and writes every slot's committed rows in one
-    more (:class:`~specdec.drafters.dflash.DFlashSlots`), instead of a pass per slot; with static steps.
+    more (:class:`~specdec.drafters.dflash.DFlashSlots`), instead of a pass per slot (on the H200,
+    4d7866a: 1.1-1.8x the per-slot drafters' throughput at 1 to 32 clients).
 
     With ``exact=False`` the joining prompts prefill together in one right-padded eager forward
     (a prompt's bits then depend on which prompts join with it), and a step without drafts runs a
@@ -133,7 +137,7 @@ class EngineLoop(SlotWork):
     def __init__(self, loaded, draft=None, *, max_slots: int = 8, max_queue: int = 64, num_draft_tokens: int = 4,
                  block_size: int | None = None, max_context: int | None = None, controller: bool = True,
                  static_steps: bool | None = None, exact: bool | None = None, span_buckets: bool | None = None,
-                 all_slots_drafter: bool = False):
+                 all_slots_drafter: bool | None = None):
         model: CausalLM = getattr(loaded, "model", loaded)
         if not model.batched:
             arch = getattr(getattr(loaded, "arch", None), "name", None) or model.config.model_type
@@ -180,6 +184,8 @@ class EngineLoop(SlotWork):
         # a request's bits independent of the other requests: prompts prefill alone, k = 0 keeps the wide step
         self.exact = exact
         self._prefill_steps: dict[int, GraphedPrefill] = {}  # span -> the exact prefill's static step
+        self._narrow_spans: set[int] = set()  # spans whose 1-wide step gave the wide step's bits (exact)
+        self._narrow_exact = True  # False once a 1-wide step did not: exact steps stay wide then
         # static steps attend over the smallest of 256, 512, ... (and the whole cache) that holds every
         # slot's positions, not over the whole cache: with span-invariant attention (layers.py), whose
         # bits hold across spans on CUDA (measured on the H200), not on the CPU: default on CUDA only
@@ -190,6 +196,10 @@ class EngineLoop(SlotWork):
         self.span_buckets = span_buckets
         # a drafter that drafts for every slot in one static step (DFlash): one instead of one per slot
         self._all_slots = None
+        if all_slots_drafter is None:
+            all_slots_drafter = static_steps
+        elif type(all_slots_drafter) is not bool:
+            raise ConfigError(f"all_slots_drafter must be True, False or None, got {all_slots_drafter!r}")
         if (all_slots_drafter and proto is not None and self._reuse_drafters and static_steps
                 and callable(getattr(proto, "for_slots", None))):
             self._all_slots = proto.for_slots(max_slots, self.cache.max_len + self.kmax + 1, self.kmax + 1,
@@ -369,7 +379,8 @@ class EngineLoop(SlotWork):
                      max_slots=self.max_slots, max_queue=self.max_queue, context=self.context, draft=self.draft_name,
                      max_draft_tokens=self.kmax, controller=self.controller is not None, exact=self.exact,
                      running=self._thread is not None and not self._stopped,
-                     step_seconds=list(self._step_s), k_chosen=dict(self._k_hist))
+                     step_seconds=list(self._step_s), k_chosen=dict(self._k_hist),
+                     narrow_exact_spans=sorted(self._narrow_spans) if self._narrow_exact else None)
         m["acceptance_rate"] = m["accepted_total"] / m["drafted_total"] if m["drafted_total"] else 0.0
         return m
 
