@@ -310,8 +310,11 @@ def test_slot_acceptance_estimate():
         sl.record_drafts(4, 4, 0.3)
     assert sl.alpha > 0.99
     before = sl.alpha
-    sl.record_drafts(0, 0, 0.3)  # a step without drafts says nothing
+    sl.record_drafts(0, 0, 0.3)  # a step that asked for no drafts says nothing
     assert sl.alpha == before
+    for _ in range(40):  # asked for 4, offered 1 (an n-gram with a short match), accepted: 1 of 2 tried
+        sl.record_drafts(1, 4, 0.3)
+    assert abs(sl.alpha - 0.5) < 1e-6
 
 
 def test_controller_reexplores():

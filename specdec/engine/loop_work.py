@@ -33,6 +33,7 @@ class _Row:
     s: int
     drafts: torch.Tensor  # [k_r]
     probs: torch.Tensor | None  # [k_r, V] or None (argmax drafts)
+    asked: int = 0  # drafts asked of the drafter (k_r <= asked)
 
 
 class SlotWork:
@@ -176,7 +177,8 @@ class SlotWork:
             ks = self.kmax if p.seed is not None and not p.greedy else k
             ks = max(0, min(ks, slot.req.max_new_tokens - len(slot.out)))
             try:
-                row = _Row(s, torch.empty(0, dtype=torch.int64, device=dev), None)
+                row = _Row(s, torch.empty(0, dtype=torch.int64, device=dev), None,
+                           ks if slot.drafter is not None else 0)
                 if slot.drafter is not None and ks > 0:
                     if slot.drafter is self._all_slots:
                         together.append((row, (s, slot.last, ks, p, slot.gen)))
@@ -252,7 +254,7 @@ class SlotWork:
             slot.accepted.append(n)
             slot.drafted += nd
             accepted, drafted = accepted + n, drafted + nd
-            slot.record_drafts(n, nd, ALPHA_EMA)
+            slot.record_drafts(n, r.asked, ALPHA_EMA)
             if self._commit(r.s, toks) or slot.drafter is None:
                 continue
             cap = None if out.captured is None else out.captured[i, : n + 1]

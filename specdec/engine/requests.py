@@ -112,12 +112,14 @@ class Slot:
         model: a step with ``k`` drafts then commits ``1 + a + ... + a^k`` tokens on average)."""
         return self.hits / self.tries
 
-    def record_drafts(self, n: int, drafted: int, ema: float) -> None:
-        """A step accepted ``n`` of ``drafted`` drafts: ``n`` of the ``n + 1`` tried (``n`` of ``n``
-        when all were accepted); the acceptance estimate moves by ``ema`` towards it."""
-        if drafted:
+    def record_drafts(self, n: int, asked: int, ema: float) -> None:
+        """A step that asked the drafter for ``asked`` drafts accepted ``n``: ``n`` of the ``n + 1``
+        tried (``n`` of ``n`` when all ``asked`` were accepted). A draft the drafter did not offer
+        (an n-gram without a match) counts as rejected: the controller's model then predicts the
+        tokens a step really commits. The estimate moves by ``ema`` towards it."""
+        if asked:
             self.hits = (1 - ema) * self.hits + ema * n
-            self.tries = (1 - ema) * self.tries + ema * (n + (n < drafted))
+            self.tries = (1 - ema) * self.tries + ema * (n + (n < asked))
 
     def stats(self) -> dict:
         """The ``stats`` of the request's ``done`` event."""
