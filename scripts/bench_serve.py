@@ -128,8 +128,8 @@ def main() -> None:
                     "(EngineLoop span_buckets=False)")
     ap.add_argument("--per-slot-drafters", action="store_true", help="DFlash drafts in a pass per slot "
                     "(EngineLoop all_slots_drafter=False), not for every slot in one static step (the default)")
-    ap.add_argument("--wide-k0", action="store_true", help="exact steps without drafts stay wide (skip the "
-                    "1-wide step and its check against the wide one)")
+    ap.add_argument("--full-steps", action="store_true", help="exact steps all take the full shape (every slot, "
+                    "kmax + 1 wide): no 1-wide steps without drafts, no slot buckets, no checks")
     ap.add_argument("--repeat-serial", action="store_true", help="serve the serial reference twice and "
                     "report whether both passes agree (run-to-run determinism, apart from batching)")
     ap.add_argument("--shape", default=None, help="a random target of this shape (specdec bench --shape), "
@@ -169,7 +169,7 @@ def main() -> None:
     report["exact"] = exact is None and report["static_steps"]
     report["span_buckets"] = report["static_steps"] and not a.no_span_buckets
     report["all_slots_drafter"] = not a.per_slot_drafters
-    report["wide_k0"] = a.wide_k0
+    report["full_steps"] = a.full_steps
     for d in a.drafts:
         draft, refs = d, {}
         if d == "oracle":
@@ -182,8 +182,8 @@ def main() -> None:
                           static_steps=static, exact=exact, max_context=a.context,
                           span_buckets=False if a.no_span_buckets or a.eager_steps else None,
                           all_slots_drafter=False if a.per_slot_drafters else None)
-        if a.wide_k0:
-            loop._narrow_exact = False
+        if a.full_steps:
+            loop._shapes_exact = False
         loop.start()
         _serve(loop, reqs[0])  # warm-up
         if d == "oracle":  # the replies this loop gives (its drafts all spoiled), all at once: the oracle's reference
@@ -207,7 +207,7 @@ def main() -> None:
                      for i in serial if i in outs and outs[i] != serial[i]}
             m = loop.metrics()
             r.update(draft=d, equal_to_serial=f"{sum(same)}/{len(same)}", first_difference=first,
-                     k_chosen=m["k_chosen"], narrow_exact_spans=m["narrow_exact_spans"])
+                     k_chosen=m["k_chosen"], checked_steps=m["checked_steps"])
             report["rows"].append(r)
             print(json.dumps(r), flush=True)
         loop.stop()

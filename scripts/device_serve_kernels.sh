@@ -18,6 +18,8 @@
 #                controller on, then the oracle with the controller off
 #   serve2       SmolLM2 serving (none, ngram, DFlash all-slots; 1-wide checked k = 0 steps), DFlash
 #                with wide k = 0 steps, DFlash a pass per slot; then the qwen3-8b shape with the oracle
+#   serve3       SmolLM2 serving with slot buckets and checked shapes (none, ngram, DFlash), the same
+#                with full steps only; then the qwen3-8b shape with the oracle
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
@@ -96,6 +98,12 @@ serve2)
     serve serve2_per_slot 0 90 --drafts dflash --per-slot-drafters
     timeout 150 python scripts/bench_serve.py --shape qwen3-8b --json $OUT/shape2_q8.json > $OUT/shape2_q8.log 2>&1
     echo "shape2 rc=$?"; cut -c1-150 $OUT/shape2_q8.log ;;
+serve3)
+    smollm2
+    serve serve3 0 200 --drafts none ngram dflash
+    serve serve3_full 0 150 --drafts none dflash --full-steps
+    timeout 150 python scripts/bench_serve.py --shape qwen3-8b --json $OUT/shape3_q8.json > $OUT/shape3_q8.log 2>&1
+    echo "shape3 rc=$?"; cut -c1-150 $OUT/shape3_q8.log ;;
 shape)
     sh() { local name=$1 secs=$2; shift 2
            timeout $secs python scripts/bench_serve.py --shape qwen3-8b --json $OUT/$name.json "$@" > $OUT/$name.log 2>&1
@@ -103,6 +111,6 @@ shape)
     sh shape_q8 330
     sh shape_q8_noctl 200 --drafts oracle --no-controller ;;
 *)
-    sed -n 2,18p "$0"; exit 2 ;;
+    sed -n 2,22p "$0"; exit 2 ;;
 esac
 cd $OUT && tar czf all.tgz *.json *.log 2>/dev/null; rm -f *.json *.log

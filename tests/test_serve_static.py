@@ -121,48 +121,54 @@ def test_static_greedy_equals_plain(setup, kind):
         assert toks == _reference(model, r), f"prompt {r.prompt_ids}"
     m = engine.metrics()
     assert 0 < m["accepted_total"] < m["drafted_total"], m
-    # the controller tried k = 0 too: exact (the default), those steps ran 1 wide only where that
-    # gave the wide step's bits (checked), else the kmax + 1 wide step
+    # the controller tried k = 0 too: exact on the CPU, every step took the full shape (all slots,
+    # kmax + 1 wide); other shapes only where checked, on CUDA (test below)
     assert m["k_chosen"].get(0, 0) > 0, m
-    assert {w for w, _ in engine._static} == {1, 4}, m  # 1: used, or built once for the check
+    assert set(engine._static) == {(4, 4, engine.cache.max_len)}, m
 
 
-@pytest.mark.parametrize("check", ["same", "differs", "real"])
-def test_exact_k0_steps_narrow_only_where_checked(setup, monkeypatch, check):
-    """exact: the first step without drafts at a span runs the 1-wide step and the wide one and
-    compares them; where the rows' bits agree, steps without drafts run 1 wide from then on, else
-    they stay wide for good. The comparison is made to agree or to differ here, or left as it is
-    (on the CPU, fp32 GEMMs give a row other bits at 3 and at 12 rows: it differs). Replies equal
-    plain greedy decoding each way (the tiny peaky model's argmax does not move with the bits)."""
+@pytest.mark.parametrize("check", ["same", "differs", "cpu"])
+def test_exact_other_shapes_only_where_checked(setup, monkeypatch, check):
+    """exact: steps without drafts (1 wide) and steps over the first 1, 2, ... slots only (slot
+    buckets) run alone once their shape's first SHAPE_CHECKS steps, each also run in the full
+    shape, gave the same bits; one that does not sends every step to the full shape for good.
+    The comparison is made to agree or to differ here (the check is on, as on CUDA), or left off,
+    as the CPU has it: full steps only. Replies equal plain greedy decoding each way (the tiny
+    peaky model's argmax does not move with the bits)."""
     import itertools
 
     from specdec.engine import loop_work
     from specdec.models.graphed_batch import GraphedBatch
 
     loaded = setup[0]
-    if check != "real":
+    if check != "cpu":
         monkeypatch.setattr(loop_work, "same_bits", lambda a, b: check == "same")
-    widths = []
+    shapes = []
     call = GraphedBatch.__call__
-    monkeypatch.setattr(GraphedBatch, "__call__", lambda self, *a: widths.append(self.width) or call(self, *a))
-    reqs = _requests(6, seed=3, repetitive=True)
-    engine = EngineLoop(loaded, "ngram", max_slots=3, num_draft_tokens=3, static_steps=True)
+    monkeypatch.setattr(GraphedBatch, "__call__", lambda self, *a: shapes.append((self.rows, self.width)) or call(self, *a))
+    reqs = _requests(8, seed=3, repetitive=True)
+    engine = EngineLoop(loaded, "ngram", max_slots=4, num_draft_tokens=3, static_steps=True)
+    assert engine.slot_buckets and engine._shapes_exact is False  # the CPU: checks off
+    engine._shapes_exact = check != "cpu"
     steps = itertools.count()
     engine.controller.choose = lambda alphas: 3 if next(steps) % 3 == 2 else 0
-    for r, toks in zip(reqs, engine.run(reqs)):
+    got = engine.run(reqs[:5]) + engine.run(reqs[5:6]) + engine.run(reqs[6:])  # 4, 1 and 2 at once: buckets 4, 1, 2
+    for r, toks in zip(reqs, got):
         assert toks == _reference(loaded.model, r)
     m = engine.metrics()
-    if check == "real":
-        check = "same" if engine._narrow_exact else "differs"
+    full = (4, 4)
     if check == "same":
-        assert engine._narrow_exact and m["narrow_exact_spans"], m
-        # every step without drafts ran 1 wide (also a k = 3 step whose n-gram found nothing); the
-        # checks ran both
-        assert widths.count(1) >= m["k_chosen"][0] and widths.count(4) <= m["k_chosen"][3] + len(m["narrow_exact_spans"])
-        assert len(widths) == m["steps_total"] + len(m["narrow_exact_spans"])
+        checked = m["checked_steps"]
+        assert {(n, w) for n, w, _ in checked} >= {(1, 1), (1, 4), (2, 1), (4, 1)}, checked
+        assert set(engine._checked.values()) == {loop_work.SHAPE_CHECKS}
+        # every checked step also ran the full shape; steps of other shapes then ran alone
+        assert len(shapes) == m["steps_total"] + loop_work.SHAPE_CHECKS * len(checked)
+        assert sum(s != full for s in shapes) > len(checked) * loop_work.SHAPE_CHECKS
+    elif check == "differs":
+        assert not engine._shapes_exact and m["checked_steps"] is None
+        assert sum(s != full for s in shapes) == 1 and len(shapes) == m["steps_total"] + 1  # one check, then full
     else:
-        assert not engine._narrow_exact and m["narrow_exact_spans"] is None
-        assert widths.count(1) == 1 and widths.count(4) == m["steps_total"]  # the check ran both, then wide
+        assert set(shapes) == {full} and len(shapes) == m["steps_total"]
 
 
 def test_inexact_k0_runs_the_narrow_step(setup):
@@ -174,7 +180,7 @@ def test_inexact_k0_runs_the_narrow_step(setup):
     engine.controller.choose = lambda alphas: 0 if len(alphas) > 1 else 3
     for r, toks in zip(reqs, engine.run(reqs)):
         assert toks == _reference(loaded.model, r)
-    assert sorted({w for w, _ in engine._static}) == [1, 4] and not engine._prefill_steps
+    assert sorted({w for _, w, _ in engine._static}) == [1, 4] and not engine._prefill_steps
 
 
 @pytest.mark.parametrize("all_slots", [False, True], ids=["per-slot", "all-slots"])

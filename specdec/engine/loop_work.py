@@ -22,6 +22,7 @@ from .batch import forward_ragged
 from .requests import Event
 
 SPAN_BUCKET_MIN = 256  # the smallest span a static step attends over with span buckets
+SHAPE_CHECKS = 2  # exact: steps of a shape other than the full one compared with it before it is trusted
 
 ALPHA_EMA = 0.3  # weight of the newest step in a slot's acceptance estimate
 
@@ -204,12 +205,11 @@ class SlotWork:
         # static steps: every row padded to kmax + 1 (one shape: a row's bits never depend on the
         # other rows); with the controller, width 1 when nothing is drafted (a second graph: k = 0
         # then costs a plain step, so the controller can fall back). With exact, only while the
-        # 1-wide step has given a row the bits of the wide one (checked per span, _verify); without
-        # exact always, a row's bits then depending on the width the step ran
+        # steps of other shapes have given rows the bits of the full one (checked, _verify);
+        # without exact always, a row's bits then depending on the width the step ran
         if not self.static_steps:
             width = 1 + max(n_drafts)
-        elif self.controller is not None and not any(n_drafts) and (
-                not self.exact or (self._narrow_exact and self._sync is None)):  # ranks would need to agree
+        elif self.controller is not None and not any(n_drafts) and (not self.exact or self._other_shapes()):
             width = 1
         else:
             width = 1 + self.kmax
@@ -292,44 +292,66 @@ class SlotWork:
             return self.model.forward_batch(ids, self.cache, torch.tensor(lengths, device=dev),
                                             slots=torch.tensor(slots, device=dev), span=max(lengths) + width,
                                             capture=self.capture, logits="all")
-        # Every slot runs; an idle one (free, or a prompt being prefilled) starts at its length, so its
-        # dummy writes land past what it has committed (masked, and overwritten by its next forward).
+        # The step runs the first n slots, n the smallest of 1, 2, 4, ... above every live row's slot
+        # (slots are taken lowest first), or all of them. An idle one (free, or a prompt being
+        # prefilled) starts at its length, so its dummy writes land past what it has committed
+        # (masked, and overwritten by its next forward).
         starts = [0 if sl is None else sl.length for sl in self._slots]
-        span = self._span(max(starts) + width)
-        out = self._static_step(width, span)(ids, slots, starts)
-        if width == 1 and self.exact and self.kmax and span not in self._narrow_spans:
-            out = self._check_narrow(out, ids, slots, starts, span)
-        if slots == list(range(self.max_slots)):
+        n = self._step_rows(max(slots) + 1)
+        span = self._span(max(starts[:n]) + width)
+        out = self._static_step(n, width, span)(ids, slots, starts[:n])
+        if self.exact and (n, width) != (self.max_slots, 1 + self.kmax) and \
+                self._checked.get((n, width, span), 0) < SHAPE_CHECKS:
+            out = self._check_step(out, ids, slots, starts, (n, width, span))
+        if slots == list(range(out.logits.shape[0])):
             return out
         pick = torch.tensor(slots, device=dev)
         return ForwardOut(out.logits[pick], out.hidden[pick], None if out.captured is None else out.captured[pick])
 
-    def _static_step(self, width: int, span: int) -> GraphedBatch:
-        step = self._static.get((width, span))
+    def _other_shapes(self) -> bool:
+        """Whether exact steps may take shapes other than the full one (all slots, ``kmax + 1``
+        wide): while every such shape checked gave the full one's bits, and not under tensor
+        parallelism (the ranks would have to agree on every check)."""
+        return self._shapes_exact and self._sync is None
+
+    def _step_rows(self, need: int) -> int:
+        """The slots a static step runs: the smallest power of two holding ``need``, or all."""
+        if not self.slot_buckets or (self.exact and not self._other_shapes()):
+            return self.max_slots
+        n = 1
+        while n < need:
+            n *= 2
+        return min(n, self.max_slots)
+
+    def _static_step(self, rows: int, width: int, span: int) -> GraphedBatch:
+        step = self._static.get((rows, width, span))
         if step is None:
-            step = self._static[(width, span)] = GraphedBatch(self.model, self.cache, width, self.capture, span=span,
-                                                              span_invariant=self.span_buckets)
+            step = self._static[(rows, width, span)] = GraphedBatch(
+                self.model, self.cache, width, self.capture, span=span, span_invariant=self.span_buckets, rows=rows)
         return step
 
-    def _check_narrow(self, out: ForwardOut, ids: torch.Tensor, slots: list[int], starts: list[int],
-                      span: int) -> ForwardOut:
-        """The first 1-wide exact step at ``span``: the wide step runs on the same rows too (after it,
-        so that its cache writes are the ones kept). Where every live row has the wide step's bits
-        (logits, hidden, captured), 1-wide steps at this span are used from now on; else never again
-        in this loop (the kernels' results depend on the row count here: cuBLAS picks kernels by
-        shape). Returns the wide step's rows, the bits an exact step has either way."""
-        w = 1 + self.kmax
-        wide = self._static_step(w, self._span(max(starts) + w))(
-            torch.nn.functional.pad(ids, (0, self.kmax)), slots, starts)
+    def _check_step(self, out: ForwardOut, ids: torch.Tensor, slots: list[int], starts: list[int],
+                    shape: tuple[int, int, int]) -> ForwardOut:
+        """One of the first ``SHAPE_CHECKS`` exact steps of ``shape`` (rows, width, span) other than
+        the full one: the full step (every slot, ``kmax + 1`` wide) runs on the same rows too, after
+        it, so that its cache writes are the ones kept. Where every live row has the full step's
+        bits (logits, hidden, captured) each time, steps of this shape run alone from then on; else
+        no shape but the full one is used in this loop (kernels' results depending on the row
+        count: cuBLAS picks kernels by shape). Returns the full step's rows: the bits an exact step
+        has either way."""
+        w, width = 1 + self.kmax, shape[1]
+        full = self._static_step(self.max_slots, w, self._span(max(starts) + w))(
+            torch.nn.functional.pad(ids, (0, w - width)), slots, starts)
         pick = torch.tensor(slots, device=ids.device)
-        pairs = [(out.logits, wide.logits), (out.hidden, wide.hidden)]
+        pairs = [(out.logits, full.logits), (out.hidden, full.hidden)]
         if out.captured is not None:
-            pairs.append((out.captured, wide.captured))
-        if all(same_bits(a[pick, 0], b[pick, 0]) for a, b in pairs):
-            self._narrow_spans.add(span)
+            pairs.append((out.captured, full.captured))
+        if all(same_bits(a[pick, :width], b[pick, :width]) for a, b in pairs):
+            self._checked[shape] = self._checked.get(shape, 0) + 1
         else:
-            self._narrow_exact = False
-        return ForwardOut(wide.logits[:, :1], wide.hidden[:, :1], None if wide.captured is None else wide.captured[:, :1])
+            self._shapes_exact = False
+        return ForwardOut(full.logits[:, :width], full.hidden[:, :width],
+                          None if full.captured is None else full.captured[:, :width])
 
     # --- per-request bookkeeping (engine thread) ------------------------------------------
     def _commit(self, s: int, toks: list[int]) -> bool:
@@ -370,7 +392,7 @@ class SlotWork:
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """The 1-wide step's check (a function, so that a test can make it fail)."""
+    """The static steps' shape check (a function, so that a test can make it fail)."""
     return torch.equal(a, b)
 
 

@@ -105,11 +105,16 @@ class EngineLoop(SlotWork):
       (or one whose padded last chunk would not fit the cache) in eager forwards of its own of
       ``prefill_chunk`` tokens: shapes set by the prompt alone, bitwise independent of the
       others too, but not graph-replayed;
-    - with the controller, a step without drafts (``k = 0``) runs a 1-wide step only where that
-      gives a row the bits of the wide step: the first such step at each span runs both and
-      compares (``_check_narrow``); once they differ (on the H200 cuBLAS picks other GEMM kernels
-      for the qwen3-8b shape's 32 and 512 rows, not for SmolLM2's), steps without drafts stay wide,
-      which saves the drafter's cost, not the target's. Not under tensor parallelism (always wide).
+    - a verify step takes a shape other than the full one (every slot, ``kmax + 1`` wide) only
+      where that shape gives a row the full step's bits: 1 wide when nothing is drafted (the
+      controller's ``k = 0``), and the first 1, 2, 4, ... slots holding every live one
+      (``slot_buckets``). The first ``SHAPE_CHECKS`` steps of each shape also run the full one and
+      compare (``_check_step``); once one differs (on the H200 cuBLAS picks other GEMM kernels for
+      the qwen3-8b shape's 32 and 512 rows, not for SmolLM2's), every step takes the full shape, and
+      a step without drafts saves the drafter's cost only. A kernel that sums in another order
+      changes nearly every element of a row's fp32 logits and hidden state at real sizes; on a tiny
+      CPU model (hidden 32) a check passed and the rows differed three steps later, so on the CPU
+      exact steps always take the full shape. Not under tensor parallelism (full shape) either.
 
     ``span_buckets`` (default: on CUDA with static steps): a static step attends over the smallest of
     256, 512, ... positions holding every slot's, with span-invariant attention, not over the whole
@@ -137,7 +142,7 @@ class EngineLoop(SlotWork):
     def __init__(self, loaded, draft=None, *, max_slots: int = 8, max_queue: int = 64, num_draft_tokens: int = 4,
                  block_size: int | None = None, max_context: int | None = None, controller: bool = True,
                  static_steps: bool | None = None, exact: bool | None = None, span_buckets: bool | None = None,
-                 all_slots_drafter: bool | None = None):
+                 all_slots_drafter: bool | None = None, slot_buckets: bool | None = None):
         model: CausalLM = getattr(loaded, "model", loaded)
         if not model.batched:
             arch = getattr(getattr(loaded, "arch", None), "name", None) or model.config.model_type
@@ -174,7 +179,7 @@ class EngineLoop(SlotWork):
                            if controller and self.kmax > 0 else None)
         # every verify step as one fixed-shape step over all slots (a CUDA graph on CUDA): see graphed_batch.py
         self.static_steps = static_steps
-        self._static: dict[tuple[int, int], GraphedBatch] = {}  # (width, span) -> its static step (at first use)
+        self._static: dict[tuple[int, int, int], GraphedBatch] = {}  # (rows, width, span) -> its step (at first use)
         if exact is None:
             exact = static_steps
         elif type(exact) is not bool:
@@ -184,8 +189,11 @@ class EngineLoop(SlotWork):
         # a request's bits independent of the other requests: prompts prefill alone, k = 0 keeps the wide step
         self.exact = exact
         self._prefill_steps: dict[int, GraphedPrefill] = {}  # span -> the exact prefill's static step
-        self._narrow_spans: set[int] = set()  # spans whose 1-wide step gave the wide step's bits (exact)
-        self._narrow_exact = True  # False once a 1-wide step did not: exact steps stay wide then
+        # exact: how many times each static step shape (rows, width, span) gave the full step's bits;
+        # once one did not, every exact step takes the full shape (all slots, kmax + 1 wide). On the
+        # CPU exact steps always take it: a tiny test model's check can pass by chance (below)
+        self._checked: dict[tuple[int, int, int], int] = {}
+        self._shapes_exact = model.device.type == "cuda"
         # static steps attend over the smallest of 256, 512, ... (and the whole cache) that holds every
         # slot's positions, not over the whole cache: with span-invariant attention (layers.py), whose
         # bits hold across spans on CUDA (measured on the H200), not on the CPU: default on CUDA only
@@ -194,6 +202,13 @@ class EngineLoop(SlotWork):
         elif type(span_buckets) is not bool or (span_buckets and not static_steps):
             raise ConfigError(f"span_buckets must be True (with static_steps), False or None, got {span_buckets!r}")
         self.span_buckets = span_buckets
+        # static steps run the first 1, 2, 4, ... slots that hold every live one, not all of them;
+        # with exact only the shapes checked to give the full step's bits (_check_step)
+        if slot_buckets is None:
+            slot_buckets = static_steps
+        elif type(slot_buckets) is not bool or (slot_buckets and not static_steps):
+            raise ConfigError(f"slot_buckets must be True (with static_steps), False or None, got {slot_buckets!r}")
+        self.slot_buckets = slot_buckets
         # a drafter that drafts for every slot in one static step (DFlash): one instead of one per slot
         self._all_slots = None
         if all_slots_drafter is None:
@@ -380,7 +395,7 @@ class EngineLoop(SlotWork):
                      max_draft_tokens=self.kmax, controller=self.controller is not None, exact=self.exact,
                      running=self._thread is not None and not self._stopped,
                      step_seconds=list(self._step_s), k_chosen=dict(self._k_hist),
-                     narrow_exact_spans=sorted(self._narrow_spans) if self._narrow_exact else None)
+                     checked_steps=sorted(self._checked) if self._shapes_exact else None)
         m["acceptance_rate"] = m["accepted_total"] / m["drafted_total"] if m["drafted_total"] else 0.0
         return m
 

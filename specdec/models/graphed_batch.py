@@ -71,30 +71,35 @@ class GraphedBatch(_StaticStep):
     """
 
     def __init__(self, model: CausalLM, cache: BatchCache, width: int, capture: Sequence[int] = (),
-                 use_graphs: bool | None = None, span: int | None = None, span_invariant: bool = False):
+                 use_graphs: bool | None = None, span: int | None = None, span_invariant: bool = False,
+                 rows: int | None = None):
         super().__init__(model, cache, width, capture, use_graphs, span, span_invariant)
-        s, dev = cache.slots, model.device
+        # rows: the step runs the cache's first ``rows`` slots (default: all of them)
+        s, dev = cache.slots if rows is None else rows, model.device
+        if not 1 <= s <= cache.slots:
+            raise ValueError(f"static step rows {rows} must lie in 1..{cache.slots}")
+        self.rows = s
         # the step's inputs: static buffers, refilled before each run (never reallocated: the graph reads them)
         self.ids = torch.zeros(s, width, dtype=torch.int64, device=dev)
         self.starts = torch.zeros(s, dtype=torch.int64, device=dev)
 
     def _run(self) -> ForwardOut:
-        """The static step: shapes depend on (slots, width, cache length) only; no host sync."""
-        c = self.cache
+        """The static step: shapes depend on (rows, width, cache length) only; no host sync."""
         with self._attention():
-            return self.model.forward_batch(self.ids, c, self.starts, slots=range(c.slots), span=self.span,
+            return self.model.forward_batch(self.ids, self.cache, self.starts, slots=range(self.rows), span=self.span,
                                             capture=self.capture, logits="all")
 
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, slots: Sequence[int], starts: Sequence[int]) -> ForwardOut:
-        """Verify ``ids [b, width]`` (row ``i`` in slot ``slots[i]``) with every slot ``s`` of the
-        cache starting at ``starts[s]`` (one per slot: a live row's length; an idle slot's any
-        position at or past its committed length). Returns logits ``[S, width, V]`` (the static
-        buffer under graphs: valid until the next call), hidden ``[S, width, H]`` and captured
-        ``[S, width, n*H]`` (copies: drafters keep them), indexed by slot."""
-        if ids.shape[1] != self.width or len(starts) != self.cache.slots:
-            raise ValueError(f"static batched step takes ids [b, {self.width}] and {self.cache.slots} starts, "
-                             f"got ids {list(ids.shape)} and {len(starts)} starts")
+        """Verify ``ids [b, width]`` (row ``i`` in slot ``slots[i]``, below ``rows``) with every slot
+        ``s`` of the step starting at ``starts[s]`` (one per slot: a live row's length; an idle
+        slot's any position at or past its committed length). Returns logits ``[rows, width, V]``
+        (the static buffer under graphs: valid until the next call), hidden ``[rows, width, H]``
+        and captured ``[rows, width, n*H]`` (copies: drafters keep them), indexed by slot."""
+        if ids.shape[1] != self.width or len(starts) != self.rows or max(slots) >= self.rows:
+            raise ValueError(f"static batched step takes ids [b, {self.width}] in slots below {self.rows} and "
+                             f"{self.rows} starts, got ids {list(ids.shape)}, slots up to {max(slots)} and "
+                             f"{len(starts)} starts")
         dev = self.ids.device
         if max(starts) + self.width > self.span:  # an index past the span would be a device fault
             raise RuntimeError(f"static batched step at position {max(starts)} does not fit its span of "
