@@ -184,6 +184,8 @@ def main() -> None:
                           all_slots_drafter=False if a.per_slot_drafters else None)
         if a.full_steps:
             loop._shapes_exact = False
+        t0 = time.perf_counter()
+        report.setdefault("warmup", {})[d] = {"steps": loop.warmup(), "seconds": round(time.perf_counter() - t0, 2)}
         loop.start()
         _serve(loop, reqs[0])  # warm-up
         if d == "oracle":  # the replies this loop gives (its drafts all spoiled), all at once: the oracle's reference

@@ -171,6 +171,36 @@ def test_exact_other_shapes_only_where_checked(setup, monkeypatch, check):
         assert set(shapes) == {full} and len(shapes) == m["steps_total"]
 
 
+@pytest.mark.parametrize("mode", ["checked", "full", "inexact"])
+def test_warmup_builds_the_steps_before_serving(setup, monkeypatch, mode):
+    """``warmup()`` builds the shortest span's static steps for every slot bucket and width before
+    any request, running the shape checks (exact); serving then builds no step of that span."""
+    from specdec.engine import loop_work
+
+    loaded = setup[0]
+    monkeypatch.setattr(loop_work, "same_bits", lambda a, b: True)
+    engine = EngineLoop(loaded, "ngram", max_slots=4, num_draft_tokens=3, static_steps=True,
+                        exact=mode != "inexact")
+    engine._shapes_exact = mode == "checked"  # on CUDA, the checks; the CPU's exact loop takes the full shape
+    built = engine.warmup()
+    span = engine.cache.max_len
+    want = {(4, 4, span)} if mode == "full" else {(n, w, span) for n in (1, 2, 4) for w in (1, 4)}
+    assert set(engine._static) == want and built == len(want)
+    if mode == "checked":
+        assert engine._checked == {sh: loop_work.SHAPE_CHECKS for sh in want - {(4, 4, span)}}
+    reqs = _requests(5, seed=7, repetitive=True)
+    for r, toks in zip(reqs, engine.run(reqs)):
+        assert toks == _reference(loaded.model, r)
+    assert set(engine._static) == want  # nothing built while serving
+    assert engine.warmup() == 0  # between batches: nothing left to build
+    engine.start()
+    try:
+        with pytest.raises(RuntimeError, match="before start"):
+            engine.warmup()
+    finally:
+        engine.stop()
+
+
 def test_inexact_k0_runs_the_narrow_step(setup):
     """exact=False: steps without drafts run the 1-wide static step, prompts prefill together
     (eagerly), and the output still equals plain greedy decoding."""

@@ -52,7 +52,7 @@ from ..models.graphed_batch import GraphedBatch, GraphedPrefill
 from ..parallel.boundary import HEARTBEAT_S, BoundaryChannel
 from ..sampling import SamplingParams
 from .controller import DraftController
-from .loop_work import SlotWork, describe
+from .loop_work import SHAPE_CHECKS, SlotWork, _Row, describe
 from .requests import Event, GenRequest, RequestHandle, Slot
 
 __all__ = ["Boundary", "EngineLoop", "Event", "GenRequest", "RequestHandle"]
@@ -257,6 +257,35 @@ class EngineLoop(SlotWork):
         return (draft if isinstance(draft, str) else proto.name), proto.spawn, proto
 
     # --- client side (any thread) -------------------------------------------------------
+    @torch.inference_mode()
+    def warmup(self) -> int:
+        """Build (capture, on CUDA) the static verify steps of the shortest span before serving, for
+        every slot bucket and width a step may take, and run their shape checks (exact), so that the
+        first requests do not wait for them; longer spans are built at their first use. Call it
+        before :meth:`start` (or between :meth:`run` calls), with no request in the loop: the dummy
+        rows write past every slot's length, where nothing is read. Returns how many steps were built; 0 without static steps or under tensor
+        parallelism (the ranks would have to warm up together)."""
+        if not self.static_steps or self._shard is not None:
+            return 0
+        if self._thread is not None or any(self._slots):
+            raise RuntimeError("EngineLoop.warmup() runs before start(), with no request in the loop")
+        before = len(self._static)
+        widths = sorted({1 + self.kmax} | ({1} if self.controller is not None or self.kmax == 0 else set()))
+        n = 1
+        while True:
+            n = min(n, self.max_slots)
+            for width in widths:
+                if width == 1 and self.kmax and self.exact and not self._other_shapes():
+                    continue  # steps without drafts take the full shape (checked above)
+                rows = [_Row(s, torch.empty(0, dtype=torch.int64), None) for s in range(n)]
+                ids = torch.randint(self.model.config.vocab_size, (n, width), device=self.model.device)
+                for _ in range(SHAPE_CHECKS if self.exact else 1):  # the checks (a shape that passed runs alone)
+                    self._verify(rows, ids, [0] * n, width)
+            if n == self.max_slots or (self.exact and not self._other_shapes()) or not self.slot_buckets:
+                break
+            n *= 2
+        return len(self._static) - before
+
     def start(self) -> None:
         """Run the loop on a background thread (idempotent)."""
         with self._cv:

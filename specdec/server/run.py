@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from ..errors import ConfigError
 
@@ -71,6 +72,11 @@ def _serve(shard, args) -> int:
                         max_context=args.max_context, static_steps=False if args.no_cuda_graphs else None,
                         exact=False if args.no_exact_batching else None,
                         span_buckets=False if args.no_span_buckets or args.no_cuda_graphs else None)
+    t0 = time.perf_counter()
+    built = engine.warmup()  # the static steps before the first request (none under tensor parallelism)
+    if built:
+        print(f"specdec serve: {built} static steps built and checked in {time.perf_counter() - t0:.1f} s",
+              file=sys.stderr)
     if shard is not None and shard.rank > 0:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every rank: rank 0 stops the others
         engine.follow()
