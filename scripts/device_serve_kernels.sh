@@ -22,6 +22,7 @@
 #                with full steps only; then the qwen3-8b shape with the oracle
 #   serve4       serve3 with warm-up (steps built and checked before serving), then the loop's host
 #                profile (one request, plain and DFlash)
+#   serve5       serve4's serving runs (the controller's prior and margin), then the qwen3-8b shape
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
@@ -113,6 +114,12 @@ serve4)
     for d in none dflash; do
         timeout 90 python scripts/profile_serve_loop.py --model $G --draft $d --json $OUT/prof_$d.json > $OUT/prof_$d.log 2>&1
         echo "prof $d rc=$?"; head -12 $OUT/prof_$d.log; grep -A30 "Ordered by: internal" $OUT/prof_$d.log | cut -c1-160 | head -32; done ;;
+serve5)
+    smollm2
+    serve serve5 0 200 --drafts none ngram dflash
+    serve serve5_full 0 120 --drafts none dflash --full-steps
+    timeout 150 python scripts/bench_serve.py --shape qwen3-8b --json $OUT/shape5_q8.json > $OUT/shape5_q8.log 2>&1
+    echo "shape5 rc=$?"; cut -c1-150 $OUT/shape5_q8.log ;;
 shape)
     sh() { local name=$1 secs=$2; shift 2
            timeout $secs python scripts/bench_serve.py --shape qwen3-8b --json $OUT/$name.json "$@" > $OUT/$name.log 2>&1
@@ -120,6 +127,6 @@ shape)
     sh shape_q8 330
     sh shape_q8_noctl 200 --drafts oracle --no-controller ;;
 *)
-    sed -n 2,24p "$0"; exit 2 ;;
+    sed -n 2,25p "$0"; exit 2 ;;
 esac
 cd $OUT && tar czf all.tgz *.json *.log 2>/dev/null; rm -f *.json *.log

@@ -290,6 +290,15 @@ def test_controller_limited_choices():
         ctl.record(4, k, 1.0)
         picks.add(k)
     assert picks == {0, 15} and set(ctl.cost) == {(4, 0), (4, 15)}
+    # a close call goes to plain decoding: drafting promising 2 % more than k = 0 does not win
+    a = 0.5
+    gain = expected_tokens(a, 15)
+    ctl = DraftController(15, choices=(0, 15), explore_every=0)
+    _settle(ctl, [a], lambda k: 1.0 if k == 0 else gain / 1.02)
+    assert ctl.choose([a]) == 0
+    ctl = DraftController(15, choices=(0, 15), explore_every=0)
+    _settle(ctl, [a], lambda k: 1.0 if k == 0 else gain / 1.05)
+    assert ctl.choose([a]) == 15
     for bad in ((16,), (-1, 3), ()):
         with pytest.raises(ValueError, match="choices"):
             DraftController(15, choices=bad)
@@ -543,3 +552,27 @@ def test_loop_controller_choices(setup):
     for spec, static, want in ((f"dflash:{dirs['dflash']}", True, (0, 3)), ("ngram", True, (0, 4)),
                                ("ngram", False, (0, 1, 2, 3, 4)), (f"mtp:{dirs['mtp']}", True, (0, 1, 2, 3, 4))):
         assert EngineLoop(loaded, spec, max_slots=2, static_steps=static).controller.choices == want, spec
+
+
+def test_new_requests_start_from_the_loops_acceptance(setup):
+    """A new request's acceptance estimate starts from the loop's (every slot's drafts so far), not
+    from a fixed 1 in 2: with drafts that are always accepted, the second request's slot starts
+    near 1, so the controller drafts for it from its first step (a slot kept at k = 0 never learns
+    its own rate)."""
+    loaded, dirs = setup
+    model = loaded.model
+    reqs = _requests(2, seed=8)
+    for r in reqs:
+        r.max_new_tokens = 40
+    base = make_drafter(f"dflash:{dirs['dflash']}", loaded)
+    full = {tuple(r.prompt_ids): r.prompt_ids + plain_generate(model, r.prompt_ids, r.max_new_tokens).token_ids
+            for r in reqs}
+    engine = EngineLoop(loaded, lambda: SlotOracle(base.spawn(), full, VOCAB, spoil=0.0), max_slots=1)
+    assert engine._acceptance == [1.0, 2.0]
+    assert engine.run(reqs[:1]) == [_reference(model, reqs[0])]
+    a = engine._acceptance[0] / engine._acceptance[1]
+    assert a > 0.7, engine._acceptance
+    seen = []
+    engine.controller.choose = lambda alphas: seen.append(list(alphas)) or engine.kmax
+    assert engine.run(reqs[1:]) == [_reference(model, reqs[1])]
+    assert seen[0] == [pytest.approx(a)]

@@ -373,10 +373,16 @@ def test_cli_serve_builds_engine_and_runs_uvicorn(monkeypatch, tmp_path, flags):
 
     built, ran = {}, {}
 
+    warmed = []
+
     class Loop(FakeEngine):
         def __init__(self, loaded, draft, **kw):
             super().__init__(TOK.encode(REPLY), EOS)
             built.update(kw, loaded=loaded, draft=draft)
+
+        def warmup(self):  # the real loop builds its static steps here, before serving
+            warmed.append(1)
+            return 0
 
     loaded = types.SimpleNamespace(tokenizer=TOK)
     monkeypatch.setitem(sys.modules, "specdec.engine.serve_loop", types.SimpleNamespace(EngineLoop=Loop))
@@ -391,7 +397,7 @@ def test_cli_serve_builds_engine_and_runs_uvicorn(monkeypatch, tmp_path, flags):
                      "block_size": None, "max_context": 64, "static_steps": None,
                      "exact": False if "--no-exact-batching" in flags else None,
                      "span_buckets": False if "--no-span-buckets" in flags else None}
-    assert ran["host"] == "127.0.0.1" and ran["port"] == 0
+    assert ran["host"] == "127.0.0.1" and ran["port"] == 0 and warmed == [1]
     client = TestClient(ran["app"])
     assert client.get("/v1/models").status_code == 401
     assert client.get("/v1/models", headers={"Authorization": "Bearer k"}).json()["data"][0]["id"] == "tiny.gguf"

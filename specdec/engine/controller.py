@@ -38,15 +38,19 @@ class DraftController:
     (DFlash's block, n-gram lookups) a step costs the same for every ``k > 0`` and ``kmax``
     commits the most: ``(0, kmax)`` then spares the loop exploring ``k`` that cannot win.
 
+    ``margin``: a ``k > 0`` must promise that much more than ``k = 0`` (plain decoding wins a
+    close call: measured costs are noisy, and a wrong draft-heavy choice is what costs).
     ``choose`` explores a (bucket, k) pair it has never measured, and every ``explore_every``-th
     step of a bucket re-measures the pair measured longest ago (costs drift as contexts grow),
     so a ``k`` that once lost is tried again. ``ema`` weights the newest measurement.
     """
 
-    def __init__(self, kmax: int, explore_every: int = 50, ema: float = 0.2, choices: tuple[int, ...] | None = None):
+    def __init__(self, kmax: int, explore_every: int = 50, ema: float = 0.2, choices: tuple[int, ...] | None = None,
+                 margin: float = 0.03):
         if kmax < 0:
             raise ValueError(f"kmax must be >= 0, got {kmax}")
         self.kmax, self.explore_every, self.ema = kmax, explore_every, ema
+        self.margin = margin  # drafting must promise this much more than k = 0 (noise must not tip it)
         self.choices = tuple(range(kmax + 1)) if choices is None else tuple(sorted(set(choices)))
         if not self.choices or min(self.choices) < 0 or max(self.choices) > kmax:
             raise ValueError(f"choices must lie in 0..{kmax}, got {choices!r}")
@@ -66,7 +70,7 @@ class DraftController:
             return unmeasured[0]
         if self.explore_every and n % self.explore_every == 0:
             return min(ks, key=lambda k: self.seen[(b, k)])
-        return max(ks, key=lambda k: (self.rate(alphas, b, k), -k))
+        return max(ks, key=lambda k: (self.rate(alphas, b, k) * (1.0 - self.margin if k else 1.0), -k))
 
     def rate(self, alphas: list[float], b: int, k: int) -> float:
         """Expected committed tokens per second of a step with ``k`` drafts (bucket ``b``)."""

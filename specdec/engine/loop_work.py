@@ -25,6 +25,7 @@ SPAN_BUCKET_MIN = 256  # the smallest span a static step attends over with span 
 SHAPE_CHECKS = 2  # exact: steps of a shape other than the full one compared with it before it is trusted
 
 ALPHA_EMA = 0.3  # weight of the newest step in a slot's acceptance estimate
+LOOP_ALPHA_EMA = 0.1  # and in the loop's (all slots), a new request's prior
 
 
 @dataclass
@@ -255,6 +256,10 @@ class SlotWork:
             slot.drafted += nd
             accepted, drafted = accepted + n, drafted + nd
             slot.record_drafts(n, r.asked, ALPHA_EMA)
+            if r.asked:
+                acc = self._acceptance
+                acc[0] = (1 - LOOP_ALPHA_EMA) * acc[0] + LOOP_ALPHA_EMA * n
+                acc[1] = (1 - LOOP_ALPHA_EMA) * acc[1] + LOOP_ALPHA_EMA * (n + (n < r.asked))
             if self._commit(r.s, toks) or slot.drafter is None:
                 continue
             cap = None if out.captured is None else out.captured[i, : n + 1]

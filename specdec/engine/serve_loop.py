@@ -192,6 +192,10 @@ class EngineLoop(SlotWork):
         # exact: how many times each static step shape (rows, width, span) gave the full step's bits;
         # once one did not, every exact step takes the full shape (all slots, kmax + 1 wide). On the
         # CPU exact steps always take it: a tiny test model's check can pass by chance (below)
+        # every slot's drafts: EMAs of accepted and tried (Slot.record_drafts), prior 1 of 2; a new
+        # request starts from it (its own drafts then move it), not from a fixed guess: a slot that the
+        # controller keeps at k = 0 never learns its own rate
+        self._acceptance = [1.0, 2.0]
         self._checked: dict[tuple[int, int, int], int] = {}
         self._shapes_exact = model.device.type == "cuda"
         # static steps attend over the smallest of 256, 512, ... (and the whole cache) that holds every
@@ -515,7 +519,9 @@ class EngineLoop(SlotWork):
         """``join``: (slot, request, seed) each; ``clients``: each one's handle and submit time."""
         now = time.perf_counter()
         for (s, req, seed), (handle, t_sub) in zip(join, clients):
+            a = self._acceptance[0] / self._acceptance[1]  # the loop's estimate so far: the new slot's prior
             self._slots[s] = Slot(req, handle, None, None, 0, prompt=torch.tensor(req.prompt_ids, dtype=torch.int64),
+                                  hits=2.0 * a, tries=2.0,
                                   stop=frozenset(int(t) for t in req.stop_ids), t_submit=t_sub, queued_s=now - t_sub,
                                   seed=seed)
             self._count("prompt_tokens_total", len(req.prompt_ids))
