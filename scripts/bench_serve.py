@@ -128,6 +128,8 @@ def main() -> None:
                     "(EngineLoop span_buckets=False)")
     ap.add_argument("--per-slot-drafters", action="store_true", help="DFlash drafts in a pass per slot "
                     "(EngineLoop all_slots_drafter=False), not for every slot in one static step (the default)")
+    ap.add_argument("--no-invariant-gemm", action="store_true", help="keep cuBLAS for every linear layer "
+                    "(EngineLoop invariant_gemm=False)")
     ap.add_argument("--full-steps", action="store_true", help="exact steps all take the full shape (every slot, "
                     "kmax + 1 wide): no 1-wide steps without drafts, no slot buckets, no checks")
     ap.add_argument("--repeat-serial", action="store_true", help="serve the serial reference twice and "
@@ -181,7 +183,9 @@ def main() -> None:
                           num_draft_tokens=a.oracle_k if d == "oracle" else 4,
                           static_steps=static, exact=exact, max_context=a.context,
                           span_buckets=False if a.no_span_buckets or a.eager_steps else None,
-                          all_slots_drafter=False if a.per_slot_drafters else None)
+                          all_slots_drafter=False if a.per_slot_drafters else None,
+                          invariant_gemm=False if a.no_invariant_gemm else None)
+        report.setdefault("invariant_linears", {})[d] = len(loop.invariant_linears)
         if a.full_steps:
             loop._shapes_exact = False
         t0 = time.perf_counter()

@@ -23,6 +23,7 @@
 #   serve4       serve3 with warm-up (steps built and checked before serving), then the loop's host
 #                profile (one request, plain and DFlash)
 #   serve5       serve4's serving runs (the controller's prior and margin), then the qwen3-8b shape
+#   serve6       the qwen3-8b shape with row-invariant GEMMs (and without), then SmolLM2 serving
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
@@ -120,6 +121,11 @@ serve5)
     serve serve5_full 0 120 --drafts none dflash --full-steps
     timeout 150 python scripts/bench_serve.py --shape qwen3-8b --json $OUT/shape5_q8.json > $OUT/shape5_q8.log 2>&1
     echo "shape5 rc=$?"; cut -c1-150 $OUT/shape5_q8.log ;;
+serve6)
+    smollm2
+    timeout 170 python scripts/bench_serve.py --shape qwen3-8b --json $OUT/shape6_q8.json > $OUT/shape6_q8.log 2>&1
+    echo "shape6 rc=$?"; grep -E "rror|Traceback" $OUT/shape6_q8.log | tail -3; cut -c1-150 $OUT/shape6_q8.log
+    serve serve6 0 200 --drafts none ngram dflash ;;
 shape)
     sh() { local name=$1 secs=$2; shift 2
            timeout $secs python scripts/bench_serve.py --shape qwen3-8b --json $OUT/$name.json "$@" > $OUT/$name.log 2>&1
@@ -127,6 +133,6 @@ shape)
     sh shape_q8 330
     sh shape_q8_noctl 200 --drafts oracle --no-controller ;;
 *)
-    sed -n 2,25p "$0"; exit 2 ;;
+    sed -n 2,26p "$0"; exit 2 ;;
 esac
 cd $OUT && tar czf all.tgz *.json *.log 2>/dev/null; rm -f *.json *.log

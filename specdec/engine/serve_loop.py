@@ -49,6 +49,7 @@ from ..drafters.factory import make_drafter, resolve_spec
 from ..errors import ConfigError, ContextOverflowError, EngineStoppedError, QueueFullError, RequestError
 from ..models.base import CausalLM
 from ..models.graphed_batch import GraphedBatch, GraphedPrefill
+from ..models.invariant_linear import make_rows_invariant
 from ..parallel.boundary import HEARTBEAT_S, BoundaryChannel
 from ..sampling import SamplingParams
 from .controller import DraftController
@@ -116,6 +117,11 @@ class EngineLoop(SlotWork):
       CPU model (hidden 32) a check passed and the rows differed three steps later, so on the CPU
       exact steps always take the full shape. Not under tensor parallelism (full shape) either.
 
+    ``invariant_gemm`` (default: with ``exact`` on CUDA, not under tensor parallelism): linear
+    layers whose cuBLAS results change with the row count run a row-count-invariant Triton GEMM
+    instead (:mod:`~specdec.models.invariant_linear`; found by probing each weight shape, and set
+    on the model in place), so that other step shapes can give the full step's bits.
+
     ``span_buckets`` (default: on CUDA with static steps): a static step attends over the smallest of
     256, 512, ... positions holding every slot's, with span-invariant attention, not over the whole
     context. ``all_slots_drafter`` (default: with static steps): a drafter that offers ``for_slots``
@@ -142,7 +148,8 @@ class EngineLoop(SlotWork):
     def __init__(self, loaded, draft=None, *, max_slots: int = 8, max_queue: int = 64, num_draft_tokens: int = 4,
                  block_size: int | None = None, max_context: int | None = None, controller: bool = True,
                  static_steps: bool | None = None, exact: bool | None = None, span_buckets: bool | None = None,
-                 all_slots_drafter: bool | None = None, slot_buckets: bool | None = None):
+                 all_slots_drafter: bool | None = None, slot_buckets: bool | None = None,
+                 invariant_gemm: bool | None = None):
         model: CausalLM = getattr(loaded, "model", loaded)
         if not model.batched:
             arch = getattr(getattr(loaded, "arch", None), "name", None) or model.config.model_type
@@ -224,6 +231,14 @@ class EngineLoop(SlotWork):
             self._all_slots = proto.for_slots(max_slots, self.cache.max_len + self.kmax + 1, self.kmax + 1,
                                               self._span, self.span_buckets)
         self._shard = getattr(model, "shard", None)
+        # exact on CUDA: the linear layers whose cuBLAS results change with the row count (1 .. every
+        # slot's kmax + 1 rows) run a row-count-invariant Triton GEMM, so that steps of other shapes
+        # can pass their checks (models/invariant_linear.py). It changes the model in place.
+        if invariant_gemm is None:
+            invariant_gemm = exact and self._shard is None and model.device.type == "cuda"
+        elif type(invariant_gemm) is not bool:
+            raise ConfigError(f"invariant_gemm must be True, False or None, got {invariant_gemm!r}")
+        self.invariant_linears = make_rows_invariant(model, max_slots * (self.kmax + 1)) if invariant_gemm else []
         self._sync: BoundaryChannel | None = None  # tensor parallelism: set by start() / follow()
         self.error: BaseException | None = None  # under tensor parallelism, what ended the loop
 
@@ -428,7 +443,8 @@ class EngineLoop(SlotWork):
                      max_draft_tokens=self.kmax, controller=self.controller is not None, exact=self.exact,
                      running=self._thread is not None and not self._stopped,
                      step_seconds=list(self._step_s), k_chosen=dict(self._k_hist),
-                     checked_steps=sorted(self._checked) if self._shapes_exact else None)
+                     checked_steps=sorted(self._checked) if self._shapes_exact else None,
+                     invariant_linears=len(self.invariant_linears))
         m["acceptance_rate"] = m["accepted_total"] / m["drafted_total"] if m["drafted_total"] else 0.0
         return m
 
