@@ -23,7 +23,8 @@
 #   serve4       serve3 with warm-up (steps built and checked before serving), then the loop's host
 #                profile (one request, plain and DFlash)
 #   serve5       serve4's serving runs (the controller's prior and margin), then the qwen3-8b shape
-#   serve6       the qwen3-8b shape with row-invariant GEMMs (and without), then SmolLM2 serving
+#   serve6       the qwen3-8b shape with row-invariant GEMMs, then SmolLM2 serving
+#   shape7       the qwen3-8b shape with row-invariant GEMMs (configs by row count), and without them
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
@@ -126,6 +127,11 @@ serve6)
     timeout 170 python scripts/bench_serve.py --shape qwen3-8b --json $OUT/shape6_q8.json > $OUT/shape6_q8.log 2>&1
     echo "shape6 rc=$?"; grep -E "rror|Traceback" $OUT/shape6_q8.log | tail -3; cut -c1-150 $OUT/shape6_q8.log
     serve serve6 0 200 --drafts none ngram dflash ;;
+shape7)
+    for v in "" --no-invariant-gemm; do
+        n=shape7_q8${v:+_cublas}
+        timeout 200 python scripts/bench_serve.py --shape qwen3-8b $v --json $OUT/$n.json > $OUT/$n.log 2>&1
+        echo "$n rc=$?"; grep -E "rror|Traceback" $OUT/$n.log | tail -3; cut -c1-150 $OUT/$n.log; done ;;
 shape)
     sh() { local name=$1 secs=$2; shift 2
            timeout $secs python scripts/bench_serve.py --shape qwen3-8b --json $OUT/$name.json "$@" > $OUT/$name.log 2>&1
@@ -133,6 +139,6 @@ shape)
     sh shape_q8 330
     sh shape_q8_noctl 200 --drafts oracle --no-controller ;;
 *)
-    sed -n 2,26p "$0"; exit 2 ;;
+    sed -n 2,27p "$0"; exit 2 ;;
 esac
 cd $OUT && tar czf all.tgz *.json *.log 2>/dev/null; rm -f *.json *.log

@@ -13,6 +13,7 @@ from _engine_util import build_llama
 from specdec.engine.serve_loop import EngineLoop
 from specdec.errors import ConfigError
 from specdec.loading import load_model
+from specdec.models import invariant_linear as il
 from specdec.models.invariant_linear import InvariantLinear, cublas_varies, make_rows_invariant, row_counts
 
 
@@ -46,6 +47,10 @@ def test_swaps_the_weights_whose_results_vary(tiny):
     after = model.forward(ids, model.new_cache(16)).logits
     assert torch.equal(before, after)  # the same tensors; on the CPU the same F.linear
     assert make_rows_invariant(model, 48, varies=varies, force=True) == []  # swapped layers are not swapped again
+    down = model.layers[0].mlp.down_proj
+    assert down.config == il.SMALL_CONFIG and down.max_rows == 48
+    make_rows_invariant(model, 512, varies=varies, force=True)  # a loop with more rows: the config for them
+    assert down.config == il.CONFIG and down.max_rows == 512
 
 
 def test_cublas_varies_compares_row_zero(monkeypatch):

@@ -11,9 +11,8 @@ weights of a model for which cuBLAS varies over the loop's row counts and runs t
 count) that tiles the output ``BM x BN``, walks K in ``BK`` blocks in order and accumulates in
 fp32, so every row goes through the same instructions in the same order for any M (M is not
 specialised on). Programs run M-tile fastest: the M-tiles of one weight tile run side by side and
-read it from L2. On the H200 (``scripts/invariant_gemm.py``, 1..512 rows) every config kept every
-row's bits; the one used costs 13.6-44 us for qwen3-8b's o projection (cuBLAS 9.6-23) and 53-127 us
-for its down projection (cuBLAS 29-67).
+read it from L2. On the H200 (``scripts/invariant_gemm.py``, 1..512 rows) every config tried kept
+every row's bits; see :func:`config_for` for the costs against cuBLAS (o 9.6-23 us, down 29-67 us).
 """
 
 from __future__ import annotations
@@ -28,7 +27,16 @@ try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
-CONFIG = (64, 64, 128, 4, 3)  # BM, BN, BK, warps, stages: the same for every row count
+# BM, BN, BK, warps, stages: one per layer, the same for every row count. Chosen by the most rows
+# the layer will see (H200, qwen3-8b shape, scripts/invariant_gemm.py): up to 64 rows, narrow
+# tiles (more programs: down 35 us, o 10.3 us at 1..64 rows, but 215 / 71 us at 512); beyond, wider
+# ones (down 53-127 us, o 13.6-44 us from 1 to 512 rows).
+SMALL_CONFIG = (64, 32, 128, 4, 4)
+CONFIG = (64, 64, 128, 4, 3)
+
+
+def config_for(max_rows: int) -> tuple[int, int, int, int, int]:
+    return SMALL_CONFIG if max_rows <= 64 else CONFIG
 
 if triton is not None:
     @triton.jit(do_not_specialize=["M"])
@@ -50,11 +58,13 @@ if triton is not None:
                  mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def invariant_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ w.T (+ b)`` on CUDA with the row-count-invariant kernel (``F.linear`` elsewhere)."""
+def invariant_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
+                     config: tuple[int, int, int, int, int] = CONFIG) -> torch.Tensor:
+    """``x @ w.T (+ b)`` on CUDA with the row-count-invariant kernel (``F.linear`` elsewhere). A
+    row's bits hold for any row count with one ``config``."""
     if triton is None or not x.is_cuda:
         return F.linear(x, w, b)
-    bm, bn, bk, warps, stages = CONFIG
+    bm, bn, bk, warps, stages = config
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -71,13 +81,13 @@ def invariant_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = 
 class InvariantLinear(nn.Module):
     """An ``nn.Linear``'s weight and bias (the same tensors) run through :func:`invariant_linear`."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, config: tuple[int, int, int, int, int] = CONFIG):
         super().__init__()
-        self.weight, self.bias = linear.weight, linear.bias
+        self.weight, self.bias, self.config = linear.weight, linear.bias, config
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return invariant_linear(x, self.weight, self.bias)
+        return invariant_linear(x, self.weight, self.bias, self.config)
 
 
 def cublas_varies(weight: torch.Tensor, rows: list[int], seed: int = 0) -> bool:
@@ -102,6 +112,8 @@ def row_counts(max_rows: int) -> list[int]:
 def make_rows_invariant(model: nn.Module, max_rows: int, varies=cublas_varies, force: bool = False) -> list[str]:
     """Replace every ``nn.Linear`` of ``model`` whose cuBLAS results vary with the row count
     (1 .. ``max_rows``) by an :class:`InvariantLinear` over the same tensors; returns their names.
+    Layers swapped before (an earlier loop on the same model) take the config for the larger row
+    count: one loop serves a model at a time (a running one would see its rows' bits change).
     Needs CUDA and Triton (else nothing is replaced; ``force``: probe anyway, for tests). Weight
     shapes are probed once each."""
     if not force and (triton is None or next(model.parameters()).device.type != "cuda"):
@@ -111,12 +123,17 @@ def make_rows_invariant(model: nn.Module, max_rows: int, varies=cublas_varies, f
     swapped = []
     for name, mod in list(model.named_modules()):
         for child_name, child in list(mod.named_children()):
+            if isinstance(child, InvariantLinear):  # swapped for an earlier loop: fit the larger row count
+                child.max_rows = max(child.max_rows, max_rows)
+                child.config = config_for(child.max_rows)
+                continue
             if type(child) is not nn.Linear:
                 continue
             key = (tuple(child.weight.shape), child.weight.dtype)
             if key not in verdict:
                 verdict[key] = varies(child.weight, rows)
             if verdict[key]:
-                setattr(mod, child_name, InvariantLinear(child))
+                setattr(mod, child_name, InvariantLinear(child, config_for(max_rows)))
+                getattr(mod, child_name).max_rows = max_rows
                 swapped.append(f"{name}.{child_name}" if name else child_name)
     return swapped
