@@ -28,7 +28,8 @@ try:
 except ImportError:  # pragma: no cover - CPU-only installs have no Triton
     triton = None
 
-CONFIGS = [(64, 64, 64, 4, 4), (64, 32, 128, 4, 4), (64, 128, 64, 4, 3), (128, 64, 64, 8, 3), (64, 64, 128, 4, 3)]
+CONFIGS = [(64, 64, 64, 4, 4), (64, 32, 128, 4, 4), (64, 128, 64, 4, 3), (128, 64, 64, 8, 3), (64, 64, 128, 4, 3),
+           (128, 128, 64, 8, 3), (64, 16, 256, 4, 3), (16, 64, 128, 4, 4)]
 ROWS = (1, 4, 16, 32, 64, 128, 256, 512)
 
 if triton is not None:
@@ -106,12 +107,18 @@ def main() -> None:
             x = xs[:m].contiguous()
             rec["cublas_us"][m] = timed_us(lambda: F.linear(x, w))
             rec["cublas_row0_same_as_1"][m] = bool(torch.equal(F.linear(x, w)[:1], ref_cu))
+        first = {}  # config 0's rows at each count: do other configs give the same bits?
         for cfg in CONFIGS:
             key = "x".join(map(str, cfg))
             try:
                 ref = invariant_linear(xs[:1], w, cfg)
                 mid = invariant_linear(xs[3:4], w, cfg)
-                r = {"us": {}, "same": {}}
+                r = {"us": {}, "same": {}, "same_as_first_config": {}}
+                for m in ROWS:
+                    y = invariant_linear(xs[:m].contiguous(), w, cfg)
+                    if cfg == CONFIGS[0]:
+                        first[m] = y
+                    r["same_as_first_config"][m] = bool(torch.equal(y, first[m]))
                 for m in ROWS:
                     x = xs[:m].contiguous()
                     y = invariant_linear(x, w, cfg)
@@ -126,7 +133,7 @@ def main() -> None:
         print(name, json.dumps({"cublas": rec["cublas_us"], "cublas_same": rec["cublas_row0_same_as_1"]}), flush=True)
         for key, r in rec["configs"].items():
             print("  ", key, json.dumps(r.get("us", r)), "all same:", all(r.get("same", {}).values()) if "same" in r else None,
-                  flush=True)
+                  "same as config 0:", all(r.get("same_as_first_config", {}).values()), flush=True)
     if a.json:
         with open(a.json, "w", encoding="utf-8") as fh:
             json.dump(out, fh, indent=1)
