@@ -12,7 +12,7 @@ count) that tiles the output ``BM x BN``, walks K in ``BK`` blocks in order and 
 fp32, so every row goes through the same instructions in the same order for any M (M is not
 specialised on). Programs run M-tile fastest: the M-tiles of one weight tile run side by side and
 read it from L2. On the H200 (``scripts/invariant_gemm.py``, 1..512 rows) every config tried kept
-every row's bits; see :func:`config_for` for the costs against cuBLAS (o 9.6-23 us, down 29-67 us).
+every row's bits, and gave the other configs' bits too (see ``CONFIGS``).
 """
 
 from __future__ import annotations
@@ -27,16 +27,18 @@ try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
-# BM, BN, BK, warps, stages: one per layer, the same for every row count. Chosen by the most rows
-# the layer will see (H200, qwen3-8b shape, scripts/invariant_gemm.py): up to 64 rows, narrow
-# tiles (more programs: down 35 us, o 10.3 us at 1..64 rows, but 215 / 71 us at 512); beyond, wider
-# ones (down 53-127 us, o 13.6-44 us from 1 to 512 rows).
-SMALL_CONFIG = (64, 32, 128, 4, 4)
-CONFIG = (64, 64, 128, 4, 3)
+# (BM, BN, BK, warps, stages) by row count. Every config keeps K in order, in k16 steps
+# accumulated in fp32 one after another, so the tiling does not change a row's bits: on the H200
+# (torch 2.11, Triton 3.5; scripts/invariant_gemm.py) 8 configs gave bit-identical results at 1..512
+# rows for every qwen3-8b weight. The serving loop's shape checks compare anyway. The pick, per
+# row count, is the fastest measured there (down projection 35.5 us at 1-64 rows, 45.8 at 128,
+# 64.8 at 256, 104 at 512; cuBLAS 29-70).
+CONFIGS = ((128, (64, 32, 128, 4, 4)), (256, (64, 64, 128, 4, 3)), (1 << 62, (128, 128, 64, 8, 3)))
 
 
-def config_for(max_rows: int) -> tuple[int, int, int, int, int]:
-    return SMALL_CONFIG if max_rows <= 64 else CONFIG
+def config_for(rows: int) -> tuple[int, int, int, int, int]:
+    return next(cfg for top, cfg in CONFIGS if rows <= top)
+
 
 if triton is not None:
     @triton.jit(do_not_specialize=["M"])
@@ -59,13 +61,13 @@ if triton is not None:
 
 
 def invariant_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
-                     config: tuple[int, int, int, int, int] = CONFIG) -> torch.Tensor:
-    """``x @ w.T (+ b)`` on CUDA with the row-count-invariant kernel (``F.linear`` elsewhere). A
-    row's bits hold for any row count with one ``config``."""
+                     config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """``x @ w.T (+ b)`` on CUDA with the row-count-invariant kernel (``F.linear`` elsewhere);
+    ``config``: the tiling (default: :func:`config_for` the row count)."""
     if triton is None or not x.is_cuda:
         return F.linear(x, w, b)
-    bm, bn, bk, warps, stages = config
     x2 = x.reshape(-1, x.shape[-1])
+    bm, bn, bk, warps, stages = config or config_for(x2.shape[0])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     w = w if w.stride(-1) == 1 else w.contiguous()
@@ -81,13 +83,13 @@ def invariant_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = 
 class InvariantLinear(nn.Module):
     """An ``nn.Linear``'s weight and bias (the same tensors) run through :func:`invariant_linear`."""
 
-    def __init__(self, linear: nn.Linear, config: tuple[int, int, int, int, int] = CONFIG):
+    def __init__(self, linear: nn.Linear):
         super().__init__()
-        self.weight, self.bias, self.config = linear.weight, linear.bias, config
+        self.weight, self.bias = linear.weight, linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return invariant_linear(x, self.weight, self.bias, self.config)
+        return invariant_linear(x, self.weight, self.bias)
 
 
 def cublas_varies(weight: torch.Tensor, rows: list[int], seed: int = 0) -> bool:
@@ -112,8 +114,6 @@ def row_counts(max_rows: int) -> list[int]:
 def make_rows_invariant(model: nn.Module, max_rows: int, varies=cublas_varies, force: bool = False) -> list[str]:
     """Replace every ``nn.Linear`` of ``model`` whose cuBLAS results vary with the row count
     (1 .. ``max_rows``) by an :class:`InvariantLinear` over the same tensors; returns their names.
-    Layers swapped before (an earlier loop on the same model) take the config for the larger row
-    count: one loop serves a model at a time (a running one would see its rows' bits change).
     Needs CUDA and Triton (else nothing is replaced; ``force``: probe anyway, for tests). Weight
     shapes are probed once each."""
     if not force and (triton is None or next(model.parameters()).device.type != "cuda"):
@@ -123,17 +123,12 @@ def make_rows_invariant(model: nn.Module, max_rows: int, varies=cublas_varies, f
     swapped = []
     for name, mod in list(model.named_modules()):
         for child_name, child in list(mod.named_children()):
-            if isinstance(child, InvariantLinear):  # swapped for an earlier loop: fit the larger row count
-                child.max_rows = max(child.max_rows, max_rows)
-                child.config = config_for(child.max_rows)
-                continue
-            if type(child) is not nn.Linear:
+            if type(child) is not nn.Linear:  # (an InvariantLinear: swapped for an earlier loop)
                 continue
             key = (tuple(child.weight.shape), child.weight.dtype)
             if key not in verdict:
                 verdict[key] = varies(child.weight, rows)
             if verdict[key]:
-                setattr(mod, child_name, InvariantLinear(child, config_for(max_rows)))
-                getattr(mod, child_name).max_rows = max_rows
+                setattr(mod, child_name, InvariantLinear(child))
                 swapped.append(f"{name}.{child_name}" if name else child_name)
     return swapped
