@@ -180,14 +180,16 @@ def test_warmup_builds_the_steps_before_serving(setup, monkeypatch, mode):
     loaded = setup[0]
     monkeypatch.setattr(loop_work, "same_bits", lambda a, b: True)
     engine = EngineLoop(loaded, "ngram", max_slots=4, num_draft_tokens=3, static_steps=True,
-                        exact=mode != "inexact")
+                        exact=mode != "inexact", span_buckets=mode == "checked")
     engine._shapes_exact = mode == "checked"  # on CUDA, the checks; the CPU's exact loop takes the full shape
     built = engine.warmup()
-    span = engine.cache.max_len
-    want = {(4, 4, span)} if mode == "full" else {(n, w, span) for n in (1, 2, 4) for w in (1, 4)}
+    spans = (256, 512) if mode == "checked" else (engine.cache.max_len,)
+    want = {(4, 4, sp) for sp in spans} if mode == "full" else {
+        (n, w, sp) for n in (1, 2, 4) for w in (1, 4) for sp in spans}
     assert set(engine._static) == want and built == len(want)
     if mode == "checked":
-        assert engine._checked == {sh: loop_work.SHAPE_CHECKS for sh in want - {(4, 4, span)}}
+        assert engine._checked == {sh: loop_work.SHAPE_CHECKS for sh in want if sh[:2] != (4, 4)}
+        assert engine._idle_start == 0
     reqs = _requests(5, seed=7, repetitive=True)
     for r, toks in zip(reqs, engine.run(reqs)):
         assert toks == _reference(loaded.model, r)

@@ -301,7 +301,7 @@ class SlotWork:
         # (slots are taken lowest first), or all of them. An idle one (free, or a prompt being
         # prefilled) starts at its length, so its dummy writes land past what it has committed
         # (masked, and overwritten by its next forward).
-        starts = [0 if sl is None else sl.length for sl in self._slots]
+        starts = [self._idle_start if sl is None else sl.length for sl in self._slots]
         n = self._step_rows(max(slots) + 1)
         span = self._span(max(starts[:n]) + width)
         out = self._static_step(n, width, span)(ids, slots, starts[:n])

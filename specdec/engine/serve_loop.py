@@ -204,6 +204,7 @@ class EngineLoop(SlotWork):
         # controller keeps at k = 0 never learns its own rate
         self._acceptance = [1.0, 2.0]
         self._checked: dict[tuple[int, int, int], int] = {}
+        self._idle_start = 0  # where a static step's idle slots start (warmup moves it to reach a span)
         self._shapes_exact = model.device.type == "cuda"
         # static steps attend over the smallest of 256, 512, ... (and the whole cache) that holds every
         # slot's positions, not over the whole cache: with span-invariant attention (layers.py), whose
@@ -278,31 +279,45 @@ class EngineLoop(SlotWork):
     # --- client side (any thread) -------------------------------------------------------
     @torch.inference_mode()
     def warmup(self) -> int:
-        """Build (capture, on CUDA) the static verify steps of the shortest span before serving, for
-        every slot bucket and width a step may take, and run their shape checks (exact), so that the
-        first requests do not wait for them; longer spans are built at their first use. Call it
-        before :meth:`start` (or between :meth:`run` calls), with no request in the loop: the dummy
-        rows write past every slot's length, where nothing is read. Returns how many steps were built; 0 without static steps or under tensor
-        parallelism (the ranks would have to warm up together)."""
+        """Build (capture, on CUDA) the static verify steps before serving, for every span bucket,
+        slot bucket and width a step may take, and run their shape checks (exact), so that no
+        request waits for a capture or a check (on the H200 a qwen3-8b-shape step took ~0.25 s to
+        build and check). Call it before :meth:`start` (or between :meth:`run` calls), with no
+        request in the loop: the dummy rows write past every slot's length, where nothing is read.
+        Returns how many steps were built; 0 without static steps or under tensor parallelism (the
+        ranks would have to warm up together)."""
         if not self.static_steps or self._shard is not None:
             return 0
         if self._thread is not None or any(self._slots):
             raise RuntimeError("EngineLoop.warmup() runs before start(), with no request in the loop")
         before = len(self._static)
         widths = sorted({1 + self.kmax} | ({1} if self.controller is not None or self.kmax == 0 else set()))
-        n = 1
+        spans, top = [], self.cache.max_len - (1 + self.kmax)
+        span = self._span(1 + self.kmax)
         while True:
-            n = min(n, self.max_slots)
-            for width in widths:
-                if width == 1 and self.kmax and self.exact and not self._other_shapes():
-                    continue  # steps without drafts take the full shape (checked above)
-                rows = [_Row(s, torch.empty(0, dtype=torch.int64), None) for s in range(n)]
-                ids = torch.randint(self.model.config.vocab_size, (n, width), device=self.model.device)
-                for _ in range(SHAPE_CHECKS if self.exact else 1):  # the checks (a shape that passed runs alone)
-                    self._verify(rows, ids, [0] * n, width)
-            if n == self.max_slots or (self.exact and not self._other_shapes()) or not self.slot_buckets:
+            spans.append(span)
+            if span >= top or not self.span_buckets:
                 break
-            n *= 2
+            span = self._span(span + 1 + self.kmax)
+        try:
+            for span in spans:
+                # idle slots start here (see _verify): the steps then attend over this span
+                self._idle_start = 0 if span == spans[0] else span // 2
+                n = 1
+                while True:
+                    n = min(n, self.max_slots)
+                    for width in widths:
+                        if width == 1 and self.kmax and self.exact and not self._other_shapes():
+                            continue  # steps without drafts take the full shape
+                        rows = [_Row(s, torch.empty(0, dtype=torch.int64), None) for s in range(n)]
+                        ids = torch.randint(self.model.config.vocab_size, (n, width), device=self.model.device)
+                        for _ in range(SHAPE_CHECKS if self.exact else 1):  # the checks (a shape that passed runs alone)
+                            self._verify(rows, ids, [self._idle_start] * n, width)
+                    if n == self.max_slots or (self.exact and not self._other_shapes()) or not self.slot_buckets:
+                        break
+                    n *= 2
+        finally:
+            self._idle_start = 0
         return len(self._static) - before
 
     def start(self) -> None:
