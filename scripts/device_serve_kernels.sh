@@ -25,6 +25,7 @@
 #   serve5       serve4's serving runs (the controller's prior and margin), then the qwen3-8b shape
 #   serve6       the qwen3-8b shape with row-invariant GEMMs, then SmolLM2 serving
 #   shape7       the qwen3-8b shape with row-invariant GEMMs (configs by row count), and without them
+#   final        SmolLM2 (none, DFlash) and the qwen3-8b shape (none, oracle) with 128-row exact prefill
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
@@ -132,6 +133,11 @@ shape7)
         n=shape7_q8${v:+_cublas}
         timeout 200 python scripts/bench_serve.py --shape qwen3-8b $v --json $OUT/$n.json > $OUT/$n.log 2>&1
         echo "$n rc=$?"; grep -E "rror|Traceback" $OUT/$n.log | tail -3; cut -c1-150 $OUT/$n.log; done ;;
+final)
+    smollm2
+    serve final_smollm2 0 100 --drafts none dflash
+    timeout 140 python scripts/bench_serve.py --shape qwen3-8b --json $OUT/final_q8.json > $OUT/final_q8.log 2>&1
+    echo "final_q8 rc=$?"; grep -E "rror|Traceback" $OUT/final_q8.log | tail -3; cut -c1-150 $OUT/final_q8.log ;;
 shape)
     sh() { local name=$1 secs=$2; shift 2
            timeout $secs python scripts/bench_serve.py --shape qwen3-8b --json $OUT/$name.json "$@" > $OUT/$name.log 2>&1
@@ -139,6 +145,6 @@ shape)
     sh shape_q8 330
     sh shape_q8_noctl 200 --drafts oracle --no-controller ;;
 *)
-    sed -n 2,27p "$0"; exit 2 ;;
+    sed -n 2,28p "$0"; exit 2 ;;
 esac
 cd $OUT && tar czf all.tgz *.json *.log 2>/dev/null; rm -f *.json *.log

@@ -73,7 +73,7 @@ def test_auto_is_plain_on_the_cpu_and_info_lists_the_shipped(embedded, capsys):
     llm = LLM(None, draft="auto", device="cpu")
     assert llm.drafter is None and llm.drafter_spec == "none"
     from specdec.engine.serve_loop import EngineLoop
-    assert EngineLoop(llm.loaded, "auto", max_slots=1).draft_name == "none"  # serve's default too
+    assert EngineLoop(llm.loaded, "auto", max_slots=1).draft_name == "none"  # serve's default too (on the CPU)
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "dflash (shipped with specdec" in out and "mtp (shipped with specdec" in out

@@ -100,9 +100,7 @@ class EngineLoop(SlotWork):
 
     - each prompt prefills on its own: a prompt of at most ``static_prefill_max`` tokens in chunks
       of ``static_prefill_chunk`` through one static ``[1, static_prefill_chunk]`` step
-      (:class:`~specdec.models.graphed_batch.GraphedPrefill`, a CUDA graph on CUDA; not timed yet:
-      the single-sequence engine's 16-row graph took 2-3.7 ms on the H200 where an eager SmolLM2
-      forward cost ~60 ms of op dispatch), a longer one
+      (:class:`~specdec.models.graphed_batch.GraphedPrefill`, a CUDA graph on CUDA), a longer one
       (or one whose padded last chunk would not fit the cache) in eager forwards of its own of
       ``prefill_chunk`` tokens: shapes set by the prompt alone, bitwise independent of the
       others too, but not graph-replayed;
@@ -140,7 +138,10 @@ class EngineLoop(SlotWork):
     """
 
     prefill_chunk = 512  # prompt positions per prefill forward (per boundary with exact)
-    static_prefill_chunk = 32  # rows of the exact prefill's static step
+    # rows of the exact prefill's static step: a step costs about the same at 32 and 128 rows on the
+    # H200 (weights read once; SmolLM2's ~2.8 ms is kernel launches), so 128 means 4x fewer steps for a
+    # long prompt. At 32, 32 clients' prompts took ~0.7 s of SmolLM2's 1.7 s (GSM8K prompts, ~100 tokens)
+    static_prefill_chunk = 128
     static_prefill_max = 512  # longer prompts prefill in eager forwards of their own (see the class docstring)
     step_history = 256  # step times kept for metrics()
     heartbeat_s = HEARTBEAT_S  # tensor parallelism: an idle rank 0 sends an empty boundary this often
@@ -258,9 +259,10 @@ class EngineLoop(SlotWork):
     @staticmethod
     def _drafters(draft, loaded, block_size):
         """(name, per-slot factory or None, one instance to read settings from or None)."""
-        # auto serves plainly: on the H200 (BENCHMARKS.md, bd1b17f) speculation in this loop paid at few
-        # clients only (DFlash 1.86x at 1, 0.81x at 4, 0.36x at 32; n-gram 0.96-1.11x), so it is not picked
-        draft = "none" if draft == "auto" else resolve_spec(draft, loaded)
+        # auto: the DFlash drafter shipped for the target on CUDA, else none (as for generate). On the
+        # H200 (BENCHMARKS.md, 17d6244) the shipped SmolLM2 DFlash drafter served 1.91x plain at 1
+        # client, 1.32x at 4, 1.14x at 16 and 1.08x at 32, with the controller
+        draft = resolve_spec(draft, loaded)
         if draft is None or draft == "none":
             if block_size is not None:
                 raise ConfigError("block_size was given but no DFlash drafter is used")
