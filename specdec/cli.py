@@ -219,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)")
     s.add_argument("--draft", default="auto", help=f"drafter: {SPECS}. auto (the default) = the DFlash drafter "
                    "shipped for the target on CUDA, else none; a controller switches drafting off where it does not "
-                   "pay (on the H200 the shipped SmolLM2 drafter served 1.08-1.91x plain at 1-32 clients, "
+                   "pay (on the H200 the shipped SmolLM2 drafter served 1.10-1.91x plain at 1-32 clients, "
                    "BENCHMARKS.md). " + SPEC_HELP)
     s.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafts per step at most for mtp and ngram "
                    "(default 4)")

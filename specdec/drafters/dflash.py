@@ -398,6 +398,19 @@ class DFlashSlots:
         return logits.argmax(-1), logits
 
     @torch.inference_mode()
+    def warmup(self, spans: list[int]) -> None:
+        """Capture (on CUDA) the context-write step and the block step of each span before serving,
+        with no request in the loop: dummy rows, no state kept (a slot's rows are written again at
+        its ``begin``)."""
+        if not self.use_graphs:
+            return
+        if self._observe_graph is None:
+            self._observe_graph, _ = capture(self._observe_run, self.obs_start.device)
+        for span in spans:
+            if span not in self._blocks and span <= self.capacity:
+                self._blocks[span] = capture(lambda span=span: self._block_run(span), self.ids.device)
+
+    @torch.inference_mode()
     def propose(self, rows: list[tuple[int, int, int, SamplingParams, torch.Generator | None]]) -> list[Proposal]:
         """One block for every slot; ``rows``: ``(slot, last token, k, params, generator)`` of the
         slots that draft, each getting ``min(k, block - 1)`` drafts (sampled from the drafter's own

@@ -262,8 +262,8 @@ class EngineLoop(SlotWork):
     def _drafters(draft, loaded, block_size):
         """(name, per-slot factory or None, one instance to read settings from or None)."""
         # auto: the DFlash drafter shipped for the target on CUDA, else none (as for generate). On the
-        # H200 (BENCHMARKS.md, 17d6244) the shipped SmolLM2 DFlash drafter served 1.91x plain at 1
-        # client, 1.32x at 4, 1.14x at 16 and 1.08x at 32, with the controller
+        # H200 (BENCHMARKS.md) the shipped SmolLM2 DFlash drafter served 1.91x plain at 1 client
+        # (17d6244), 1.52x at 4, 1.24x at 16 and 1.10x at 32 (7b564c6), with the controller
         draft = resolve_spec(draft, loaded)
         if draft is None or draft == "none":
             if block_size is not None:
@@ -322,6 +322,8 @@ class EngineLoop(SlotWork):
                     n *= 2
         finally:
             self._idle_start = 0
+        if self._all_slots is not None and callable(getattr(self._all_slots, "warmup", None)):
+            self._all_slots.warmup(spans)  # the drafter's steps too (their first capture is no step's cost)
         return len(self._static) - before
 
     def start(self) -> None:
