@@ -1,18 +1,16 @@
-"""A row-count-invariant GEMM (Triton) and its check against cuBLAS: ``y = x @ W^T`` where a row's
-bits never depend on how many rows ``x`` has (issue 10/11 groundwork; an experiment, not wired in).
+"""The row-count-invariant GEMM (Triton, specdec/models/invariant_linear.py) checked and timed against
+cuBLAS: ``y = x @ W^T`` where a row's bits never depend on how many rows ``x`` has.
 
 cuBLAS picks its kernel by shape: on the H200 the qwen3-8b shape's o and down projections give a
 row other bits at 32 rows than at 512 (scripts/check_width_invariance.py), so a step's width and
-slot count change a row's bits, and exact serving must run every step at one shape. Here one kernel
-config per weight (never per row count) tiles the output ``BM x BN``, walks K in ``BK`` blocks in
-order and accumulates in fp32: every row goes through the same instructions in the same order for
-any M; M is not specialised on. Programs run M-tile fastest, so the M-tiles of one weight tile run
-side by side and read it from L2, not once each from memory.
+slot count change a row's bits. The Triton kernel walks K in order and accumulates in fp32.
 
     python scripts/invariant_gemm.py [--shape qwen3-8b] [--json out.json]
 
-reports, per weight and row count, cuBLAS and each config's time (CUDA graph of 20 calls), and
-whether row 0 (and a middle row) keeps the bits it has at 1 row.
+reports, per weight and row count (1..512): cuBLAS's time and whether row 0 keeps the bits it has
+at 1 row; and for each tiling (BM, BN, BK, warps, stages) its time (a CUDA graph of 20 calls),
+whether rows 0 and 3 keep their bits, and whether it gives the first tiling's bits (the serving
+loop picks the tiling by row count, which holds only if they all agree).
 """
 from __future__ import annotations
 
@@ -22,45 +20,16 @@ import json
 import torch
 import torch.nn.functional as F
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - CPU-only installs have no Triton
-    triton = None
+from specdec.models.invariant_linear import invariant_linear as _linear
 
 CONFIGS = [(64, 64, 64, 4, 4), (64, 32, 128, 4, 4), (64, 128, 64, 4, 3), (128, 64, 64, 8, 3), (64, 64, 128, 4, 3),
            (128, 128, 64, 8, 3), (64, 16, 256, 4, 3), (16, 64, 128, 4, 4)]
 ROWS = (1, 4, 16, 32, 64, 128, 256, 512)
 
-if triton is not None:
-    @triton.jit(do_not_specialize=["M"])
-    def _kernel(x, w, y, M, N, K, sxm, swn, sym, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        pid = tl.program_id(0)
-        num_m = tl.cdiv(M, BM)
-        pid_m = pid % num_m
-        pid_n = pid // num_m
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
-        rk = tl.arange(0, BK)
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, K, BK):
-            kk = k0 + rk
-            a = tl.load(x + rm[:, None] * sxm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-            b = tl.load(w + rn[None, :] * swn + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K), other=0.0)
-            acc = tl.dot(a, b, acc)
-        tl.store(y + rm[:, None] * sym + rn[None, :], acc.to(y.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
-
-def invariant_linear(x: torch.Tensor, w: torch.Tensor, cfg=CONFIGS[0]) -> torch.Tensor:
-    bm, bn, bk, warps, stages = cfg
-    x2 = x.reshape(-1, x.shape[-1]).contiguous()
-    m, k = x2.shape
-    n = w.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    _kernel[grid](x2, w, y, m, n, k, x2.stride(0), w.stride(0), y.stride(0), BM=bm, BN=bn, BK=bk,
-                  num_warps=warps, num_stages=stages)
-    return y.reshape(*x.shape[:-1], n)
+def invariant_linear(x: torch.Tensor, w: torch.Tensor, cfg) -> torch.Tensor:
+    """The serving loop's kernel (specdec/models/invariant_linear.py) with tiling ``cfg``."""
+    return _linear(x, w, config=cfg)
 
 
 def timed_us(fn, reps: int = 20) -> float:
