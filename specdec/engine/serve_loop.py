@@ -15,8 +15,9 @@ sampling generator and its statistics. The thread repeats, at step boundaries:
    controller, the same for the whole step; a seeded sampled request always drafts the maximum,
    so its random stream, hence its tokens, do not depend on timing), ONE batched target forward
    verifies the rows ``[last token, d_1 .. d_k]`` (padded to the longest row; with
-   ``static_steps``, on CUDA by default, one fixed-shape step over every slot replayed as a CUDA
-   graph: :mod:`specdec.models.graphed_batch`) with logits at every position, acceptance runs per
+   ``static_steps``, on CUDA by default, one fixed-shape step over a bucket of slots replayed as a
+   CUDA graph: :mod:`specdec.models.graphed_batch`, shapes checked under ``exact``, see
+   :class:`EngineLoop`) with logits at every position, acceptance runs per
    slot as in :mod:`.generate` (greedy rows together, one host sync for the step), each slot
    advances by ``accepted + 1`` (KV entries past it are overwritten later: that is the rollback)
    and its drafter observes the committed tokens with that slot's rows.
@@ -91,9 +92,11 @@ class EngineLoop(SlotWork):
     ``block_size - 1``). ``max_context``: positions per slot (default and limit: the model's).
     ``controller``: choose ``k`` per step for throughput (:mod:`.controller`); off, every step
     drafts the maximum. ``static_steps`` (default: on CUDA): every verify step runs as one static
-    step of ``[max_slots, kmax + 1]`` tokens, replayed as a CUDA graph on CUDA
-    (:class:`~specdec.models.graphed_batch.GraphedBatch`): no per-step op dispatch, and a row's
-    verify logits are bitwise independent of the other rows.
+    step of ``[slots, width]`` tokens (all ``max_slots`` slots and ``kmax + 1``, or with
+    ``slot_buckets`` the first 1, 2, 4, ... slots holding the live ones, and 1 wide when nothing is
+    drafted), replayed as a CUDA graph on CUDA (:class:`~specdec.models.graphed_batch.GraphedBatch`;
+    :meth:`warmup` builds them): no per-step op dispatch, and a row's verify logits are bitwise
+    independent of what the other rows hold.
 
     ``exact`` (default: ``static_steps``; needs them): a request's bits, hence its greedy tokens,
     are the same served alone or beside any other requests (issue 11). Two things make it so:
