@@ -31,6 +31,10 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYM
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
 G=/tmp/smollm2.gguf
 smollm2() { [ -f $G ] || cat /tmp/part1 .dev/b/part2 > $G; }
+q8() {  # name, seconds, bench_serve args...: the qwen3-8b shape (none and the oracle unless told)
+    local name=$1 secs=$2; shift 2
+    timeout $secs python scripts/bench_serve.py --shape qwen3-8b --json $OUT/$name.json "$@" > $OUT/$name.log 2>&1
+    echo "$name rc=$?"; grep -E "rror|Traceback" $OUT/$name.log | tail -3; cut -c1-150 $OUT/$name.log; }
 serve() {  # name, gpu, seconds, bench_serve args...
     local name=$1 gpu=$2 secs=$3; shift 3
     CUDA_VISIBLE_DEVICES=$gpu timeout $secs python scripts/bench_serve.py --model $G --json $OUT/$name.json "$@" \
@@ -87,29 +91,27 @@ reuse)
     wait ;;
 slots)
     smollm2
-    serve all_slots 0 170 --drafts none dflash --all-slots-drafter &
-    serve per_slot 1 170 --drafts none dflash &
+    serve all_slots 0 170 --drafts none dflash &
+    serve per_slot 1 170 --drafts none dflash --per-slot-drafters &
     wait ;;
 serve1)
     smollm2
-    serve per_slot 0 220 --drafts none ngram dflash
-    serve all_slots 0 150 --drafts dflash --all-slots-drafter
+    serve per_slot 0 220 --drafts none ngram dflash --per-slot-drafters
+    serve all_slots 0 150 --drafts dflash
     for sh in smollm2-135m qwen3-8b; do
         timeout 80 python scripts/check_width_invariance.py --shape $sh --json $OUT/width_$sh.json > $OUT/width_$sh.log 2>&1
         echo "width $sh rc=$?"; tail -3 $OUT/width_$sh.log; done ;;
 serve2)
     smollm2
     serve serve2 0 200 --drafts none ngram dflash
-    serve serve2_widek0 0 90 --drafts dflash --wide-k0
+    serve serve2_widek0 0 90 --drafts dflash --full-steps  # --wide-k0 at 1a0e304
     serve serve2_per_slot 0 90 --drafts dflash --per-slot-drafters
-    timeout 150 python scripts/bench_serve.py --shape qwen3-8b --json $OUT/shape2_q8.json > $OUT/shape2_q8.log 2>&1
-    echo "shape2 rc=$?"; cut -c1-150 $OUT/shape2_q8.log ;;
+    q8 shape2_q8 150 ;;
 serve3)
     smollm2
     serve serve3 0 200 --drafts none ngram dflash
     serve serve3_full 0 150 --drafts none dflash --full-steps
-    timeout 150 python scripts/bench_serve.py --shape qwen3-8b --json $OUT/shape3_q8.json > $OUT/shape3_q8.log 2>&1
-    echo "shape3 rc=$?"; cut -c1-150 $OUT/shape3_q8.log ;;
+    q8 shape3_q8 150 ;;
 serve4)
     smollm2
     serve serve4 0 200 --drafts none ngram dflash
@@ -121,29 +123,21 @@ serve5)
     smollm2
     serve serve5 0 200 --drafts none ngram dflash
     serve serve5_full 0 120 --drafts none dflash --full-steps
-    timeout 150 python scripts/bench_serve.py --shape qwen3-8b --json $OUT/shape5_q8.json > $OUT/shape5_q8.log 2>&1
-    echo "shape5 rc=$?"; cut -c1-150 $OUT/shape5_q8.log ;;
+    q8 shape5_q8 150 ;;
 serve6)
     smollm2
-    timeout 170 python scripts/bench_serve.py --shape qwen3-8b --json $OUT/shape6_q8.json > $OUT/shape6_q8.log 2>&1
-    echo "shape6 rc=$?"; grep -E "rror|Traceback" $OUT/shape6_q8.log | tail -3; cut -c1-150 $OUT/shape6_q8.log
+    q8 shape6_q8 170
     serve serve6 0 200 --drafts none ngram dflash ;;
 shape7)
-    for v in "" --no-invariant-gemm; do
-        n=shape7_q8${v:+_cublas}
-        timeout 200 python scripts/bench_serve.py --shape qwen3-8b $v --json $OUT/$n.json > $OUT/$n.log 2>&1
-        echo "$n rc=$?"; grep -E "rror|Traceback" $OUT/$n.log | tail -3; cut -c1-150 $OUT/$n.log; done ;;
+    q8 shape7_q8 200
+    q8 shape7_q8_cublas 200 --no-invariant-gemm ;;
 final)
     smollm2
     serve final_smollm2 0 100 --drafts none dflash
-    timeout 140 python scripts/bench_serve.py --shape qwen3-8b --json $OUT/final_q8.json > $OUT/final_q8.log 2>&1
-    echo "final_q8 rc=$?"; grep -E "rror|Traceback" $OUT/final_q8.log | tail -3; cut -c1-150 $OUT/final_q8.log ;;
+    q8 final_q8 140 ;;
 shape)
-    sh() { local name=$1 secs=$2; shift 2
-           timeout $secs python scripts/bench_serve.py --shape qwen3-8b --json $OUT/$name.json "$@" > $OUT/$name.log 2>&1
-           echo "$name rc=$?"; grep -E "rror|Traceback" $OUT/$name.log | tail -3; cut -c1-150 $OUT/$name.log; }
-    sh shape_q8 330
-    sh shape_q8_noctl 200 --drafts oracle --no-controller ;;
+    q8 shape_q8 330
+    q8 shape_q8_noctl 200 --drafts oracle --no-controller ;;
 *)
     sed -n 2,28p "$0"; exit 2 ;;
 esac
