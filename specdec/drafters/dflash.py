@@ -303,7 +303,6 @@ class DFlashSlots:
         self.v = [torch.zeros_like(t) for t in self.k]
         self.lengths = [0] * slots  # positions written per slot
         self.pending: dict[int, list[torch.Tensor]] = {}  # slot -> captured rows observed, not yet written
-        self.n_pending = [0] * slots
         feat = len(c.target_layer_ids) * c.hidden_size
         # static inputs, refilled before each run
         self.obs_feats = torch.zeros(slots, width, feat, dtype=w.dtype, device=dev)
@@ -330,12 +329,10 @@ class DFlashSlots:
             self.v[i][s, :, :n] = v
         self.lengths[s] = n
         self.pending.pop(s, None)
-        self.n_pending[s] = 0
 
     def drop(self, s: int) -> None:
         self.lengths[s] = 0
         self.pending.pop(s, None)
-        self.n_pending[s] = 0
 
     # --- per step -------------------------------------------------------------------
     def _observe_run(self) -> None:
@@ -356,14 +353,13 @@ class DFlashSlots:
             if not 0 < n <= self.width:
                 raise RuntimeError(f"DFlash observe takes 1..{self.width} rows a step, got {n}")
             self.pending.setdefault(s, []).append(feats)
-            self.n_pending[s] += n
-        if max(self.n_pending) >= self.width:
+        if any(sum(p.shape[0] for p in parts) >= self.width for parts in self.pending.values()):
             self._flush()
 
     def _flush(self) -> None:
         """Write every slot's pending rows, up to ``width`` a slot per step over every slot (the
         others write past their lengths, where nothing is read)."""
-        while any(self.n_pending):
+        while self.pending:
             if max(self.lengths) + self.width > self.capacity:
                 raise RuntimeError(f"the drafter's context of {self.capacity} positions is full")
             took = {}
@@ -377,12 +373,9 @@ class DFlashSlots:
             if not self.use_graphs:
                 self._observe_run()
             else:
-                if self._observe_graph is None:
-                    self._observe_graph, _ = capture(self._observe_run, self.obs_start.device)
-                self._observe_graph.replay()
+                self._observe_step().replay()
             for s, n in took.items():
                 self.lengths[s] += n
-                self.n_pending[s] -= n
             self.pending = {s: p for s, p in self.pending.items() if p}
 
     def _block_run(self, span: int):
@@ -404,11 +397,23 @@ class DFlashSlots:
         its ``begin``)."""
         if not self.use_graphs:
             return
+        self._observe_step()
+        for span in spans:
+            if span <= self.capacity:
+                self._block_step(span)
+
+    def _observe_step(self):
+        """The context-write step's CUDA graph, captured at its first use."""
         if self._observe_graph is None:
             self._observe_graph, _ = capture(self._observe_run, self.obs_start.device)
-        for span in spans:
-            if span not in self._blocks and span <= self.capacity:
-                self._blocks[span] = capture(lambda span=span: self._block_run(span), self.ids.device)
+        return self._observe_graph
+
+    def _block_step(self, span: int) -> tuple:
+        """(graph, outputs) of the block step over ``span`` positions, captured at its first use."""
+        st = self._blocks.get(span)
+        if st is None:
+            st = self._blocks[span] = capture(lambda: self._block_run(span), self.ids.device)
+        return st
 
     @torch.inference_mode()
     def propose(self, rows: list[tuple[int, int, int, SamplingParams, torch.Generator | None]]) -> list[Proposal]:
@@ -423,11 +428,8 @@ class DFlashSlots:
         if not self.use_graphs:
             greedy, logits = self._block_run(span)
         else:
-            st = self._blocks.get(span)
-            if st is None:
-                st = self._blocks[span] = capture(lambda: self._block_run(span), self.ids.device)
-            st[0].replay()
-            greedy, logits = st[1]
+            graph, (greedy, logits) = self._block_step(span)
+            graph.replay()
         out = []
         for s, _, k, params, gen in rows:
             k = max(0, min(k, self.block - 1))

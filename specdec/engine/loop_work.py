@@ -16,10 +16,11 @@ import torch
 
 from ..models.base import ForwardOut
 from ..models.graphed_batch import GraphedBatch, GraphedPrefill
+from ..models.invariant_linear import row_counts
 from ..sampling import make_generator, probs_from_logits, sample_one
 from .acceptance import accept_greedy_rows, accept_sampled
 from .batch import forward_ragged
-from .requests import Event
+from .requests import Event, ema_acceptance
 
 SPAN_BUCKET_MIN = 256  # the smallest span a static step attends over with span buckets
 SHAPE_CHECKS = 2  # exact: steps of a shape other than the full one compared with it before it is trusted
@@ -171,6 +172,7 @@ class SlotWork:
             return
         rows: list[_Row] = []
         together: list[tuple[_Row, tuple]] = []  # rows the all-slots drafter proposes for, in one step
+        no_drafts = torch.empty(0, dtype=torch.int64, device=dev)  # a row's until its drafter proposes
         for s in active:
             slot = self._slots[s]
             p = slot.req.params
@@ -179,8 +181,7 @@ class SlotWork:
             ks = self.kmax if p.seed is not None and not p.greedy else k
             ks = max(0, min(ks, slot.req.max_new_tokens - len(slot.out)))
             try:
-                row = _Row(s, torch.empty(0, dtype=torch.int64, device=dev), None,
-                           ks if slot.drafter is not None else 0)
+                row = _Row(s, no_drafts, None, ks if slot.drafter is not None else 0)
                 if slot.drafter is not None and ks > 0:
                     if slot.drafter is self._all_slots:
                         together.append((row, (s, slot.last, ks, p, slot.gen)))
@@ -256,10 +257,7 @@ class SlotWork:
             slot.drafted += nd
             accepted, drafted = accepted + n, drafted + nd
             slot.record_drafts(n, r.asked, ALPHA_EMA)
-            if r.asked:
-                acc = self._acceptance
-                acc[0] = (1 - LOOP_ALPHA_EMA) * acc[0] + LOOP_ALPHA_EMA * n
-                acc[1] = (1 - LOOP_ALPHA_EMA) * acc[1] + LOOP_ALPHA_EMA * (n + (n < r.asked))
+            self._acceptance[:] = ema_acceptance(*self._acceptance, n, r.asked, LOOP_ALPHA_EMA)
             if self._commit(r.s, toks) or slot.drafter is None:
                 continue
             cap = None if out.captured is None else out.captured[i, : n + 1]
@@ -319,14 +317,29 @@ class SlotWork:
         parallelism (the ranks would have to agree on every check)."""
         return self._shapes_exact and self._sync is None
 
-    def _step_rows(self, need: int) -> int:
-        """The slots a static step runs: the smallest power of two holding ``need``, or all."""
+    def _row_buckets(self) -> list[int]:
+        """The slot counts a static step may run: 1, 2, 4, ... and all of them, or all only."""
         if not self.slot_buckets or (self.exact and not self._other_shapes()):
-            return self.max_slots
-        n = 1
-        while n < need:
-            n *= 2
-        return min(n, self.max_slots)
+            return [self.max_slots]
+        return row_counts(self.max_slots)
+
+    def _widths(self) -> list[int]:
+        """The widths a static step may run: ``kmax + 1``, and 1 when nothing is drafted with the
+        controller (with exact, while other shapes may be taken: see ``_step``)."""
+        narrow = self.controller is not None and (not self.exact or self._other_shapes())
+        return sorted({1 + self.kmax} | ({1} if narrow else set()))
+
+    def _spans(self) -> list[int]:
+        """The spans a static verify step may attend over (one, the whole cache, without span buckets)."""
+        w, top = 1 + self.kmax, self.cache.max_len - (1 + self.kmax)
+        spans = [self._span(w)]
+        while spans[-1] < top and self.span_buckets:
+            spans.append(self._span(spans[-1] + w))
+        return spans
+
+    def _step_rows(self, need: int) -> int:
+        """The slots a static step runs: the smallest bucket holding ``need``."""
+        return next(n for n in self._row_buckets() if n >= need)
 
     def _static_step(self, rows: int, width: int, span: int) -> GraphedBatch:
         step = self._static.get((rows, width, span))

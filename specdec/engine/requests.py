@@ -80,6 +80,15 @@ class RequestHandle:
                 self._cancelled.set()
 
 
+def ema_acceptance(hits: float, tries: float, n: int, asked: int, ema: float) -> tuple[float, float]:
+    """``(hits, tries)`` moved by ``ema`` towards a step that asked for ``asked`` drafts and accepted
+    ``n``: ``n`` of the ``n + 1`` tried (``n`` of ``n`` when all were accepted); unchanged when it
+    asked for none. ``hits / tries`` is the per-draft acceptance (see :meth:`Slot.record_drafts`)."""
+    if not asked:
+        return hits, tries
+    return (1 - ema) * hits + ema * n, (1 - ema) * tries + ema * (n + (n < asked))
+
+
 @dataclass
 class Slot:
     """A request while it holds a slot of the serving loop (engine thread only)."""
@@ -117,9 +126,7 @@ class Slot:
         tried (``n`` of ``n`` when all ``asked`` were accepted). A draft the drafter did not offer
         (an n-gram without a match) counts as rejected: the controller's model then predicts the
         tokens a step really commits. The estimate moves by ``ema`` towards it."""
-        if asked:
-            self.hits = (1 - ema) * self.hits + ema * n
-            self.tries = (1 - ema) * self.tries + ema * (n + (n < asked))
+        self.hits, self.tries = ema_acceptance(self.hits, self.tries, n, asked, ema)
 
     def stats(self) -> dict:
         """The ``stats`` of the request's ``done`` event."""

@@ -238,15 +238,18 @@ class EngineLoop(SlotWork):
             self._all_slots = proto.for_slots(max_slots, self.cache.max_len + self.kmax + 1, self.kmax + 1,
                                               self._span, self.span_buckets)
         self._shard = getattr(model, "shard", None)
-        # exact on CUDA: the linear layers whose cuBLAS results change with the row count (1 .. every
-        # slot's kmax + 1 rows) run a row-count-invariant Triton GEMM, so that steps of other shapes
+        self._sync: BoundaryChannel | None = None  # tensor parallelism: set by start() / follow()
+        # exact on CUDA: the linear layers whose cuBLAS results change over the row counts the verify
+        # steps may run (slot buckets x widths) run a row-count-invariant Triton GEMM, so that steps of other shapes
         # can pass their checks (models/invariant_linear.py). It changes the model in place.
         if invariant_gemm is None:
             invariant_gemm = exact and self._shard is None and model.device.type == "cuda"
         elif type(invariant_gemm) is not bool:
             raise ConfigError(f"invariant_gemm must be True, False or None, got {invariant_gemm!r}")
-        self.invariant_linears = make_rows_invariant(model, max_slots * (self.kmax + 1)) if invariant_gemm else []
-        self._sync: BoundaryChannel | None = None  # tensor parallelism: set by start() / follow()
+        self.invariant_linears = []
+        if invariant_gemm:  # the row counts the loop's verify steps may run
+            counts = sorted({n * w for n in self._row_buckets() for w in self._widths()})
+            self.invariant_linears = make_rows_invariant(model, max(counts), rows=counts)
         self.error: BaseException | None = None  # under tensor parallelism, what ended the loop
 
         self._cv = threading.Condition()
@@ -298,31 +301,19 @@ class EngineLoop(SlotWork):
         if self._thread is not None or any(self._slots):
             raise RuntimeError("EngineLoop.warmup() runs before start(), with no request in the loop")
         before = len(self._static)
-        widths = sorted({1 + self.kmax} | ({1} if self.controller is not None or self.kmax == 0 else set()))
-        spans, top = [], self.cache.max_len - (1 + self.kmax)
-        span = self._span(1 + self.kmax)
-        while True:
-            spans.append(span)
-            if span >= top or not self.span_buckets:
-                break
-            span = self._span(span + 1 + self.kmax)
+        spans = self._spans()
         try:
             for span in spans:
                 # idle slots start here (see _verify): the steps then attend over this span
                 self._idle_start = 0 if span == spans[0] else span // 2
-                n = 1
-                while True:
-                    n = min(n, self.max_slots)
-                    for width in widths:
-                        if width == 1 and self.kmax and self.exact and not self._other_shapes():
-                            continue  # steps without drafts take the full shape
-                        rows = [_Row(s, torch.empty(0, dtype=torch.int64), None) for s in range(n)]
+                for n in self._row_buckets():
+                    rows = [_Row(s, torch.empty(0, dtype=torch.int64), None) for s in range(n)]
+                    for width in self._widths():
                         ids = torch.randint(self.model.config.vocab_size, (n, width), device=self.model.device)
                         for _ in range(SHAPE_CHECKS if self.exact else 1):  # the checks (a shape that passed runs alone)
                             self._verify(rows, ids, [self._idle_start] * n, width)
-                    if n == self.max_slots or (self.exact and not self._other_shapes()) or not self.slot_buckets:
-                        break
-                    n *= 2
+                    if self.exact and not self._other_shapes():
+                        break  # a check failed: the full shape only, which the check built
         finally:
             self._idle_start = 0
         if self._all_slots is not None and callable(getattr(self._all_slots, "warmup", None)):

@@ -93,8 +93,8 @@ class InvariantLinear(nn.Module):
 
 
 def cublas_varies(weight: torch.Tensor, rows: list[int], seed: int = 0) -> bool:
-    """Whether ``F.linear`` gives row 0 (and the last row of the smallest count) other bits at some
-    count in ``rows`` than alone: random inputs, the weight's own values."""
+    """Whether ``F.linear`` gives row 0 other bits at some count in ``rows`` than alone: random
+    inputs, the weight's own values."""
     g = torch.Generator(device=weight.device).manual_seed(seed)
     x = torch.randn(max(rows), weight.shape[1], device=weight.device, dtype=weight.dtype, generator=g)
     ref = F.linear(x[:1], weight)
@@ -111,14 +111,15 @@ def row_counts(max_rows: int) -> list[int]:
 
 
 @torch.inference_mode()
-def make_rows_invariant(model: nn.Module, max_rows: int, varies=cublas_varies, force: bool = False) -> list[str]:
+def make_rows_invariant(model: nn.Module, max_rows: int, varies=cublas_varies, force: bool = False,
+                        rows: list[int] | None = None) -> list[str]:
     """Replace every ``nn.Linear`` of ``model`` whose cuBLAS results vary with the row count
-    (1 .. ``max_rows``) by an :class:`InvariantLinear` over the same tensors; returns their names.
-    Needs CUDA and Triton (else nothing is replaced; ``force``: probe anyway, for tests). Weight
-    shapes are probed once each."""
+    (``rows``, default 1, 2, 4, ... ``max_rows``) by an :class:`InvariantLinear` over the same
+    tensors; returns their names. Needs CUDA and Triton (else nothing is replaced; ``force``:
+    probe anyway, for tests). Weight shapes are probed once each."""
     if not force and (triton is None or next(model.parameters()).device.type != "cuda"):
         return []
-    rows = row_counts(max_rows)
+    rows = row_counts(max_rows) if rows is None else sorted(set(rows))
     verdict: dict[tuple, bool] = {}
     swapped = []
     for name, mod in list(model.named_modules()):
