@@ -32,6 +32,7 @@ from specdec.bench_shape import oracle_spoil
 from specdec.drafters.base import Proposal
 from specdec.engine.requests import GenRequest
 from specdec.engine.serve_loop import EngineLoop
+from specdec.errors import ConfigError
 from specdec.loading import load_model
 from specdec.sampling import SamplingParams
 from specdec.shapes import build_shape
@@ -224,4 +225,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     torch.set_grad_enabled(False)
-    main()
+    try:
+        main()
+    except ConfigError as e:  # bad input: one line, no traceback
+        raise SystemExit(f"bench_serve: {e}") from None
