@@ -102,8 +102,9 @@ class SlotWork:
             self._prefilled(s, r, segs[r].numel(), out)
 
     def _drafted(self, prop, ks: int):
-        """A proposal's drafts (at most ``ks``, on the device) and their probabilities."""
-        drafts = prop.tokens.to(self.model.device).reshape(-1)[:ks]
+        """A proposal's drafts (at most ``ks``, where the drafter left them: an n-gram's on the
+        host, batched into the step's one copy) and their probabilities."""
+        drafts = prop.tokens.reshape(-1)[:ks]
         return drafts, None if prop.probs is None else prop.probs[: drafts.numel()]
 
     def _slot_drafter(self, s: int):
@@ -172,7 +173,7 @@ class SlotWork:
             return
         rows: list[_Row] = []
         together: list[tuple[_Row, tuple]] = []  # rows the all-slots drafter proposes for, in one step
-        no_drafts = torch.empty(0, dtype=torch.int64, device=dev)  # a row's until its drafter proposes
+        no_drafts = torch.empty(0, dtype=torch.int64)  # a row's until its drafter proposes
         for s in active:
             slot = self._slots[s]
             p = slot.req.params
@@ -215,10 +216,15 @@ class SlotWork:
             width = 1
         else:
             width = 1 + self.kmax
-        lasts = torch.tensor([[self._slots[r.s].last] for r in rows], device=dev)
-        drafts = torch.nn.utils.rnn.pad_sequence([r.drafts for r in rows], batch_first=True)  # [b, <= width-1]
+        # row i: [last, d_1 .. d_k_i, padding]; built on the host when no drafts are on the device
+        # (none, or an n-gram's), then one copy
+        on_host = all(r.drafts.device.type == "cpu" for r in rows)
+        lasts = torch.tensor([[self._slots[r.s].last] for r in rows], device="cpu" if on_host else dev)
+        drafts = torch.nn.utils.rnn.pad_sequence([r.drafts if on_host else r.drafts.to(dev) for r in rows],
+                                                 batch_first=True)  # [b, <= width-1]
         drafts = torch.nn.functional.pad(drafts, (0, width - 1 - drafts.shape[1]))  # [b, width-1]
-        ids = torch.cat([lasts, drafts], dim=1)  # row i: [last, d_1 .. d_k_i, padding]
+        ids = torch.cat([lasts, drafts], dim=1).to(dev)
+        drafts = ids[:, 1:]
         lengths = [self._slots[r.s].length for r in rows]
         greedy = [i for i, r in enumerate(rows) if self._slots[r.s].req.params.greedy]
         sampled = [i for i, r in enumerate(rows) if not self._slots[r.s].req.params.greedy]
@@ -232,7 +238,7 @@ class SlotWork:
             for i in sampled:
                 slot, n = self._slots[rows[i].s], n_drafts[i]
                 p = probs_from_logits(out.logits[i, : n + 1], slot.req.params)
-                packed.append(accept_sampled(rows[i].drafts, rows[i].probs, p, slot.gen))
+                packed.append(accept_sampled(drafts[i, :n], rows[i].probs, p, slot.gen))
             flat = torch.cat(packed).tolist()  # the one host sync of the step
         except Exception as e:  # noqa: BLE001 - the step's requests fail, the loop goes on
             if self._sync is not None:
@@ -251,7 +257,7 @@ class SlotWork:
         observed: list[tuple[int, torch.Tensor]] = []  # the all-slots drafter's rows, written in one step
         for i, r in enumerate(rows):
             slot, nd = self._slots[r.s], n_drafts[i]
-            n, toks = res[i][0], res[i][1:res[i][0] + 2]
+            n, toks, fed = res[i][0], res[i][1:res[i][0] + 2], slot.last  # fed: the row's first input
             slot.length += n + 1  # positions past it hold rejected rows: overwritten next step
             slot.accepted.append(n)
             slot.drafted += nd
@@ -265,7 +271,10 @@ class SlotWork:
                 observed.append((r.s, cap))
                 continue
             try:
-                slot.drafter.observe(ids[i, : n + 1], ForwardOut(out.logits[i, : n + 1], out.hidden[i, : n + 1], cap))
+                if getattr(slot.drafter, "host_tokens", False):  # the fed tokens, known here: no device read
+                    slot.drafter.observe(torch.tensor([fed] + toks[:n]), None)
+                else:
+                    slot.drafter.observe(ids[i, : n + 1], ForwardOut(out.logits[i, : n + 1], out.hidden[i, : n + 1], cap))
             except Exception as e:  # noqa: BLE001
                 self._fail(r.s, e)
         if observed:
