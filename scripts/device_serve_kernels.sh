@@ -26,6 +26,9 @@
 #   serve6       the qwen3-8b shape with row-invariant GEMMs, then SmolLM2 serving
 #   shape7       the qwen3-8b shape with row-invariant GEMMs (configs by row count), and without them
 #   final        SmolLM2 (none, DFlash) and the qwen3-8b shape (none, oracle) with 128-row exact prefill
+# 2026-12-01 (second session), issue 11's table, 4 requests a client:
+#   s11          SmolLM2 serving: none, n-gram (indexed, host drafts), DFlash
+#   q11          the qwen3-8b shape: none, the oracle
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
@@ -135,6 +138,11 @@ final)
     smollm2
     serve final_smollm2 0 100 --drafts none dflash
     q8 final_q8 140 ;;
+s11)
+    smollm2
+    serve s11_smollm2 0 330 --drafts none ngram dflash --requests 4 ;;
+q11)
+    q8 q11_q8 300 --requests 4 ;;
 shape)
     q8 shape_q8 330
     q8 shape_q8_noctl 200 --drafts oracle --no-controller ;;
