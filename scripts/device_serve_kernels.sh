@@ -147,6 +147,6 @@ shape)
     q8 shape_q8 330
     q8 shape_q8_noctl 200 --drafts oracle --no-controller ;;
 *)
-    sed -n 2,28p "$0"; exit 2 ;;
+    sed -n "2,/^set -u/p" "$0" | grep "^#"; exit 2 ;;
 esac
 cd $OUT && tar czf all.tgz *.json *.log 2>/dev/null; rm -f *.json *.log
