@@ -202,7 +202,7 @@ class CyclingController:
         self.chosen.append((self.kmax - len(self.chosen)) % (self.kmax + 1))
         return self.chosen[-1]
 
-    def record(self, batch: int, k: int, seconds: float) -> None:
+    def record(self, batch: int, k: int, seconds: float, tokens: int | None = None) -> None:
         pass
 
 

@@ -587,3 +587,31 @@ def test_new_requests_start_from_the_loops_acceptance(setup):
     assert engine.run(reqs[1:]) == [_reference(model, reqs[1])]  # always accepted: it rises
     assert seen[0] == [pytest.approx(low)]  # the new request started from the loop's estimate
     assert engine._acceptance[0] / engine._acceptance[1] > 0.7, engine._acceptance
+
+
+def test_controller_calibrates_the_model():
+    """Steps with drafts that commit fewer tokens than the model predicted (an n-gram's bursty
+    acceptance: per-slot rates say 0.6, steps commit 1.2 tokens a slot) scale its predictions down,
+    so plain decoding wins again; steps that commit what was predicted leave drafting on."""
+    alphas = [0.6] * 16
+    cost = {0: 1.0, 4: 1.5}  # a 4-draft step costs 1.5 plain steps; the model promises 2.3 tokens a slot
+
+    def run(committed_per_slot: float) -> list[int]:
+        ctl = DraftController(4, choices=(0, 4), explore_every=10)
+        picks = []
+        for _ in range(200):
+            k = ctl.choose(alphas)
+            ctl.record(16, k, cost[k], tokens=round(16 * (committed_per_slot if k else 1.0)))
+            picks.append(k)
+        return picks
+
+    fooled = run(1.2)
+    assert fooled[-100:].count(4) <= 10, "only the re-exploring steps draft"
+    honest = run(expected_tokens(0.6, 4))
+    assert honest[-100:].count(4) >= 90
+    # no tokens reported: the model alone (drafting, as the rates promise)
+    ctl = DraftController(4, choices=(0, 4), explore_every=0)
+    for _ in range(20):
+        k = ctl.choose(alphas)
+        ctl.record(16, k, cost[k])
+    assert ctl.choose(alphas) == 4 and ctl.calibration(4) == 1.0

@@ -288,7 +288,7 @@ class SlotWork:
                         self._fail(s, e)
         dt = time.perf_counter() - t0
         if self.controller is not None:
-            self.controller.record(len(rows), k, dt)
+            self.controller.record(len(rows), k, dt, tokens=len(rows) + accepted)
         with self._cv:
             self._step_s.append(dt)
             self._k_hist[k] += 1
