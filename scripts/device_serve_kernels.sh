@@ -27,7 +27,7 @@
 #   shape7       the qwen3-8b shape with row-invariant GEMMs (configs by row count), and without them
 #   final        SmolLM2 (none, DFlash) and the qwen3-8b shape (none, oracle) with 128-row exact prefill
 # 2026-12-01 (second session), issue 11's table, 4 requests a client:
-#   s11          SmolLM2 serving: none, n-gram (indexed, host drafts), DFlash
+#   s11          SmolLM2 serving: none, n-gram (indexed, host drafts), DFlash, none again
 #   q11          the qwen3-8b shape: none, the oracle
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -140,7 +140,7 @@ final)
     q8 final_q8 140 ;;
 s11)
     smollm2
-    serve s11_smollm2 0 330 --drafts none ngram dflash --requests 4 ;;
+    serve s11_smollm2 0 330 --drafts none ngram dflash none --requests 4 ;;  # none twice: the spread
 q11)
     q8 q11_q8 300 --requests 4 ;;
 shape)
