@@ -9,6 +9,10 @@ the default with static steps, every reply should: ``--no-exact`` measures the o
 
     python scripts/bench_serve.py [--model M] [--drafts none ngram dflash] [--concurrency 1 4 16 32]
 
+``--rounds R`` builds every drafter's loop first, then measures each level R times with the
+drafters side by side, and sums up medians and ranges: on the H200 two plain runs a minute apart
+differed by up to 9 % at one level, more than the 3 % the controller is held to.
+
 ``--shape qwen3-8b`` serves a random target of that shape (``specdec bench --shape``) with random
 prompts and no stop token; its drafts are ``none`` and ``oracle``. The ORACLE proposes the reply
 this same loop gives the prompt (taken in a first pass in which its drafts are all spoiled), each
@@ -110,6 +114,60 @@ def run_level(loop: EngineLoop, reqs: list[GenRequest], c: int, per_client: int)
             "tau": round(toks / max(1, steps[0]), 3), "outputs": out}
 
 
+def prepare(a, d: str, lm, reqs, slots: int, n_req: int, report: dict, static, exact, vocab, spoil):
+    """Drafter ``d``'s loop, built, warmed up and started, and its serial reference (each of the first
+    ``--serial`` prompts served alone); for the oracle, first the replies it proposes."""
+    draft, refs = d, {}
+    if d == "oracle":
+        if not a.shape:
+            raise SystemExit("--drafts oracle needs --shape")
+        seeds = iter(range(10 ** 9))
+        draft = lambda: ServeOracle(refs, vocab, spoil, next(seeds))  # noqa: E731
+    loop = EngineLoop(lm, draft, max_slots=slots, max_queue=n_req, controller=not a.no_controller,
+                      num_draft_tokens=a.oracle_k if d == "oracle" else 4,
+                      static_steps=static, exact=exact, max_context=a.context,
+                      span_buckets=False if a.no_span_buckets or a.eager_steps else None,
+                      all_slots_drafter=False if a.per_slot_drafters else None,
+                      invariant_gemm=False if a.no_invariant_gemm else None)
+    report.setdefault("invariant_linears", {})[d] = len(loop.invariant_linears)
+    if a.full_steps:
+        loop._shapes_exact = False
+    t0 = time.perf_counter()
+    report.setdefault("warmup", {})[d] = {"steps": loop.warmup(), "seconds": round(time.perf_counter() - t0, 2)}
+    loop.start()
+    _serve(loop, reqs[0])  # warm-up
+    if d == "oracle":  # the replies this loop gives (its drafts all spoiled), all at once: the oracle's reference
+        ref_pass = run_level(loop, reqs, slots, a.requests)["outputs"]
+        refs.update({tuple(reqs[i].prompt_ids): v for i, v in ref_pass.items()})
+    serial = {i: _serve(loop, reqs[i])[0] for i in range(min(a.serial, n_req))}  # each alone: the reference
+    if d == "oracle":  # the reference pass ran batched: exact, its replies are the serial ones
+        rep = {"draft": d, "reference_equal_to_serial": f"{sum(ref_pass[i] == serial[i] for i in serial)}/{len(serial)}"}
+        report["oracle_reference"] = rep
+        print(json.dumps(rep), flush=True)
+    if a.repeat_serial:  # the same requests alone once more: does the loop give the same bits twice?
+        again = {i: _serve(loop, reqs[i])[0] for i in serial}
+        rep = {"draft": d, "serial_repeat_equal": f"{sum(again[i] == serial[i] for i in serial)}/{len(serial)}"}
+        report.setdefault("serial_repeat", []).append(rep)
+        print(json.dumps(rep), flush=True)
+    return loop, serial
+
+
+def summarize(rows: list[dict], drafts: list[str]) -> list[dict]:
+    """Per drafter and concurrency: the median tok/s over the rounds, its range, and the median's
+    ratio to plain decoding's (the first drafter's when there is no ``none``)."""
+    base = "none" if "none" in drafts else drafts[0]
+    out, med = [], {}
+    for d in drafts:
+        for c in sorted({r["concurrency"] for r in rows}):
+            v = sorted(r["tokens_per_s"] for r in rows if r["draft"] == d and r["concurrency"] == c)
+            med[d, c] = statistics.median(v)
+            out.append({"draft": d, "concurrency": c, "rounds": len(v), "tokens_per_s_median": round(med[d, c], 2),
+                        "tokens_per_s_range": [v[0], v[-1]]})
+    for line in out:
+        line["x_" + base] = round(med[line["draft"], line["concurrency"]] / med[base, line["concurrency"]], 3)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
@@ -140,8 +198,12 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=256, help="--shape: prompt tokens (default 256)")
     ap.add_argument("--oracle-tau", type=float, default=4.0, help="--shape: the oracle's tokens per step (default 4)")
     ap.add_argument("--oracle-k", type=int, default=15, help="--shape: the oracle's drafts per step (default 15)")
+    ap.add_argument("--rounds", type=int, default=1, help="measure every level this many times, the drafters "
+                    "side by side at each (all loops built first); the summary gives medians and ranges")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    if a.rounds < 1:
+        raise SystemExit(f"bench_serve: --rounds must be >= 1, got {a.rounds}")
     n_req = max(a.concurrency) * a.requests
     if a.shape:
         spoil = oracle_spoil(a.oracle_tau, a.oracle_k)
@@ -173,51 +235,29 @@ def main() -> None:
     report["span_buckets"] = report["static_steps"] and not a.no_span_buckets
     report["all_slots_drafter"] = not a.per_slot_drafters
     report["full_steps"] = a.full_steps
-    for d in a.drafts:
-        draft, refs = d, {}
-        if d == "oracle":
-            if not a.shape:
-                raise SystemExit("--drafts oracle needs --shape")
-            seeds = iter(range(10 ** 9))
-            draft = lambda: ServeOracle(refs, vocab, spoil, next(seeds))  # noqa: E731
-        loop = EngineLoop(lm, draft, max_slots=slots, max_queue=n_req, controller=not a.no_controller,
-                          num_draft_tokens=a.oracle_k if d == "oracle" else 4,
-                          static_steps=static, exact=exact, max_context=a.context,
-                          span_buckets=False if a.no_span_buckets or a.eager_steps else None,
-                          all_slots_drafter=False if a.per_slot_drafters else None,
-                          invariant_gemm=False if a.no_invariant_gemm else None)
-        report.setdefault("invariant_linears", {})[d] = len(loop.invariant_linears)
-        if a.full_steps:
-            loop._shapes_exact = False
-        t0 = time.perf_counter()
-        report.setdefault("warmup", {})[d] = {"steps": loop.warmup(), "seconds": round(time.perf_counter() - t0, 2)}
-        loop.start()
-        _serve(loop, reqs[0])  # warm-up
-        if d == "oracle":  # the replies this loop gives (its drafts all spoiled), all at once: the oracle's reference
-            ref_pass = run_level(loop, reqs, slots, a.requests)["outputs"]
-            refs.update({tuple(reqs[i].prompt_ids): v for i, v in ref_pass.items()})
-        serial = {i: _serve(loop, reqs[i])[0] for i in range(min(a.serial, n_req))}  # each alone: the reference
-        if d == "oracle":  # the reference pass ran batched: exact, its replies are the serial ones
-            rep = {"draft": d, "reference_equal_to_serial": f"{sum(ref_pass[i] == serial[i] for i in serial)}/{len(serial)}"}
-            report["oracle_reference"] = rep
-            print(json.dumps(rep), flush=True)
-        if a.repeat_serial:  # the same requests alone once more: does the loop give the same bits twice?
-            again = {i: _serve(loop, reqs[i])[0] for i in serial}
-            rep = {"draft": d, "serial_repeat_equal": f"{sum(again[i] == serial[i] for i in serial)}/{len(serial)}"}
-            report.setdefault("serial_repeat", []).append(rep)
-            print(json.dumps(rep), flush=True)
+    loops = {}
+    for d in dict.fromkeys(a.drafts):  # every drafter's loop built, warmed and referenced first
+        loops[d] = prepare(a, d, lm, reqs, slots, n_req, report, static, exact, vocab if a.shape else None,
+                           spoil if a.shape else None)
+    for rnd in range(a.rounds):  # then the levels, drafters side by side at each (spread: --rounds)
         for c in a.concurrency:
-            r = run_level(loop, reqs, c, a.requests)
-            outs = r.pop("outputs")
-            same = [outs[i] == serial[i] for i in serial if i in outs]
-            first = {i: next((j for j, (x, y) in enumerate(zip(outs[i], serial[i])) if x != y), min(len(outs[i]), len(serial[i])))
-                     for i in serial if i in outs and outs[i] != serial[i]}
-            m = loop.metrics()
-            r.update(draft=d, equal_to_serial=f"{sum(same)}/{len(same)}", first_difference=first,
-                     k_chosen=m["k_chosen"], checked_steps=m["checked_steps"])
-            report["rows"].append(r)
-            print(json.dumps(r), flush=True)
+            for d, (loop, serial) in loops.items():
+                r = run_level(loop, reqs, c, a.requests)
+                outs = r.pop("outputs")
+                same = [outs[i] == serial[i] for i in serial if i in outs]
+                first = {i: next((j for j, (x, y) in enumerate(zip(outs[i], serial[i])) if x != y),
+                                 min(len(outs[i]), len(serial[i])))
+                         for i in serial if i in outs and outs[i] != serial[i]}
+                m = loop.metrics()
+                r.update(draft=d, round=rnd, equal_to_serial=f"{sum(same)}/{len(same)}", first_difference=first,
+                         k_chosen=m["k_chosen"], checked_steps=m["checked_steps"])
+                report["rows"].append(r)
+                print(json.dumps(r), flush=True)
+    for loop, _ in loops.values():
         loop.stop()
+    report["summary"] = summarize(report["rows"], list(loops))
+    for line in report["summary"]:
+        print(json.dumps(line), flush=True)
     if a.json:
         with open(a.json, "w", encoding="utf-8") as fh:
             json.dump(report, fh, indent=2)

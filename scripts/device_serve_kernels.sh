@@ -27,8 +27,9 @@
 #   shape7       the qwen3-8b shape with row-invariant GEMMs (configs by row count), and without them
 #   final        SmolLM2 (none, DFlash) and the qwen3-8b shape (none, oracle) with 128-row exact prefill
 # 2026-12-01 (second session), issue 11's table, 4 requests a client:
-#   s11          SmolLM2 serving: none, n-gram (indexed, host drafts), DFlash, none again
-#   q11          the qwen3-8b shape: none, the oracle
+#   s11          SmolLM2 serving: none, n-gram (indexed, host drafts), DFlash; 3 rounds side by side
+#   q11          the qwen3-8b shape: none, the oracle; 3 rounds side by side
+#   i11          s11, then q11
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
@@ -140,9 +141,12 @@ final)
     q8 final_q8 140 ;;
 s11)
     smollm2
-    serve s11_smollm2 0 330 --drafts none ngram dflash none --requests 4 ;;  # none twice: the spread
+    serve s11_smollm2 0 330 --drafts none ngram dflash --requests 4 --rounds 3 ;;
 q11)
-    q8 q11_q8 300 --requests 4 ;;
+    q8 q11_q8 300 --requests 4 --rounds 3 ;;
+i11)
+    bash "$0" s11; mv $OUT/all.tgz $OUT/s11.tgz; bash "$0" q11; mv $OUT/all.tgz $OUT/q11.tgz
+    tar czf $OUT/all.tgz -C $OUT s11.tgz q11.tgz; rm $OUT/s11.tgz $OUT/q11.tgz; exit ;;
 shape)
     q8 shape_q8 330
     q8 shape_q8_noctl 200 --drafts oracle --no-controller ;;
