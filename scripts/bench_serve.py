@@ -239,6 +239,7 @@ def main() -> None:
     for d in dict.fromkeys(a.drafts):  # every drafter's loop built, warmed and referenced first
         loops[d] = prepare(a, d, lm, reqs, slots, n_req, report, static, exact, vocab if a.shape else None,
                            spoil if a.shape else None)
+    seen = {d: (loop.metrics()["k_chosen"], loop.metrics()["k_seconds"]) for d, (loop, _) in loops.items()}
     for rnd in range(a.rounds):  # then the levels, drafters side by side at each (spread: --rounds)
         for c in a.concurrency:
             for d, (loop, serial) in loops.items():
@@ -249,6 +250,14 @@ def main() -> None:
                                  min(len(outs[i]), len(serial[i])))
                          for i in serial if i in outs and outs[i] != serial[i]}
                 m = loop.metrics()
+                # this level's steps and their seconds by k (the rest of the wall time: prefill, joins, idle)
+                n0, s0 = seen.get(d, ({}, {}))
+                seen[d] = (m["k_chosen"], m["k_seconds"])
+                r["steps_by_k"] = {k: v - n0.get(k, 0) for k, v in m["k_chosen"].items() if v - n0.get(k, 0)}
+                r["step_ms_by_k"] = {k: round(1e3 * (m["k_seconds"][k] - s0.get(k, 0.0)) / n, 3)
+                                     for k, n in r["steps_by_k"].items()}
+                r["outside_steps_s"] = round(r["seconds"] - sum(m["k_seconds"][k] - s0.get(k, 0.0)
+                                                                for k in r["steps_by_k"]), 3)
                 r.update(draft=d, round=rnd, equal_to_serial=f"{sum(same)}/{len(same)}", first_difference=first,
                          k_chosen=m["k_chosen"], checked_steps=m["checked_steps"])
                 report["rows"].append(r)

@@ -30,6 +30,7 @@
 #   s11          SmolLM2 serving: none, n-gram (indexed, host drafts), DFlash; 3 rounds side by side
 #   q11          the qwen3-8b shape: none, the oracle; 3 rounds side by side
 #   i11          s11, then q11
+#   s11b         s11 (steps' times by k), then none and n-gram with the controller off (n-gram drafts 4 each step)
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
@@ -144,6 +145,11 @@ s11)
     serve s11_smollm2 0 330 --drafts none ngram dflash --requests 4 --rounds 3 ;;
 q11)
     q8 q11_q8 300 --requests 4 --rounds 3 ;;
+s11b)
+    smollm2
+    serve s11_smollm2 0 330 --drafts none ngram dflash --requests 4 --rounds 3
+    mv $OUT/all.tgz $OUT/s11.tgz 2>/dev/null
+    serve s11_noctl 0 200 --drafts none ngram --requests 4 --rounds 2 --no-controller ;;
 i11)
     bash "$0" s11; mv $OUT/all.tgz $OUT/s11.tgz; bash "$0" q11; mv $OUT/all.tgz $OUT/q11.tgz
     tar czf $OUT/all.tgz -C $OUT s11.tgz q11.tgz; rm $OUT/s11.tgz $OUT/q11.tgz; exit ;;

@@ -292,6 +292,7 @@ class SlotWork:
         with self._cv:
             self._step_s.append(dt)
             self._k_hist[k] += 1
+            self._k_seconds[k] += dt
             self._n["steps_total"] += 1
             self._n["accepted_total"] += accepted
             self._n["drafted_total"] += drafted

@@ -260,6 +260,7 @@ class EngineLoop(SlotWork):
         self._ids = itertools.count()
         self._step_s: collections.deque[float] = collections.deque(maxlen=self.step_history)
         self._k_hist: collections.Counter = collections.Counter()
+        self._k_seconds: collections.Counter = collections.Counter()  # k -> seconds its steps took in all
         self._n = dict.fromkeys(("requests_total", "requests_finished", "requests_failed", "requests_cancelled",
                                  "prompt_tokens_total", "tokens_total", "steps_total", "accepted_total",
                                  "drafted_total"), 0)
@@ -458,6 +459,7 @@ class EngineLoop(SlotWork):
                      max_draft_tokens=self.kmax, controller=self.controller is not None, exact=self.exact,
                      running=self._thread is not None and not self._stopped,
                      step_seconds=list(self._step_s), k_chosen=dict(self._k_hist),
+                     k_seconds={k: round(v, 6) for k, v in self._k_seconds.items()},
                      checked_steps=sorted(self._checked) if self._shapes_exact else None,
                      invariant_linears=len(self.invariant_linears))
         m["acceptance_rate"] = m["accepted_total"] / m["drafted_total"] if m["drafted_total"] else 0.0
