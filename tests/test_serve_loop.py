@@ -498,6 +498,7 @@ def test_prompt_chunks_interleave_with_decode_steps(setup):
         handles.append(engine.submit(b))
         for _ in range(40):
             engine._step(engine._boundary().k)
+        engine._deliver()  # what the loop's drivers do when no step follows
     for h, r in zip(handles, (c, a, b)):
         toks, done = _collect(h, 1)
         assert done.kind == "done", done.message

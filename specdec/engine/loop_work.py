@@ -239,7 +239,9 @@ class SlotWork:
                 slot, n = self._slots[rows[i].s], n_drafts[i]
                 p = probs_from_logits(out.logits[i, : n + 1], slot.req.params)
                 packed.append(accept_sampled(drafts[i, :n], rows[i].probs, p, slot.gen))
-            flat = torch.cat(packed).tolist()  # the one host sync of the step
+            flat = torch.cat(packed)
+            self._deliver()  # the last step's events: the clients run while the GPU works
+            flat = flat.tolist()  # the one host sync of the step
         except Exception as e:  # noqa: BLE001 - the step's requests fail, the loop goes on
             if self._sync is not None:
                 raise
@@ -398,7 +400,7 @@ class SlotWork:
         slot.out.extend(emit)
         slot.last = emit[-1]
         self._count("tokens_total", len(emit))
-        slot.handle._send(Event("tokens", token_ids=emit))
+        self._outbox.append((slot.handle, Event("tokens", token_ids=emit)))
         if reason is not None:
             self._finish(s, reason)
             return True
@@ -408,7 +410,7 @@ class SlotWork:
         slot, self._slots[s] = self._slots[s], None
         stats = slot.stats()
         self._count("requests_cancelled" if reason == "cancelled" else "requests_finished")
-        slot.handle._send(Event("done", finish_reason=reason, stats=stats))
+        self._outbox.append((slot.handle, Event("done", finish_reason=reason, stats=stats)))
 
     def _fail(self, s: int, err) -> None:
         slot, self._slots[s] = self._slots[s], None
@@ -416,7 +418,17 @@ class SlotWork:
         if self._all_slots is not None:
             self._all_slots.drop(s)
         self._count("requests_failed")
-        slot.handle._send(Event("error", message=err if isinstance(err, str) else describe(err)))
+        self._outbox.append((slot.handle, Event("error", message=err if isinstance(err, str) else describe(err))))
+
+    def _deliver(self) -> None:
+        """Send the events the loop has queued (in order). Not at once: a client thread woken
+        mid-step takes the GIL whenever the engine thread's next torch call releases it (~45 us a
+        woken client on the H200's host: 1.7 ms a step at 32 clients, measured at 2a9188c). They go
+        out just before a step's host sync, while the engine waits for the GPU, and when the loop
+        runs out of work."""
+        box, self._outbox = self._outbox, []
+        for handle, ev in box:
+            handle._send(ev)
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

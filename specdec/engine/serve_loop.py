@@ -259,6 +259,7 @@ class EngineLoop(SlotWork):
         self._stopped = False
         self._ids = itertools.count()
         self._step_s: collections.deque[float] = collections.deque(maxlen=self.step_history)
+        self._outbox: list = []  # (handle, event) to send: SlotWork._deliver
         self._k_hist: collections.Counter = collections.Counter()
         self._k_seconds: collections.Counter = collections.Counter()  # k -> seconds its steps took in all
         self._n = dict.fromkeys(("requests_total", "requests_finished", "requests_failed", "requests_cancelled",
@@ -429,6 +430,9 @@ class EngineLoop(SlotWork):
                 plan = self._boundary()
                 if any(s is not None for s in self._slots):
                     self._step(plan.k)
+                if not any(s is not None and s.out for s in self._slots):
+                    self._deliver()  # no step follows to send them in
+            self._deliver()
         if failed:
             i, msg = failed[0]
             raise RequestError(f"request {i} failed: {msg}" + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""))
@@ -489,6 +493,8 @@ class EngineLoop(SlotWork):
                     for s in range(self.max_slots):
                         if self._slots[s] is not None:
                             self._fail(s, e)
+                if not any(s is not None and s.out for s in self._slots):
+                    self._deliver()  # no step follows to send them in
             if self._sync is not None and self.error is None:
                 try:
                     self._sync.share(Boundary(stop=True))  # the followers return from follow()
@@ -501,6 +507,7 @@ class EngineLoop(SlotWork):
                     else f"the tensor-parallel engine failed: {describe(self.error)}")
 
     def _drain(self, why: str) -> None:
+        self._deliver()
         with self._cv:
             waiting = list(self._queue)
             self._queue.clear()
@@ -509,6 +516,7 @@ class EngineLoop(SlotWork):
         for s in range(self.max_slots):
             if self._slots[s] is not None:
                 self._fail(s, why)
+        self._deliver()
 
     def _boundary(self, plan: Boundary | None = None) -> Boundary:
         """Cancellations, then waiting requests join the free slots, then one prefill chunk;
