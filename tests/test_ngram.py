@@ -26,7 +26,7 @@ def test_index_equals_scan_as_history_grows():
             assert d.propose_ids(last, k) == want, (trial, d.history, last, k)
             # the step commits last and some of the drafts (or other tokens), fed in one observe
             fed = [last] + [rng.randrange(vocab) for _ in range(rng.randrange(0, 4))]
-            d.observe(torch.tensor(fed), None)
+            d.observe(torch.tensor(fed) if trial % 2 else fed, None)  # a tensor (the engines) or a list (the loop)
 
 
 def test_proposal_on_host_and_begin_resets_the_index():

@@ -9,6 +9,10 @@ Timeline of one sequence (``L`` = tokens in the target cache):
    accepted drafts) with their rows of the verify output; the bonus token becomes the next ``t``.
 A drafter's own caches must hold committed positions only when ``propose`` is next called.
 
+A drafter whose class sets ``host_tokens = True`` (n-gram) drafts from token ids alone: the serving
+loop then calls ``propose_ids(last_token, k) -> list[int]`` and ``observe(tokens: list[int], None)``,
+no torch call per slot.
+
 A drafter instance follows one sequence at a time. ``spawn()`` (optional) returns a new instance
 sharing the weights, with its own per-sequence state: the serving loop keeps one per slot.
 """

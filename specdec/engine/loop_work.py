@@ -102,8 +102,7 @@ class SlotWork:
             self._prefilled(s, r, segs[r].numel(), out)
 
     def _drafted(self, prop, ks: int):
-        """A proposal's drafts (at most ``ks``, where the drafter left them: an n-gram's on the
-        host, batched into the step's one copy) and their probabilities."""
+        """A proposal's drafts (at most ``ks``, where the drafter left them) and their probabilities."""
         drafts = prop.tokens.reshape(-1)[:ks]
         return drafts, None if prop.probs is None else prop.probs[: drafts.numel()]
 
@@ -173,7 +172,9 @@ class SlotWork:
             return
         rows: list[_Row] = []
         together: list[tuple[_Row, tuple]] = []  # rows the all-slots drafter proposes for, in one step
-        no_drafts = torch.empty(0, dtype=torch.int64)  # a row's until its drafter proposes
+        # a row's drafts until its drafter proposes: a host-token drafter's are a list (no torch call
+        # per slot: each can hand the GIL to a woken client thread, see _deliver), others' a tensor
+        no_drafts: list[int] = []
         for s in active:
             slot = self._slots[s]
             p = slot.req.params
@@ -186,6 +187,8 @@ class SlotWork:
                 if slot.drafter is not None and ks > 0:
                     if slot.drafter is self._all_slots:
                         together.append((row, (s, slot.last, ks, p, slot.gen)))
+                    elif getattr(slot.drafter, "host_tokens", False):
+                        row.drafts = slot.drafter.propose_ids(slot.last, ks)[:ks]
                     else:
                         row.drafts, row.probs = self._drafted(slot.drafter.propose(slot.last, ks, p, slot.gen), ks)
                 rows.append(row)
@@ -204,7 +207,7 @@ class SlotWork:
                 rows = [r for r in rows if r.s not in failed]
         if not rows:
             return
-        n_drafts = [r.drafts.numel() for r in rows]
+        n_drafts = [len(r.drafts) for r in rows]
         # static steps: every row padded to kmax + 1 (one shape: a row's bits never depend on the
         # other rows); with the controller, width 1 when nothing is drafted (a second graph: k = 0
         # then costs a plain step, so the controller can fall back). With exact, only while the
@@ -216,14 +219,16 @@ class SlotWork:
             width = 1
         else:
             width = 1 + self.kmax
-        # row i: [last, d_1 .. d_k_i, padding]; built on the host when no drafts are on the device
-        # (none, or an n-gram's), then one copy
-        on_host = all(r.drafts.device.type == "cpu" for r in rows)
-        lasts = torch.tensor([[self._slots[r.s].last] for r in rows], device="cpu" if on_host else dev)
-        drafts = torch.nn.utils.rnn.pad_sequence([r.drafts if on_host else r.drafts.to(dev) for r in rows],
-                                                 batch_first=True)  # [b, <= width-1]
-        drafts = torch.nn.functional.pad(drafts, (0, width - 1 - drafts.shape[1]))  # [b, width-1]
-        ids = torch.cat([lasts, drafts], dim=1).to(dev)
+        # row i: [last, d_1 .. d_k_i, padding]: one tensor from host lists (none, n-gram), else padded on the device
+        if all(isinstance(r.drafts, list) for r in rows):
+            ids = torch.tensor([[self._slots[r.s].last] + r.drafts + [0] * (width - 1 - len(r.drafts)) for r in rows],
+                               dtype=torch.int64, device=dev)
+        else:
+            lasts = torch.tensor([[self._slots[r.s].last] for r in rows], device=dev)
+            drafts = torch.nn.utils.rnn.pad_sequence(
+                [torch.as_tensor(r.drafts, dtype=torch.int64).to(dev) for r in rows], batch_first=True)
+            drafts = torch.nn.functional.pad(drafts, (0, width - 1 - drafts.shape[1]))  # [b, width-1]
+            ids = torch.cat([lasts, drafts], dim=1)
         drafts = ids[:, 1:]
         lengths = [self._slots[r.s].length for r in rows]
         greedy = [i for i, r in enumerate(rows) if self._slots[r.s].req.params.greedy]
@@ -268,14 +273,14 @@ class SlotWork:
             self._acceptance[:] = ema_acceptance(*self._acceptance, n, r.asked, LOOP_ALPHA_EMA)
             if self._commit(r.s, toks) or slot.drafter is None:
                 continue
-            cap = None if out.captured is None else out.captured[i, : n + 1]
             if slot.drafter is self._all_slots:
-                observed.append((r.s, cap))
+                observed.append((r.s, None if out.captured is None else out.captured[i, : n + 1]))
                 continue
             try:
-                if getattr(slot.drafter, "host_tokens", False):  # the fed tokens, known here: no device read
-                    slot.drafter.observe(torch.tensor([fed] + toks[:n]), None)
+                if getattr(slot.drafter, "host_tokens", False):  # the fed tokens, known here: no torch call
+                    slot.drafter.observe([fed] + toks[:n], None)
                 else:
+                    cap = None if out.captured is None else out.captured[i, : n + 1]
                     slot.drafter.observe(ids[i, : n + 1], ForwardOut(out.logits[i, : n + 1], out.hidden[i, : n + 1], cap))
             except Exception as e:  # noqa: BLE001
                 self._fail(r.s, e)
