@@ -153,8 +153,9 @@ def prepare(a, d: str, lm, reqs, slots: int, n_req: int, report: dict, static, e
 
 
 def summarize(rows: list[dict], drafts: list[str]) -> list[dict]:
-    """Per drafter and concurrency: the median tok/s over the rounds, its range, and the median's
-    ratio to plain decoding's (the first drafter's when there is no ``none``)."""
+    """Per drafter and concurrency: the median tok/s over the rounds, its range, the median's ratio
+    to plain decoding's (the first drafter's when there is no ``none``), and the median of the
+    rounds' own ratios (paired: a round's drafters ran minutes apart at most)."""
     base = "none" if "none" in drafts else drafts[0]
     out, med = [], {}
     for d in drafts:
@@ -163,8 +164,14 @@ def summarize(rows: list[dict], drafts: list[str]) -> list[dict]:
             med[d, c] = statistics.median(v)
             out.append({"draft": d, "concurrency": c, "rounds": len(v), "tokens_per_s_median": round(med[d, c], 2),
                         "tokens_per_s_range": [v[0], v[-1]]})
+    per_round = {(r["draft"], r["concurrency"], r.get("round", 0)): r["tokens_per_s"] for r in rows}
     for line in out:
-        line["x_" + base] = round(med[line["draft"], line["concurrency"]] / med[base, line["concurrency"]], 3)
+        d, c = line["draft"], line["concurrency"]
+        line["x_" + base] = round(med[d, c] / med[base, c], 3)
+        # each round's ratio (the drafters ran one after another at that level), their median
+        paired = [v / per_round[base, c, rnd] for (dd, cc, rnd), v in per_round.items()
+                  if dd == d and cc == c and (base, c, rnd) in per_round]
+        line["x_" + base + "_paired"] = round(statistics.median(paired), 3)
     return out
 
 

@@ -27,7 +27,7 @@
 #   shape7       the qwen3-8b shape with row-invariant GEMMs (configs by row count), and without them
 #   final        SmolLM2 (none, DFlash) and the qwen3-8b shape (none, oracle) with 128-row exact prefill
 # 2026-12-01 (second session), issue 11's table, 4 requests a client:
-#   s11          SmolLM2 serving: none, n-gram (indexed, host drafts), DFlash; 3 rounds side by side
+#   s11          SmolLM2 serving: none, n-gram (indexed, host drafts), DFlash; 5 rounds side by side
 #   q11          the qwen3-8b shape: none, the oracle; 3 rounds side by side
 #   i11          s11, then q11
 #   s11b         s11 (steps' times by k), then none and n-gram with the controller off (n-gram drafts 4 each step)
@@ -142,7 +142,7 @@ final)
     q8 final_q8 140 ;;
 s11)
     smollm2
-    serve s11_smollm2 0 330 --drafts none ngram dflash --requests 4 --rounds 3 ;;
+    serve s11_smollm2 0 330 --drafts none ngram dflash --requests 4 --rounds 5 ;;
 q11)
     q8 q11_q8 300 --requests 4 --rounds 3 ;;
 s11b)

@@ -615,4 +615,14 @@ def test_controller_calibrates_the_model():
     for _ in range(20):
         k = ctl.choose(alphas)
         ctl.record(16, k, cost[k])
-    assert ctl.choose(alphas) == 4 and ctl.calibration(4) == 1.0
+    assert ctl.choose(alphas) == 4 and ctl.calibration(16, 4) == 1.0
+    # per batch bucket: 16 slots' drafts commit what was promised, 4 slots' commit nothing; a bucket
+    # without steps of its own borrows every bucket's
+    ctl = DraftController(4, choices=(0, 4), explore_every=0, calib_min=4)
+    for _ in range(40):
+        for n, per_slot in ((16, expected_tokens(0.6, 4)), (4, 1.0)):
+            k = ctl.choose([0.6] * n)
+            ctl.record(n, k, cost[k], tokens=round(n * (per_slot if k else 1.0)))
+    assert ctl.choose([0.6] * 16) == 4 and ctl.choose([0.6] * 4) == 0
+    assert ctl.calibration(16, 4) > 0.95 and ctl.calibration(4, 4) < 0.5
+    assert ctl.calibration(4, 4) < ctl.calibration(2, 4) <= ctl.calibration(16, 4) + 1e-9  # pooled: between

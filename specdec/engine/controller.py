@@ -51,15 +51,18 @@ class DraftController:
     so a ``k`` that once lost is tried again.
 
     Calibration: the tokens a step with ``k > 0`` drafts really committed, against what the model
-    above predicted for it (``record(..., tokens=)``), over the last ``calib_window`` such steps,
-    scale that ``k``'s prediction. The model takes drafts as accepted independently; an n-gram's are
+    above predicted for it (``record(..., tokens=)``), over the last ``calib_window`` such steps of
+    the batch bucket (of every bucket until it has ``calib_min`` of its own), scale that ``k``'s
+    prediction. The model takes drafts as accepted independently; an n-gram's are
     not (whole runs, then nothing), and per-slot rates learnt in a burst outlive it. On the H200
     (1050165, SmolLM2, GSM8K chat, 16 clients) n-gram steps with 4 drafts committed 1.2 tokens a
-    slot, cost ~1.5x a plain step, and were chosen for 110 of 236 steps: 0.89x plain.
+    slot, cost ~1.5x a plain step, and were chosen for 110 of 236 steps: 0.89x plain. Per bucket:
+    at 79ff4af, 4 clients, the k = 4 steps committed 1.03 tokens a slot, chosen on a calibration
+    that 32 clients' steps (1.3 tokens a slot) had set.
     """
 
     def __init__(self, kmax: int, explore_every: int = 50, window: int = 5, choices: tuple[int, ...] | None = None,
-                 margin: float = 0.03, calib_window: int = 32):
+                 margin: float = 0.03, calib_window: int = 32, calib_min: int = 8):
         if kmax < 0:
             raise ValueError(f"kmax must be >= 0, got {kmax}")
         self.kmax, self.explore_every, self.window = kmax, explore_every, window
@@ -71,9 +74,9 @@ class DraftController:
         self.samples: dict[tuple[int, int], collections.deque] = {}  # (bucket, k) -> the last `window` step times
         self.seen: dict[tuple[int, int], int] = {}  # (bucket, k) -> step count at its last measurement
         self.steps: dict[int, int] = {}  # bucket -> steps chosen
-        # k -> (committed, predicted) tokens of its last steps; the prediction of the last choice
-        self.outcomes: dict[int, collections.deque] = {}
-        self.calib_window = calib_window
+        # (bucket, k) -> (committed, predicted) tokens of its last steps; the last choice's prediction
+        self.outcomes: dict[tuple[int, int], collections.deque] = {}
+        self.calib_window, self.calib_min = calib_window, calib_min
         self._predicted: tuple[int, float] | None = None
 
     def choose(self, alphas: list[float]) -> int:
@@ -95,26 +98,29 @@ class DraftController:
             return min(ks, key=lambda k: self.seen[(b, k)])
         return max(ks, key=lambda k: (self.rate(alphas, b, k) * (1.0 - self.margin if k else 1.0), -k))
 
-    def calibration(self, k: int) -> float:
-        """Committed over predicted tokens of the last steps with ``k`` drafts (1 before any)."""
-        q = self.outcomes.get(k)
+    def calibration(self, b: int, k: int) -> float:
+        """Committed over predicted tokens of the last steps of bucket ``b`` with ``k`` drafts, or of
+        every bucket's while ``b`` has fewer than ``calib_min`` (1 before any)."""
+        q = self.outcomes.get((b, k), ())
+        if len(q) < self.calib_min:
+            q = [o for (_, kk), qq in self.outcomes.items() if kk == k for o in qq]
         if not q:
             return 1.0
         return sum(t for t, _ in q) / max(sum(p for _, p in q), 1e-9)
 
     def rate(self, alphas: list[float], b: int, k: int) -> float:
         """Expected committed tokens per second of a step with ``k`` drafts (bucket ``b``)."""
-        tokens = sum(expected_tokens(a, k) for a in alphas) * (self.calibration(k) if k else 1.0)
+        tokens = sum(expected_tokens(a, k) for a in alphas) * (self.calibration(b, k) if k else 1.0)
         return tokens / max(self.cost[(b, k)], 1e-9)
 
     def record(self, batch: int, k: int, seconds: float, tokens: int | None = None) -> None:
         """A step over ``batch`` slots with ``k`` drafts took ``seconds`` and committed ``tokens``
         (accepted drafts and a bonus token a slot, before stops; None: not counted)."""
+        b = bucket(batch)
         if tokens is not None and k and self._predicted is not None and self._predicted[0] == k:
-            q = self.outcomes.setdefault(k, collections.deque(maxlen=self.calib_window))
+            q = self.outcomes.setdefault((b, k), collections.deque(maxlen=self.calib_window))
             q.append((tokens, self._predicted[1]))
         self._predicted = None
-        b = bucket(batch)
         key = (b, k)
         q = self.samples.setdefault(key, collections.deque(maxlen=self.window))
         q.append(seconds)
