@@ -196,7 +196,7 @@ class CyclingController:
     def __init__(self, kmax: int):
         self.kmax, self.chosen = kmax, []
 
-    def choose(self, alphas: list[float]) -> int:
+    def choose(self, alphas: list[float], caps: list[int] | None = None) -> int:
         if not alphas:  # no step follows
             return 0
         self.chosen.append((self.kmax - len(self.chosen)) % (self.kmax + 1))

@@ -89,7 +89,7 @@ def _serve(loaded, capture, reqs, refs, *, k: int, force_k0: bool, static_max: i
     engine.prefill_chunk = 16  # two static chunks per boundary: long prompts prefill while others decode
     engine.static_prefill_max = static_max  # longer prompts: eager forwards of their own
     if force_k0:  # draft nothing whenever other requests run: the width the step runs then depends on them
-        engine.controller.choose = lambda alphas: 0 if len(alphas) > 1 else k
+        engine.controller.choose = lambda alphas, caps=None: 0 if len(alphas) > 1 else k
     out = engine.run(reqs)
     return out, {p: {n: torch.cat(v) for n, v in rows.items()} for p, rows in log.items()}
 

@@ -578,7 +578,7 @@ def test_new_requests_start_from_the_loops_acceptance(setup):
     spoil = [1.0]
     engine = EngineLoop(loaded, lambda: SlotOracle(base.spawn(), full, VOCAB, spoil=spoil[0]), max_slots=1)
     seen = []
-    engine.controller.choose = lambda alphas: seen.append(list(alphas)) or engine.kmax
+    engine.controller.choose = lambda alphas, caps=None: seen.append(list(alphas)) or engine.kmax
     assert engine._acceptance == [1.8, 2.0]
     assert engine.run(reqs[:1]) == [_reference(model, reqs[0])]  # drafts never accepted: it falls
     assert seen[0] == [pytest.approx(0.9)]
@@ -626,3 +626,29 @@ def test_controller_calibrates_the_model():
     assert ctl.choose([0.6] * 16) == 4 and ctl.choose([0.6] * 4) == 0
     assert ctl.calibration(16, 4) > 0.95 and ctl.calibration(4, 4) < 0.5
     assert ctl.calibration(4, 4) < ctl.calibration(2, 4) <= ctl.calibration(16, 4) + 1e-9  # pooled: between
+
+
+def test_controller_caps_and_close_losses():
+    """A slot with few tokens left cannot take many drafts: the model counts at most its cap (the
+    tokens it has left). A k that loses by little is measured again every ``explore_near`` steps
+    (a k = 0 step teaches the model nothing), one that loses by much only every ``explore_every``."""
+    cost = {0: 1.0, 4: 1.3}
+    ctl = DraftController(4, choices=(0, 4), explore_every=0)
+    _settle(ctl, [0.9] * 4, lambda k: cost[k])
+    assert ctl.choose([0.9] * 4) == 4
+    assert ctl.choose([0.9] * 4, caps=[0] * 4) == 0  # every request about to end: nothing to gain
+    assert ctl.choose([0.9] * 4, caps=[1] * 4) == 4  # one draft each: 1.9 tokens for 1.3x the cost
+
+    def picks(alpha: float, steps: int = 60) -> list[int]:
+        ctl = DraftController(4, choices=(0, 4), explore_every=0, explore_near=10)
+        _settle(ctl, [alpha] * 4, lambda k: cost[k])
+        out = []
+        for _ in range(steps):
+            k = ctl.choose([alpha] * 4)
+            ctl.record(4, k, cost[k])
+            out.append(k)
+        return out
+
+    close = picks(0.2)  # 1.25 tokens for 1.3x: 4 % short
+    assert 4 <= close.count(4) <= 7, close
+    assert picks(0.05).count(4) == 0  # 1.05 tokens for 1.3x: far off

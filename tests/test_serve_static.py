@@ -154,7 +154,7 @@ def test_exact_other_shapes_only_where_checked(setup, monkeypatch, check):
     assert engine.slot_buckets and engine._shapes_exact is False  # the CPU: checks off
     engine._shapes_exact = check != "cpu"
     steps = itertools.count()
-    engine.controller.choose = lambda alphas: 3 if next(steps) % 3 == 2 else 0
+    engine.controller.choose = lambda alphas, caps=None: 3 if next(steps) % 3 == 2 else 0
     got = engine.run(reqs[:5]) + engine.run(reqs[5:6]) + engine.run(reqs[6:])  # 4, 1 and 2 at once: buckets 4, 1, 2
     for r, toks in zip(reqs, got):
         assert toks == _reference(loaded.model, r)
@@ -212,7 +212,7 @@ def test_inexact_k0_runs_the_narrow_step(setup):
     loaded = setup[0]
     reqs = _requests(8, seed=2, repetitive=True)
     engine = EngineLoop(loaded, "ngram", max_slots=4, num_draft_tokens=3, static_steps=True, exact=False)
-    engine.controller.choose = lambda alphas: 0 if len(alphas) > 1 else 3
+    engine.controller.choose = lambda alphas, caps=None: 0 if len(alphas) > 1 else 3
     for r, toks in zip(reqs, engine.run(reqs)):
         assert toks == _reference(loaded.model, r)
     assert sorted({w for _, w, _ in engine._static}) == [1, 4] and not engine._prefill_steps
@@ -260,7 +260,7 @@ def test_dflash_steps_without_drafts_defer_context_writes(setup):
                             all_slots_drafter=all_slots)
         assert engine.controller.choices == (0, 3)
         steps = itertools.count()
-        engine.controller.choose = lambda alphas: 3 if next(steps) % 6 == 5 else 0  # 5 steps of 1 row, then drafts
+        engine.controller.choose = lambda alphas, caps=None: 3 if next(steps) % 6 == 5 else 0  # 5 steps of 1 row, then drafts
         flushes, checked, rows = [], [0], {}
         if all_slots:
             d = engine._all_slots

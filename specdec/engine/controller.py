@@ -48,7 +48,8 @@ class DraftController:
     close call: measured costs are noisy, and a wrong draft-heavy choice is what costs).
     ``choose`` explores a (bucket, k) pair it has never measured, and every ``explore_every``-th
     step of a bucket re-measures the pair measured longest ago (costs drift as contexts grow),
-    so a ``k`` that once lost is tried again.
+    so a ``k`` that once lost is tried again; one that lost by less than ``near`` is tried again
+    every ``explore_near`` steps of the bucket.
 
     Calibration: the tokens a step with ``k > 0`` drafts really committed, against what the model
     above predicted for it (``record(..., tokens=)``), over the last ``calib_window`` such steps of
@@ -62,7 +63,8 @@ class DraftController:
     """
 
     def __init__(self, kmax: int, explore_every: int = 50, window: int = 5, choices: tuple[int, ...] | None = None,
-                 margin: float = 0.03, calib_window: int = 32, calib_min: int = 8):
+                 margin: float = 0.03, calib_window: int = 32, calib_min: int = 8, near: float = 0.15,
+                 explore_near: int = 10):
         if kmax < 0:
             raise ValueError(f"kmax must be >= 0, got {kmax}")
         self.kmax, self.explore_every, self.window = kmax, explore_every, window
@@ -77,15 +79,23 @@ class DraftController:
         # (bucket, k) -> (committed, predicted) tokens of its last steps; the last choice's prediction
         self.outcomes: dict[tuple[int, int], collections.deque] = {}
         self.calib_window, self.calib_min = calib_window, calib_min
+        self.near, self.explore_near = near, explore_near  # a k > 0 within `near` of k = 0: re-measured every `explore_near` steps
         self._predicted: tuple[int, float] | None = None
 
-    def choose(self, alphas: list[float]) -> int:
-        """``k`` for a step over slots whose acceptance rates are ``alphas``."""
-        k = self._choose(alphas)
-        self._predicted = (k, sum(expected_tokens(a, k) for a in alphas))
+    def choose(self, alphas: list[float], caps: list[int] | None = None) -> int:
+        """``k`` for a step over slots whose acceptance rates are ``alphas`` and that may take at
+        most ``caps`` drafts each (the tokens a request has left; None: no cap)."""
+        k = self._choose(alphas, caps)
+        self._predicted = (k, self._tokens(alphas, caps, k))
         return k
 
-    def _choose(self, alphas: list[float]) -> int:
+    @staticmethod
+    def _tokens(alphas: list[float], caps: list[int] | None, k: int) -> float:
+        if caps is None:
+            return sum(expected_tokens(a, k) for a in alphas)
+        return sum(expected_tokens(a, min(k, c)) for a, c in zip(alphas, caps))
+
+    def _choose(self, alphas: list[float], caps: list[int] | None) -> int:
         if self.kmax == 0 or not alphas:
             return 0
         b = bucket(len(alphas))
@@ -96,7 +106,15 @@ class DraftController:
             return unmeasured[0]
         if self.explore_every and n % self.explore_every == 0:
             return min(ks, key=lambda k: self.seen[(b, k)])
-        return max(ks, key=lambda k: (self.rate(alphas, b, k) * (1.0 - self.margin if k else 1.0), -k))
+        rates = {k: self.rate(alphas, b, k, caps) * (1.0 - self.margin if k else 1.0) for k in ks}
+        best = max(ks, key=lambda k: (rates[k], -k))
+        if best == 0 and len(ks) > 1 and self.explore_near:
+            # a close loss is measured again sooner: a k = 0 step teaches the model nothing (no drafts,
+            # no calibration), so one unlucky window would otherwise keep drafting off for explore_every steps
+            k = max(ks[1:], key=lambda j: rates[j])
+            if rates[k] >= (1.0 - self.near) * rates[0] and n - self.seen[(b, k)] >= self.explore_near:
+                return k
+        return best
 
     def calibration(self, b: int, k: int) -> float:
         """Committed over predicted tokens of the last steps of bucket ``b`` with ``k`` drafts, or of
@@ -108,9 +126,9 @@ class DraftController:
             return 1.0
         return sum(t for t, _ in q) / max(sum(p for _, p in q), 1e-9)
 
-    def rate(self, alphas: list[float], b: int, k: int) -> float:
+    def rate(self, alphas: list[float], b: int, k: int, caps: list[int] | None = None) -> float:
         """Expected committed tokens per second of a step with ``k`` drafts (bucket ``b``)."""
-        tokens = sum(expected_tokens(a, k) for a in alphas) * (self.calibration(b, k) if k else 1.0)
+        tokens = self._tokens(alphas, caps, k) * (self.calibration(b, k) if k else 1.0)
         return tokens / max(self.cost[(b, k)], 1e-9)
 
     def record(self, batch: int, k: int, seconds: float, tokens: int | None = None) -> None:

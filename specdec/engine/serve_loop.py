@@ -572,8 +572,10 @@ class EngineLoop(SlotWork):
         running ones and the prompts whose last chunk this boundary prefills)."""
         if self.controller is None:
             return self.kmax
-        return self.controller.choose([sl.alpha for sl in self._slots if sl is not None and (
-            sl.out or sl.prompt.numel() - sl.length <= self.prefill_chunk)])
+        stepping = [sl for sl in self._slots if sl is not None and (
+            sl.out or sl.prompt.numel() - sl.length <= self.prefill_chunk)]
+        return self.controller.choose([sl.alpha for sl in stepping],
+                                      [sl.req.max_new_tokens - max(1, len(sl.out)) for sl in stepping])
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._cv:
