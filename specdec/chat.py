@@ -5,43 +5,33 @@ from __future__ import annotations
 
 import sys
 
+from .detok import TextStream
+
 
 class Streamer:
-    """Prints a reply while it is generated (decoding the whole reply, printing the new suffix).
-
-    With stop strings the engine cuts the reply before the first one, so text that is, or may
-    still become, a stop string is held back; :meth:`finish` prints whatever the final text
-    has beyond what was shown.
+    """Prints a reply while it is generated (:class:`~specdec.detok.TextStream`: a window decoded per
+    push, text that is, or may still become, a stop string held back); :meth:`finish` prints
+    whatever the final text (the engine's, cut before the first stop string) has beyond what was shown.
     """
 
     def __init__(self, tok, stop: list[str] | None = None, out=None):
-        self.tok, self.stop, self.out = tok, list(stop or []), out or sys.stdout
-        self.hold = max((len(s) for s in self.stop), default=1) - 1  # chars a stop string may still claim
-        self.ids: list[int] = []
+        self.out = out or sys.stdout
+        self.text = TextStream(tok, stop, tok.eos_ids)
         self.shown = ""
 
     def __call__(self, ids) -> None:
-        self.ids.extend(i for i in ids if i not in self.tok.eos_ids)
-        text = self.tok.decode(self.ids)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the rest
-            return
-        upto = len(text) - self.hold
-        hits = [text.find(s) for s in self.stop if s in text]
-        if hits:
-            upto = min(upto, min(hits))
-        if upto > len(self.shown):
-            self._write(text[len(self.shown):upto])
-            self.shown = text[:upto]
+        self._write(self.text.push(ids))
 
     def finish(self, text: str | None) -> None:
         """Print the rest of the final reply ``text`` (the engine's, cut before any stop string)."""
         if text and len(text) > len(self.shown):
             self._write(text[len(self.shown):])
-            self.shown = text
 
     def _write(self, s: str) -> None:
-        self.out.write(s)
-        self.out.flush()
+        if s:
+            self.shown += s
+            self.out.write(s)
+            self.out.flush()
 
 
 def chat_loop(llm, gen_kwargs: dict, system: str | None = None, read=input, out=None, err=None) -> int:

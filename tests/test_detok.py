@@ -8,7 +8,7 @@ import random
 import pytest
 
 from specdec.api import default_model_path
-from specdec.server.detok import TextStream
+from specdec.detok import TextStream
 from specdec.tokenizer import Tokenizer
 from specdec.weights.gguf_io import GGUFSource
 

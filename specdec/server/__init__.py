@@ -1,7 +1,7 @@
 """``specdec serve``: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over the serving engine.
 
-``protocol`` checks request bodies and shapes replies, ``detok`` turns committed tokens into text
-with stop strings, ``metrics`` holds the Prometheus registry, ``app`` wires them to the engine and
+``protocol`` checks request bodies and shapes replies (``specdec.detok`` turns committed tokens into
+text with stop strings), ``metrics`` holds the Prometheus registry, ``app`` wires them to the engine and
 ``run`` builds the engine and runs uvicorn. Needs the ``serve`` extra: ``pip install specdec[serve]``.
 Nothing below this package imports it.
 """

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import CheckpointError, EngineStoppedError, QueueFullError, RequestError
-from .detok import TextStream
+from ..detok import TextStream
 from .metrics import CONTENT_TYPE, CountRequests, ServerMetrics
 from .protocol import APIError, Parsed, bad, chunk_body, error_body, new_id, now, parse_chat, parse_completion, \
     response_body, usage

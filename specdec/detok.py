@@ -1,4 +1,5 @@
-"""Incremental detokenisation with stop strings, for streamed and whole replies alike.
+"""Incremental detokenisation with stop strings, for streamed and whole replies alike (the server's
+replies and the CLI's streamed output).
 
 Each push decodes a window: the ids of the last push that completed text, then the new ones, and
 appends what the new ones add to that window's text (the earlier ids give the tokenizer the context
