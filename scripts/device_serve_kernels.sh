@@ -30,6 +30,7 @@
 #   s11          SmolLM2 serving: none, n-gram (indexed, host drafts), DFlash; 5 rounds side by side
 #   q11          the qwen3-8b shape: none, the oracle; 3 rounds side by side
 #   i11          s11, then q11
+#   h11          scripts/bench_http.py (the HTTP server, streamed) for none, n-gram and DFlash on SmolLM2
 #   s11b         s11 (steps' times by k), then none and n-gram with the controller off (n-gram drafts 4 each step)
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -150,6 +151,11 @@ s11b)
     serve s11_smollm2 0 330 --drafts none ngram dflash --requests 4 --rounds 3
     mv $OUT/all.tgz $OUT/s11.tgz 2>/dev/null
     serve s11_noctl 0 200 --drafts none ngram --requests 4 --rounds 2 --no-controller ;;
+h11)  # the HTTP server (uvicorn, SSE, detokenisation) under streaming clients, SmolLM2
+    smollm2
+    for d in none ngram dflash; do
+        timeout 150 python scripts/bench_http.py --model $G --draft $d --json $OUT/http_$d.json > $OUT/http_$d.log 2>&1
+        echo "http $d rc=$?"; grep -E "rror|Traceback" $OUT/http_$d.log | tail -3; cut -c1-200 $OUT/http_$d.log | grep concurrency; done ;;
 i11)
     bash "$0" s11; mv $OUT/all.tgz $OUT/s11.tgz; bash "$0" q11; mv $OUT/all.tgz $OUT/q11.tgz
     tar czf $OUT/all.tgz -C $OUT s11.tgz q11.tgz; rm $OUT/s11.tgz $OUT/q11.tgz; exit ;;

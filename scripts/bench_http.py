@@ -1,0 +1,138 @@
+"""The OpenAI-compatible server under concurrent streaming clients, over loopback HTTP: what
+``scripts/bench_serve.py`` measures in process, plus uvicorn, the asyncio event loop, SSE and
+detokenisation (issue 11's benchmark, end to end).
+
+The server runs in this process (uvicorn on a thread, the engine as ``specdec serve`` builds it);
+for each concurrency c, c asyncio clients each send ``--requests`` streamed chat completions one
+after another (GSM8K questions, T=0, ``stream_options.include_usage``). Reported per level: tok/s
+(completion tokens over wall seconds), time to first text p50, latency p50 / p99, and how many
+replies equal the same request's text served alone first (the serial reference).
+
+    python scripts/bench_http.py [--model M] [--draft none] [--concurrency 1 4 16 32] [--requests 4] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import threading
+import time
+
+import torch
+
+
+async def _one(client, body: dict) -> tuple[str, int, float, float]:
+    """(text, completion tokens, seconds to the first text, seconds in all) of one streamed request."""
+    t0, first, text, tokens = time.perf_counter(), None, [], 0
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            for ch in ev.get("choices", []):
+                piece = ch.get("delta", {}).get("content") or ""
+                if piece and first is None:
+                    first = time.perf_counter() - t0
+                text.append(piece)
+            if ev.get("usage"):
+                tokens = ev["usage"]["completion_tokens"]
+    total = time.perf_counter() - t0
+    return "".join(text), tokens, total if first is None else first, total
+
+
+async def _level(url: str, bodies: list[dict], c: int, per_client: int) -> dict:
+    import httpx
+
+    out: dict[int, str] = {}
+    ttft, lat, toks = [], [], [0]
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=c + 4)) as client:
+        async def worker(i: int):
+            for j in range(per_client):
+                idx = i * per_client + j
+                text, n, t_first, t_all = await _one(client, bodies[idx])
+                out[idx] = text
+                ttft.append(t_first)
+                lat.append(t_all)
+                toks[0] += n
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(i) for i in range(c)))
+        wall = time.perf_counter() - t0
+    lat.sort()
+    return {"concurrency": c, "requests": len(out), "completion_tokens": toks[0], "seconds": round(wall, 3),
+            "tokens_per_s": round(toks[0] / wall, 2), "ttft_p50_s": round(statistics.median(ttft), 4),
+            "latency_p50_s": round(statistics.median(lat), 3),
+            "latency_p99_s": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 3), "outputs": out}
+
+
+def main() -> None:
+    import uvicorn
+
+    from specdec.api import default_model_path
+    from specdec.bench import git_commit, load_prompts, machine_description
+    from specdec.engine.serve_loop import EngineLoop
+    from specdec.loading import load_model
+    from specdec.server.app import create_app
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--draft", default="none", help="as `specdec serve --draft` (default none)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
+    ap.add_argument("--requests", type=int, default=4, help="requests per client (default 4)")
+    ap.add_argument("-n", type=int, default=64, help="max_tokens per request (default 64)")
+    ap.add_argument("--serial", type=int, default=8, help="requests in the serial reference (default 8)")
+    ap.add_argument("--max-context", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    if min(a.concurrency) < 1 or a.requests < 1 or a.n < 1:
+        raise SystemExit("bench_http: --concurrency, --requests and -n must be >= 1")
+    path = a.model or default_model_path()
+    lm = load_model(path, None, None)
+    n_req = max(a.concurrency) * a.requests
+    bodies = [{"model": "m", "messages": [{"role": "user", "content": q}], "max_tokens": a.n, "temperature": 0,
+               "stream": True, "stream_options": {"include_usage": True}} for (q,) in load_prompts("gsm8k", n_req)]
+    engine = EngineLoop(lm, a.draft, max_slots=max(a.concurrency), max_queue=n_req, max_context=a.max_context)
+    t0 = time.perf_counter()
+    built = engine.warmup()
+    warm_s = time.perf_counter() - t0
+    with socket.socket() as s:  # a free loopback port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, lm.tokenizer, "m"), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    engine.start()
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{port}"
+    report = {"machine": machine_description(lm.model.device), "commit": git_commit(), "model": path,
+              "draft": a.draft, "n": a.n, "requests_per_client": a.requests, "warmup": {"steps": built,
+              "seconds": round(warm_s, 2)}, "rows": []}
+    try:
+        asyncio.run(_level(url, bodies[:1], 1, 1))  # warm-up
+        serial = asyncio.run(_level(url, bodies[:a.serial], 1, a.serial))["outputs"]
+        for c in a.concurrency:
+            r = asyncio.run(_level(url, bodies, c, a.requests))
+            outs = r.pop("outputs")
+            same = [outs[i] == serial[i] for i in serial if i in outs]
+            r["equal_to_serial"] = f"{sum(same)}/{len(same)}"
+            report["rows"].append(r)
+            print(json.dumps(r), flush=True)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        engine.stop()
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2)
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    main()
