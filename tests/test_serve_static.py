@@ -235,6 +235,24 @@ def test_static_real_dflash_matches_single_sequence(setup, all_slots):
         assert done.stats["accepted_per_step"] == res.stats.accepted
 
 
+def test_all_slots_greedy_block_equals_the_proposals(setup):
+    """propose_greedy (the loop's one-tensor path for greedy rows) gives each row the drafts
+    propose gives it, zero past the row's own k, for rows of different k and slots in any order."""
+    loaded, dflash = setup
+    engine = EngineLoop(loaded, f"dflash:{dflash}", max_slots=4, num_draft_tokens=5, controller=False,
+                        static_steps=True, all_slots_drafter=True)
+    engine.run(_requests(4, seed=6))  # every slot holds a context
+    d = engine._all_slots
+    g = SamplingParams()
+    rows = [(2, 7, 5, g, None), (0, 11, 2, g, None), (3, 5, 9, g, None)]  # k 9: capped at block - 1
+    want = [p.tokens for p in d.propose(rows)]
+    got = d.propose_greedy(rows)
+    assert got.shape == (3, min(9, d.block - 1))
+    for i, w in enumerate(want):
+        assert torch.equal(got[i, : w.numel()], w) and not got[i, w.numel():].any()
+    assert len({tuple(w.tolist()) for w in want}) > 1  # the rows' drafts differ: the test can see a mix-up
+
+
 def test_dflash_steps_without_drafts_defer_context_writes(setup):
     """Steps that draft nothing (k = 0) leave the committed rows pending in the DFlash drafter (a
     slot's own, or the all-slots one) until it next drafts, or, all-slots, until a slot holds a
@@ -269,14 +287,16 @@ def test_dflash_steps_without_drafts_defer_context_writes(setup):
             d.begin = lambda s, ids, out: rows.__setitem__(s, [out.captured]) or begin(s, ids, out)
             d.observe = lambda items: [rows[s].append(f) for s, f in items] and observe(items)
 
-            def checked_propose(items):
-                d._flush()
-                for s, *_ in items:
-                    n = d.lengths[s]
-                    close([(k[s, :, :n], v[s, :, :n]) for k, v in zip(d.k, d.v)], torch.cat(rows[s])[:n], d.d.model)
-                    checked[0] += 1
-                return propose(items)
-            d.propose = checked_propose
+            def checked_before(fn):  # propose, or propose_greedy (greedy rows: the loop's one-tensor path)
+                def wrapped(items):
+                    d._flush()
+                    for s, *_ in items:
+                        n = d.lengths[s]
+                        close([(k[s, :, :n], v[s, :, :n]) for k, v in zip(d.k, d.v)], torch.cat(rows[s])[:n], d.d.model)
+                        checked[0] += 1
+                    return fn(items)
+                return wrapped
+            d.propose, d.propose_greedy = checked_before(propose), checked_before(d.propose_greedy)
         else:
             begin, observe, propose = dfm.DFlashDrafter.begin, dfm.DFlashDrafter.observe, dfm.DFlashDrafter.propose
             monkeypatch.setattr(dfm.DFlashDrafter, "begin", lambda self, ids, out: rows.__setitem__(

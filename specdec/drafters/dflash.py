@@ -415,21 +415,39 @@ class DFlashSlots:
             st = self._blocks[span] = capture(lambda: self._block_run(span), self.ids.device)
         return st
 
+    def _run_block(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block step for every slot, ``rows`` giving the last token of the slots that draft:
+        (argmax drafts ``[slots, block - 1]``, logits), the step's own buffers."""
+        self._flush()
+        idx = torch.tensor([r[0] for r in rows], dtype=torch.int64)
+        self.ids[idx.to(self.ids.device), 0] = torch.tensor([int(r[1]) for r in rows], dtype=self.ids.dtype,
+                                                            device=self.ids.device)  # one write, not one a slot
+        self.start.copy_(torch.tensor(self.lengths, dtype=torch.int64))
+        span = self.span_of(max(self.lengths))
+        if not self.use_graphs:
+            return self._block_run(span)
+        graph, outs = self._block_step(span)
+        graph.replay()
+        return outs
+
+    @torch.inference_mode()
+    def propose_greedy(self, rows: list[tuple[int, int, int, SamplingParams, torch.Generator | None]]) -> torch.Tensor:
+        """:meth:`propose` for greedy rows in one tensor: ``[len(rows), K]`` argmax drafts, ``K`` the
+        largest ``k`` (at most ``block - 1``), a row's drafts past its own ``k`` zeroed (the padding a
+        list of proposals gets). The serving loop's step then builds its ids with no call per slot."""
+        greedy, _ = self._run_block(rows)
+        ks = torch.tensor([max(0, min(r[2], self.block - 1)) for r in rows], device=greedy.device)
+        width = int(max(r[2] for r in rows)) if rows else 0
+        width = max(0, min(width, self.block - 1))
+        out = greedy[torch.tensor([r[0] for r in rows], device=greedy.device), :width]  # a copy (gather)
+        return out.masked_fill_(torch.arange(width, device=out.device)[None, :] >= ks[:, None], 0)
+
     @torch.inference_mode()
     def propose(self, rows: list[tuple[int, int, int, SamplingParams, torch.Generator | None]]) -> list[Proposal]:
         """One block for every slot; ``rows``: ``(slot, last token, k, params, generator)`` of the
         slots that draft, each getting ``min(k, block - 1)`` drafts (sampled from the drafter's own
         filtered distribution, returned with it, for sampled requests)."""
-        self._flush()
-        for s, last, _, _, _ in rows:
-            self.ids[s, 0] = int(last)
-        self.start.copy_(torch.tensor(self.lengths, dtype=torch.int64))
-        span = self.span_of(max(self.lengths))
-        if not self.use_graphs:
-            greedy, logits = self._block_run(span)
-        else:
-            graph, (greedy, logits) = self._block_step(span)
-            graph.replay()
+        greedy, logits = self._run_block(rows)
         out = []
         for s, _, k, params, gen in rows:
             k = max(0, min(k, self.block - 1))

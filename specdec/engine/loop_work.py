@@ -194,10 +194,14 @@ class SlotWork:
                 rows.append(row)
             except Exception as e:  # noqa: BLE001 - this request fails alone
                 self._fail(s, e)
+        block = None  # every row's drafts in one tensor (the all-slots drafter, greedy rows only)
         if together:
             try:
-                for (row, (_, _, ks, _, _)), prop in zip(together, self._all_slots.propose([a for _, a in together])):
-                    row.drafts, row.probs = self._drafted(prop, ks)
+                if len(together) == len(rows) and all(a[3].greedy for _, a in together):
+                    block = self._all_slots.propose_greedy([a for _, a in together])
+                else:
+                    for (row, (_, _, ks, _, _)), prop in zip(together, self._all_slots.propose([a for _, a in together])):
+                        row.drafts, row.probs = self._drafted(prop, ks)
             except Exception as e:  # noqa: BLE001 - these requests fail, the others go on
                 if self._sync is not None:
                     raise
@@ -207,7 +211,8 @@ class SlotWork:
                 rows = [r for r in rows if r.s not in failed]
         if not rows:
             return
-        n_drafts = [len(r.drafts) for r in rows]
+        n_drafts = [len(r.drafts) for r in rows] if block is None else \
+            [min(a[2], self._all_slots.block - 1) for _, a in together]
         # static steps: every row padded to kmax + 1 (one shape: a row's bits never depend on the
         # other rows); with the controller, width 1 when nothing is drafted (a second graph: k = 0
         # then costs a plain step, so the controller can fall back). With exact, only while the
@@ -220,7 +225,10 @@ class SlotWork:
         else:
             width = 1 + self.kmax
         # row i: [last, d_1 .. d_k_i, padding]: one tensor from host lists (none, n-gram), else padded on the device
-        if all(isinstance(r.drafts, list) for r in rows):
+        if block is not None:
+            lasts = torch.tensor([[self._slots[r.s].last] for r in rows], device=dev)
+            ids = torch.cat([lasts, torch.nn.functional.pad(block, (0, width - 1 - block.shape[1]))], dim=1)
+        elif all(isinstance(r.drafts, list) for r in rows):
             ids = torch.tensor([[self._slots[r.s].last] + r.drafts + [0] * (width - 1 - len(r.drafts)) for r in rows],
                                dtype=torch.int64, device=dev)
         else:
