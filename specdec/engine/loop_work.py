@@ -224,19 +224,7 @@ class SlotWork:
             width = 1
         else:
             width = 1 + self.kmax
-        # row i: [last, d_1 .. d_k_i, padding]: one tensor from host lists (none, n-gram), else padded on the device
-        if block is not None:
-            lasts = torch.tensor([[self._slots[r.s].last] for r in rows], device=dev)
-            ids = torch.cat([lasts, torch.nn.functional.pad(block, (0, width - 1 - block.shape[1]))], dim=1)
-        elif all(isinstance(r.drafts, list) for r in rows):
-            ids = torch.tensor([[self._slots[r.s].last] + r.drafts + [0] * (width - 1 - len(r.drafts)) for r in rows],
-                               dtype=torch.int64, device=dev)
-        else:
-            lasts = torch.tensor([[self._slots[r.s].last] for r in rows], device=dev)
-            drafts = torch.nn.utils.rnn.pad_sequence(
-                [torch.as_tensor(r.drafts, dtype=torch.int64).to(dev) for r in rows], batch_first=True)
-            drafts = torch.nn.functional.pad(drafts, (0, width - 1 - drafts.shape[1]))  # [b, width-1]
-            ids = torch.cat([lasts, drafts], dim=1)
+        ids = self._step_ids(rows, block, width)
         drafts = ids[:, 1:]
         lengths = [self._slots[r.s].length for r in rows]
         greedy = [i for i, r in enumerate(rows) if self._slots[r.s].req.params.greedy]
@@ -311,6 +299,19 @@ class SlotWork:
             self._n["steps_total"] += 1
             self._n["accepted_total"] += accepted
             self._n["drafted_total"] += drafted
+
+    def _step_ids(self, rows: list[_Row], block: torch.Tensor | None, width: int) -> torch.Tensor:
+        """The step's input ``[b, width]``, row ``i`` ``[last, d_1 .. d_k_i, 0 ..]``: from the all-slots
+        drafter's ``block``, or one tensor from host lists (none, n-gram), or padded on the device."""
+        dev = self.model.device
+        if block is None and all(isinstance(r.drafts, list) for r in rows):
+            return torch.tensor([[self._slots[r.s].last] + r.drafts + [0] * (width - 1 - len(r.drafts)) for r in rows],
+                                dtype=torch.int64, device=dev)
+        lasts = torch.tensor([[self._slots[r.s].last] for r in rows], device=dev)
+        if block is None:
+            block = torch.nn.utils.rnn.pad_sequence(
+                [torch.as_tensor(r.drafts, dtype=torch.int64).to(dev) for r in rows], batch_first=True)
+        return torch.cat([lasts, torch.nn.functional.pad(block, (0, width - 1 - block.shape[1]))], dim=1)
 
     def _verify(self, rows: list[_Row], ids: torch.Tensor, lengths: list[int], width: int) -> ForwardOut:
         """The step's target forward: logits, hidden and captured ``[b, width, ...]``, row ``i``
