@@ -117,4 +117,5 @@ class FakeEngine:
         busy = sum(1 for h in self.handles if not h.finished.is_set())
         return {"queue_depth": 0, "slots_in_use": busy, "max_slots": 4, "requests_total": len(self.handles),
                 "tokens_total": 10, "steps_total": 4, "accepted_total": 6, "drafted_total": 8,
-                "step_seconds": [0.01, 0.02, 0.03], "context": self.max_context, "running": self.running}
+                "step_seconds": [0.01, 0.02, 0.03], "k_chosen": {0: 1, 4: 3}, "k_seconds": {0: 0.01, 4: 0.05},
+                "context": self.max_context, "running": self.running}

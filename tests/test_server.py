@@ -296,6 +296,8 @@ def test_models_health_metrics(served):
     assert f"specdec_completion_tokens_total {len(REPLY) + 1}.0" in text
     assert "specdec_tau 2.5" in text and "specdec_queue_depth 0.0" in text and "specdec_slots_in_use" in text
     assert 'specdec_recent_step_seconds{quantile="0.5"} 0.02' in text
+    assert 'specdec_engine_steps_by_draft_tokens_total{k="4"} 3.0' in text
+    assert 'specdec_engine_step_seconds_by_draft_tokens_total{k="0"} 0.01' in text
     engine.stop()
     assert client.get("/health").status_code == 503
     r = client.post("/v1/completions", json={"prompt": "Hi"})

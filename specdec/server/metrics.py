@@ -88,6 +88,17 @@ class _EngineCollector:
             # tau: tokens committed per target step, the bonus token included
             yield GaugeMetricFamily("specdec_tau", "mean tokens committed per step ((accepted + steps) / steps)",
                                     value=(m.get("accepted_total", 0) + steps) / steps)
+        k_steps, k_seconds = m.get("k_chosen") or {}, m.get("k_seconds") or {}
+        if k_steps:  # what the cost controller chose, and what those steps cost in all
+            c = CounterMetricFamily("specdec_engine_steps_by_draft_tokens",
+                                    "engine steps by the drafts per slot the controller chose (k)", labels=["k"])
+            t = CounterMetricFamily("specdec_engine_step_seconds_by_draft_tokens",
+                                    "seconds in engine steps by the drafts per slot chosen (k)", labels=["k"])
+            for k in sorted(k_steps):
+                c.add_metric([str(k)], k_steps[k])
+                t.add_metric([str(k)], k_seconds.get(k, 0.0))
+            yield c
+            yield t
         times = sorted(m.get("step_seconds") or [])
         if times:
             s = Metric("specdec_recent_step_seconds", "engine step times over the engine's recent steps", "summary")
