@@ -246,7 +246,7 @@ def main() -> None:
     for d in dict.fromkeys(a.drafts):  # every drafter's loop built, warmed and referenced first
         loops[d] = prepare(a, d, lm, reqs, slots, n_req, report, static, exact, vocab if a.shape else None,
                            spoil if a.shape else None)
-    seen = {d: (loop.metrics()["k_chosen"], loop.metrics()["k_seconds"]) for d, (loop, _) in loops.items()}
+    seen = {d: (m["k_chosen"], m["k_seconds"]) for d, (loop, _) in loops.items() for m in [loop.metrics()]}
     for rnd in range(a.rounds):  # then the levels, drafters side by side at each (spread: --rounds)
         for c in a.concurrency:
             for d, (loop, serial) in loops.items():

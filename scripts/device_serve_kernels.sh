@@ -149,7 +149,6 @@ q11)
 s11b)
     smollm2
     serve s11_smollm2 0 330 --drafts none ngram dflash --requests 4 --rounds 3
-    mv $OUT/all.tgz $OUT/s11.tgz 2>/dev/null
     serve s11_noctl 0 200 --drafts none ngram --requests 4 --rounds 2 --no-controller ;;
 h11)  # the HTTP server (uvicorn, SSE, detokenisation) under streaming clients, SmolLM2
     smollm2

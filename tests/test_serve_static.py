@@ -246,8 +246,8 @@ def test_all_slots_greedy_block_equals_the_proposals(setup):
     g = SamplingParams()
     rows = [(2, 7, 5, g, None), (0, 11, 2, g, None), (3, 5, 9, g, None)]  # k 9: capped at block - 1
     want = [p.tokens for p in d.propose(rows)]
-    got = d.propose_greedy(rows)
-    assert got.shape == (3, min(9, d.block - 1))
+    got, counts = d.propose_greedy(rows)
+    assert got.shape == (3, min(9, d.block - 1)) and counts == [w.numel() for w in want]
     for i, w in enumerate(want):
         assert torch.equal(got[i, : w.numel()], w) and not got[i, w.numel():].any()
     assert len({tuple(w.tolist()) for w in want}) > 1  # the rows' drafts differ: the test can see a mix-up

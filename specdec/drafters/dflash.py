@@ -415,13 +415,12 @@ class DFlashSlots:
             st = self._blocks[span] = capture(lambda: self._block_run(span), self.ids.device)
         return st
 
-    def _run_block(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block step for every slot, ``rows`` giving the last token of the slots that draft:
-        (argmax drafts ``[slots, block - 1]``, logits), the step's own buffers."""
+    def _run_block(self, slots: torch.Tensor, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block step for every slot, ``rows`` giving the last token of the drafting ``slots``
+        (on the device): (argmax drafts ``[slots, block - 1]``, logits), the step's own buffers."""
         self._flush()
-        idx = torch.tensor([r[0] for r in rows], dtype=torch.int64)
-        self.ids[idx.to(self.ids.device), 0] = torch.tensor([int(r[1]) for r in rows], dtype=self.ids.dtype,
-                                                            device=self.ids.device)  # one write, not one a slot
+        self.ids[slots, 0] = torch.tensor([int(r[1]) for r in rows], dtype=self.ids.dtype,
+                                          device=self.ids.device)  # one write, not one a slot
         self.start.copy_(torch.tensor(self.lengths, dtype=torch.int64))
         span = self.span_of(max(self.lengths))
         if not self.use_graphs:
@@ -430,24 +429,30 @@ class DFlashSlots:
         graph.replay()
         return outs
 
+    def _slots_of(self, rows) -> torch.Tensor:
+        return torch.tensor([r[0] for r in rows], dtype=torch.int64, device=self.ids.device)
+
     @torch.inference_mode()
-    def propose_greedy(self, rows: list[tuple[int, int, int, SamplingParams, torch.Generator | None]]) -> torch.Tensor:
-        """:meth:`propose` for greedy rows in one tensor: ``[len(rows), K]`` argmax drafts, ``K`` the
-        largest ``k`` (at most ``block - 1``), a row's drafts past its own ``k`` zeroed (the padding a
-        list of proposals gets). The serving loop's step then builds its ids with no call per slot."""
-        greedy, _ = self._run_block(rows)
-        ks = torch.tensor([max(0, min(r[2], self.block - 1)) for r in rows], device=greedy.device)
-        width = int(max(r[2] for r in rows)) if rows else 0
-        width = max(0, min(width, self.block - 1))
-        out = greedy[torch.tensor([r[0] for r in rows], device=greedy.device), :width]  # a copy (gather)
-        return out.masked_fill_(torch.arange(width, device=out.device)[None, :] >= ks[:, None], 0)
+    def propose_greedy(self, rows: list[tuple[int, int, int, SamplingParams, torch.Generator | None]]
+                       ) -> tuple[torch.Tensor, list[int]]:
+        """:meth:`propose` for greedy rows in one tensor: (``[len(rows), K]`` argmax drafts, each row's
+        draft count ``min(k, block - 1)``), ``K`` the largest count, a row's drafts past its own
+        zeroed (the padding a list of proposals gets). The serving loop's step then builds its ids
+        with no call per slot."""
+        slots = self._slots_of(rows)
+        greedy, _ = self._run_block(slots, rows)
+        counts = [max(0, min(r[2], self.block - 1)) for r in rows]
+        width = max(counts, default=0)
+        out = greedy[slots, :width]  # a copy (gather)
+        past = torch.arange(width, device=out.device)[None, :] >= torch.tensor(counts, device=out.device)[:, None]
+        return out.masked_fill_(past, 0), counts
 
     @torch.inference_mode()
     def propose(self, rows: list[tuple[int, int, int, SamplingParams, torch.Generator | None]]) -> list[Proposal]:
         """One block for every slot; ``rows``: ``(slot, last token, k, params, generator)`` of the
         slots that draft, each getting ``min(k, block - 1)`` drafts (sampled from the drafter's own
         filtered distribution, returned with it, for sampled requests)."""
-        greedy, logits = self._run_block(rows)
+        greedy, logits = self._run_block(self._slots_of(rows), rows)
         out = []
         for s, _, k, params, gen in rows:
             k = max(0, min(k, self.block - 1))

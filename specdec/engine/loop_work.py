@@ -198,7 +198,7 @@ class SlotWork:
         if together:
             try:
                 if len(together) == len(rows) and all(a[3].greedy for _, a in together):
-                    block = self._all_slots.propose_greedy([a for _, a in together])
+                    block, n_block = self._all_slots.propose_greedy([a for _, a in together])
                 else:
                     for (row, (_, _, ks, _, _)), prop in zip(together, self._all_slots.propose([a for _, a in together])):
                         row.drafts, row.probs = self._drafted(prop, ks)
@@ -211,8 +211,7 @@ class SlotWork:
                 rows = [r for r in rows if r.s not in failed]
         if not rows:
             return
-        n_drafts = [len(r.drafts) for r in rows] if block is None else \
-            [min(a[2], self._all_slots.block - 1) for _, a in together]
+        n_drafts = [len(r.drafts) for r in rows] if block is None else n_block
         # static steps: every row padded to kmax + 1 (one shape: a row's bits never depend on the
         # other rows); with the controller, width 1 when nothing is drafted (a second graph: k = 0
         # then costs a plain step, so the controller can fall back). With exact, only while the
