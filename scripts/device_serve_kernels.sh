@@ -32,6 +32,9 @@
 #   i11          s11, then q11
 #   h11          scripts/bench_http.py (the HTTP server, streamed) for none, n-gram and DFlash on SmolLM2
 #   s11b         s11 (steps' times by k), then none and n-gram with the controller off (n-gram drafts 4 each step)
+# 2026-12-01 (third session):
+#   p12          s11 with 3 rounds, then scripts/profile_serve_loop.py --kernels (graph replays, GPU kernels,
+#                host ops) for none at 4 clients and DFlash at 1 and 4 clients
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
@@ -155,6 +158,14 @@ h11)  # the HTTP server (uvicorn, SSE, detokenisation) under streaming clients, 
     for d in none ngram dflash; do
         timeout 150 python scripts/bench_http.py --model $G --draft $d --json $OUT/http_$d.json > $OUT/http_$d.log 2>&1
         echo "http $d rc=$?"; grep -E "rror|Traceback" $OUT/http_$d.log | tail -3; cut -c1-200 $OUT/http_$d.log | grep concurrency; done ;;
+p12)
+    smollm2
+    serve s11_smollm2 0 250 --drafts none ngram dflash --requests 4 --rounds 3
+    for c in "none 4" "dflash 1" "dflash 4"; do set -- $c
+        timeout 120 python scripts/profile_serve_loop.py --model $G --draft $1 --clients $2 -n 128 --kernels --top 45 \
+            --json $OUT/prof_$1_c$2.json > $OUT/prof_$1_c$2.log 2>&1
+        echo "profile $1 c=$2 rc=$?"; grep -E "rror|Traceback" $OUT/prof_$1_c$2.log | tail -3
+        grep -A30 graph_replay_ms $OUT/prof_$1_c$2.log | head -32; done ;;
 i11)
     bash "$0" s11; mv $OUT/all.tgz $OUT/s11.tgz; bash "$0" q11; mv $OUT/all.tgz $OUT/q11.tgz
     tar czf $OUT/all.tgz -C $OUT s11.tgz q11.tgz; rm $OUT/s11.tgz $OUT/q11.tgz; exit ;;

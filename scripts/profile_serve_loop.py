@@ -3,6 +3,12 @@
 static step alone (its CUDA graph replayed), to set against the loop's step time.
 
     python scripts/profile_serve_loop.py [--model GGUF] [--draft none|dflash|ngram] [-n 256] [--slots 32]
+        [--clients C] [--kernels]
+
+``--clients C`` serves C requests at once (C prompts); ``--kernels`` adds a torch.profiler run of
+the same requests: the GPU kernels by total time (those of CUDA graphs included) and the host ops.
+The drafter's own static steps (the all-slots DFlash block and context write) are timed as graph
+replays beside the target's.
 """
 import argparse
 import cProfile
@@ -29,21 +35,24 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=32)
     ap.add_argument("--top", type=int, default=35)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--clients", type=int, default=1)
+    ap.add_argument("--kernels", action="store_true")
     a = ap.parse_args()
     torch.set_grad_enabled(False)
     lm = load_model(a.model or default_model_path(), None, None)
     tok = lm.tokenizer
-    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Write a long story about a cat."}]),
-                        add_special=False)
-    req = GenRequest(prompt, a.n, SamplingParams(), ())  # no stop id: all n tokens
+    animals = ["cat", "dog", "horse", "fox", "owl", "whale", "bee", "crow"]
+    reqs = [GenRequest(tok.encode(tok.apply_chat_template(
+        [{"role": "user", "content": f"Write a long story about a {animals[i % 8]} ({i})."}]), add_special=False),
+        a.n, SamplingParams(), ()) for i in range(a.clients)]  # no stop id: all n tokens
     loop = EngineLoop(lm, a.draft, max_slots=a.slots, max_queue=4)
     loop.warmup()
-    loop.run([req])  # builds what warmup did not (prefill steps, longer spans)
+    loop.run(reqs)  # builds what warmup did not (prefill steps, longer spans)
     loop._step_s.clear()
     t0 = time.perf_counter()
     prof = cProfile.Profile()
     prof.enable()
-    loop.run([req])
+    loop.run(reqs)
     prof.disable()
     wall = time.perf_counter() - t0
     steps = list(loop._step_s)
@@ -51,21 +60,41 @@ def main() -> None:
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(a.top)
     c = io.StringIO()
     pstats.Stats(prof, stream=c).sort_stats("cumulative").print_stats(a.top)
-    # the static step alone: the graph of the shape the loop ran most
+    # each static step alone (the target's and the drafter's): its CUDA graph replayed
     gpu = {}
-    for key, step in loop._static.items():
-        if step.graph is None:
+    graphs = {str(key): step.graph for key, step in loop._static.items()}
+    slots = loop._all_slots
+    if slots is not None:
+        graphs["drafter observe"] = slots._observe_graph
+        graphs.update({f"drafter block span {sp}": g for sp, (g, _) in slots._blocks.items()})
+    for key, graph in graphs.items():
+        if graph is None:  # eager (CPU)
             continue
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-        step.graph.replay()
+        graph.replay()
         torch.cuda.synchronize()
         ev[0].record()
         for _ in range(20):
-            step.graph.replay()
+            graph.replay()
         ev[1].record()
         torch.cuda.synchronize()
         gpu[str(key)] = round(ev[0].elapsed_time(ev[1]) / 20, 4)
-    rep = {"draft": a.draft, "new_tokens": a.n, "wall_s": round(wall, 3), "tokens_per_s": round(a.n / wall, 1),
+    kern = None
+    if a.kernels:
+        steps0 = loop._n["steps_total"]
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as tp:
+            loop.run(reqs)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        nsteps = loop._n["steps_total"] - steps0
+        ka = tp.key_averages()
+        kern = {"steps": nsteps,
+                "gpu": ka.table(sort_by="self_device_time_total", row_limit=a.top, max_name_column_width=70),
+                "host": ka.table(sort_by="self_cpu_time_total", row_limit=a.top, max_name_column_width=70)}
+        print(f"kernels over {nsteps} steps"); print(kern["gpu"]); print(kern["host"])
+    rep = {"draft": a.draft, "clients": a.clients, "new_tokens": a.n, "wall_s": round(wall, 3),
+           "tokens_per_s": round(a.n * a.clients / wall, 1),
            "steps": len(steps), "step_ms_median": round(1e3 * statistics.median(steps), 3) if steps else None,
            "graph_replay_ms": gpu}
     print(json.dumps(rep, indent=1))
@@ -73,7 +102,7 @@ def main() -> None:
     print(c.getvalue())
     if a.json:
         with open(a.json, "w", encoding="utf-8") as fh:
-            json.dump(rep | {"tottime": s.getvalue(), "cumulative": c.getvalue()}, fh, indent=1)
+            json.dump(rep | {"tottime": s.getvalue(), "cumulative": c.getvalue(), "kernels": kern}, fh, indent=1)
 
 
 if __name__ == "__main__":
