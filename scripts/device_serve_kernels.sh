@@ -35,6 +35,7 @@
 # 2026-12-01 (third session):
 #   p12          s11 with 3 rounds, then scripts/profile_serve_loop.py --kernels (graph replays, GPU kernels,
 #                host ops) for none at 4 clients and DFlash at 1 and 4 clients
+#   r12          s11 with 3 rounds, then profile_serve_loop.py (graph replays, host profile) for DFlash at 4 clients
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
@@ -166,6 +167,12 @@ p12)
             --json $OUT/prof_$1_c$2.json > $OUT/prof_$1_c$2.log 2>&1
         echo "profile $1 c=$2 rc=$?"; grep -E "rror|Traceback" $OUT/prof_$1_c$2.log | tail -3
         grep -A30 graph_replay_ms $OUT/prof_$1_c$2.log | head -32; done ;;
+r12)
+    smollm2
+    serve s11_smollm2 0 250 --drafts none ngram dflash --requests 4 --rounds 3
+    timeout 120 python scripts/profile_serve_loop.py --model $G --draft dflash --clients 4 -n 128 --json $OUT/prof_dflash_c4.json \
+        > $OUT/prof_dflash_c4.log 2>&1
+    echo "profile rc=$?"; grep -E "rror|Traceback" $OUT/prof_dflash_c4.log | tail -3; grep -E "drafter|step_ms|tokens_per_s" $OUT/prof_dflash_c4.log ;;
 i11)
     bash "$0" s11; mv $OUT/all.tgz $OUT/s11.tgz; bash "$0" q11; mv $OUT/all.tgz $OUT/q11.tgz
     tar czf $OUT/all.tgz -C $OUT s11.tgz q11.tgz; rm $OUT/s11.tgz $OUT/q11.tgz; exit ;;

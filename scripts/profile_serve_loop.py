@@ -65,8 +65,8 @@ def main() -> None:
     graphs = {str(key): step.graph for key, step in loop._static.items()}
     slots = loop._all_slots
     if slots is not None:
-        graphs["drafter observe"] = slots._observe_graph
-        graphs.update({f"drafter block span {sp}": g for sp, (g, _) in slots._blocks.items()})
+        graphs.update({f"drafter observe rows {n}": g for n, g in slots._observe_graphs.items()})
+        graphs.update({f"drafter block rows {n} span {sp}": g for (n, sp), (g, _) in slots._blocks.items()})
     for key, graph in graphs.items():
         if graph is None:  # eager (CPU)
             continue

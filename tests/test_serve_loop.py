@@ -330,6 +330,33 @@ def test_slot_acceptance_estimate():
     for _ in range(40):  # asked for 4, offered 1 (an n-gram with a short match), accepted: 1 of 2 tried
         sl.record_drafts(1, 4, 0.3)
     assert abs(sl.alpha - 0.5) < 1e-6
+    # a step without drafts moves the estimate towards the loop's (here 0.8): a slot the controller
+    # keeps at k = 0 is drafted for again after a few steps, not only when the controller re-explores
+    sl.relax(1.6, 2.0, 0.3)
+    assert 0.5 < sl.alpha < 0.8
+    for _ in range(40):
+        sl.relax(1.6, 2.0, 0.3)
+    assert abs(sl.alpha - 0.8) < 1e-4
+
+
+def test_slots_at_k0_relax_towards_the_loop(setup):
+    """In the loop: a slot whose drafts failed, stepping at k = 0, moves towards the loop's estimate."""
+    loop = EngineLoop(setup[0], "ngram", max_slots=2, controller=True)
+    loop._acceptance[:] = [1.6, 2.0]
+    loop.controller.choose = lambda alphas, caps=None: 0  # every step k = 0
+    seen = []
+    real_step = loop._step
+
+    def step(k):
+        for sl in loop._slots:
+            if sl is not None and sl.out:
+                if not seen:
+                    sl.hits, sl.tries = 0.2, 2.0  # a slot whose drafts failed
+                seen.append(sl.alpha)
+        real_step(k)
+    loop._step = step
+    loop.run([GenRequest([3, 4, 5, 6], 6, GREEDY)])
+    assert seen[0] == 0.1 and all(b > a for a, b in zip(seen, seen[1:])) and seen[-1] > 0.6, seen
 
 
 def test_controller_reexplores():

@@ -253,6 +253,39 @@ def test_all_slots_greedy_block_equals_the_proposals(setup):
     assert len({tuple(w.tolist()) for w in want}) > 1  # the rows' drafts differ: the test can see a mix-up
 
 
+def test_all_slots_drafter_runs_the_slots_bucket(setup):
+    """Greedy requests only: the all-slots drafter's steps run the first 1, 2, 4, ... slots holding
+    the live ones, and each run row drafts what the step over every slot drafts for it (same
+    logits, fp32 rounding aside; same argmax). With a sampled request in the loop every step runs
+    every slot (its drafts, hence its random stream, must not depend on the others)."""
+    loaded, dflash = setup
+    engine = EngineLoop(loaded, f"dflash:{dflash}", max_slots=8, num_draft_tokens=3, controller=False,
+                        static_steps=True, all_slots_drafter=True)
+    d = engine._all_slots
+    assert d.buckets == [1, 2, 4, 8]
+    ran, orig_block, orig_observe = [], d._block_run, d._observe_run
+
+    def block(n, span):
+        out = orig_block(n, span)
+        full = orig_block(d.slots, span)
+        live = [s for s in range(n) if d.lengths[s]]
+        assert torch.allclose(out[1][live], full[1][live], atol=1e-4) and torch.equal(out[0][live], full[0][live])
+        ran.append(("block", n, len(d.sampled)))
+        return out
+    d._block_run = block
+    d._observe_run = lambda n: ran.append(("observe", n, len(d.sampled))) or orig_observe(n)
+    reqs = _requests(3, seed=8)
+    for r, toks in zip(reqs, engine.run(reqs)):
+        assert toks == _reference(loaded.model, r)
+    assert {n for _, n, _ in ran} == {4} and {k for k, _, _ in ran} == {"block", "observe"}, ran  # 3 live slots
+    ran.clear()
+    sampled = GenRequest(reqs[0].prompt_ids, 8, SamplingParams(temperature=1.0, seed=3))
+    engine.run([reqs[1], sampled])
+    assert ran and all(n == 8 for _, n, k in ran if k) and all(n <= 2 for _, n, k in ran if not k), ran
+    assert any(k for _, _, k in ran)
+    assert not d.sampled and not any(d.lengths)  # every request dropped at its end
+
+
 def test_dflash_steps_without_drafts_defer_context_writes(setup):
     """Steps that draft nothing (k = 0) leave the committed rows pending in the DFlash drafter (a
     slot's own, or the all-slots one) until it next drafts, or, all-slots, until a slot holds a
@@ -283,8 +316,8 @@ def test_dflash_steps_without_drafts_defer_context_writes(setup):
         if all_slots:
             d = engine._all_slots
             orig_run, begin, observe, propose = d._observe_run, d.begin, d.observe, d.propose
-            d._observe_run = lambda: flushes.append(1) or orig_run()
-            d.begin = lambda s, ids, out: rows.__setitem__(s, [out.captured]) or begin(s, ids, out)
+            d._observe_run = lambda n: flushes.append(1) or orig_run(n)
+            d.begin = lambda s, ids, out, **kw: rows.__setitem__(s, [out.captured]) or begin(s, ids, out, **kw)
             d.observe = lambda items: [rows[s].append(f) for s, f in items] and observe(items)
 
             def checked_before(fn):  # propose, or propose_greedy (greedy rows: the loop's one-tensor path)

@@ -27,6 +27,7 @@ SHAPE_CHECKS = 2  # exact: steps of a shape other than the full one compared wit
 
 ALPHA_EMA = 0.3  # weight of the newest step in a slot's acceptance estimate
 LOOP_ALPHA_EMA = 0.1  # and in the loop's (all slots), a new request's prior
+RELAX = 0.3  # a step without drafts moves a slot's estimate this far towards the loop's (Slot.relax)
 
 
 @dataclass
@@ -150,7 +151,7 @@ class SlotWork:
                 rows = ForwardOut(out.logits[r: r + 1], torch.cat(slot.rows_h),
                                   torch.cat(slot.rows_c) if slot.rows_c else None)
                 if self._all_slots is not None:  # one drafter for every slot
-                    self._all_slots.begin(s, slot.prompt.to(dev), rows)
+                    self._all_slots.begin(s, slot.prompt.to(dev), rows, sampled=not p.greedy)
                     slot.drafter = self._all_slots
                 else:
                     slot.drafter = self._slot_drafter(s)
@@ -264,7 +265,10 @@ class SlotWork:
             slot.accepted.append(n)
             slot.drafted += nd
             accepted, drafted = accepted + n, drafted + nd
-            slot.record_drafts(n, r.asked, ALPHA_EMA)
+            if r.asked:
+                slot.record_drafts(n, r.asked, ALPHA_EMA)
+            elif slot.drafter is not None:
+                slot.relax(*self._acceptance, RELAX)
             self._acceptance[:] = ema_acceptance(*self._acceptance, n, r.asked, LOOP_ALPHA_EMA)
             if self._commit(r.s, toks) or slot.drafter is None:
                 continue
@@ -421,6 +425,8 @@ class SlotWork:
 
     def _finish(self, s: int, reason: str) -> None:
         slot, self._slots[s] = self._slots[s], None
+        if slot.drafter is not None and slot.drafter is self._all_slots:
+            self._all_slots.drop(s)  # its steps may run fewer slots now (DFlashSlots._rows)
         stats = slot.stats()
         self._count("requests_cancelled" if reason == "cancelled" else "requests_finished")
         self._outbox.append((slot.handle, Event("done", finish_reason=reason, stats=stats)))
