@@ -127,7 +127,8 @@ class EngineLoop(SlotWork):
     256, 512, ... positions holding every slot's, with span-invariant attention, not over the whole
     context. ``all_slots_drafter`` (default: with static steps): a drafter that offers ``for_slots``
     (DFlash) drafts for every slot in one static step and writes every slot's committed rows in one
-    more (:class:`~specdec.drafters.dflash.DFlashSlots`), instead of a pass per slot (on the H200,
+    more (:class:`~specdec.drafters.dflash.DFlashSlots`; the first 1, 2, 4, ... slots holding the
+    live ones while only greedy requests are served), instead of a pass per slot (on the H200,
     4d7866a: 1.1-1.8x the per-slot drafters' throughput at 1 to 32 clients).
 
     With ``exact=False`` the joining prompts prefill together in one right-padded eager forward
