@@ -36,6 +36,8 @@
 #   p12          s11 with 3 rounds, then scripts/profile_serve_loop.py --kernels (graph replays, GPU kernels,
 #                host ops) for none at 4 clients and DFlash at 1 and 4 clients
 #   r12          s11 with 3 rounds, then profile_serve_loop.py (graph replays, host profile) for DFlash at 4 clients
+#   a12          the split attention kernel: scripts/check_split_attention.py (stops here if it fails), the
+#                plain loop's graph replays (1 client), then s11 with 3 rounds, then q11
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
@@ -155,7 +157,9 @@ s11b)
     serve s11_smollm2 0 330 --drafts none ngram dflash --requests 4 --rounds 3
     serve s11_noctl 0 200 --drafts none ngram --requests 4 --rounds 2 --no-controller ;;
 h11)  # the HTTP server (uvicorn, SSE, detokenisation) under streaming clients, SmolLM2
-    smollm2
+    smollm2  # the server's packages: wheels carried in .whl/srv (pip download ... --python-version 3.12)
+    python -c "import fastapi, uvicorn, httpx, prometheus_client" 2>/dev/null || \
+        pip install -q --no-deps --target /tmp/site .whl/srv/*.whl 2>/dev/null
     for d in none ngram dflash; do
         timeout 150 python scripts/bench_http.py --model $G --draft $d --json $OUT/http_$d.json > $OUT/http_$d.log 2>&1
         echo "http $d rc=$?"; grep -E "rror|Traceback" $OUT/http_$d.log | tail -3; cut -c1-200 $OUT/http_$d.log | grep concurrency; done ;;
@@ -173,6 +177,19 @@ r12)
     timeout 120 python scripts/profile_serve_loop.py --model $G --draft dflash --clients 4 -n 128 --json $OUT/prof_dflash_c4.json \
         > $OUT/prof_dflash_c4.log 2>&1
     echo "profile rc=$?"; grep -E "rror|Traceback" $OUT/prof_dflash_c4.log | tail -3; grep -E "drafter|step_ms|tokens_per_s" $OUT/prof_dflash_c4.log ;;
+a12)
+    smollm2
+    timeout 200 python scripts/check_split_attention.py --json $OUT/split_check.json > $OUT/split_check.log 2>&1
+    rc=$?; echo "check rc=$rc"; tail -4 $OUT/split_check.log | cut -c1-300
+    if [ $rc != 0 ] || ! grep -q "failures: 0" $OUT/split_check.log; then
+        grep -v '"ok": true' $OUT/split_check.log | head -20 | cut -c1-400
+        cd $OUT && tar czf all.tgz *.json *.log; exit 1; fi
+    grep times_us -A0 $OUT/split_check.log; grep '"span"' $OUT/split_check.log | cut -c1-200
+    timeout 120 python scripts/profile_serve_loop.py --model $G --draft none --clients 1 -n 128 --json $OUT/prof_none_c1.json \
+        > $OUT/prof_none_c1.log 2>&1
+    echo "profile rc=$?"; grep -A14 graph_replay_ms $OUT/prof_none_c1.log
+    serve s11_smollm2 0 250 --drafts none ngram dflash --requests 4 --rounds 3
+    q8 q11_q8 300 --requests 4 --rounds 3 ;;
 i11)
     bash "$0" s11; mv $OUT/all.tgz $OUT/s11.tgz; bash "$0" q11; mv $OUT/all.tgz $OUT/q11.tgz
     tar czf $OUT/all.tgz -C $OUT s11.tgz q11.tgz; rm $OUT/s11.tgz $OUT/q11.tgz; exit ;;

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import threading
 
 import torch
@@ -17,6 +18,7 @@ from torch import nn
 from ..cache import KVCache
 from ..errors import ConfigError
 from ..parallel.tp import Shard, even_split, row_parallel, split_heads
+from . import split_attention
 
 
 class RMSNorm(nn.Module):
@@ -223,7 +225,16 @@ def static_step_attention(span_invariant: bool, on_cuda: bool):
         yield
 
 
+# On CUDA the span-invariant form is models/split_attention.py's kernel (fixed key splits combined in
+# order: its cost follows the keys a row sees, not the span); SPECDEC_SPAN_ATTENTION=sdpa selects the
+# memory-efficient SDPA kernel instead (what the static steps used before it, for comparison)
+SPLIT_ATTENTION = os.environ.get("SPECDEC_SPAN_ATTENTION", "split") != "sdpa"
+
+
 def _attend_span_invariant(q, k, v, mask, scale: float, groups: int) -> torch.Tensor:
+    if SPLIT_ATTENTION and split_attention.supported(q, k, mask):
+        return split_attention.split_attention(q, k, v, mask, scale)
+
     def run():
         if groups > 1:
             return _attend_folded(q, k, v, mask, scale, groups)

@@ -1,0 +1,188 @@
+"""Span-invariant attention for the serving loop's static steps on CUDA: split over fixed key
+ranges, combined in order (issue 10: attention cost follows the live context).
+
+A static step attends over a span bucket (256, 512, ... positions) with every key past a row's own
+positions masked. The memory-efficient SDPA kernel the steps used gave a row the same bits at any
+span, but it walks the keys of a (sequence, head) in one program: on the H200 a SmolLM2 step's 30
+calls took 17 us each at span 256, and a 1-slot step cost 2.81 ms at span 256 against 9.49 ms at 4096
+(BENCHMARKS.md, session 3).
+
+Here the keys are cut into splits of ``SPLIT`` positions at fixed absolute offsets, one program per
+(sequence, KV head, query tile, split): it walks its split in blocks of ``BLOCK_N`` keys with the
+online softmax (fp32), skipping a block where no query sees a key, and writes its partial max, sum
+and output. A second kernel combines the splits of a row in order. A block or split holding no key
+a row sees leaves that row's state bitwise unchanged (its scores are -inf: the rescale is exp(0) = 1
+and the added terms are exact zeros), so a row's bits depend on the keys it sees only: not on the
+span, on the other rows of the tile (query positions, the heads of its group), on the slot count or
+on the step width. Each KV head's query group is folded into the tile's rows (GQA without copies),
+and the output is written in ``[B, T, H, d]`` order, so the step's transpose before ``o_proj`` is free.
+
+:func:`split_attention_reference` is the same algorithm in torch ops (the CPU equivalent that
+``scripts/check_split_attention.py`` compares the kernel with on the GPU, and that the CPU tests
+compare with SDPA).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+SPLIT = 256  # keys per program, at fixed absolute offsets
+BLOCK_N = 64  # keys per inner step
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Whether :func:`split_attention` takes these inputs (else the caller uses SDPA)."""
+    d = q.shape[-1]
+    return (triton is not None and q.is_cuda and q.dim() == 4 and mask is not None and mask.dim() == 4
+            and q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype and 16 <= d <= 256
+            and d & (d - 1) == 0 and q.stride(-1) == 1 and k.stride(-1) == 1 and mask.shape[1] == 1)
+
+
+def _tile(d: int) -> tuple[int, int]:
+    """(query rows per tile, warps) for head size ``d``: fixed per model, never per shape."""
+    return (64, 4) if d <= 64 else (64, 8) if d <= 128 else (32, 8)
+
+
+if triton is not None:
+    @triton.jit(do_not_specialize=["T", "S", "Hkv", "rows"])
+    def _split_kernel(q, k, v, mask, m_out, l_out, a_out, T, S, Hkv, rows, scale,
+                      sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sms,
+                      G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr):
+        pid_bh, pid_m, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        b, kh = pid_bh // Hkv, pid_bh % Hkv
+        r = pid_m * BM + tl.arange(0, BM)
+        live = r < rows
+        g, t = r // T, r % T
+        d = tl.arange(0, D)
+        qt = tl.load(q + b * sqb + (kh * G + g)[:, None] * sqh + t[:, None] * sqt + d[None, :],
+                     mask=live[:, None], other=0.0)
+        m_i = tl.full([BM], float("-inf"), tl.float32)
+        l_i = tl.zeros([BM], tl.float32)
+        acc = tl.zeros([BM, D], tl.float32)
+        for j in range(0, SPLIT, BN):
+            s = pid_s * SPLIT + j + tl.arange(0, BN)
+            inside = s < S
+            seen = tl.load(mask + b * smb + t[:, None] * smt + s[None, :] * sms,
+                           mask=live[:, None] & inside[None, :], other=0) != 0
+            if tl.max(tl.max(seen.to(tl.int32), 1), 0) > 0:
+                kt = tl.load(k + b * skb + kh * skh + s[:, None] * sks + d[None, :], mask=inside[:, None], other=0.0)
+                sc = tl.where(seen, tl.dot(qt, tl.trans(kt)) * scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(sc, 1))
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp(m_i - m_use)
+                p = tl.exp(sc - m_use[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                vt = tl.load(v + b * svb + kh * svh + s[:, None] * svs + d[None, :], mask=inside[:, None], other=0.0)
+                acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+                m_i = m_new
+        n_m, n_s = tl.num_programs(1), tl.num_programs(2)
+        base = ((pid_bh * n_m + pid_m) * n_s + pid_s) * BM
+        i = tl.arange(0, BM)
+        tl.store(m_out + base + i, m_i)
+        tl.store(l_out + base + i, l_i)
+        tl.store(a_out + (base + i)[:, None] * D + d[None, :], acc)
+
+    @triton.jit(do_not_specialize=["T", "Hkv", "rows", "n_s"])
+    def _combine_kernel(m_out, l_out, a_out, o, T, Hkv, rows, n_s, sob, soh, sot,
+                        G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr):
+        pid_bh, pid_m = tl.program_id(0), tl.program_id(1)
+        b, kh = pid_bh // Hkv, pid_bh % Hkv
+        i = tl.arange(0, BM)
+        d = tl.arange(0, D)
+        m = tl.full([BM], float("-inf"), tl.float32)
+        l = tl.zeros([BM], tl.float32)
+        acc = tl.zeros([BM, D], tl.float32)
+        first = (pid_bh * tl.num_programs(1) + pid_m) * n_s
+        for c in range(0, n_s):  # in order: a split no row key lies in changes nothing
+            base = (first + c) * BM
+            m_c = tl.load(m_out + base + i)
+            m_new = tl.maximum(m, m_c)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha, beta = tl.exp(m - m_use), tl.exp(m_c - m_use)
+            l = l * alpha + tl.load(l_out + base + i) * beta
+            acc = acc * alpha[:, None] + tl.load(a_out + (base + i)[:, None] * D + d[None, :]) * beta[:, None]
+            m = m_new
+        r = pid_m * BM + i
+        live = r < rows
+        g, t = r // T, r % T
+        out = acc / tl.where(l > 0, l, 1.0)[:, None]
+        tl.store(o + b * sob + (kh * G + g)[:, None] * soh + t[:, None] * sot + d[None, :],
+                 out.to(o.dtype.element_ty), mask=live[:, None])
+
+
+def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+                    ) -> torch.Tensor:
+    """``q [B, H, T, d]``, ``k``/``v [B, Hkv, S, d]`` (head ``h`` reads KV head ``h // (H / Hkv)``),
+    ``mask [B, 1, T, S]`` (True: seen) -> ``[B, H, T, d]`` (a view of a ``[B, T, H, d]`` tensor).
+    CUDA, bf16/fp16, ``d`` a power of two in 16..256 (:func:`supported`)."""
+    b, h, t, d = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    g = h // hkv
+    bm, warps = _tile(d)
+    rows = g * t
+    n_m, n_s = -(-rows // bm), -(-s // SPLIT)
+    m_out = torch.empty(b * hkv * n_m * n_s * bm, dtype=torch.float32, device=q.device)
+    l_out = torch.empty_like(m_out)
+    a_out = torch.empty(m_out.numel(), d, dtype=torch.float32, device=q.device)
+    o = torch.empty(b, t, h, d, dtype=q.dtype, device=q.device).transpose(1, 2)
+    if mask.dtype == torch.bool:
+        mask = mask.view(torch.uint8)
+    _split_kernel[(b * hkv, n_m, n_s)](
+        q, k, v, mask, m_out, l_out, a_out, t, s, hkv, rows, scale,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), mask.stride(0), mask.stride(2), mask.stride(3),
+        G=g, BM=bm, BN=BLOCK_N, SPLIT=SPLIT, D=d, num_warps=warps)
+    _combine_kernel[(b * hkv, n_m)](
+        m_out, l_out, a_out, o, t, hkv, rows, n_s, o.stride(0), o.stride(1), o.stride(2),
+        G=g, BM=bm, D=d, num_warps=warps)
+    return o
+
+
+def split_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                              scale: float, split: int = SPLIT, block: int = BLOCK_N) -> torch.Tensor:
+    """:func:`split_attention`'s algorithm in torch ops, fp32 throughout (any device and dtype):
+    blocks of ``block`` keys at fixed offsets with the online softmax, a block no query of the
+    sequence sees skipped, the partial states of each ``split`` keys combined in order."""
+    b, h, t, d = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    g = h // hkv
+    qf = q.float().reshape(b, hkv, g * t, d)
+    seen = mask[:, 0].bool().unsqueeze(1).expand(b, g, t, s).reshape(b, 1, g * t, s).expand(b, hkv, g * t, s)
+    parts = []
+    for c0 in range(0, s, split):
+        m = torch.full((b, hkv, g * t), -math.inf, device=q.device)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(b, hkv, g * t, d, device=q.device)
+        for j in range(c0, min(c0 + split, s), block):
+            sl = slice(j, min(j + block, s))
+            if not seen[..., sl].any():
+                continue
+            sc = torch.where(seen[..., sl], qf @ k[:, :, sl].float().transpose(-1, -2) * scale, -math.inf)
+            m_new = torch.maximum(m, sc.amax(-1))
+            m_use = torch.where(m_new == -math.inf, 0.0, m_new)
+            alpha = torch.exp(m - m_use)
+            p = torch.exp(sc - m_use[..., None])
+            l = l * alpha + p.sum(-1)
+            acc = acc * alpha[..., None] + p.to(v.dtype).float() @ v[:, :, sl].float()
+            m = m_new
+        parts.append((m, l, acc))
+    m = torch.full((b, hkv, g * t), -math.inf, device=q.device)
+    l = torch.zeros_like(m)
+    acc = torch.zeros(b, hkv, g * t, d, device=q.device)
+    for m_c, l_c, a_c in parts:
+        m_new = torch.maximum(m, m_c)
+        m_use = torch.where(m_new == -math.inf, 0.0, m_new)
+        alpha, beta = torch.exp(m - m_use), torch.exp(m_c - m_use)
+        l = l * alpha + l_c * beta
+        acc = acc * alpha[..., None] + a_c * beta[..., None]
+        m = m_new
+    out = acc / torch.where(l > 0, l, 1.0)[..., None]
+    return out.reshape(b, h, t, d).to(q.dtype)
