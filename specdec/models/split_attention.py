@@ -86,9 +86,9 @@ if triton is not None:
         n_m, n_s = tl.num_programs(1), tl.num_programs(2)
         base = ((pid_bh * n_m + pid_m) * n_s + pid_s) * BM
         i = tl.arange(0, BM)
-        tl.store(m_out + base + i, m_i)
-        tl.store(l_out + base + i, l_i)
-        tl.store(a_out + (base + i)[:, None] * D + d[None, :], acc)
+        tl.store(m_out + base + i, m_i, mask=live)  # a tile's padding rows are never read
+        tl.store(l_out + base + i, l_i, mask=live)
+        tl.store(a_out + (base + i)[:, None] * D + d[None, :], acc, mask=live[:, None])
 
     @triton.jit(do_not_specialize=["T", "Hkv", "rows", "n_s"])
     def _combine_kernel(m_out, l_out, a_out, o, T, Hkv, rows, n_s, sob, soh, sot,
@@ -101,17 +101,18 @@ if triton is not None:
         l = tl.zeros([BM], tl.float32)
         acc = tl.zeros([BM, D], tl.float32)
         first = (pid_bh * tl.num_programs(1) + pid_m) * n_s
+        r = pid_m * BM + i
+        live = r < rows
         for c in range(0, n_s):  # in order: a split no row key lies in changes nothing
             base = (first + c) * BM
-            m_c = tl.load(m_out + base + i)
+            m_c = tl.load(m_out + base + i, mask=live, other=float("-inf"))
             m_new = tl.maximum(m, m_c)
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha, beta = tl.exp(m - m_use), tl.exp(m_c - m_use)
-            l = l * alpha + tl.load(l_out + base + i) * beta
-            acc = acc * alpha[:, None] + tl.load(a_out + (base + i)[:, None] * D + d[None, :]) * beta[:, None]
+            l = l * alpha + tl.load(l_out + base + i, mask=live, other=0.0) * beta
+            acc = acc * alpha[:, None] + tl.load(a_out + (base + i)[:, None] * D + d[None, :], mask=live[:, None],
+                                                 other=0.0) * beta[:, None]
             m = m_new
-        r = pid_m * BM + i
-        live = r < rows
         g, t = r // T, r % T
         out = acc / tl.where(l > 0, l, 1.0)[:, None]
         tl.store(o + b * sob + (kh * G + g)[:, None] * soh + t[:, None] * sot + d[None, :],
