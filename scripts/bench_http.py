@@ -4,7 +4,9 @@ detokenisation (issue 11's benchmark, end to end).
 
 The server runs in this process (uvicorn on a thread, the engine as ``specdec serve`` builds it);
 for each concurrency c, c asyncio clients each send ``--requests`` streamed chat completions one
-after another (GSM8K questions, T=0, ``stream_options.include_usage``). Reported per level: tok/s
+after another (GSM8K questions, T=0, ``stream_options.include_usage``). The clients run in a
+process of their own (spawned), as real clients would: in the server's process their SSE parsing
+would take the GIL from the engine and the event loop (``--same-process`` measures that way). Reported per level: tok/s
 (completion tokens over wall seconds), time to first text p50, latency p50 / p99, and how many
 replies equal the same request's text served alone first (the serial reference).
 
@@ -70,6 +72,25 @@ async def _level(url: str, bodies: list[dict], c: int, per_client: int) -> dict:
             "latency_p99_s": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 3), "outputs": out}
 
 
+def _level_in_child(url: str, bodies: list[dict], c: int, per_client: int, q) -> None:
+    q.put(asyncio.run(_level(url, bodies, c, per_client)))
+
+
+def _run_level(url: str, bodies: list[dict], c: int, per_client: int, same_process: bool) -> dict:
+    """One level's clients: in a spawned process (default), or on this process's event loop."""
+    if same_process:
+        return asyncio.run(_level(url, bodies, c, per_client))
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_level_in_child, args=(url, bodies, c, per_client, q), daemon=True)
+    p.start()
+    try:
+        return q.get(timeout=600)
+    finally:
+        p.join(timeout=30)
+
+
 def main() -> None:
     import uvicorn
 
@@ -87,6 +108,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=64, help="max_tokens per request (default 64)")
     ap.add_argument("--serial", type=int, default=8, help="requests in the serial reference (default 8)")
     ap.add_argument("--max-context", type=int, default=None)
+    ap.add_argument("--same-process", action="store_true", help="run the clients in the server's process")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if min(a.concurrency) < 1 or a.requests < 1 or a.n < 1:
@@ -112,13 +134,14 @@ def main() -> None:
         time.sleep(0.05)
     url = f"http://127.0.0.1:{port}"
     report = {"machine": machine_description(lm.model.device), "commit": git_commit(), "model": path,
-              "draft": a.draft, "n": a.n, "requests_per_client": a.requests, "warmup": {"steps": built,
+              "draft": a.draft, "n": a.n, "requests_per_client": a.requests,
+              "clients": "server's process" if a.same_process else "own process", "warmup": {"steps": built,
               "seconds": round(warm_s, 2)}, "rows": []}
     try:
-        asyncio.run(_level(url, bodies[:1], 1, 1))  # warm-up
-        serial = asyncio.run(_level(url, bodies[:a.serial], 1, a.serial))["outputs"]
+        _run_level(url, bodies[:1], 1, 1, a.same_process)  # warm-up
+        serial = _run_level(url, bodies[:a.serial], 1, a.serial, a.same_process)["outputs"]
         for c in a.concurrency:
-            r = asyncio.run(_level(url, bodies, c, a.requests))
+            r = _run_level(url, bodies, c, a.requests, a.same_process)
             outs = r.pop("outputs")
             same = [outs[i] == serial[i] for i in serial if i in outs]
             r["equal_to_serial"] = f"{sum(same)}/{len(same)}"
