@@ -38,6 +38,9 @@
 #   r12          s11 with 3 rounds, then profile_serve_loop.py (graph replays, host profile) for DFlash at 4 clients
 #   a12          the split attention kernel: scripts/check_split_attention.py (stops here if it fails), the
 #                plain loop's graph replays (1 client), then s11 with 3 rounds, then q11
+# Prepared for the next session (not run yet):
+#   f13          the fused RoPE + KV write: scripts/check_rope_write.py (stops here if a bit differs), then
+#                SmolLM2 serving (none, DFlash; 3 rounds) with SPECDEC_FUSED_ROPE=1, then the same with it off
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
@@ -190,6 +193,13 @@ a12)
     echo "profile rc=$?"; grep -A14 graph_replay_ms $OUT/prof_none_c1.log
     serve s11_smollm2 0 250 --drafts none ngram dflash --requests 4 --rounds 3
     q8 q11_q8 300 --requests 4 --rounds 3 ;;
+f13)
+    smollm2
+    timeout 240 python scripts/check_rope_write.py --json $OUT/rope_check.json > $OUT/rope_check.log 2>&1
+    rc=$?; echo "check rc=$rc"; cut -c1-250 $OUT/rope_check.log | tail -12
+    if [ $rc != 0 ] || ! grep -q "failures: 0" $OUT/rope_check.log; then cd $OUT && tar czf all.tgz *.json *.log; exit 1; fi
+    export SPECDEC_FUSED_ROPE=1; serve s13_fused 0 200 --drafts none dflash --requests 4 --rounds 3
+    unset SPECDEC_FUSED_ROPE; serve s13_eager 0 200 --drafts none dflash --requests 4 --rounds 3 ;;
 i11)
     bash "$0" s11; mv $OUT/all.tgz $OUT/s11.tgz; bash "$0" q11; mv $OUT/all.tgz $OUT/q11.tgz
     tar czf $OUT/all.tgz -C $OUT s11.tgz q11.tgz; rm $OUT/s11.tgz $OUT/q11.tgz; exit ;;

@@ -259,6 +259,10 @@ class BatchKVCache:
         rows = w.index[:, None]
         self.k[rows, :, w.pos] = k.transpose(1, 2)
         self.v[rows, :, w.pos] = v.transpose(1, 2)
+        return self.read(w)
+
+    def read(self, w: BatchWrite) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values a step's attention reads: ``[b, n_kv, span, d]`` views."""
         return self.k[w.rows, :, : w.span], self.v[w.rows, :, : w.span]
 
     def commit(self, slots: torch.Tensor, n: torch.Tensor) -> None:

@@ -18,7 +18,7 @@ from torch import nn
 from ..cache import KVCache
 from ..errors import ConfigError
 from ..parallel.tp import Shard, even_split, row_parallel, split_heads
-from . import split_attention
+from . import rope_write, split_attention
 
 
 class RMSNorm(nn.Module):
@@ -229,6 +229,9 @@ def static_step_attention(span_invariant: bool, on_cuda: bool):
 # order: its cost follows the keys a row sees, not the span); SPECDEC_SPAN_ATTENTION=sdpa selects the
 # memory-efficient SDPA kernel instead (what the static steps used before it, for comparison)
 SPLIT_ATTENTION = os.environ.get("SPECDEC_SPAN_ATTENTION", "split") != "sdpa"
+# RoPE and the KV-cache write of batched CUDA steps in one kernel (models/rope_write.py): bitwise the
+# eager ops' results; off until measured on the GPU (SPECDEC_FUSED_ROPE=1 turns it on)
+FUSED_ROPE_WRITE = os.environ.get("SPECDEC_FUSED_ROPE", "0") == "1"
 
 
 def _attend_span_invariant(q, k, v, mask, scale: float, groups: int) -> torch.Tensor:
@@ -307,6 +310,12 @@ class Attention(nn.Module):
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """``x [T, hidden]`` -> q ``[H, T, d]``, k, v ``[Hkv, T, d]``, gate ``[T, H*d]`` or None.
         Batched, ``x [B, T, hidden]`` -> ``[B, H, T, d]`` ... (cos/sin ``[B, 1, T, r]``)."""
+        q, k, v, gate = self._heads(x)
+        q, k, v = q.transpose(-3, -2), k.transpose(-3, -2), v.transpose(-3, -2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, gate
+
+    def _heads(self, x: torch.Tensor):
+        """q ``[..., T, H, d]``, k, v ``[..., T, Hkv, d]`` before RoPE (q/k-normed), and the gate."""
         lead = x.shape[:-1]
         if self._fused is not None:
             w, b, sizes = self._fused
@@ -322,8 +331,7 @@ class Attention(nn.Module):
         v = v.view(*lead, self.n_kv, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(-3, -2), k.transpose(-3, -2), v.transpose(-3, -2)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, gate
+        return q, k, v, gate
 
     def output(self, o: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
         """``o [H, T, d]`` -> ``[T, hidden]`` (batched: ``[B, H, T, d]`` -> ``[B, T, hidden]``)."""
@@ -334,6 +342,13 @@ class Attention(nn.Module):
         return self.o_proj(o)
 
     def forward(self, x: torch.Tensor, cos, sin, cache: KVCache, start: int, mask: torch.Tensor | None) -> torch.Tensor:
+        if FUSED_ROPE_WRITE and x.dim() == 3:  # a batched step on CUDA: RoPE and the cache write in one kernel
+            q, k, v, gate = self._heads(x)
+            rows = cos.reshape(-1, cos.shape[-1])
+            if rope_write.supported(q, k, rows, cache, start):
+                q = rope_write.rope_write(q, k, v, rows, sin.reshape(rows.shape), cache, start)
+                k_all, v_all = cache.read(start)
+                return self.output(attend(q, k_all, v_all, mask, self.scale), gate)
         q, k, v, gate = self.project(x, cos, sin)
         k_all, v_all = cache.update(start, k, v)
         return self.output(attend(q, k_all, v_all, mask, self.scale), gate)

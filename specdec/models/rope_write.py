@@ -1,0 +1,89 @@
+"""RoPE and the KV-cache write of a batched step in one kernel (issue 10: fewer, larger kernels).
+
+In a batched step an attention layer's rotary embedding and cache write are ~15 small kernels:
+per rotated tensor a negation, a concatenation, two products and a sum (``layers.apply_rope``),
+then the index writes of keys and values (``cache.BatchKVCache.update``) with their layout copies.
+On the H200 a SmolLM2 step ran ~1,090 kernels (~36 a layer, BENCHMARKS.md, session 3), most of
+1-3 us. Here one Triton program per (row, head) rotates a query head into a fresh ``[B, T, H, d]``
+tensor, or rotates a key head and writes it with its value head at the row's slot and position.
+
+Bits: the rotation rounds where the eager ops round (each product to the model dtype, then their
+sum), so the outputs equal the eager ones bitwise and a step's logits do not change. CUDA, bf16 or
+fp16 only (fp32 would let the compiler contract the product and sum into one FMA). Off until
+measured on the GPU: ``SPECDEC_FUSED_ROPE=1`` turns it on (``layers.FUSED_ROPE_WRITE``);
+``scripts/check_rope_write.py`` compares it with the eager ops and times it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..cache import BatchKVCache, BatchWrite
+
+try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, cache, w) -> bool:
+    """Whether :func:`rope_write` takes these (else the eager ops run)."""
+    d, r = q.shape[-1], cos.shape[-1]
+    return (triton is not None and q.is_cuda and q.dim() == 4 and isinstance(cache, BatchKVCache)
+            and isinstance(w, BatchWrite) and q.dtype in (torch.bfloat16, torch.float16)
+            and cos.dtype == q.dtype and d & (d - 1) == 0 and r % 2 == 0 and r <= d
+            and q.stride(-1) == 1 and k.stride(-1) == 1 and cos.is_contiguous())
+
+
+if triton is not None:
+    @triton.jit(do_not_specialize=["T", "H"])
+    def _rope_write_kernel(q, k, v, cos, sin, q_out, ck, cv, slots, pos, T, H,
+                           sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, scs, sch, scp, spb, spt,
+                           R: tl.constexpr, HALF: tl.constexpr, D: tl.constexpr):
+        row, head = tl.program_id(0), tl.program_id(1)
+        b, t = row // T, row % T
+        i = tl.arange(0, D)
+        rot = i < R
+        partner = tl.where(i < HALF, i + HALF, i - HALF)
+        sign = tl.where(i < HALF, -1.0, 1.0)
+        kh = tl.maximum(head - H, 0)
+        slot = tl.load(slots + b)
+        p = tl.load(pos + b * spb + t * spt)
+        if head < H:
+            src = q + b * sqb + t * sqt + head * sqh
+            dst = q_out + b * sob + t * sot + head * soh
+        else:
+            src = k + b * skb + t * skt + kh * skh
+            dst = ck + slot * scs + kh * sch + p * scp
+        x = tl.load(src + i)
+        xp = tl.load(src + partner, mask=rot, other=0.0)
+        c = tl.load(cos + row * R + i, mask=rot, other=0.0).to(tl.float32)
+        s = tl.load(sin + row * R + i, mask=rot, other=0.0).to(tl.float32)
+        a = (x.to(tl.float32) * c).to(x.dtype)  # xr * cos, rounded as the eager product is
+        bb = (xp.to(tl.float32) * sign * s).to(x.dtype)  # cat([-x2, x1]) * sin (the negation is exact)
+        tl.store(dst + i, tl.where(rot, (a.to(tl.float32) + bb.to(tl.float32)).to(x.dtype), x))
+        if head >= H:
+            val = tl.load(v + b * svb + t * svt + kh * svh + i)
+            tl.store(cv + slot * scs + kh * sch + p * scp + i, val)
+
+
+def rope_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               cache: BatchKVCache, w: BatchWrite) -> torch.Tensor:
+    """``q [B, T, H, d]``, ``k``/``v [B, T, Hkv, d]`` (before RoPE; any strides, ``d`` contiguous),
+    ``cos``/``sin`` rows ``[B * T, r]`` in the model dtype -> the rotated queries ``[B, H, T, d]``
+    (a view of a ``[B, T, H, d]`` tensor); the rotated keys and the values are written at each row's
+    slot (``w.index``) and positions (``w.pos``), as ``layers.apply_rope`` and
+    :meth:`BatchKVCache.update` would."""
+    b, t, h, d = q.shape
+    hkv, r = k.shape[2], cos.shape[-1]
+    q_out = torch.empty(b, t, h, d, dtype=q.dtype, device=q.device)
+    ck, cv = cache.k, cache.v
+    pos = w.pos
+    _rope_write_kernel[(b * t, h + hkv)](
+        q, k, v, cos, sin, q_out, ck, cv, w.index, pos, t, h,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), q_out.stride(0), q_out.stride(1), q_out.stride(2),
+        ck.stride(0), ck.stride(1), ck.stride(2), pos.stride(0), pos.stride(1),
+        R=r, HALF=r // 2, D=d, num_warps=1)
+    return q_out.transpose(1, 2)
