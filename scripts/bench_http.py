@@ -11,6 +11,10 @@ would take the GIL from the engine and the event loop (``--same-process`` measur
 replies equal the same request's text served alone first (the serial reference).
 
     python scripts/bench_http.py [--model M] [--draft none] [--concurrency 1 4 16 32] [--requests 4] [--json F]
+
+``--tiny`` serves a random 4-layer model (``specdec.shapes``' "tiny", fp32) with a byte-level
+vocabulary instead: on the CPU its steps take a few ms, like SmolLM2's on the H200, so the server's
+own costs (event loop, SSE, detokenisation) show against the in-process loop on a CPU machine too.
 """
 
 from __future__ import annotations
@@ -91,6 +95,25 @@ def _run_level(url: str, bodies: list[dict], c: int, per_client: int, same_proce
         p.join(timeout=30)
 
 
+def _tiny():
+    """(model, tokenizer): the "tiny" shape in fp32 on the CPU, and one token per byte (EOS 256)."""
+    from specdec.shapes import build_shape
+    from specdec.tokenizer import Tokenizer
+
+    model = build_shape("tiny", torch.device("cpu"), torch.float32)
+    keep = [b for r in ((33, 127), (161, 173), (174, 256)) for b in range(*r)]  # GPT-2's byte -> unicode table
+    extra = iter(range(256, 512))
+    table = {b: chr(b) if b in keep else chr(next(extra)) for b in range(256)}
+    vocab = model.config.vocab_size
+    tokens = [table[b] for b in range(256)] + ["<|endoftext|>"] + [f"<|pad{i}|>" for i in range(vocab - 257)]
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": [1] * 256 + [3] + [5] * (vocab - 257), "tokenizer.ggml.merges": [],
+            "tokenizer.ggml.eos_token_id": 256, "tokenizer.ggml.add_bos_token": False,
+            "tokenizer.chat_template": "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                                       "{% if add_generation_prompt %}<|assistant|>{% endif %}"}
+    return model, Tokenizer.from_gguf(meta, "byte-vocab")
+
+
 def main() -> None:
     import uvicorn
 
@@ -109,23 +132,29 @@ def main() -> None:
     ap.add_argument("--serial", type=int, default=8, help="requests in the serial reference (default 8)")
     ap.add_argument("--max-context", type=int, default=None)
     ap.add_argument("--same-process", action="store_true", help="run the clients in the server's process")
+    ap.add_argument("--tiny", action="store_true", help="a random tiny model and a byte vocabulary (CPU runs)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if min(a.concurrency) < 1 or a.requests < 1 or a.n < 1:
         raise SystemExit("bench_http: --concurrency, --requests and -n must be >= 1")
-    path = a.model or default_model_path()
-    lm = load_model(path, None, None)
+    if a.tiny:
+        path = "tiny (random)"
+        model, tok = _tiny()
+    else:
+        path = a.model or default_model_path()
+        lm = load_model(path, None, None)
+        model, tok = lm.model, lm.tokenizer
     n_req = max(a.concurrency) * a.requests
     bodies = [{"model": "m", "messages": [{"role": "user", "content": q}], "max_tokens": a.n, "temperature": 0,
                "stream": True, "stream_options": {"include_usage": True}} for (q,) in load_prompts("gsm8k", n_req)]
-    engine = EngineLoop(lm, a.draft, max_slots=max(a.concurrency), max_queue=n_req, max_context=a.max_context)
+    engine = EngineLoop(model, a.draft, max_slots=max(a.concurrency), max_queue=n_req, max_context=a.max_context)
     t0 = time.perf_counter()
     built = engine.warmup()
     warm_s = time.perf_counter() - t0
     with socket.socket() as s:  # a free loopback port
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, lm.tokenizer, "m"), host="127.0.0.1", port=port,
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, tok, "m"), host="127.0.0.1", port=port,
                                            log_level="warning"))
     engine.start()
     thread = threading.Thread(target=server.run, daemon=True)
@@ -133,7 +162,7 @@ def main() -> None:
     while not server.started:
         time.sleep(0.05)
     url = f"http://127.0.0.1:{port}"
-    report = {"machine": machine_description(lm.model.device), "commit": git_commit(), "model": path,
+    report = {"machine": machine_description(model.device), "commit": git_commit(), "model": path,
               "draft": a.draft, "n": a.n, "requests_per_client": a.requests,
               "clients": "server's process" if a.same_process else "own process", "warmup": {"steps": built,
               "seconds": round(warm_s, 2)}, "rows": []}

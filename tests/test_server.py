@@ -489,3 +489,34 @@ def test_sixteen_concurrent_clients_get_what_each_request_gets_alone(tmp_path):
         server.should_exit = True
         thread.join(timeout=10)
         engine.stop()
+
+
+def test_engine_events_cross_in_batches_and_in_order():
+    """Events the engine thread sends in a burst reach each request's queue in order, with fewer
+    wake-ups of the event loop than events (one per burst that arrives before the loop runs)."""
+    import asyncio
+
+    from specdec.server.app import _Events, _Inbox
+
+    async def main():
+        inbox = _Inbox(asyncio.get_running_loop())
+        drains = [0]
+        real = inbox._drain
+        inbox._drain = lambda: drains.__setitem__(0, drains[0] + 1) or real()
+        reqs = [_Events(inbox) for _ in range(4)]
+
+        def engine():
+            for step in range(50):
+                for i, ev in enumerate(reqs):
+                    ev.put((i, step))
+        t = threading.Thread(target=engine)
+        t.start()
+        got = [[] for _ in reqs]
+        for i, ev in enumerate(reqs):
+            for _ in range(50):
+                got[i].append(await asyncio.wait_for(ev.queue.get(), 10))
+        t.join()
+        return got, drains[0]
+    got, drains = asyncio.run(main())
+    assert got == [[(i, s) for s in range(50)] for i in range(4)]
+    assert 1 <= drains < 200, drains
