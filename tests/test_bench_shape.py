@@ -41,9 +41,12 @@ def test_cli_tiny_writes_every_field(tmp_path, capsys, single_thread):
     assert "ORACLE" in e["drafter"] and e["output_equals_plain"] and e["new_tokens"] == 160
     assert abs(e["measured_tau"] - 4) < 1.2, e
     assert e["plain_tokens_per_s"] > 0 and e["oracle_tokens_per_s"] > 0
-    # decode-only rates leave the prefill out: faster than the rates that count it
-    assert 0 < e["plain_prefill_s"] and e["plain_decode_tokens_per_s"] > e["plain_tokens_per_s"]
-    assert e["oracle_decode_tokens_per_s"] > e["oracle_tokens_per_s"]
+    # decode-only rates leave the prefill out: the tokens after the first over less than the whole
+    # time (whether they beat the overall rate depends on the timings: it was a flaky comparison)
+    n = e["new_tokens"]
+    assert 0 < e["plain_prefill_s"] and 0 < e["oracle_prefill_s"]
+    for kind in ("plain", "oracle"):
+        assert e[f"{kind}_decode_tokens_per_s"] >= 0.999 * e[f"{kind}_tokens_per_s"] * (n - 1) / n, (kind, e)
 
 
 def test_oracle_is_lossless_and_tracks_tau(single_thread):

@@ -45,7 +45,7 @@ from ..cache import KVCache, SequenceCache
 from .base import StepContext, WindowedCausalLM
 from .gemma4_config import Gemma4Config
 from .gemma4_gguf import gguf_config, gguf_names, gguf_tensor_config
-from .layers import GeluTanhGLU, RMSNorm, apply_rope, attend, unit_rms_norm
+from .layers import GeluTanhGLU, RMSNorm, apply_rope, attend, rope_tables, unit_rms_norm
 from .moe import Experts
 from .registry import Architecture, register
 
@@ -73,10 +73,8 @@ class Gemma4Rotary(nn.Module):
         return inv
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[T]`` positions -> cos, sin ``[T, head_dim]``."""
-        freqs = positions.float()[:, None] * self.inv_freq(positions.device)[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        """``[T]`` positions -> cos, sin ``[T, head_dim]`` (``layers.rope_tables``: the sin's sign folded)."""
+        return rope_tables(positions.float()[:, None] * self.inv_freq(positions.device)[None, :], dtype)
 
 
 class SharedKV(KVCache):

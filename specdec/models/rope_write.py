@@ -46,7 +46,6 @@ if triton is not None:
         i = tl.arange(0, D)
         rot = i < R
         partner = tl.where(i < HALF, i + HALF, i - HALF)
-        sign = tl.where(i < HALF, -1.0, 1.0)
         kh = tl.maximum(head - H, 0)
         slot = tl.load(slots + b)
         p = tl.load(pos + b * spb + t * spt)
@@ -61,7 +60,7 @@ if triton is not None:
         c = tl.load(cos + row * R + i, mask=rot, other=0.0).to(tl.float32)
         s = tl.load(sin + row * R + i, mask=rot, other=0.0).to(tl.float32)
         a = (x.to(tl.float32) * c).to(x.dtype)  # xr * cos, rounded as the eager product is
-        bb = (xp.to(tl.float32) * sign * s).to(x.dtype)  # cat([-x2, x1]) * sin (the negation is exact)
+        bb = (xp.to(tl.float32) * s).to(x.dtype)  # [x2, x1] * sin, its first half negated (cos_sin)
         tl.store(dst + i, tl.where(rot, (a.to(tl.float32) + bb.to(tl.float32)).to(x.dtype), x))
         if head >= H:
             val = tl.load(v + b * svb + t * svt + kh * svh + i)
