@@ -42,6 +42,7 @@ def supported(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bo
     """Whether :func:`split_attention` takes these inputs (else the caller uses SDPA)."""
     d = q.shape[-1]
     return (triton is not None and q.is_cuda and q.dim() == 4 and mask is not None and mask.dim() == 4
+            and mask.dtype == torch.bool
             and q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype and 16 <= d <= 256
             and d & (d - 1) == 0 and q.stride(-1) == 1 and k.stride(-1) == 1 and mask.shape[1] == 1)
 
@@ -134,8 +135,7 @@ def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     l_out = torch.empty_like(m_out)
     a_out = torch.empty(m_out.numel(), d, dtype=torch.float32, device=q.device)
     o = torch.empty(b, t, h, d, dtype=q.dtype, device=q.device).transpose(1, 2)
-    if mask.dtype == torch.bool:
-        mask = mask.view(torch.uint8)
+    mask = mask.view(torch.uint8)  # a boolean mask (supported()), read as bytes
     _split_kernel[(b * hkv, n_m, n_s)](
         q, k, v, mask, m_out, l_out, a_out, t, s, hkv, rows, scale,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
