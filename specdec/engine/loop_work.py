@@ -425,7 +425,7 @@ class SlotWork:
 
     def _finish(self, s: int, reason: str) -> None:
         slot, self._slots[s] = self._slots[s], None
-        if slot.drafter is not None and slot.drafter is self._all_slots:
+        if self._all_slots is not None:
             self._all_slots.drop(s)  # its steps may run fewer slots now (DFlashSlots._rows)
         stats = slot.stats()
         self._count("requests_cancelled" if reason == "cancelled" else "requests_finished")

@@ -39,8 +39,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = _rms(x.float(), self.eps)
-        if (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)) or _compiling():
-            w = self.weight.float()  # training (differentiable), or traced by torch.compile (which fuses it all)
+        training = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        if training or torch.compiler.is_compiling():  # differentiable; torch.compile fuses it all anyway
+            w = self.weight.float()
             return (y * (1.0 + w if self.zero_centered else w)).to(x.dtype)
         return torch.mul(y, self.fp32_scale(), out=torch.empty_like(x))
 
@@ -49,7 +50,7 @@ class RMSNorm(nn.Module):
         or version (in-place writes through ``.data`` bypass the version: assign a new tensor)."""
         w = self.weight
         try:
-            key = (id(w), w.data_ptr(), w._version, w.dtype, w.device)
+            key = (id(w), w.data_ptr(), w._version)
         except RuntimeError:  # an inference tensor keeps no version counter: nothing is cached
             key = None
         if key is None or key != self._scale_key:
@@ -67,11 +68,6 @@ if hasattr(F, "rms_norm"):
 else:  # pragma: no cover - torch < 2.4
     def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-
-
-def _compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    return compiler is not None and compiler.is_compiling()
 
 
 def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -346,7 +342,11 @@ class Attention(nn.Module):
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """``x [T, hidden]`` -> q ``[H, T, d]``, k, v ``[Hkv, T, d]``, gate ``[T, H*d]`` or None.
         Batched, ``x [B, T, hidden]`` -> ``[B, H, T, d]`` ... (cos/sin ``[B, 1, T, r]``)."""
-        q, k, v, gate = self._heads(x)
+        return self._rotate(*self._heads(x), cos, sin)
+
+    @staticmethod
+    def _rotate(q, k, v, gate, cos, sin):
+        """:meth:`_heads`' outputs -> :meth:`project`'s (heads before positions, RoPE applied)."""
         q, k, v = q.transpose(-3, -2), k.transpose(-3, -2), v.transpose(-3, -2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, gate
 
@@ -378,14 +378,15 @@ class Attention(nn.Module):
         return self.o_proj(o)
 
     def forward(self, x: torch.Tensor, cos, sin, cache: KVCache, start: int, mask: torch.Tensor | None) -> torch.Tensor:
+        heads = self._heads(x)
         if FUSED_ROPE_WRITE and x.dim() == 3:  # a batched step on CUDA: RoPE and the cache write in one kernel
-            q, k, v, gate = self._heads(x)
+            q, k, v, gate = heads
             rows = cos.reshape(-1, cos.shape[-1])
             if rope_write.supported(q, k, rows, cache, start):
                 q = rope_write.rope_write(q, k, v, rows, sin.reshape(rows.shape), cache, start)
                 k_all, v_all = cache.read(start)
                 return self.output(attend(q, k_all, v_all, mask, self.scale), gate)
-        q, k, v, gate = self.project(x, cos, sin)
+        q, k, v, gate = self._rotate(*heads, cos, sin)
         k_all, v_all = cache.update(start, k, v)
         return self.output(attend(q, k_all, v_all, mask, self.scale), gate)
 

@@ -5,8 +5,8 @@ event loop, submit a ``GenRequest`` to the engine, then turn the engine's events
 reply or a stream of server-sent events. The engine calls ``on_event`` from its own thread; the
 events cross into asyncio through ``loop.call_soon_threadsafe``, so the event loop never blocks
 on the engine: one wake-up carries every event that arrived before the loop ran it (the engine
-sends a step's events together), not one per event. A request that ends early (a stop string, a client that went away) cancels its
-engine handle, which frees its slot.
+sends a step's events together), not one per event. A request that ends early (a stop string, a
+client that went away) cancels its engine handle, which frees its slot.
 """
 
 from __future__ import annotations
