@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=1)
     ap.add_argument("--kernels", action="store_true")
     a = ap.parse_args()
+    if min(a.clients, a.n, a.slots) < 1 or a.clients > a.slots:
+        raise SystemExit("profile_serve_loop: --clients, -n and --slots must be >= 1, and --clients <= --slots")
     torch.set_grad_enabled(False)
     lm = load_model(a.model or default_model_path(), None, None)
     tok = lm.tokenizer
