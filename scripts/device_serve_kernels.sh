@@ -41,6 +41,11 @@
 # Prepared for the next session (not run yet):
 #   f13          the fused RoPE + KV write: scripts/check_rope_write.py (stops here if a bit differs), then
 #                SmolLM2 serving (none, DFlash; 3 rounds) with SPECDEC_FUSED_ROPE=1, then the same with it off
+# 2026-12-01 (fourth session), issue 10: the generate path's static steps take the split attention kernel
+#   g14c         checks: scripts/check_split_attention.py, the fused RoPE + KV write (check_rope_write.py),
+#                device_check.py (random Llama, Qwen3.5 dense and MoE, Gemma 3; spoiled oracle, n-gram, MTP,
+#                DFlash; graphs and eager, 8 processes at once) and debug_compile_cuda.py (the custom op compiled)
+#   g14b         specdec bench --shape with --contexts: smollm2-135m (graphs; then compiled), qwen3-8b compiled
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 [ -d /tmp/site/gguf ] || pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
@@ -193,6 +198,31 @@ a12)
     echo "profile rc=$?"; grep -A14 graph_replay_ms $OUT/prof_none_c1.log
     serve s11_smollm2 0 250 --drafts none ngram dflash --requests 4 --rounds 3
     q8 q11_q8 300 --requests 4 --rounds 3 ;;
+g14c)
+    timeout 150 python scripts/check_split_attention.py --json $OUT/split_check.json > $OUT/split_check.log 2>&1
+    echo "split check rc=$?"; tail -4 $OUT/split_check.log | cut -c1-250
+    timeout 150 python scripts/check_rope_write.py --json $OUT/rope_check.json > $OUT/rope_check.log 2>&1
+    echo "rope check rc=$?"; tail -8 $OUT/rope_check.log | cut -c1-250
+    D=/tmp/dc; timeout 120 python scripts/device_check.py build $D > $OUT/dc_build.log 2>&1; echo "dc build rc=$?"; tail -2 $OUT/dc_build.log
+    for t in llama qwen35 qwen35moe gemma3; do
+        for m in graphs eager; do
+            dr="oracle ngram mtp dflash"; [ $t = llama ] && dr="oracle ngram dflash"; [ $t = gemma3 ] && dr="oracle ngram"
+            timeout 300 python scripts/device_check.py run $D --target $t --mode $m --drafters $dr --out $OUT/dc_${t}_$m.json \
+                > $OUT/dc_${t}_$m.log 2>&1 &
+        done
+    done
+    timeout 200 python scripts/debug_compile_cuda.py > $OUT/debug_compile.log 2>&1; echo "debug_compile rc=$?"; tail -5 $OUT/debug_compile.log | cut -c1-250
+    wait
+    python scripts/device_check.py compare $OUT/dc_*.json --out $OUT/device_check.json 2>&1 | tail -30
+    cd $OUT && tar czf all.tgz *.json *.log ;;
+g14b)
+    sb() { local name=$1 secs=$2; shift 2
+           timeout $secs python -m specdec bench --reps 10 -n 128 --json $OUT/$name.json "$@" > $OUT/$name.log 2>&1
+           echo "== $name rc=$?"; grep -vE "it/s|^\s*$|Warning|warn" $OUT/$name.log | tail -12 | cut -c1-300; }
+    sb shape_smollm2 100 --shape smollm2-135m --contexts 128,4096,8000
+    sb shape_smollm2_compile 150 --shape smollm2-135m --contexts 128,4096,8000 --compile
+    sb shape_qwen3_8b_compile 280 --shape qwen3-8b --contexts 128,4096,16384 --compile
+    cd $OUT && tar czf all.tgz *.json *.log ;;
 f13)
     smollm2
     timeout 240 python scripts/check_rope_write.py --json $OUT/rope_check.json > $OUT/rope_check.log 2>&1

@@ -9,6 +9,9 @@ One run on one device, for a random-weight target of a published shape (:mod:`sp
   5 layers, block 16; Qwen3.5 shapes also their MTP block);
 - the bandwidth bound: a device-to-device copy measures bytes/s, and tok/s <= bandwidth / (the
   weight bytes a decode step reads + the KV bytes at the context);
+- with ``contexts``, the decode step and plain decoding's step at each of those contexts, all in one
+  cache sized for the largest (attention's cost should follow the live context, not the cache), each
+  against the bound counted with the KV bytes live there;
 - end to end: plain decoding, then speculative decoding with an ORACLE drafter: it proposes the
   target's own greedy continuation, each draft spoiled with a probability chosen so that the mean
   tokens per step is ``oracle_tau``. Random weights make real drafters useless (tau ~1); the
@@ -101,27 +104,41 @@ class OracleDrafter:
         return Proposal(torch.tensor(toks, dtype=torch.int64, device=self.device))
 
 
-def step_costs(model, context: int, reps: int, use_graphs: bool, compile: bool = False) -> dict:
+def step_costs(model, context: int, reps: int, use_graphs: bool, compile: bool = False,
+               sweep: tuple[int, ...] = ()) -> tuple[dict, dict]:
     """Median ms of static steps of 1 .. MAX_K + 1 rows at position ``context`` (rolled back after
     each); compiled (each shape compiles for seconds to minutes), only the 1-row and the padded
-    STEP_ROWS-row steps that decoding runs."""
+    STEP_ROWS-row steps that decoding runs. ``sweep``: also the 1-row and STEP_ROWS-row steps at
+    each of these contexts. One cache, sized for the largest context, serves every point (the
+    steps attend over all of it, masked: their cost should follow the live context only); it is
+    filled in ascending order, each point's prompt extending the last (a recurrent cache cannot
+    roll back further than its last forward). Returns ``(costs at context, {ctx: costs})``."""
     from .models.graphs import GraphedTarget
 
     dev = model.device
-    cache = model.new_cache(context + MAX_K + 2, spare=MAX_K + 1)
+    points = sorted(set(sweep) | {context})
+    cache = model.new_cache(points[-1] + MAX_K + 2, spare=MAX_K + 1)
     g = torch.Generator().manual_seed(1)
-    with torch.inference_mode():
-        model(torch.randint(0, model.config.vocab_size, (context,), generator=g).to(dev), cache, logits="last")
     steps = GraphedTarget(model, cache, (), max_steps=MAX_K + 1, use_graphs=use_graphs, compile=compile)
-    out = {}
-    for t in ((1, STEP_ROWS) if compile else range(1, MAX_K + 2)):
-        ids = torch.randint(0, model.config.vocab_size, (t,), generator=g).to(dev)
+    main, by_context = {}, {}
+    for c in points:
+        with torch.inference_mode():  # the prompt up to c, appended to the last point's (no per-position snapshots)
+            ids = torch.randint(0, model.config.vocab_size, (c - cache.length,), generator=g).to(dev)
+            model(ids, cache, logits="last", snapshots=False)
+        rows = (1, STEP_ROWS) if compile or c != context else range(1, MAX_K + 2)
+        out = {}
+        for t in rows:
+            ids = torch.randint(0, model.config.vocab_size, (t,), generator=g).to(dev)
 
-        def one():
-            steps(ids)
-            cache.rollback(context)
-        out[t] = _median_ms(one, dev, reps)
-    return out
+            def one():
+                steps(ids)
+                cache.rollback(c)
+            out[t] = _median_ms(one, dev, reps)
+        if c == context:
+            main = out
+        if c in sweep:
+            by_context[c] = {t: out[t] for t in (1, STEP_ROWS)}
+    return main, by_context
 
 
 def bandwidth(dev: torch.device, nbytes: int, reps: int) -> float:
@@ -250,7 +267,7 @@ def end_to_end(model, prompt_len: int, new_tokens: int, tau: float, k: int, cuda
 def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, reps: int = 20,
                     new_tokens: int = 128, oracle_tau: float = 6.5, oracle_k: int = 15, cuda_graphs: bool = True,
                     batch_invariant: bool | None = None, drafters: bool = True, copy_bytes: int = 256 << 20,
-                    shard=None, compile: bool = False) -> dict:
+                    shard=None, compile: bool = False, contexts: tuple[int, ...] = ()) -> dict:
     """The whole shape benchmark as one JSON-able dict (see the module docstring). ``shard``: run
     as one tensor-parallel rank (every rank runs the same bench; weights and bytes are per rank,
     the drafters' own steps are not timed)."""
@@ -258,6 +275,10 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
         raise ConfigError("--reps, --context, -n and --oracle-k must be >= 1")
     oracle_spoil(oracle_tau, oracle_k)  # a bad tau fails before building anything
     limit = shape_config(shape)[1].max_position_embeddings
+    for c in contexts:
+        if not 1 <= c <= limit - (MAX_K + 2):
+            raise ConfigError(f"--contexts: {c} must lie in 1..{limit - (MAX_K + 2)} (shape {shape}'s {limit} positions, "
+                              f"less {MAX_K + 2} step rows)")
     if context + new_tokens + 2 * (MAX_K + 1) > limit:
         raise ConfigError(f"--context {context} + -n {new_tokens} (+ {2 * (MAX_K + 1)} step rows) exceeds shape "
                           f"{shape}'s {limit} positions")
@@ -266,7 +287,7 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
     model = build_shape(shape, dev, dt, shard=shard)
     use_graphs = cuda_graphs and dev.type == "cuda"
     invariant = dev.type == "cuda" if batch_invariant is None else batch_invariant
-    steps = step_costs(model, context, reps, use_graphs, compile)
+    steps, swept = step_costs(model, context, reps, use_graphs, compile, tuple(contexts))
     total, per_token, kv = decode_bytes(model, context)
     bw = bandwidth(dev, copy_bytes, reps)  # far larger than any cache level
     report = {
@@ -281,10 +302,22 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
         "bandwidth_bytes_per_s": round(bw), "decode_bytes_per_token": per_token, "kv_bytes_at_context": kv,
         "bound_tokens_per_s": round(bw / per_token, 2),
     }
+    report["contexts"] = [_context_point(model, c, swept[c], bw, invariant) for c in sorted(swept)]
     report["drafter_ms"] = drafter_steps(model, context, reps) if drafters and shard is None and not compile else {}
     report["oracle_e2e"] = end_to_end(model, context, new_tokens, oracle_tau, oracle_k, cuda_graphs, batch_invariant,
                                       compile=compile)
     return report
+
+
+def _context_point(model, context: int, ms: dict, bw: float, invariant: bool) -> dict:
+    """One point of the context sweep: step costs, and plain decoding's step against the bound
+    counted with the KV bytes live at that context."""
+    _, per_token, kv = decode_bytes(model, context)
+    plain = ms[STEP_ROWS] if invariant else ms[1]
+    bound = bw / per_token
+    return {"context": context, "decode_ms": ms[1], f"step_{STEP_ROWS}_rows_ms": ms[STEP_ROWS], "plain_step_ms": plain,
+            "kv_bytes": kv, "decode_bytes_per_token": per_token, "bound_tokens_per_s": round(bound, 2),
+            "plain_step_tokens_per_s": round(1e3 / plain, 2), "fraction_of_bound": round(1e3 / plain / bound, 4)}
 
 
 def format_shape(r: dict) -> str:
@@ -300,6 +333,11 @@ def format_shape(r: dict) -> str:
     for label, d in r["drafter_ms"].items():
         lines.append(f"drafter {label}: {d['ms']} ms per propose of {d['k']}")
     lines.append(f"plain decoding's step ({STEP_ROWS if r['batch_invariant'] else 1} rows): {r['plain_step_ms']} ms")
+    for p in r.get("contexts", []):
+        lines.append(f"context {p['context']}: decode {p['decode_ms']} ms, {STEP_ROWS}-row step "
+                     f"{p[f'step_{STEP_ROWS}_rows_ms']} ms; plain's step = {p['plain_step_tokens_per_s']} tok/s, "
+                     f"{100 * p['fraction_of_bound']:.1f} % of the bound {p['bound_tokens_per_s']} "
+                     f"(weights + {p['kv_bytes'] / 1e9:.3f} GB of live KV)")
     lines.append(f"ORACLE drafter (not real) k={e['k']} tau {e['measured_tau']} (asked {e['requested_tau']}): "
                  f"{e['oracle_tokens_per_s']} tok/s vs plain {e['plain_tokens_per_s']} ({e['speedup']}x), "
                  f"output equals plain: {e['output_equals_plain']}")
@@ -320,12 +358,25 @@ def plot_verify(r: dict, path: str) -> None:
 
     ks = [0] + [int(k) for k in r["verify_ms"]]
     ms = [r["decode_ms"]] + list(r["verify_ms"].values())
-    fig, ax = plt.subplots(figsize=(6, 4))
+    sweep = r.get("contexts") or []
+    fig, axes = plt.subplots(1, 2 if sweep else 1, figsize=(11 if sweep else 6, 4), squeeze=False)
+    ax = axes[0][0]
     ax.plot(ks, ms, marker="o")
     ax.set_xlabel("k (drafts verified; k + 1 rows)")
     ax.set_ylabel("ms per step (median)")
     ax.set_title(f"{r['shape']} {r['dtype']} on {r['device']}, context {r['context']}")
     ax.set_ylim(bottom=0)
+    if sweep:  # step cost against the live context, and the bound's step time there
+        ax = axes[0][1]
+        cs = [p["context"] for p in sweep]
+        ax.plot(cs, [p["decode_ms"] for p in sweep], marker="o", label="decode (1 row)")
+        ax.plot(cs, [p[f"step_{STEP_ROWS}_rows_ms"] for p in sweep], marker="o", label=f"{STEP_ROWS}-row step")
+        ax.plot(cs, [1e3 / p["bound_tokens_per_s"] for p in sweep], linestyle="--", label="bound (weights + live KV)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (tokens; one cache sized for the largest)")
+        ax.set_ylabel("ms per step (median)")
+        ax.set_ylim(bottom=0)
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -63,6 +63,14 @@ def _model_args(p: argparse.ArgumentParser, draft: bool = True, sweep: bool = Fa
                    "either way")
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    """``128,4096,16384`` -> a tuple of ints (argparse reports a bad one as a one-line usage error)."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+
+
 def _tp_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N", help="split the target across N "
                    "processes started here (CUDA: one GPU each, NCCL; CPU: gloo); Llama-family, Qwen3 and Qwen3.5 "
@@ -152,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "memory; reports "
                    "decode / verify step costs, the bandwidth bound and an ORACLE drafter's end-to-end tok/s")
     b.add_argument("--context", type=int, default=512, help="--shape: context (prompt) tokens (default 512)")
+    b.add_argument("--contexts", type=_int_list, default=(), metavar="N,N,...", help="--shape: also time the decode "
+                   "step and plain decoding's step at each of these contexts (e.g. 128,4096,16384), all in one cache "
+                   "sized for the largest, against the bound counted with the KV bytes live at each")
     b.add_argument("--reps", type=int, default=20, help="--shape: timed repetitions per step (median; default 20)")
     b.add_argument("--oracle-tau", type=float, default=6.5, help="--shape: mean tokens per step of the oracle "
                    "drafter (default 6.5)")
@@ -438,7 +449,8 @@ def cmd_bench(args) -> int:
 
     if args.shape is not None:
         return cmd_bench_shape(args)
-    for flag, v in (("--plot", args.plot), ("--context", args.context != 512), ("--reps", args.reps != 20),
+    for flag, v in (("--plot", args.plot), ("--context", args.context != 512), ("--contexts", args.contexts),
+                    ("--reps", args.reps != 20),
                     ("--oracle-tau", args.oracle_tau != 6.5), ("--oracle-k", args.oracle_k != 15)):
         if v:
             raise RequestError(f"{flag} belongs to --shape runs")
@@ -494,7 +506,7 @@ def _bench_shape(shard, args) -> int:
     report = run_shape_bench(args.shape, device=args.device, dtype=args.dtype, context=args.context, reps=args.reps,
                              new_tokens=args.max_new_tokens, oracle_tau=args.oracle_tau, oracle_k=args.oracle_k,
                              cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant, shard=shard,
-                             compile=args.compile)
+                             compile=args.compile, contexts=args.contexts)
     if shard is not None and shard.rank != 0:
         return 0
     print(format_shape(report))

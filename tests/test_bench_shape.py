@@ -49,6 +49,35 @@ def test_cli_tiny_writes_every_field(tmp_path, capsys, single_thread):
         assert e[f"{kind}_decode_tokens_per_s"] >= 0.999 * e[f"{kind}_tokens_per_s"] * (n - 1) / n, (kind, e)
 
 
+def test_context_sweep_shares_one_cache(tmp_path, capsys, single_thread, monkeypatch):
+    """``--contexts``: the decode and plain decoding's steps at each context, timed in one cache
+    sized for the largest, with the bound counted with the KV bytes live at each point."""
+    from specdec import bench_shape
+    from specdec.models import base
+
+    sizes = []
+    new_cache = base.CausalLM.new_cache
+    monkeypatch.setattr(base.CausalLM, "new_cache",
+                        lambda self, n, *a, **kw: sizes.append(n) or new_cache(self, n, *a, **kw))
+    path = tmp_path / "shape.json"
+    rc, out, err = _run(capsys, "bench", "--shape", "tiny", "--device", "cpu", "--context", "32", "--contexts",
+                        "300,64", "--reps", "2", "-n", "20", "--json", str(path))
+    assert rc == 0, err
+    r = json.loads(path.read_text())
+    assert sizes[0] == 300 + MAX_K + 2  # the step costs' one cache, for every point
+    pts = r["contexts"]
+    assert [p["context"] for p in pts] == [64, 300]
+    model = build_shape("tiny", torch.device("cpu"), torch.float32)
+    for p in pts:
+        assert p["decode_ms"] > 0 and p["step_16_rows_ms"] > 0 and p["plain_step_ms"] == p["decode_ms"]  # not padded on CPU
+        _, per_token, kv = bench_shape.decode_bytes(model, p["context"])
+        assert (p["kv_bytes"], p["decode_bytes_per_token"]) == (kv, per_token)
+        assert p["bound_tokens_per_s"] == pytest.approx(r["bandwidth_bytes_per_s"] / per_token, rel=1e-3)
+        assert p["fraction_of_bound"] == pytest.approx(1e3 / p["plain_step_ms"] / p["bound_tokens_per_s"], abs=1e-4)
+        assert f"context {p['context']}: decode {p['decode_ms']} ms" in out
+    assert pts[1]["kv_bytes"] == pts[0]["kv_bytes"] * 300 // 64
+
+
 def test_oracle_is_lossless_and_tracks_tau(single_thread):
     model = build_shape("tiny", torch.device("cpu"), torch.float32, seed=3)
     taus = []
@@ -121,6 +150,7 @@ def test_too_big_is_refused_before_allocating():
     (["--shape", "tiny", "--oracle-tau", "20"], "--oracle-tau 20.0 must lie in [1, 16]"),
     (["--shape", "qwen3.5-35b-a3b", "--device", "cpu", "--dtype", "float32"], "do not fit"),
     (["--model", "/nonexistent/m.gguf", "--oracle-tau", "3"], "--oracle-tau belongs to --shape runs"),
+    (["--shape", "tiny", "--contexts", "64,5000"], "--contexts: 5000 must lie in 1..4078"),
 ])
 def test_one_line_errors(capsys, argv, culprit):
     rc, out, err = _run(capsys, "bench", *argv)
@@ -136,7 +166,9 @@ def test_plot_png_or_one_line_refusal(capsys, tmp_path):
     from specdec.bench_shape import plot_verify
 
     r = {"shape": "tiny", "dtype": "float32", "device": "cpu", "context": 32, "decode_ms": 1.0,
-         "verify_ms": {str(k): 1.0 + k / 10 for k in range(1, MAX_K + 1)}}
+         "verify_ms": {str(k): 1.0 + k / 10 for k in range(1, MAX_K + 1)},
+         "contexts": [{"context": c, "decode_ms": 1.0, "step_16_rows_ms": 1.2, "bound_tokens_per_s": 900.0}
+                      for c in (128, 4096)]}
     plot_verify(r, str(tmp_path / "v.png"))
     assert (tmp_path / "v.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -154,7 +186,8 @@ def test_hybrid_shapes_run_scaled_down(monkeypatch, base, single_thread):
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
     monkeypatch.setitem(shapes.SHAPES, "small", small)
     r = run_shape_bench("small", device="cpu", context=24, reps=2, new_tokens=64, oracle_tau=3.0,
-                        copy_bytes=1 << 20)
+                        copy_bytes=1 << 20, contexts=(40, 8))  # the recurrent caches filled 8 -> 24 -> 40
+    assert [p["context"] for p in r["contexts"]] == [8, 40] and r["contexts"][0]["kv_bytes"] < r["contexts"][1]["kv_bytes"]
     assert set(r["drafter_ms"]) == {"dflash (5 layers, block 16)", "mtp (1 layer)"}
     assert r["oracle_e2e"]["output_equals_plain"] and len(r["verify_ms"]) == MAX_K
     if base == "qwen3.5-35b-a3b":  # a decode step reads the routed experts only

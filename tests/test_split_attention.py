@@ -65,3 +65,62 @@ def test_cpu_tensors_keep_sdpa():
     q, k, v, mask = _case(1, 2, 1, 1, 8, 16, [3])
     assert not supported(q.bfloat16(), k.bfloat16(), mask)
     assert not math.isnan(split_attention_reference(q, k, v, mask, 0.25).sum().item())
+
+
+def _reference_kernel(calls):
+    """The kernel's stand-in on the CPU: the reference, recording each call's shapes."""
+    def run(q, k, v, mask, scale):
+        calls.append((tuple(q.shape), tuple(mask.shape)))
+        return split_attention_reference(q, k, v, mask, scale)
+    return run
+
+
+def test_generate_static_steps_take_the_split_kernel(monkeypatch):
+    """GraphedTarget's single-sequence steps (generate, bench) route attention through the split
+    kernel (here its torch reference, as on CUDA where the kernel takes the inputs): q ``[1, H, T, d]``
+    over the whole cache with a ``[1, 1, T, S]`` mask; speculative greedy output with accepted drafts
+    equals plain greedy output, and both equal the eager (SDPA) engine's tokens."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from _engine_util import SpoiledOracle
+
+    from specdec.engine import SpeculativeGenerator
+    from specdec.models import split_attention as sa
+    from specdec.models.llama import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(model_type="llama", vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
+    m = LlamaForCausalLM(cfg)
+    for p in m.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    m.eval()
+    prompt = torch.randint(0, 97, (9,)).tolist()
+    eager = SpeculativeGenerator(m, None, 0, cuda_graphs=False).generate(prompt, 40).token_ids
+    calls = []
+    monkeypatch.setattr(sa, "supported", lambda q, k, mask: q.dim() == 4 and mask.dim() == 4 and mask.dtype == torch.bool)
+    monkeypatch.setattr(sa, "split_attention", _reference_kernel(calls))
+    plain = SpeculativeGenerator(m, None, 0, batch_invariant=True).generate(prompt, 40).token_ids
+    assert calls and all(c == ((1, 4, 16, 16), (1, 1, 16, 1040)) for c in calls)  # 16-row steps, the whole cache (1024 + 16 spare rows)
+    spec = SpeculativeGenerator(m, SpoiledOracle(prompt + plain, 97, spoil=0.3), 4, batch_invariant=True).generate(prompt, 40)
+    assert sum(spec.stats.accepted) > 10 and spec.stats.tau > 2
+    assert spec.token_ids == plain == eager
+
+
+def test_split_attention_under_torch_compile(monkeypatch):
+    """Compiled, the kernels run as the ``specdec::split_attention`` custom op (a fake gives the
+    output's shape): the result equals the eager call's."""
+    from specdec.models import split_attention as sa
+
+    calls = []
+    ref = _reference_kernel(calls)
+    monkeypatch.setattr(sa, "_launch", lambda q, k, v, mask, scale: ref(q, k, v, mask, scale).transpose(1, 2).contiguous())
+    q, k, v, mask = _case(2, 6, 2, 3, 300, 16, [10, 280])
+    want = sa.split_attention(q, k, v, mask, 0.25)
+    assert want.shape == (2, 6, 3, 16) and len(calls) == 1
+    torch._dynamo.reset()
+    got = torch.compile(lambda *a: sa.split_attention(*a) * 2, fullgraph=True, backend="aot_eager")(q, k, v, mask, 0.25)
+    assert len(calls) >= 2  # the op really ran, compiled
+    assert torch.equal(got, want * 2)

@@ -3,8 +3,9 @@
 A decode step of a small model is a few hundred tiny kernels; launching them one by one from
 Python costs far more than running them. Here each step length ``T`` (1 .. k+1) is captured once
 per cache as a CUDA graph over static buffers: the token ids, the start position (a 0-d device
-tensor), and attention over the whole preallocated KV cache masked by position. Replays then cost
-one launch. Linear-attention caches select their live state on the device (``cur_t``) inside
+tensor), and attention over the whole preallocated KV cache masked by position (on CUDA the split
+attention kernel of :mod:`.split_attention`, whose cost follows the live context, not the cache's
+size). Replays then cost one launch. Linear-attention caches select their live state on the device (``cur_t``) inside
 the graph; their Python bookkeeping (which position is live) is done here after each replay.
 Without graphs (``--no-cuda-graphs``, or the CPU in batch-invariant mode) the same static steps
 run eagerly: one step function, two ways to launch it, the same numerics.
@@ -25,6 +26,7 @@ import torch
 from ..cache import KVCache, LinearAttnCache, SequenceCache
 from ..errors import CompileError
 from .base import CausalLM, ForwardOut
+from .layers import live_context_attention
 
 
 def graphable(cache: SequenceCache) -> bool:
@@ -107,7 +109,8 @@ class GraphedTarget:
     """Runs ``model`` on one cache as static steps, replaying a captured graph per step length.
 
     A static step has shapes that depend on its row count only: attention runs over the whole
-    preallocated cache masked by position, linear-attention layers select their live state on the
+    preallocated cache masked by position (on CUDA by the split kernel, which skips the keys no row
+    sees: its cost follows the live context), linear-attention layers select their live state on the
     device, MoE layers gather their experts. ``use_graphs`` (default: on CUDA) captures each step
     once and replays it; without it the very same step runs eagerly (``--no-cuda-graphs``, and the
     CPU), so graphs and eager compute the same bits. ``compile``: each step function is compiled
@@ -200,13 +203,14 @@ class GraphedTarget:
         if self._buffer_versions() != self._versions:  # an eager forward grew the recurrent buffers
             self.steps.clear()
             self._versions = self._buffer_versions()
-        step = self.steps.get(rows) or self._capture(rows)
-        start = self.cache.reserve(rows)
-        self.start.fill_(start)
-        step.ids[:t].copy_(ids)
-        if rows > t:
-            step.ids[t:] = ids[-1]  # padding rows: any token; their cache entries are dropped below
-        step.replay()
+        with live_context_attention():  # captured (or run eagerly) with the split attention kernel on CUDA
+            step = self.steps.get(rows) or self._capture(rows)
+            start = self.cache.reserve(rows)
+            self.start.fill_(start)
+            step.ids[:t].copy_(ids)
+            if rows > t:
+                step.ids[t:] = ids[-1]  # padding rows: any token; their cache entries are dropped below
+            step.replay()
         for c in self.linear:
             c.commit(start, rows, True)
         if rows > t:

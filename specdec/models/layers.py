@@ -167,6 +167,10 @@ def sliding_causal_mask(start: int, t: int, window: int, device) -> torch.Tensor
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """Scaled dot-product attention with GQA: q ``[H, T, d]``, k/v ``[Hkv, S, d]`` -> ``[H, T, dv]``;
     batched, q ``[B, H, T, d]``, k/v ``[B, Hkv, S, d]``, mask ``[B, 1, T, S]`` -> ``[B, H, T, dv]``."""
+    if mask is not None and SPLIT_ATTENTION and getattr(_LIVE_CONTEXT, "on", False):
+        o = _attend_live(q, k, v, mask, scale)
+        if o is not None:
+            return o
     single = q.dim() == 3
     if single:
         q, k, v = q[None], k[None], v[None]
@@ -264,6 +268,33 @@ SPLIT_ATTENTION = os.environ.get("SPECDEC_SPAN_ATTENTION", "split") != "sdpa"
 # RoPE and the KV-cache write of batched CUDA steps in one kernel (models/rope_write.py): bitwise the
 # eager ops' results; off until measured on the GPU (SPECDEC_FUSED_ROPE=1 turns it on)
 FUSED_ROPE_WRITE = os.environ.get("SPECDEC_FUSED_ROPE", "0") == "1"
+
+
+# A single sequence's static steps (models/graphs.py: generate, bench) attend over the whole
+# preallocated cache, masked by position; within live_context_attention() they take the split kernel
+# on CUDA, whose cost follows the keys a row sees (the live context), not the cache's size, and whose
+# rows do not depend on the step's width. Inputs it does not take keep :func:`attend`'s other paths.
+_LIVE_CONTEXT = threading.local()
+
+
+def live_context_attention():
+    """Within it (this thread), CUDA attention with a boolean mask takes the split kernel where it applies."""
+    return _switched_on(_LIVE_CONTEXT)
+
+
+def _attend_live(q, k, v, mask, scale: float) -> torch.Tensor | None:
+    """:func:`attend` by the split kernel (one sequence ``[H, T, d]`` with a ``[T, S]`` mask, or
+    batched), or None where the kernel does not take the inputs."""
+    single = q.dim() == 3
+    if single:
+        q, k, v = q[None], k[None], v[None]
+        if mask.dim() != 2:
+            return None
+        mask = mask.view(1, 1, *mask.shape)
+    if not split_attention.supported(q, k, mask) or mask.shape[-1] != k.shape[-2]:
+        return None
+    o = split_attention.split_attention(q, k, v, mask, scale)
+    return o[0] if single else o
 
 
 def _attend_span_invariant(q, k, v, mask, scale: float, groups: int) -> torch.Tensor:

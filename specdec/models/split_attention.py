@@ -124,7 +124,30 @@ def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
                     ) -> torch.Tensor:
     """``q [B, H, T, d]``, ``k``/``v [B, Hkv, S, d]`` (head ``h`` reads KV head ``h // (H / Hkv)``),
     ``mask [B, 1, T, S]`` (True: seen) -> ``[B, H, T, d]`` (a view of a ``[B, T, H, d]`` tensor).
-    CUDA, bf16/fp16, ``d`` a power of two in 16..256 (:func:`supported`)."""
+    CUDA, bf16/fp16, ``d`` a power of two in 16..256 (:func:`supported`). Under torch.compile the
+    kernels run as one opaque custom op (``specdec::split_attention``), the same launches."""
+    run = split_attention_op if torch.compiler.is_compiling() else _launch
+    return run(q, k, v, mask, scale).transpose(1, 2)
+
+
+@torch.library.custom_op("specdec::split_attention", mutates_args=())
+def split_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+                       ) -> torch.Tensor:
+    """:func:`split_attention` as a custom op for torch.compile: ``[B, T, H, d]``, contiguous."""
+    # the compiled graph may hand over other layouts than the eager step; the kernels take any
+    # strides but a contiguous last dimension
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    return _launch(q, k, v, mask, scale)
+
+
+@split_attention_op.register_fake
+def _(q, k, v, mask, scale):
+    b, h, t, d = q.shape
+    return q.new_empty(b, t, h, d)
+
+
+def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """The two kernels: ``[B, T, H, d]`` (contiguous) from :func:`split_attention`'s inputs."""
     b, h, t, d = q.shape
     hkv, s = k.shape[1], k.shape[2]
     g = h // hkv
@@ -134,7 +157,8 @@ def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     m_out = torch.empty(b * hkv * n_m * n_s * bm, dtype=torch.float32, device=q.device)
     l_out = torch.empty_like(m_out)
     a_out = torch.empty(m_out.numel(), d, dtype=torch.float32, device=q.device)
-    o = torch.empty(b, t, h, d, dtype=q.dtype, device=q.device).transpose(1, 2)
+    out = torch.empty(b, t, h, d, dtype=q.dtype, device=q.device)
+    o = out.transpose(1, 2)
     mask = mask.view(torch.uint8)  # a boolean mask (supported()), read as bytes
     _split_kernel[(b * hkv, n_m, n_s)](
         q, k, v, mask, m_out, l_out, a_out, t, s, hkv, rows, scale,
@@ -144,7 +168,7 @@ def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     _combine_kernel[(b * hkv, n_m)](
         m_out, l_out, a_out, o, t, hkv, rows, n_s, o.stride(0), o.stride(1), o.stride(2),
         G=g, BM=bm, D=d, num_warps=warps)
-    return o
+    return out
 
 
 def split_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
