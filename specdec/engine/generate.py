@@ -141,8 +141,12 @@ class SpeculativeGenerator:
         self.compile = bool(compile)
         # see _prefill. Not with compile: on the H200 (torch 2.11) a compiled step captured before
         # any eager forward of the process failed ("operation not permitted when stream is
-        # capturing"); with the eager prefill first, compiled capture ran (0 of 180 outputs differing)
-        self.static_prefill = self.use_graphs and not self.compile
+        # capturing"); with the eager prefill first, compiled capture ran (0 of 180 outputs differing).
+        # On CUDA without graphs too (the very same steps, run eagerly): the static steps' attention
+        # (the split kernel) and an eager forward's (SDPA) round differently, so a short prompt
+        # prefilled one way in one mode and the other way in the other would make --no-cuda-graphs
+        # decode other tokens than graphs (seen on the H200 at 7d8b41c: 2-3 of 4 prompts per target)
+        self.static_prefill = on_cuda and not self.compile
         if drafter is not None and hasattr(drafter, "compile"):
             drafter.compile = self.compile  # drafters with static draft steps compile them too
         # every step padded to STEP_ROWS rows: identical kernels for decode and verify (see graphs.py)
@@ -265,7 +269,7 @@ class SpeculativeGenerator:
 
     def _prefill(self, prompt: torch.Tensor, cache, graphed: GraphedTarget | None, capture) -> ForwardOut:
         """The prompt's forward: the last row's logits, every row's hidden state and captured layers.
-        Short prompts on captured steps (``static_prefill``: CUDA graphs) run as padded
+        Short prompts on CUDA static steps (``static_prefill``: graphs or not, uncompiled) run as padded
         ``pad_to``-row chunks of the one captured step (no new graph); others as one eager forward
         (uncaptured, on the CPU, the chunks cost more than they save). Plain and speculative
         decoding prefill alike."""
