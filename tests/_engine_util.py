@@ -33,6 +33,20 @@ def build_llama(path, *, vocab: int = 48, hidden: int = 32, layers: int = 2, hea
     return str(path)
 
 
+def tiny_llama(hidden: int = 32, inter: int = 64, max_pos: int = 128, vocab: int = 97):
+    """A random 2-layer specdec Llama (4 heads, 2 KV heads) in eval mode, weights drawn with std 0.2
+    after ``torch.manual_seed(0)`` (peaky enough logits for stable greedy tokens)."""
+    from specdec.models.llama import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(model_type="llama", vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_pos)
+    m = LlamaForCausalLM(cfg)
+    for p in m.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    return m.eval()
+
+
 def plain_generate(model, prompt, n: int, params: SamplingParams = SamplingParams()):
     """Target-only decoding through the same engine (no drafter)."""
     return SpeculativeGenerator(model, None, 0).generate(prompt, n, params)

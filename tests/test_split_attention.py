@@ -4,12 +4,16 @@ equals SDPA (GQA, masks by position, a DFlash block's bidirectional rows), and a
 change when masked keys are appended (the span buckets)."""
 
 import math
+import os
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from specdec.models.split_attention import split_attention_reference, supported
+
+sys.path.insert(0, os.path.dirname(__file__))
 
 
 def _case(b, h, hkv, t, span, d, starts, seed=0):
@@ -80,23 +84,12 @@ def test_generate_static_steps_take_the_split_kernel(monkeypatch):
     kernel (here its torch reference, as on CUDA where the kernel takes the inputs): q ``[1, H, T, d]``
     over the whole cache with a ``[1, 1, T, S]`` mask; speculative greedy output with accepted drafts
     equals plain greedy output, and both equal the eager (SDPA) engine's tokens."""
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.dirname(__file__))
-    from _engine_util import SpoiledOracle
+    from _engine_util import SpoiledOracle, tiny_llama
 
     from specdec.engine import SpeculativeGenerator
     from specdec.models import split_attention as sa
-    from specdec.models.llama import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(model_type="llama", vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
-    m = LlamaForCausalLM(cfg)
-    for p in m.parameters():
-        torch.nn.init.normal_(p, std=0.2)
-    m.eval()
+    m = tiny_llama(hidden=64, inter=96, max_pos=2048)
     prompt = torch.randint(0, 97, (9,)).tolist()
     eager = SpeculativeGenerator(m, None, 0, cuda_graphs=False).generate(prompt, 40).token_ids
     calls = []

@@ -9,17 +9,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from specdec.models.llama import LlamaConfig, LlamaForCausalLM
-
-
-def _tiny_llama():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(model_type="llama", vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    m = LlamaForCausalLM(cfg)
-    for p in m.parameters():
-        torch.nn.init.normal_(p, std=0.2)
-    return m.eval()
+from _engine_util import tiny_llama as _tiny_llama  # noqa: E402
 
 
 def test_static_context_matches_eager():

@@ -283,18 +283,15 @@ def live_context_attention():
 
 
 def _attend_live(q, k, v, mask, scale: float) -> torch.Tensor | None:
-    """:func:`attend` by the split kernel (one sequence ``[H, T, d]`` with a ``[T, S]`` mask, or
-    batched), or None where the kernel does not take the inputs."""
-    single = q.dim() == 3
-    if single:
-        q, k, v = q[None], k[None], v[None]
-        if mask.dim() != 2:
-            return None
-        mask = mask.view(1, 1, *mask.shape)
-    if not split_attention.supported(q, k, mask) or mask.shape[-1] != k.shape[-2]:
+    """:func:`attend` of one sequence (``[H, T, d]``, a ``[T, S]`` mask) by the split kernel as a
+    batch of one, or None where the kernel does not take the inputs (batched steps choose theirs
+    by :func:`span_invariant_attention`)."""
+    if q.dim() != 3 or mask.dim() != 2 or mask.shape[-1] != k.shape[-2]:
         return None
-    o = split_attention.split_attention(q, k, v, mask, scale)
-    return o[0] if single else o
+    q, k, v, mask = q[None], k[None], v[None], mask.view(1, 1, *mask.shape)
+    if not split_attention.supported(q, k, mask):
+        return None
+    return split_attention.split_attention(q, k, v, mask, scale)[0]
 
 
 def _attend_span_invariant(q, k, v, mask, scale: float, groups: int) -> torch.Tensor:
