@@ -66,9 +66,12 @@ def _model_args(p: argparse.ArgumentParser, draft: bool = True, sweep: bool = Fa
 def _int_list(text: str) -> tuple[int, ...]:
     """``128,4096,16384`` -> a tuple of ints (argparse reports a bad one as a one-line usage error)."""
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
+        out = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+        out = ()
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}")
+    return out
 
 
 def _tp_arg(p: argparse.ArgumentParser) -> None:

@@ -157,6 +157,15 @@ def test_one_line_errors(capsys, argv, culprit):
     assert rc == 2 and err.count("\n") == 1 and culprit in err, err
 
 
+@pytest.mark.parametrize("value", [",,", "128,x"])
+def test_contexts_not_integers_is_a_usage_error(capsys, value):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--shape", "tiny", "--contexts", value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert err.strip().splitlines()[-1].endswith(f"argument --contexts: expected integers separated by commas, got '{value}'")
+
+
 def test_plot_png_or_one_line_refusal(capsys, tmp_path):
     """--plot writes a PNG where matplotlib is installed, and is refused in one line where not."""
     if importlib.util.find_spec("matplotlib") is None:
