@@ -2,7 +2,10 @@
 the captured step's median ms (uncompiled and compiled), then the kernels of one uncaptured step
 (torch.profiler), grouped by name, with the bytes the step must read and the bound they imply.
 
-    python scripts/profile_shape_step.py --shape qwen3-8b [--rows 16] [--context 512] [--compile]
+    python scripts/profile_shape_step.py --shape qwen3-8b [--rows 16] [--context 512] [--cache N] [--compile]
+
+``--cache``: the cache's positions (default: the context and two steps); the kernels of the uncaptured
+step are listed for each mode run (uncompiled, and compiled with ``--compile``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ def main() -> None:
     ap.add_argument("--shape", default="qwen3-8b")
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--cache", type=int, default=0, help="cache positions (default: context + 2 * rows + 2)")
     ap.add_argument("--compile", action="store_true", help="also time the compiled step")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--device", default="cuda", help="cuda (cpu: a smoke test, nothing captured or profiled)")
@@ -30,11 +34,11 @@ def main() -> None:
     m = build_shape(a.shape, dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
     total, per_token, _ = decode_bytes(m, a.context)
     bw = bandwidth(dev, 256 << 20, 10)
-    res = {"shape": a.shape, "rows": a.rows, "context": a.context, "bound_ms": round(per_token / bw * 1e3, 3)}
+    res = {"shape": a.shape, "rows": a.rows, "context": a.context, "cache": a.cache or None, "bound_ms": round(per_token / bw * 1e3, 3)}
     ids = torch.randint(0, min(1000, m.config.vocab_size), (a.rows,), device=dev)
     for comp in ([False, True] if a.compile else [False]):
         for graphs in ((True, False) if dev.type == "cuda" else (False,)):
-            cache = m.new_cache(a.context + 2 * a.rows + 2, spare=a.rows)
+            cache = m.new_cache(a.cache or a.context + 2 * a.rows + 2, spare=a.rows)
             with torch.inference_mode():
                 m(torch.randint(0, min(1000, m.config.vocab_size), (a.context,), device=dev), cache, logits="last")
             st = GraphedTarget(m, cache, (), max_steps=a.rows, use_graphs=graphs, compile=comp)
@@ -44,7 +48,7 @@ def main() -> None:
                 cache.rollback(a.context)
             key = ("compiled " if comp else "") + ("captured" if graphs else "uncaptured")
             res[key + "_ms"] = round(_median_ms(one, dev, 20), 3)
-            if not graphs and not comp:
+            if not graphs:
                 one()
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA if dev.type == "cuda" else torch.profiler.ProfilerActivity.CPU]) as prof:
                     one()
@@ -57,9 +61,10 @@ def main() -> None:
                         k[0] += 1
                         k[1] += e.device_time_total / 1e3 if hasattr(e, "device_time_total") else e.cuda_time_total / 1e3
                 top = sorted(kern.items(), key=lambda kv: -kv[1][1])[: a.top]
-                res["kernels"] = sum(v[0] for v in kern.values())
-                res["kernel_ms_total"] = round(sum(v[1] for v in kern.values()), 3)
-                res["top_kernels"] = [(n, c, round(ms, 3)) for n, (c, ms) in top]
+                pre = "compiled_" if comp else ""
+                res[pre + "kernels"] = sum(v[0] for v in kern.values())
+                res[pre + "kernel_ms_total"] = round(sum(v[1] for v in kern.values()), 3)
+                res[pre + "top_kernels"] = [(n, c, round(ms, 3)) for n, (c, ms) in top]
     print(json.dumps(res, indent=1))
 
 

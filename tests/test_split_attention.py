@@ -65,6 +65,24 @@ def test_reference_rows_ignore_masked_keys_appended():
                            split_attention_reference(q, k2, v2, mask2, 0.25))
 
 
+def test_reference_combines_many_splits_in_chunks():
+    """Past COMBINE splits (here 18 and 36) the combine sums its chunks in order: rows in the first and
+    the last chunk equal SDPA, a window's dead leading splits and appended dead ones change no bit."""
+    from specdec.models.split_attention import COMBINE, SPLIT
+    span = SPLIT * (COMBINE + 2) - 100
+    q, k, v, mask = _case(2, 4, 2, 3, span, 8, [span - 3, 40])
+    pos = torch.tensor([span - 3, 40])[:, None] + torch.arange(3)[None, :]
+    window = mask & (torch.arange(span)[None, None, :] > pos[:, :, None] - 700)[:, None]
+    for m in (mask, window):
+        got = split_attention_reference(q, k, v, m, 0.3)
+        assert torch.allclose(got, _sdpa(q, k, v, m, 0.3), atol=1e-5)
+        k2, v2 = torch.cat([k, torch.randn_like(k)], 2), torch.cat([v, torch.randn_like(v)], 2)
+        m2 = torch.cat([m, torch.zeros_like(m)], -1)
+        assert torch.equal(got, split_attention_reference(q, k2, v2, m2, 0.3))
+        m2[1, :, :, span + 5] = True  # a key the second sequence sees would change it: the comparison can fail
+        assert not torch.equal(got, split_attention_reference(q, k2, v2, m2, 0.3))
+
+
 def test_cpu_tensors_keep_sdpa():
     q, k, v, mask = _case(1, 2, 1, 1, 8, 16, [3])
     assert not supported(q.bfloat16(), k.bfloat16(), mask)

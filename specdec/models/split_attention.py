@@ -10,9 +10,14 @@ calls took 17 us each at span 256, and a 1-slot step cost 2.81 ms at span 256 ag
 Here the keys are cut into splits of ``SPLIT`` positions at fixed absolute offsets, one program per
 (sequence, KV head, query tile, split): it walks its split in blocks of ``BLOCK_N`` keys with the
 online softmax (fp32), skipping a block where no query sees a key, and writes its partial max, sum
-and output. A second kernel combines the splits of a row in order. A block or split holding no key
-a row sees leaves that row's state bitwise unchanged (its scores are -inf: the rescale is exp(0) = 1
-and the added terms are exact zeros), so a row's bits depend on the keys it sees only: not on the
+and output. A second kernel combines a row's splits: their maximum first, then their sums rescaled
+to it, ``COMBINE`` splits at a time (chunks at fixed multiples, a fixed-shape sum per chunk, chunks
+added in order), one program per 16 rows and 32 features of a KV head, so the reads spread over the
+SMs. A block holding no key a row sees leaves that row's state bitwise unchanged (its scores are
+-inf: the rescale is exp(0) = 1 and the added terms are exact zeros); in the combine such a split
+weighs exactly 0 and a chunk of them leaves the row's sums as they are. A split no row of the tile
+sees writes its max only, and the combine reads only the splits some row sees (the scratch traffic
+follows the live context, not the cache). So a row's bits depend on the keys it sees only: not on the
 span, on the other rows of the tile (query positions, the heads of its group), on the slot count or
 on the step width. Each KV head's query group is folded into the tile's rows (GQA without copies),
 and the output is written in ``[B, T, H, d]`` order, so the step's transpose before ``o_proj`` is free.
@@ -36,6 +41,7 @@ except ImportError:  # pragma: no cover - depends on the install
 
 SPLIT = 256  # keys per program, at fixed absolute offsets
 BLOCK_N = 64  # keys per inner step
+COMBINE = 16  # splits the combine sums at once (chunks at fixed multiples)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
@@ -88,32 +94,53 @@ if triton is not None:
         base = ((pid_bh * n_m + pid_m) * n_s + pid_s) * BM
         i = tl.arange(0, BM)
         tl.store(m_out + base + i, m_i, mask=live)  # a tile's padding rows are never read
-        tl.store(l_out + base + i, l_i, mask=live)
-        tl.store(a_out + (base + i)[:, None] * D + d[None, :], acc, mask=live[:, None])
+        # a split no row sees (past the live context) writes its max (-inf) only: the combine reads no more
+        # of it, so the scratch traffic follows the live context, not the cache
+        sees = live & (m_i > float("-inf"))
+        tl.store(l_out + base + i, l_i, mask=sees)
+        tl.store(a_out + (base + i)[:, None] * D + d[None, :], acc, mask=sees[:, None])
 
-    @triton.jit(do_not_specialize=["T", "Hkv", "rows", "n_s"])
-    def _combine_kernel(m_out, l_out, a_out, o, T, Hkv, rows, n_s, sob, soh, sot,
-                        G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr):
-        pid_bh, pid_m = tl.program_id(0), tl.program_id(1)
+    @triton.jit(do_not_specialize=["T", "Hkv", "rows", "n_s", "n_m"])
+    def _combine_kernel(m_out, l_out, a_out, o, T, Hkv, rows, n_s, n_m, sob, soh, sot,
+                        G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, RB: tl.constexpr,
+                        DB: tl.constexpr, CB: tl.constexpr):
+        # one program per (sequence, KV head, RB rows, DB features): every row's and feature's
+        # arithmetic is its own, so the cut changes no bit; it spreads the reads over the SMs
+        pid_bh, pid_r, pid_d = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         b, kh = pid_bh // Hkv, pid_bh % Hkv
-        i = tl.arange(0, BM)
-        d = tl.arange(0, D)
-        m = tl.full([BM], float("-inf"), tl.float32)
-        l = tl.zeros([BM], tl.float32)
-        acc = tl.zeros([BM, D], tl.float32)
-        first = (pid_bh * tl.num_programs(1) + pid_m) * n_s
-        r = pid_m * BM + i
+        r = pid_r * RB + tl.arange(0, RB)
         live = r < rows
-        for c in range(0, n_s):  # in order: a split no row key lies in changes nothing
-            base = (first + c) * BM
-            m_c = tl.load(m_out + base + i, mask=live, other=float("-inf"))
-            m_new = tl.maximum(m, m_c)
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha, beta = tl.exp(m - m_use), tl.exp(m_c - m_use)
-            l = l * alpha + tl.load(l_out + base + i, mask=live, other=0.0) * beta
-            acc = acc * alpha[:, None] + tl.load(a_out + (base + i)[:, None] * D + d[None, :], mask=live[:, None],
-                                                 other=0.0) * beta[:, None]
-            m = m_new
+        row0 = (pid_bh * n_m + r // BM) * n_s * BM + r % BM  # the row's split-0 entry in the scratch
+        d = pid_d * DB + tl.arange(0, DB)
+        # the splits any of these rows sees: [lo, hi] (the others leave every row's state as it is)
+        # and each row's max over all its splits (pass 1: maxima are exact in any order)
+        lo, hi = n_s + 0, n_s * 0 - 1  # int32 tensors (loop-carried)
+        mx = tl.full([RB], float("-inf"), tl.float32)
+        for c0 in range(0, n_s, CB):
+            c = c0 + tl.arange(0, CB)
+            m_c = tl.load(m_out + row0[None, :] + c[:, None] * BM, mask=(c < n_s)[:, None] & live[None, :],
+                          other=float("-inf"))
+            seen = tl.max((m_c > float("-inf")).to(tl.int32), 1) > 0
+            lo = tl.minimum(lo, tl.min(tl.where(seen, c, n_s), 0))
+            hi = tl.maximum(hi, tl.max(tl.where(seen, c, -1), 0))
+            mx = tl.maximum(mx, tl.max(m_c, 0))
+        # pass 2: the splits' sums rescaled to that max, CB splits at a time (chunks at fixed multiples
+        # of CB; a fixed-shape sum over a chunk, the chunks added in order). A split a row sees no key
+        # of weighs exactly 0 and a chunk it sees nothing of leaves its sums as they are.
+        m_use = tl.where(mx == float("-inf"), 0.0, mx)
+        l = tl.zeros([RB], tl.float32)
+        acc = tl.zeros([RB, DB], tl.float32)
+        for c0 in range(lo - lo % CB, hi + 1, CB):
+            c = c0 + tl.arange(0, CB)
+            at = row0[None, :] + c[:, None] * BM  # [CB, RB]
+            m_c = tl.load(m_out + at, mask=(c < n_s)[:, None] & live[None, :], other=float("-inf"))
+            sees = m_c > float("-inf")
+            w = tl.where(sees, tl.exp(m_c - m_use[None, :]), 0.0)
+            l_c = tl.load(l_out + at, mask=sees, other=0.0)
+            a_c = tl.load(a_out + at[:, :, None] * D + d[None, None, :], mask=sees[:, :, None], other=0.0)
+            any_c = tl.max(sees.to(tl.int32), 0) > 0
+            l = tl.where(any_c, l + tl.sum(l_c * w, 0), l)
+            acc = tl.where(any_c[:, None], acc + tl.sum(a_c * w[:, :, None], 0), acc)
         g, t = r // T, r % T
         out = acc / tl.where(l > 0, l, 1.0)[:, None]
         tl.store(o + b * sob + (kh * G + g)[:, None] * soh + t[:, None] * sot + d[None, :],
@@ -165,17 +192,19 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), mask.stride(0), mask.stride(2), mask.stride(3),
         G=g, BM=bm, BN=BLOCK_N, SPLIT=SPLIT, D=d, num_warps=warps)
-    _combine_kernel[(b * hkv, n_m)](
-        m_out, l_out, a_out, o, t, hkv, rows, n_s, o.stride(0), o.stride(1), o.stride(2),
-        G=g, BM=bm, D=d, num_warps=warps)
+    rb, db = 16, min(d, 32)
+    _combine_kernel[(b * hkv, -(-rows // rb), d // db)](
+        m_out, l_out, a_out, o, t, hkv, rows, n_s, n_m, o.stride(0), o.stride(1), o.stride(2),
+        G=g, BM=bm, D=d, RB=rb, DB=db, CB=COMBINE, num_warps=4)
     return out
 
 
 def split_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                              scale: float, split: int = SPLIT, block: int = BLOCK_N) -> torch.Tensor:
+                              scale: float, split: int = SPLIT, block: int = BLOCK_N, chunk: int = COMBINE) -> torch.Tensor:
     """:func:`split_attention`'s algorithm in torch ops, fp32 throughout (any device and dtype):
     blocks of ``block`` keys at fixed offsets with the online softmax, a block no query of the
-    sequence sees skipped, the partial states of each ``split`` keys combined in order."""
+    sequence sees skipped, the partial states of each ``split`` keys combined as the kernel does
+    (the maximum, then the rescaled sums ``chunk`` splits at a time, chunks in order)."""
     b, h, t, d = q.shape
     hkv, s = k.shape[1], k.shape[2]
     g = h // hkv
@@ -199,15 +228,25 @@ def split_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             acc = acc * alpha[..., None] + p.to(v.dtype).float() @ v[:, :, sl].float()
             m = m_new
         parts.append((m, l, acc))
-    m = torch.full((b, hkv, g * t), -math.inf, device=q.device)
-    l = torch.zeros_like(m)
+    # the combine: each row's max over its splits, then the splits' sums rescaled to it, ``chunk``
+    # splits at a time (chunks at fixed multiples; a split past the span weighs 0)
+    m_all = torch.stack([p[0] for p in parts])  # [n_s, b, hkv, rows]
+    mx = m_all.amax(0)
+    m_use = torch.where(mx == -math.inf, 0.0, mx)
+    l = torch.zeros_like(mx)
     acc = torch.zeros(b, hkv, g * t, d, device=q.device)
-    for m_c, l_c, a_c in parts:
-        m_new = torch.maximum(m, m_c)
-        m_use = torch.where(m_new == -math.inf, 0.0, m_new)
-        alpha, beta = torch.exp(m - m_use), torch.exp(m_c - m_use)
-        l = l * alpha + l_c * beta
-        acc = acc * alpha[..., None] + a_c * beta[..., None]
-        m = m_new
+    for c0 in range(0, len(parts), chunk):
+        idx = range(c0, c0 + chunk)
+        m_c = torch.stack([parts[c][0] if c < len(parts) else torch.full_like(mx, -math.inf) for c in idx])
+        sees = m_c > -math.inf
+        if not sees.any():
+            continue
+        w = torch.where(sees, torch.exp(m_c - m_use), 0.0)
+        l_c = torch.stack([parts[c][1] if c < len(parts) else torch.zeros_like(mx) for c in idx])
+        a_c = torch.stack([parts[c][2] if c < len(parts) else torch.zeros_like(acc) for c in idx])
+        l_c, a_c = torch.where(sees, l_c, 0.0), torch.where(sees[..., None], a_c, 0.0)
+        any_c = sees.any(0)
+        l = torch.where(any_c, l + (l_c * w).sum(0), l)
+        acc = torch.where(any_c[..., None], acc + (a_c * w[..., None]).sum(0), acc)
     out = acc / torch.where(l > 0, l, 1.0)[..., None]
     return out.reshape(b, h, t, d).to(q.dtype)
