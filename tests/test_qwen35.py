@@ -138,16 +138,17 @@ def _row0_varies(ex, t: int, trials: int = 8) -> int:
 
 def test_moe_static_step_rows_are_independent():
     """In a fixed-shape step (the static forms), a row's output is bitwise the same whatever the
-    other rows hold and route to: the property batch-invariant decoding rests on. The grouped
-    (prefill) form, whose per-expert matmuls have as many rows as route there, fails it."""
+    other rows hold and route to: the property batch-invariant decoding rests on. (The grouped
+    (prefill) form, whose per-expert matmuls have as many rows as route there, may fail it: whether
+    it does depends on the CPU's BLAS, so it is not asserted; the check's power is shown on a step
+    whose row 0 does depend on the other rows.)"""
     torch.manual_seed(1)
     ex = Experts(8, 16, 8)
     with torch.no_grad():
         ex.gate_up_proj.normal_(), ex.down_proj.normal_()
     assert _row0_varies(ex, 1) == 0  # the gather form (1 x 2 pairs)
     assert _row0_varies(ex, 16) == 0  # the dense form (16 x 2 pairs > 8 experts / 3)
-    ex.gather_max_rows = 0
-    assert _row0_varies(ex, 16) > 0
+    assert _row0_varies(lambda x, idx, w: ex(x, idx, w) + 1e-3 * x.mean(0), 16) == 8  # rows coupled: seen
 
 
 # --- DeltaNet forms and caches ---------------------------------------------------------------
