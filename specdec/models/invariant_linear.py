@@ -67,17 +67,22 @@ def invariant_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = 
     if triton is None or not x.is_cuda:
         return F.linear(x, w, b)
     x2 = x.reshape(-1, x.shape[-1])
-    bm, bn, bk, warps, stages = config or config_for(x2.shape[0])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    y = run_kernel(x2, w, config or config_for(x2.shape[0])).reshape(*x.shape[:-1], w.shape[0])
+    return y if b is None else y + b
+
+
+def run_kernel(x2: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int, int]) -> torch.Tensor:
+    """The kernel itself: ``x2 [M, K] @ w.T`` with the tiling ``config`` (tests run it on the CPU
+    through Triton's interpreter)."""
+    bm, bn, bk, warps, stages = config
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     w = w if w.stride(-1) == 1 else w.contiguous()
     m, k = x2.shape
     n = w.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    y = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     _kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](x2, w, y, m, n, k, x2.stride(0), w.stride(0), y.stride(0),
                                                        BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages)
-    y = y.reshape(*x.shape[:-1], n)
-    return y if b is None else y + b
+    return y
 
 
 class InvariantLinear(nn.Module):
