@@ -8,7 +8,7 @@ calls took 17 us each at span 256, and a 1-slot step cost 2.81 ms at span 256 ag
 (BENCHMARKS.md, session 3).
 
 Here the keys are cut into splits of ``SPLIT`` positions at fixed absolute offsets, one program per
-(sequence, KV head, query tile, split): it walks its split in blocks of ``BLOCK_N`` keys with the
+(sequence, KV head, query tile, split): it walks its split in blocks of keys (:func:`_tile`) with the
 online softmax (fp32), skipping a block where no query sees a key, and writes its partial max, sum
 and output. A second kernel combines a row's splits: their maximum first, then their sums rescaled
 to it, ``COMBINE`` splits at a time (chunks at fixed multiples, a fixed-shape sum per chunk, chunks
@@ -40,7 +40,6 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 SPLIT = 256  # keys per program, at fixed absolute offsets
-BLOCK_N = 64  # keys per inner step
 COMBINE = 16  # splits the combine sums at once (chunks at fixed multiples)
 
 
@@ -53,9 +52,12 @@ def supported(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bo
             and d & (d - 1) == 0 and q.stride(-1) == 1 and k.stride(-1) == 1 and mask.shape[1] == 1)
 
 
-def _tile(d: int) -> tuple[int, int]:
-    """(query rows per tile, warps) for head size ``d``: fixed per model, never per shape."""
-    return (64, 4) if d <= 64 else (64, 8) if d <= 128 else (32, 8)
+def _tile(d: int) -> tuple[int, int, int]:
+    """(query rows per tile, keys per inner block, warps) for head size ``d``: fixed per model, never
+    per shape. Up to d = 128: 128-key blocks and 4 warps, the fastest of the sweep on the H200 at every
+    context and step width measured (scripts/sweep_split_attention.py, BENCHMARKS.md); larger heads
+    (Qwen3.5's 256) keep the blocks they were checked with."""
+    return (64, 128, 4) if d <= 128 else (32, 64, 8)
 
 
 if triton is not None:
@@ -178,7 +180,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     b, h, t, d = q.shape
     hkv, s = k.shape[1], k.shape[2]
     g = h // hkv
-    bm, warps = _tile(d)
+    bm, bn, warps = _tile(d)
     rows = g * t
     n_m, n_s = -(-rows // bm), -(-s // SPLIT)
     m_out = torch.empty(b * hkv * n_m * n_s * bm, dtype=torch.float32, device=q.device)
@@ -191,7 +193,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
         q, k, v, mask, m_out, l_out, a_out, t, s, hkv, rows, scale,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), mask.stride(0), mask.stride(2), mask.stride(3),
-        G=g, BM=bm, BN=BLOCK_N, SPLIT=SPLIT, D=d, num_warps=warps)
+        G=g, BM=bm, BN=bn, SPLIT=SPLIT, D=d, num_warps=warps)
     rb, db = 16, min(d, 32)
     _combine_kernel[(b * hkv, -(-rows // rb), d // db)](
         m_out, l_out, a_out, o, t, hkv, rows, n_s, n_m, o.stride(0), o.stride(1), o.stride(2),
@@ -200,12 +202,14 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 
 
 def split_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                              scale: float, split: int = SPLIT, block: int = BLOCK_N, chunk: int = COMBINE) -> torch.Tensor:
+                              scale: float, split: int = SPLIT, block: int | None = None, chunk: int = COMBINE) -> torch.Tensor:
     """:func:`split_attention`'s algorithm in torch ops, fp32 throughout (any device and dtype):
-    blocks of ``block`` keys at fixed offsets with the online softmax, a block no query of the
-    sequence sees skipped, the partial states of each ``split`` keys combined as the kernel does
-    (the maximum, then the rescaled sums ``chunk`` splits at a time, chunks in order)."""
+    blocks of ``block`` keys (default: the kernel's for the head size) at fixed offsets with the
+    online softmax, a block no query of the sequence sees skipped, the partial states of each
+    ``split`` keys combined as the kernel does (the maximum, then the rescaled sums ``chunk``
+    splits at a time, chunks in order)."""
     b, h, t, d = q.shape
+    block = block or _tile(d)[1]
     hkv, s = k.shape[1], k.shape[2]
     g = h // hkv
     qf = q.float().reshape(b, hkv, g * t, d)

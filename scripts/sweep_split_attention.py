@@ -1,0 +1,57 @@
+"""The split attention kernel's fixed constants, swept on the GPU (each choice gives other bits, so the
+shipped ones are one fixed choice, never picked per shape): SPLIT (keys a program), the keys of an
+inner block and the warps (``_tile``; query tile 64 rows), timed as the static steps run it (CUDA graph) for the shapes
+and contexts of the issue-10 table, with the KV bytes the live context reads and the bandwidth that
+implies. A sweep for choosing the constants, not a check: scripts/check_split_attention.py checks.
+
+    python scripts/sweep_split_attention.py [--json F]
+"""
+import argparse
+import itertools
+import json
+
+import torch
+
+from specdec.models import split_attention as sa
+
+from check_split_attention import inputs, timed  # noqa: E402  (scripts/ is on sys.path when run as a script)
+
+CASES = [  # name, heads, kv heads, d, rows (step width), cache positions, live context
+    ("smollm2 16 rows ctx 128 cache 8k", 9, 3, 64, 16, 8192, 128),
+    ("smollm2 16 rows ctx 8k", 9, 3, 64, 16, 8192, 8000),
+    ("qwen3-8b 16 rows ctx 128 cache 16k", 32, 8, 128, 16, 16512, 128),
+    ("qwen3-8b 16 rows ctx 4k cache 16k", 32, 8, 128, 16, 16512, 4096),
+    ("qwen3-8b 16 rows ctx 16k", 32, 8, 128, 16, 16512, 16384),
+    ("qwen3-8b 1 row ctx 16k", 32, 8, 128, 1, 16512, 16384),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    shipped = (sa.SPLIT, sa._tile)
+    rows = []
+    for split, block, warps in itertools.product((128, 256, 512), (32, 64, 128), (4, 8)):
+        if block > split:
+            continue
+        sa.SPLIT = split
+        sa._tile = lambda d, n=block, w=warps: (64 if d <= 128 else 32, n, w)
+        for name, h, hkv, d, t, span, ctx in CASES:
+            q, k, v, mask = inputs(1, h, hkv, d, t, span, [ctx - t])
+            try:
+                us = timed(lambda: sa.split_attention(q, k, v, mask, d ** -0.5))
+            except Exception as e:  # e.g. out of shared memory for a large block: recorded, not fatal
+                us = f"{type(e).__name__}: {str(e)[:80]}"
+            kv = 2 * hkv * ctx * d * 2
+            row = {"split": split, "block": block, "warps": warps, "case": name, "us": us,
+                   "GB_s": round(kv / us / 1e3, 1) if isinstance(us, float) else None}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    sa.SPLIT, sa._tile = shipped
+    if a.json:
+        json.dump(rows, open(a.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
