@@ -1,10 +1,14 @@
-"""The package's Triton kernels run by Triton's interpreter on the CPU (``TRITON_INTERPRET=1``, set by
-tests/test_triton_interpret.py, which runs this file in a fresh process): each against its torch
-reference, plus the invariances the split attention kernel promises. The interpreter computes with
-numpy (its bf16 rounding is not the GPU's), so values are compared with a tolerance; the GPU's bits
-are checked on the GPU (scripts/check_split_attention.py, scripts/device_check.py).
+"""The package's Triton kernels on the CPU, each run by tests/test_triton_interpret.py in a fresh process:
+
+- ``split``, ``delta``, ``linear``: run by Triton's interpreter (``TRITON_INTERPRET=1``) against
+  their torch references, plus the invariances the split attention kernel promises. The interpreter
+  computes with numpy (its bf16 rounding is not the GPU's), so values are compared with a tolerance;
+  the GPU's bits are checked on the GPU (scripts/check_split_attention.py, scripts/device_check.py);
+- ``rope-ptx`` (interpreter off): the fused RoPE + KV write compiled for sm_90 as it is launched, its
+  PTX free of FMAs (the eager ops round each product before the sum).
 
     TRITON_INTERPRET=1 PYTHONPATH=.cache/triton python tests/_interpret_kernels.py split|delta|linear
+    PYTHONPATH=.cache/triton python tests/_interpret_kernels.py rope-ptx
 Prints one line per case and exits 1 on the first failure.
 """
 
@@ -14,20 +18,18 @@ import sys
 import numpy as np
 import torch
 
-assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-import triton.runtime.interpreter as interp  # noqa: E402
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import triton.runtime.interpreter as interp
 
-# Triton 3.6's interpreter turns a scalar argument into a 1-element array and then calls int() on it,
-# which numpy >= 2.4 refuses ("only 0-dimensional arrays can be converted"): take its one element.
-_patch_tensor = interp._patch_lang_tensor
+    # Triton 3.6's interpreter turns a scalar argument into a 1-element array and then calls int()
+    # on it, which numpy >= 2.4 refuses ("only 0-dimensional arrays can be converted"): take its element.
+    _patch_tensor = interp._patch_lang_tensor
 
+    def _patched(tensor, scope):
+        _patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
 
-def _patched(tensor, scope):
-    _patch_tensor(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
-
-
-interp._patch_lang_tensor = _patched
+    interp._patch_lang_tensor = _patched
 
 from specdec.models import split_attention as sa  # noqa: E402  (after the patch: kernels are built at import)
 
@@ -105,5 +107,26 @@ def linear() -> None:
     check("linear: rows 0..7 alone have their bits among 40", torch.equal(run_kernel(x[:8], w, config_for(40)), y[:8]))
 
 
+def rope_ptx() -> None:
+    """The fused RoPE + KV write as launched (its COMPILE_OPTIONS), compiled for an H100/H200 (sm_90):
+    each product rounded (``mul.rn``), then the sum (``add.rn``); no FMA, which would skip the product's
+    rounding (Triton's default contraction did, on the H200)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from specdec.models import rope_write as rw
+    fn = rw._rope_write_kernel
+    ptrs = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "cos": "*bf16", "sin": "*bf16", "q_out": "*bf16",
+            "ck": "*bf16", "cv": "*bf16", "slots": "*i64", "pos": "*i64"}
+    const = {"R": 64, "HALF": 32, "D": 128}  # a partial rotary: both the rotated and the copied lanes
+    sig = {n: ptrs.get(n, "constexpr" if n in const else "i32") for n in fn.arg_names}
+    options = {k: v for k, v in rw.COMPILE_OPTIONS.items()}
+    ptx = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    check("rope-ptx: the product is rounded (mul.rn.bf16)", "mul.rn.bf16" in ptx)
+    check("rope-ptx: then the sum (add.rn.bf16)", "add.rn.bf16" in ptx)
+    check("rope-ptx: no FMA", "fma" not in ptx)
+
+
 if __name__ == "__main__":
-    {"split": split, "delta": delta, "linear": linear}[sys.argv[1]]()
+    {"split": split, "delta": delta, "linear": linear, "rope-ptx": rope_ptx}[sys.argv[1]]()

@@ -2,7 +2,8 @@
 interpreter (``TRITON_INTERPRET=1``, a fresh process with the Triton that ``make test`` installs at
 .cache/triton, apart from the venv's CPU torch) against its torch reference: the split attention
 kernel (and its invariances: dead keys and splits appended, a row alone), the fused recurrent Gated
-DeltaNet kernel and the row-count-invariant GEMM. The GPU's bits are checked on the GPU."""
+DeltaNet kernel and the row-count-invariant GEMM; and the fused RoPE + KV write compiled for sm_90,
+its PTX free of FMAs. The GPU's bits are checked on the GPU."""
 
 import os
 import subprocess
@@ -15,12 +16,15 @@ ROOT = Path(__file__).resolve().parent.parent
 TRITON_DIR = Path(os.environ.get("SPECDEC_TRITON_DIR", ROOT / ".cache" / "triton"))
 
 
-@pytest.mark.parametrize("kernel", ["split", "delta", "linear"])
-def test_kernel_in_the_interpreter(kernel):
+@pytest.mark.parametrize("kernel", ["split", "delta", "linear", "rope-ptx"])
+def test_kernel_on_the_cpu(kernel):
     if not (TRITON_DIR / "triton" / "__init__.py").is_file():
         pytest.fail(f"no Triton for the interpreter at {TRITON_DIR}: `make test` installs it "
                     f"(or set SPECDEC_TRITON_DIR to a folder holding the triton package)")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(TRITON_DIR), str(ROOT)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRITON_DIR), str(ROOT)])}
+    env.pop("TRITON_INTERPRET", None)
+    if kernel != "rope-ptx":  # the interpreter; rope-ptx compiles for the GPU instead
+        env["TRITON_INTERPRET"] = "1"
     run = subprocess.run([sys.executable, str(ROOT / "tests" / "_interpret_kernels.py"), kernel], env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]

@@ -8,10 +8,14 @@ On the H200 a SmolLM2 step ran ~1,090 kernels (~36 a layer, BENCHMARKS.md, sessi
 tensor, or rotates a key head and writes it with its value head at the row's slot and position.
 
 Bits: the rotation rounds where the eager ops round (each product to the model dtype, then their
-sum), so the outputs equal the eager ones bitwise and a step's logits do not change. CUDA, bf16 or
-fp16 only (fp32 would let the compiler contract the product and sum into one FMA). Off until
-measured on the GPU: ``SPECDEC_FUSED_ROPE=1`` turns it on (``layers.FUSED_ROPE_WRITE``);
-``scripts/check_rope_write.py`` compares it with the eager ops and times it.
+sum), so the outputs equal the eager ones bitwise and a step's logits do not change. That needs the
+compiler's floating-point contraction off (``COMPILE_OPTIONS``): with it on (Triton's default) the
+H200 run of 2026-12-01 differed from the eager ops in q and k, and the kernel's PTX shows why: the
+product and the sum became one ``fma.rn.bf16x2``, the product never rounded. With it off the PTX is
+``mul.rn.bf16x2`` then ``add.rn.bf16x2`` (tests/test_triton_interpret.py compiles the kernel for sm_90
+on the CPU and checks that). CUDA, bf16 or fp16 only. Off until measured on the GPU again:
+``SPECDEC_FUSED_ROPE=1`` turns it on (``layers.FUSED_ROPE_WRITE``); ``scripts/check_rope_write.py``
+compares it with the eager ops and times it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ def supported(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, cache, w) -> 
             and cos.dtype == q.dtype and d & (d - 1) == 0 and r % 2 == 0 and r <= d
             and q.stride(-1) == 1 and k.stride(-1) == 1 and cos.is_contiguous())
 
+
+# launch options: one warp a (row, head); no contraction of a product and a sum into an FMA
+COMPILE_OPTIONS = {"num_warps": 1, "enable_fp_fusion": False}
 
 if triton is not None:
     @triton.jit(do_not_specialize=["T", "H"])
@@ -84,5 +91,5 @@ def rope_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Ten
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), q_out.stride(0), q_out.stride(1), q_out.stride(2),
         ck.stride(0), ck.stride(1), ck.stride(2), pos.stride(0), pos.stride(1),
-        R=r, HALF=r // 2, D=d, num_warps=1)
+        R=r, HALF=r // 2, D=d, **COMPILE_OPTIONS)
     return q_out.transpose(1, 2)
