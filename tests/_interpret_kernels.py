@@ -62,6 +62,7 @@ def split() -> None:
     many = sa.SPLIT * (sa.COMBINE + 2)  # more splits than one combine chunk
     cases = [("smollm2 heads", (2, 9, 3, 64, 5, 700, [3, 690])),
              ("qwen3-8b heads", (1, 32, 8, 128, 2, 300, [200])),
+             ("qwen3.5 heads (d 256)", (1, 16, 4, 256, 2, 300, [150])),
              ("chunks", (2, 4, 2, 16, 3, many, [many - 3, 40])),
              ("window", (2, 4, 2, 16, 4, many, [many - 4, 1000]))]
     for name, (b, h, hkv, d, t, span, starts) in cases:
