@@ -202,12 +202,21 @@ def machine_description(dev: torch.device) -> str:
 
 
 def git_commit() -> str:
+    """The commit the code was run from, ``+dirty`` when tracked files differ from it (a report of
+    uncommitted code must not name a commit that does not hold it)."""
     if os.environ.get("SPECDEC_COMMIT"):  # set where the tree was copied without .git (device runs)
         return os.environ["SPECDEC_COMMIT"]
+    return commit_of(os.path.dirname(os.path.abspath(__file__)))
+
+
+def commit_of(path: str) -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=path, capture_output=True, text=True, timeout=10).stdout.strip()
     try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
-                              timeout=5).stdout.strip() or "unknown"
+        head = git("rev-parse", "--short", "HEAD")
+        if not head:
+            return "unknown"
+        return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

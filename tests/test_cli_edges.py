@@ -277,3 +277,23 @@ def test_batch_invariant_flag_is_tri_state():
     for argv, want in (([], None), (["--batch-invariant"], True), (["--no-batch-invariant"], False)):
         for cmd in (["generate", "-p", "x"], ["bench"], ["chat"]):
             assert p.parse_args(cmd + argv).batch_invariant is want, (cmd, argv)
+
+
+def test_report_commit_says_dirty(tmp_path):
+    """A benchmark report names its commit, with ``+dirty`` when tracked files differ from it."""
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+    git("init", "-q")
+    (tmp_path / "f.py").write_text("a = 1\n")
+    git("add", "f.py")
+    git("commit", "-qm", "one")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert bench.commit_of(str(tmp_path)) == head
+    (tmp_path / "new.py").write_text("untracked\n")  # untracked files do not make it dirty
+    assert bench.commit_of(str(tmp_path)) == head
+    (tmp_path / "f.py").write_text("a = 2\n")
+    assert bench.commit_of(str(tmp_path)) == head + "+dirty"
+    import tempfile
+    with tempfile.TemporaryDirectory() as plain:  # no repository: said so
+        assert bench.commit_of(plain) == "unknown"
