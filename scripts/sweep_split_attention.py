@@ -1,8 +1,8 @@
 """The split attention kernel's fixed constants, swept on the GPU (each choice gives other bits, so the
 shipped ones are one fixed choice, never picked per shape): SPLIT (keys a program), the keys of an
-inner block and the warps (``_tile``; query tile 64 rows), timed as the static steps run it (CUDA graph) for the shapes
-and contexts of the issue-10 table, with the KV bytes the live context reads and the bandwidth that
-implies. A sweep for choosing the constants, not a check: scripts/check_split_attention.py checks.
+inner block and the warps (``_tile``; query tile 64 rows), timed as the static steps run it (CUDA
+graph) for the shapes and contexts of the issue-10 table, with the KV bytes the live context reads
+and the bandwidth that implies. A sweep for choosing the constants, not a check: scripts/check_split_attention.py checks.
 
     python scripts/sweep_split_attention.py [--json F]
 """

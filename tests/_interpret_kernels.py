@@ -122,8 +122,8 @@ def rope_ptx() -> None:
             "ck": "*bf16", "cv": "*bf16", "slots": "*i64", "pos": "*i64"}
     const = {"R": 64, "HALF": 32, "D": 128}  # a partial rotary: both the rotated and the copied lanes
     sig = {n: ptrs.get(n, "constexpr" if n in const else "i32") for n in fn.arg_names}
-    options = {k: v for k, v in rw.COMPILE_OPTIONS.items()}
-    ptx = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    ptx = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
+                         options=dict(rw.COMPILE_OPTIONS)).asm["ptx"]
     check("rope-ptx: the product is rounded (mul.rn.bf16)", "mul.rn.bf16" in ptx)
     check("rope-ptx: then the sum (add.rn.bf16)", "add.rn.bf16" in ptx)
     check("rope-ptx: no FMA", "fma" not in ptx)
