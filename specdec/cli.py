@@ -220,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--checkpoint-minutes", type=float, default=5.0, help="checkpoint interval (default 5)")
     t.add_argument("--time-limit", type=float, default=None, metavar="MIN", help="stop after MIN minutes with a "
                    "checkpoint (resume by rerunning)")
+    t.add_argument("--minutes", type=float, default=None, metavar="MIN",
+                   help="train for MIN minutes of this run's training loop (evaluations included): the warm-up "
+                        "and cosine decay follow the clock, or --epochs if those end first, and the drafter is "
+                        "written when the time is spent (unlike --time-limit, which stops to resume later)")
     t.add_argument("--restart", action="store_true", help="ignore an existing checkpoint and start over")
 
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs: pip install 'specdec[serve]')",

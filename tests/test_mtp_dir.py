@@ -84,6 +84,25 @@ def test_greedy_lossless(heads, kind, static):
     assert accepted > 0, "no draft was ever accepted: the accept path went untested"
 
 
+@pytest.mark.parametrize("static", [False, True])
+def test_a_reused_drafter_drafts_as_a_fresh_one(heads, static):
+    """The drafter keeps its KV cache (and with it the captured propose) from one generation to the
+    next: rows of the earlier reply left past the new length are masked, never read. The second
+    generation's drafts equal those of a fresh drafter, step for step."""
+    path, head = heads["llama"]
+    lm, fresh = (LLM(path, draft=f"mtp:{head}", device="cpu") for _ in range(2))
+    for d in (lm.drafter, fresh.drafter):
+        d.static_steps = static
+    SpeculativeGenerator(lm.model, lm.drafter, 3).generate(_prompt(30, 1), 60)  # fills ~90 cache rows
+    cache, steps = lm.drafter.cache, dict(lm.drafter._static)
+    prompt = _prompt(4, 2)
+    a = SpeculativeGenerator(lm.model, lm.drafter, 3).generate(prompt, 20, trace=True)
+    b = SpeculativeGenerator(fresh.model, fresh.drafter, 3).generate(prompt, 20, trace=True)
+    assert a.stats.trace == b.stats.trace and a.token_ids == b.token_ids
+    assert lm.drafter.cache is cache  # kept: no new cache, no new capture
+    assert all(lm.drafter._static.get(k) is v for k, v in steps.items())
+
+
 def test_llm_generate_api(heads):
     path, head = heads["llama"]
     lm = LLM(path, draft=f"mtp:{head}", num_draft_tokens=3, device="cpu")

@@ -199,3 +199,27 @@ def test_fused_projections_compute_the_same_and_keep_the_parameters():
     prompt = torch.randint(0, 97, (9,))
     a, b = m(prompt, m.new_cache(32)), f(prompt, f.new_cache(32))
     torch.testing.assert_close(b.logits, a.logits, rtol=1e-5, atol=1e-5)
+
+
+def test_captures_hold_the_garbage_collector_off():
+    """A collection during a CUDA-graph capture may reset an old graph, which invalidates the
+    capture (seen on the H200 in `specdec train`'s held-out tau): ``capture`` runs inside no_gc."""
+    import gc
+
+    from specdec.models.graphs import no_gc
+
+    assert gc.isenabled()
+    with no_gc():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ValueError):
+        with no_gc():
+            raise ValueError("inside")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with no_gc():
+            pass
+        assert not gc.isenabled()  # a collector the caller turned off stays off
+    finally:
+        gc.enable()

@@ -10,6 +10,7 @@ import torch
 from _dense_util import tiny_model, write_gguf
 from specdec.api import LLM
 from specdec.cli import main
+from specdec.train.trainer import TrainConfig, lr_at
 
 MASK = 300  # a padding token of the tiny vocabulary (no special tokens to pick from)
 
@@ -85,8 +86,32 @@ def test_interrupted_run_resumes_from_its_step(target, prompts, tmp_path, capsys
     assert rc == 2 and last.startswith("specdec train: error: ") and "checkpoint of a different run" in last
 
 
+def test_minutes_end_the_run_by_the_clock_and_write_the_drafter(target, prompts, tmp_path, capsys):
+    out = str(tmp_path / "m")
+    # 6 seconds run out long before 500 epochs of this data end (~2 steps and an evaluation each)
+    rc, _, err = _train(capsys, target, prompts, out, str(tmp_path / "cache"), "mtp", "--epochs", "500",
+                        "--minutes", "0.1")
+    assert rc == 0, err
+    info = json.load(open(os.path.join(out, "training.json")))
+    assert 1 <= info["steps"] < 500 * info["batches_per_epoch"], info
+    assert len(info["held_out_tau"]) >= 1 and not os.path.exists(out + ".ckpt.pt")
+    _lossless(target, f"mtp:{out}", prompts)
+
+
+def test_the_schedule_on_the_clock():
+    cfg = TrainConfig(lr=1.0, warmup=0.1, minutes=10.0)
+    assert lr_at(0, 1000, cfg, 30.0) == pytest.approx(0.5)  # 5 % of the time: half-way up the warm-up
+    assert lr_at(0, 1000, cfg, 60.0) == pytest.approx(1.0)
+    assert lr_at(0, 1000, cfg, 330.0) == pytest.approx(0.5)  # half-way through the decay
+    assert lr_at(0, 1000, cfg, 600.0) == pytest.approx(0.0)
+    assert lr_at(550, 1000, cfg, 0.0) == pytest.approx(0.5)  # the steps run out first: they lead
+    steps = TrainConfig(lr=1.0, warmup=0.1)  # without minutes the clock is ignored
+    assert lr_at(550, 1000, steps, 1e9) == lr_at(550, 1000, steps) == pytest.approx(0.5)
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["--epochs", "0"], "--epochs must be > 0"),
+    (["--minutes", "-1"], "--minutes must be > 0 minutes"),
     (["--block-size", "1"], "--block-size must be in 2..64"),
     (["--prompts", "nope.jsonl"], "--prompts nope.jsonl: no such file"),
     (["--mask-token-id", "99999"], "--mask-token-id 99999 is outside the vocabulary"),

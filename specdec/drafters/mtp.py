@@ -156,9 +156,8 @@ class MTPDrafter:
     @torch.inference_mode()
     def begin(self, prompt_ids: torch.Tensor, out: ForwardOut) -> None:
         ids = prompt_ids.to(self.target.device).reshape(-1)
-        self.length = 0
-        self.cache = None
-        self._ensure(ids.numel() + 1024)  # room for the reply: each growth means a new graph capture
+        self.length = 0  # the cache is kept when large enough: rows past the length are masked by position
+        self._ensure(ids.numel() + 1024)  # room for the reply: each new cache means a new graph capture
         self._pending_h = [out.hidden[:-1]]
         self._pending_t = [ids[1:]]
         self._last_h = out.hidden[-1:]

@@ -18,7 +18,9 @@ first call, i.e. in :func:`capture`'s warm-up.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 from typing import Sequence
 
 import torch
@@ -89,9 +91,25 @@ def capture(fn, device: torch.device, warmups: int = 2):
             fn()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with no_gc(), torch.cuda.graph(graph):
         out = fn()
     return graph, out
+
+
+@contextlib.contextmanager
+def no_gc():
+    """Python's garbage collector held off: a collection during a capture may free an old graph
+    (e.g. a drafter dropped since), whose reset is a CUDA call that invalidates the capture
+    ("operation not permitted when stream is capturing"; seen in `specdec train`'s held-out tau).
+    No collection first: in a large process one costs tens of milliseconds, and torch no longer
+    runs one before a capture either."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class _Step:

@@ -42,8 +42,9 @@ def check_args(a) -> None:
             raise ConfigError("--init keeps the drafter's architecture: drop --layers/--block-size/--mask-token-id")
     if a.kind == "mtp" and not 1 <= a.steps <= 8:
         raise ConfigError(f"--steps (chained MTP steps trained) must be in 1..8, got {a.steps}")
-    if a.time_limit is not None and a.time_limit <= 0:
-        raise ConfigError(f"--time-limit must be > 0 minutes, got {a.time_limit}")
+    for name, v in (("--time-limit", a.time_limit), ("--minutes", getattr(a, "minutes", None))):
+        if v is not None and not v > 0:
+            raise ConfigError(f"{name} must be > 0 minutes, got {v}")
     if os.path.exists(a.out) and not os.path.isdir(a.out):
         raise ConfigError(f"--out {a.out}: exists and is not a directory")
 
@@ -83,6 +84,7 @@ def run_train(a, argv: list[str] | None = None) -> int:
                 tok.encode(tok.apply_chat_template([{"role": "user", "content": t}]), add_special=False) for t in held]
     cfg = TrainConfig(epochs=a.epochs, lr=a.lr, warmup=a.warmup, batch_tokens=a.batch_tokens, seed=a.seed,
                       checkpoint_minutes=a.checkpoint_minutes, time_limit_minutes=a.time_limit,
+                      minutes=getattr(a, "minutes", None),
                       eval_prompts=eval_ids, eval_tokens=a.eval_tokens)
     argv = getattr(a, "argv", None) if argv is None else argv
     command = "specdec " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))

@@ -41,6 +41,7 @@ class TrainConfig:
     seed: int = 0
     checkpoint_minutes: float = 5.0
     time_limit_minutes: float | None = None
+    minutes: float | None = None  # a schedule on the clock: it ends when these minutes of training are spent
     eval_prompts: list = field(default_factory=list)  # token ids of held-out prompts
     eval_tokens: int = 128
 
@@ -78,12 +79,23 @@ def collate(seqs, idx: list[int], max_len: int, device) -> tuple[torch.Tensor, t
     return ids.to(device), valid.to(device)
 
 
-def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
-    warm = max(1, int(cfg.warmup * total))
-    if step < warm:
-        return cfg.lr * (step + 1) / warm
-    p = (step - warm) / max(1, total - warm)
-    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, p)))
+def lr_at(step: int, total: int, cfg: TrainConfig, elapsed: float = 0.0) -> float:
+    """Linear warm-up over the first ``cfg.warmup`` of the run, cosine decay to zero after it.
+
+    The run's progress is ``step / total``; with ``cfg.minutes`` it is that or the share of those
+    minutes spent (``elapsed`` seconds), whichever is further, so the schedule ends with the clock.
+    """
+    if not cfg.minutes:
+        warm = max(1, int(cfg.warmup * total))
+        if step < warm:
+            return cfg.lr * (step + 1) / warm
+        p = (step - warm) / max(1, total - warm)
+        return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, p)))
+    q = min(1.0, max(step / total, elapsed / (60.0 * cfg.minutes)))
+    if q < cfg.warmup:
+        return cfg.lr * max(q, 1.0 / total) / cfg.warmup
+    p = (q - cfg.warmup) / max(1e-9, 1.0 - cfg.warmup)
+    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * p))
 
 
 def held_out_tau(task, target, prompts: list[list[int]], n_tokens: int, stop_ids) -> float:
@@ -117,6 +129,8 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     ckpt = out.rstrip("/") + ".ckpt.pt"
     recipe = {"task": task.recipe(), "sequences": len(seqs), "batches": per_epoch, "total": total, "seed": cfg.seed}
+    if cfg.minutes:
+        recipe["minutes"] = cfg.minutes
     step, spent = 0, 0.0
     if os.path.exists(ckpt) and not restart:
         state = torch.load(ckpt, map_location=dev, weights_only=False)
@@ -150,8 +164,9 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
     loss_avg = first_loss = last_loss = None
     epoch_losses: list[float] = []
     stats: dict = {}
+    clock_over = False  # --minutes spent: the run ends as if its last epoch had
     try:
-        while step < total:
+        while step < total and not clock_over:
             epoch, pos = divmod(step, per_epoch)
             order = torch.randperm(per_epoch, generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch)).tolist()
             ids, valid = collate(seqs, batches[order[pos]], cfg.max_len, dev)
@@ -164,7 +179,7 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             for g in opt.param_groups:
-                g["lr"] = lr_at(step, total, cfg)
+                g["lr"] = lr_at(step, total, cfg, spent + time.perf_counter() - t_run)
             opt.step()
             step += 1
             n_tok += int(valid.sum())
@@ -176,7 +191,8 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
             bar.set_postfix(loss=f"{loss_avg:.3f}", **{k: f"{float(v):.2f}" for k, v in stats.items() if k in task.show},
                             tok_s=f"{n_tok / max(el, 1e-9):.0f}", refresh=False)
             now = time.perf_counter()
-            if step % per_epoch == 0 or step == total:
+            clock_over = bool(cfg.minutes) and spent + now - t_run >= 60 * cfg.minutes
+            if step % per_epoch == 0 or step == total or clock_over:
                 mean = sum(epoch_losses) / len(epoch_losses)
                 first_loss = mean if first_loss is None else first_loss
                 last_loss, epoch_losses = mean, []
@@ -190,7 +206,7 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
                 save_ckpt()
                 last_ckpt = now
             over = cfg.time_limit_minutes is not None and (now - t_run) > 60 * cfg.time_limit_minutes
-            if (stop_flag["sig"] is not None or over) and step < total:
+            if (stop_flag["sig"] is not None or over) and step < total and not clock_over:
                 save_ckpt()
                 why = "the time limit" if over else f"signal {stop_flag['sig']}"
                 raise Stopped(f"stopped by {why} at step {step}/{total}; checkpoint {ckpt} "
@@ -200,7 +216,7 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
         for s, h in old.items():
             signal.signal(s, h)
     seconds = spent + time.perf_counter() - t_run
-    summary = {"steps": total, "epochs": cfg.epochs, "sequences": len(seqs), "reply_tokens": data.reply_tokens,
+    summary = {"steps": step, "epochs": round(step / per_epoch, 3), "sequences": len(seqs), "reply_tokens": data.reply_tokens,
                "batches_per_epoch": per_epoch, "seconds": round(seconds, 1), "first_epoch_loss": first_loss, "last_epoch_loss": last_loss,
                "held_out_tau": taus, "stats": {k: float(v.detach() if torch.is_tensor(v) else v) for k, v in stats.items()},
                "machine": machine_description(dev), "commit": git_commit()}
