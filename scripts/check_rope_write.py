@@ -29,7 +29,9 @@ def unit(name, h, hkv, d, r, b, t) -> dict:
     q, k, v = qkv.split([h * d, hkv * d, hkv * d], -1)  # views of one GEMM output, as the model has them
     q, k, v = q.view(b, t, h, d), k.view(b, t, hkv, d), v.view(b, t, hkv, d)
     slots = torch.randperm(40, device="cuda", generator=g)[:b]
-    pos = torch.randint(0, 200, (b, 1), device="cuda", generator=g) + torch.arange(t, device="cuda")[None, :]
+    # positions inside the 256-position cache (start + t - 1 <= 255): past it the eager write's
+    # index asserts on the device (the H200 run of 2026-12-01 (sixth) died of that at b=1, t=128)
+    pos = torch.randint(0, 256 - t + 1, (b, 1), device="cuda", generator=g) + torch.arange(t, device="cuda")[None, :]
     cos, sin = RotaryEmbedding(d, 1e6, partial_factor=r / d).cos_sin(pos.reshape(-1), torch.bfloat16)
     w = BatchWrite(slots, pos, 256)
     eager, fused = (BatchKVCache(40, hkv, d, 256, torch.bfloat16, "cuda") for _ in range(2))
