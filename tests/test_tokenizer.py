@@ -298,3 +298,23 @@ def test_hf_dir_tokenizer_matches_transformers(tmp_path, bos):
             assert ours.encode(text, add_special=special) == want, (text, special)
         assert ours.decode(ours.encode(text, add_special=False)) == text
     assert (ours.encode("The")[0] == 0) == bos
+
+
+def test_chat_template_is_compiled_once_and_again_when_replaced(monkeypatch):
+    """Compiling the Jinja template was ~95 % of a render (~6 ms a prompt: ~48 s of a training
+    run's start on 14k prompts): it is compiled once per template text."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    tok = _spm(_TINY, **{"tokenizer.chat_template": "{{ bos_token }}{{ messages[0]['content'] }}"})
+    compiled = []
+    real = ImmutableSandboxedEnvironment.from_string
+    monkeypatch.setattr(ImmutableSandboxedEnvironment, "from_string",
+                        lambda self, src, *a, **k: compiled.append(src) or real(self, src, *a, **k))
+    assert [tok.apply_chat_template([{"role": "user", "content": c}]) for c in "ab"] == ["<s>a", "<s>b"]
+    assert len(compiled) == 1
+    tok.chat_template = "{{ messages[0]['content'] }}!"
+    assert tok.apply_chat_template([{"role": "user", "content": "c"}]) == "c!"
+    assert len(compiled) == 2
+    tok.chat_template = "{% if %}"
+    with pytest.raises(CheckpointError, match="the chat template does not parse"):
+        tok.apply_chat_template([{"role": "user", "content": "c"}])
