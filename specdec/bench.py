@@ -90,6 +90,12 @@ class ConfigResult:
     accepted: int = 0
     drafted: int = 0
     mismatches: int = 0
+    # where the time went (engine Stats, summed): the prefill (and the drafter's begin), the host
+    # side of proposing (on CUDA the device work it launches is waited for in the verify), the
+    # verify step with the step's one sync
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
     outputs: list[list[int]] = field(default_factory=list, repr=False)
 
     @property
@@ -169,6 +175,9 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
                 r.steps += res.stats.steps
                 r.accepted += sum(res.stats.accepted)
                 r.drafted += res.stats.drafted
+                r.prefill_s += res.stats.prefill_s
+                r.draft_s += res.stats.draft_s
+                r.verify_s += res.stats.verify_s
                 outs.extend(res.token_ids)
                 messages.append({"role": "assistant", "content": tok.decode([t for t in res.token_ids if t not in tok.eos_ids])})
             r.outputs.append(outs)
@@ -183,6 +192,8 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
             "acceptance_rate": round(r.accepted / r.drafted, 4) if r.drafted else 0.0,
             "speedup_vs_none": round(r.tokens_per_s / base.tokens_per_s, 3) if base and base.tokens_per_s else None,
             "outputs_differing_from_none": r.mismatches if base is not None and temperature == 0 else None,
+            "prefill_seconds": round(r.prefill_s, 3), "draft_seconds": round(r.draft_s, 3),
+            "verify_seconds": round(r.verify_s, 3),
         })
     return {"machine": machine_description(dev), "commit": git_commit(), "model": model, "dataset": dataset,
             "num_prompts": len(prompts), "max_turns": max_turns, "max_new_tokens": max_new_tokens, "temperature": temperature,
