@@ -66,6 +66,7 @@ class Tokenizer:
         self.add_bos = add_bos
         self.chat_template = chat_template
         self.source = source
+        self._template = None  # (template text, compiled template): see _compiled_template
 
     @property
     def vocab_size(self) -> int:
@@ -107,9 +108,8 @@ class Tokenizer:
         was ~48 s of a training run's start on 14k prompts), again only if it was replaced."""
         if not self.chat_template:
             raise CheckpointError(f"{self.source}: the model has no chat template; pass a plain prompt instead of --chat")
-        cached = getattr(self, "_template", None)
-        if cached is not None and cached[0] == self.chat_template:
-            return cached[1]
+        if self._template is not None and self._template[0] == self.chat_template:
+            return self._template[1]
         from jinja2.exceptions import TemplateError, TemplateSyntaxError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 

@@ -187,15 +187,13 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
             epoch_losses.append(lv)
             loss_avg = lv if loss_avg is None else 0.98 * loss_avg + 0.02 * lv
             bar.update(1)
-            el = time.perf_counter() - t_tok
-            clock = {}
-            if cfg.minutes:  # the bar's ETA counts every epoch; the clock ends the run first
-                left = max(0, int(60 * cfg.minutes - (spent + time.perf_counter() - t_run)))
-                clock = {"ends_in": f"{left // 60}:{left % 60:02d}"}
-            bar.set_postfix(loss=f"{loss_avg:.3f}", **{k: f"{float(v):.2f}" for k, v in stats.items() if k in task.show},
-                            tok_s=f"{n_tok / max(el, 1e-9):.0f}", **clock, refresh=False)
             now = time.perf_counter()
-            clock_over = bool(cfg.minutes) and spent + now - t_run >= 60 * cfg.minutes
+            left = 60 * cfg.minutes - (spent + now - t_run) if cfg.minutes else None  # seconds on the clock
+            clock_over = left is not None and left <= 0
+            # the bar's ETA counts every epoch; with --minutes the clock ends the run first
+            clock = {} if left is None else {"ends_in": f"{max(0, int(left)) // 60}:{max(0, int(left)) % 60:02d}"}
+            bar.set_postfix(loss=f"{loss_avg:.3f}", **{k: f"{float(v):.2f}" for k, v in stats.items() if k in task.show},
+                            tok_s=f"{n_tok / max(now - t_tok, 1e-9):.0f}", **clock, refresh=False)
             if step % per_epoch == 0 or step == total or clock_over:
                 mean = sum(epoch_losses) / len(epoch_losses)
                 first_loss = mean if first_loss is None else first_loss
