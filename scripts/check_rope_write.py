@@ -4,7 +4,8 @@
   the SmolLM2, qwen3-8b and qwen3.5 (partial rotary) head layouts;
 - whole static steps of a random-weight shape (``specdec.shapes``), captured as CUDA graphs with
   the fused kernel and without: logits, hidden rows and the KV cache bitwise equal, and each
-  graph's replay time (what the kernel is for: fewer kernels a step).
+  graph's replay time (what the kernel is for: fewer kernels a step); batched (GraphedBatch) and
+  one sequence's (GraphedTarget, padded to 16 rows).
 
     python scripts/check_rope_write.py [--shapes smollm2-135m qwen3-8b] [--json F]
 """
@@ -79,6 +80,40 @@ def steps(shape: str) -> list[dict]:
     return out
 
 
+def one_sequence(shape: str) -> list[dict]:
+    """One sequence's static steps (GraphedTarget: generate, bench), with the fused kernel and without:
+    a prompt, then 1-row and 16-row steps (padded to 16, as exact decoding runs them)."""
+    from specdec.models.graphs import GraphedTarget
+    m = build_shape(shape, torch.device("cuda"), torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(2)
+    prompt = torch.randint(m.config.vocab_size, (150,), device="cuda", generator=g)
+    steps_ids = [torch.randint(m.config.vocab_size, (t,), device="cuda", generator=g) for t in (1, 16, 5)]
+    res = {}
+    for fused in (False, True):
+        layers.FUSED_ROPE_WRITE = fused
+        cache = m.new_cache(600, spare=16)
+        m(prompt, cache, logits="last")
+        st = GraphedTarget(m, cache, (), max_steps=16, pad_to=16)
+        outs = [st(ids) for ids in steps_ids]
+        logits = torch.cat([o.logits.clone() for o in outs])
+        hidden = torch.cat([o.hidden for o in outs])
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        n = cache.length
+        ev[0].record()
+        for _ in range(20):
+            st(steps_ids[0])
+            cache.rollback(n)
+        ev[1].record()
+        torch.cuda.synchronize()
+        res[fused] = (logits, hidden, cache.layers[0].k[:, :n].clone(), round(ev[0].elapsed_time(ev[1]) / 20, 4))
+    layers.FUSED_ROPE_WRITE = False
+    row = {"shape": shape, "one_sequence": True, "logits_equal": torch.equal(res[0][0], res[1][0]),
+           "hidden_equal": torch.equal(res[0][1], res[1][1]), "cache_equal": torch.equal(res[0][2], res[1][2]),
+           "step_ms_eager_ops": res[0][3], "step_ms_fused": res[1][3]}
+    print(json.dumps(row), flush=True)
+    return [row]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["smollm2-135m", "qwen3-8b"])
@@ -92,7 +127,7 @@ def main() -> None:
             rep["unit"].append(row)
             print(json.dumps(row), flush=True)
     for shape in a.shapes:
-        rep["steps"] += steps(shape)
+        rep["steps"] += steps(shape) + one_sequence(shape)
     bad = [r for r in rep["unit"] if not (r["q_equal"] and r["k_equal"] and r["v_equal"])]
     bad += [r for r in rep["steps"] if not (r["logits_equal"] and r["hidden_equal"] and r["cache_equal"])]
     rep["failures"] = len(bad)

@@ -1,13 +1,13 @@
 """The package's Triton kernels on the CPU, each run by tests/test_triton_interpret.py in a fresh process:
 
-- ``split``, ``delta``, ``linear``: run by Triton's interpreter (``TRITON_INTERPRET=1``) against
+- ``split``, ``delta``, ``linear``, ``rope``, ``fused``: run by Triton's interpreter (``TRITON_INTERPRET=1``) against
   their torch references, plus the invariances the split attention kernel promises. The interpreter
   computes with numpy (its bf16 rounding is not the GPU's), so values are compared with a tolerance;
   the GPU's bits are checked on the GPU (scripts/check_split_attention.py, scripts/device_check.py);
 - ``rope-ptx`` (interpreter off): the fused RoPE + KV write compiled for sm_90 as it is launched, its
   PTX free of FMAs (the eager ops round each product before the sum).
 
-    TRITON_INTERPRET=1 PYTHONPATH=.cache/triton python tests/_interpret_kernels.py split|delta|linear
+    TRITON_INTERPRET=1 PYTHONPATH=.cache/triton python tests/_interpret_kernels.py split|delta|linear|rope|fused
     PYTHONPATH=.cache/triton python tests/_interpret_kernels.py rope-ptx
 Prints one line per case and exits 1 on the first failure.
 """
@@ -108,6 +108,81 @@ def linear() -> None:
     check("linear: rows 0..7 alone have their bits among 40", torch.equal(run_kernel(x[:8], w, config_for(40)), y[:8]))
 
 
+def rope() -> None:
+    """The fused RoPE + KV write against ``layers.apply_rope`` and the caches' writes (fp16: the
+    interpreter's bf16 is not the GPU's), for one sequence's static step (a 0-d start) and a batched
+    step (slots and positions per row), full and partial rotary."""
+    from specdec.cache import BatchKVCache, BatchWrite, KVCache
+    from specdec.models.layers import RotaryEmbedding, apply_rope
+    from specdec.models.rope_write import rope_write, rope_write_one
+    g = torch.Generator().manual_seed(0)
+    for h, hkv, d, r in ((6, 2, 16, 16), (4, 2, 32, 16)):
+        rot = RotaryEmbedding(d, 10000.0, partial_factor=r / d)
+        # one sequence: T rows at start 5 of a 24-position cache
+        t = 3
+        qkv = torch.randn(t, (h + 2 * hkv) * d, generator=g).half()
+        q, k, v = qkv.split([h * d, hkv * d, hkv * d], -1)
+        q, k, v = q.view(t, h, d), k.view(t, hkv, d), v.view(t, hkv, d)
+        start = torch.tensor(5)
+        cos, sin = rot.cos_sin(start + torch.arange(t), torch.float16)
+        want_c, got_c = KVCache(hkv, d, 24, torch.float16, "cpu"), KVCache(hkv, d, 24, torch.float16, "cpu")
+        want_q = apply_rope(q.transpose(0, 1), cos, sin)
+        want_c.update(start, apply_rope(k.transpose(0, 1), cos, sin), v.transpose(0, 1))
+        got_q = rope_write_one(q, k, v, cos, sin, got_c, start)
+        check(f"rope one sequence h={h} d={d} r={r}: queries", torch.equal(got_q, want_q))
+        check(f"rope one sequence h={h} d={d} r={r}: cache", torch.equal(got_c.k, want_c.k) and torch.equal(got_c.v, want_c.v))
+        # batched: 2 rows of 2 tokens in slots 3 and 1 at their own positions
+        b, t = 2, 2
+        qkv = torch.randn(b, t, (h + 2 * hkv) * d, generator=g).half()
+        q, k, v = qkv.split([h * d, hkv * d, hkv * d], -1)
+        q, k, v = q.view(b, t, h, d), k.view(b, t, hkv, d), v.view(b, t, hkv, d)
+        pos = torch.tensor([[7, 8], [2, 3]])
+        w = BatchWrite(torch.tensor([3, 1]), pos, 12)
+        cos, sin = rot.cos_sin(pos.reshape(-1), torch.float16)
+        want_c, got_c = (BatchKVCache(4, hkv, d, 12, torch.float16, "cpu") for _ in range(2))
+        c4, s4 = cos.view(b, 1, t, r), sin.view(b, 1, t, r)
+        want_q = apply_rope(q.transpose(1, 2), c4, s4)
+        want_c.update(w, apply_rope(k.transpose(1, 2), c4, s4), v.transpose(1, 2))
+        got_q = rope_write(q, k, v, cos, sin, got_c, w)
+        check(f"rope batched h={h} d={d} r={r}: queries", torch.equal(got_q, want_q))
+        check(f"rope batched h={h} d={d} r={r}: cache", torch.equal(got_c.k, want_c.k) and torch.equal(got_c.v, want_c.v))
+
+
+def fused() -> None:
+    """models/fused_ops.py: RMSNorm (alone and after a residual add) and silu(gate) * up against the
+    torch ops, for 2-d and strided 3-d inputs; a row's bits alone and among other rows; the add's sum
+    bitwise the torch add's."""
+    from specdec.models import fused_ops
+    from specdec.models.layers import RMSNorm
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float16):
+        for zc in (False, True):
+            norm = RMSNorm(48, 1e-6, zero_centered=zc)
+            norm.weight.data = torch.randn(48, generator=g) * 0.1
+            x = torch.randn(7, 48, generator=g).to(dtype)
+            want = norm(x.float())  # the torch ops in fp32 (a CPU tensor)
+            got = fused_ops.rms_norm(x, norm.fp32_scale(), 1e-6)
+            err = (got.float() - want).abs().max().item()
+            check(f"fused norm {dtype} zero-centred={zc}: equals RMSNorm", err < (1e-5 if dtype == torch.float32 else 2e-2), f"(max diff {err:.1e})")
+            check(f"fused norm {dtype}: a row alone has its bits among 7", torch.equal(fused_ops.rms_norm(x[3:4], norm.fp32_scale(), 1e-6), got[3:4]))
+            d = torch.randn(7, 48, generator=g).to(dtype)
+            s, y = fused_ops.rms_norm(x, norm.fp32_scale(), 1e-6, residual=d)
+            check(f"fused add+norm {dtype}: the sum is the torch add's", torch.equal(s, x + d))
+            check(f"fused add+norm {dtype}: the norm of the sum", torch.equal(y, fused_ops.rms_norm(x + d, norm.fp32_scale(), 1e-6)))
+        # strided rows: per-head norms of q as a view of a fused projection [T, H*d + more]
+        big = torch.randn(5, 4 * 16 + 8, generator=g).to(dtype)
+        q = big[:, : 4 * 16].view(5, 4, 16)
+        scale = torch.rand(16, generator=g) + 0.5
+        got = fused_ops.rms_norm(q, scale, 1e-6)
+        check(f"fused norm {dtype}: strided [T, H, d] rows", torch.equal(got, fused_ops.rms_norm(q.contiguous(), scale, 1e-6)))
+        gu = torch.randn(6, 2 * 40, generator=g).to(dtype)
+        want = (torch.nn.functional.silu(gu[:, :40].float()) * gu[:, 40:].float())
+        got = fused_ops.silu_mul(gu)
+        err = (got.float() - want).abs().max().item()
+        check(f"fused silu*mul {dtype}: equals the torch ops", err < (1e-5 if dtype == torch.float32 else 1e-2), f"(max diff {err:.1e})")
+        check(f"fused silu*mul {dtype}: a row alone has its bits", torch.equal(fused_ops.silu_mul(gu[2:3]), got[2:3]))
+
+
 def rope_ptx() -> None:
     """The fused RoPE + KV write as launched (its COMPILE_OPTIONS), compiled for an H100/H200 (sm_90):
     each product rounded (``mul.rn``), then the sum (``add.rn``); no FMA, which would skip the product's
@@ -130,4 +205,4 @@ def rope_ptx() -> None:
 
 
 if __name__ == "__main__":
-    {"split": split, "delta": delta, "linear": linear, "rope-ptx": rope_ptx}[sys.argv[1]]()
+    {"split": split, "delta": delta, "linear": linear, "rope": rope, "fused": fused, "rope-ptx": rope_ptx}[sys.argv[1]]()

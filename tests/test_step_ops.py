@@ -6,6 +6,7 @@ of the textbook rotate-half form."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from specdec.models.layers import RMSNorm, RotaryEmbedding, _rms, apply_rope
 
@@ -62,3 +63,30 @@ def test_rope_has_the_textbook_bits(dtype, partial):
     assert torch.equal(cos, emb.cos().to(dtype))
     x = torch.randn(9, 500, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
     assert torch.equal(apply_rope(x, cos, sin_folded), _textbook_rope(x, cos, emb.sin().to(dtype)))
+
+
+def test_eager_cuda_attention_leaves_cudnn_out():
+    """cuDNN's SDPA builds a plan per new sequence length (~43 ms on the H200): eager CUDA attention
+    runs without it. The flags are process-wide, so the context is checked here; its result on the
+    GPU is checked by the benchmarks (BENCHMARKS.md)."""
+    from specdec.models.layers import sdpa_backends
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        with sdpa_backends():
+            assert not torch.backends.cuda.cudnn_sdp_enabled()
+            assert torch.backends.cuda.mem_efficient_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_the_cuda_attention_form_equals_sdpa(masked):
+    """``_sdpa_cuda`` (keys and values expanded for a masked GQA call) computes what plain SDPA does."""
+    from specdec.models.layers import _sdpa_cuda
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 6, 5, 8, generator=g), torch.randn(1, 2, 9, 8, generator=g), torch.randn(1, 2, 9, 8, generator=g)
+    mask = (torch.arange(9)[None, :] <= torch.arange(4, 9)[:, None]) if masked else None
+    want = F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), attn_mask=mask, scale=0.3)
+    torch.testing.assert_close(_sdpa_cuda(q, k, v, mask, 0.3, 3), want)

@@ -18,7 +18,7 @@ from torch import nn
 from ..cache import KVCache
 from ..errors import ConfigError
 from ..parallel.tp import Shard, even_split, row_parallel, split_heads
-from . import rope_write, split_attention
+from . import fused_ops, rope_write, split_attention
 
 
 class RMSNorm(nn.Module):
@@ -38,12 +38,22 @@ class RMSNorm(nn.Module):
         self._scale_key: tuple | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _rms(x.float(), self.eps)
         training = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        if not training and fused_ops.usable(x):  # CUDA: one kernel (models/fused_ops.py)
+            return fused_ops.rms_norm(x, self.fp32_scale(), self.eps)
+        y = _rms(x.float(), self.eps)
         if training or torch.compiler.is_compiling():  # differentiable; torch.compile fuses it all anyway
             w = self.weight.float()
             return (y * (1.0 + w if self.zero_centered else w)).to(x.dtype)
         return torch.mul(y, self.fp32_scale(), out=torch.empty_like(x))
+
+    def add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x + delta, self(x + delta))``: a residual add and the norm after it (one kernel on CUDA)."""
+        training = torch.is_grad_enabled() and (x.requires_grad or delta.requires_grad or self.weight.requires_grad)
+        if not training and fused_ops.usable(x) and delta.shape == x.shape and delta.dtype == x.dtype:
+            return fused_ops.rms_norm(x, self.fp32_scale(), self.eps, residual=delta)
+        s = x + delta
+        return s, self(s)
 
     def fp32_scale(self) -> torch.Tensor:
         """``w`` (or ``1 + w``) in fp32, remade whenever the weight changes: another tensor, storage
@@ -182,14 +192,42 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         return _attend_span_invariant(q, k, v, mask, scale, groups)
     if not single and groups > 1 and FOLD_GQA_BATCHED:
         return _attend_folded(q, k, v, mask, scale, groups)
-    if groups > 1 and not _SDPA_GQA:
+    if q.is_cuda and not torch.compiler.is_compiling():
+        o = _sdpa_cuda(q, k, v, mask, scale, groups)
+    else:
+        if groups > 1 and not _SDPA_GQA:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        if groups > 1 and _SDPA_GQA:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return o[0] if single else o
+
+
+# Eager CUDA attention (prefills, a drafter's catch-up over a prompt) leaves SDPA's cuDNN kernel out.
+# torch 2.11 picks it for a masked call on the H200, and it builds a plan for every new sequence length:
+# ~43 ms a new length (scripts/probe_sdpa_first_call.py), i.e. on every prompt of a prefill, again in
+# an MTP drafter's catch-up at its own length (issue 9: MTP k=3 cost ~110 ms a prompt more than k=4,
+# which found the plans built), and on every request of the server. The flash and memory-efficient
+# kernels have no per-length setup (0.3-1 ms for the first call of a length there). A masked call
+# with GQA expands the keys and values first: with a mask and ``enable_gqa`` SDPA would fall back to
+# its math kernel, whose score matrix grows with the square of the prompt.
+def sdpa_backends():
+    """The SDPA kernels eager CUDA attention may use (a context manager): all but cuDNN's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+def _sdpa_cuda(q, k, v, mask, scale: float, groups: int) -> torch.Tensor:
+    if groups > 1 and (mask is not None or not _SDPA_GQA):
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
-    if groups > 1 and _SDPA_GQA:
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-    else:
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    return o[0] if single else o
+        groups = 1
+    with sdpa_backends():
+        if groups > 1:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
 # Batched steps (many sequences, few rows each): fold each KV head's query group into its rows,
@@ -265,9 +303,9 @@ def static_step_attention(span_invariant: bool, on_cuda: bool):
 # order: its cost follows the keys a row sees, not the span); SPECDEC_SPAN_ATTENTION=sdpa selects the
 # memory-efficient SDPA kernel instead (what the static steps used before it, for comparison)
 SPLIT_ATTENTION = os.environ.get("SPECDEC_SPAN_ATTENTION", "split") != "sdpa"
-# RoPE and the KV-cache write of batched CUDA steps in one kernel (models/rope_write.py): bitwise the
-# eager ops' results; off until measured on the GPU (SPECDEC_FUSED_ROPE=1 turns it on)
-FUSED_ROPE_WRITE = os.environ.get("SPECDEC_FUSED_ROPE", "0") == "1"
+# RoPE and the KV-cache write of CUDA static steps in one kernel (models/rope_write.py): bitwise the
+# eager ops' results (scripts/check_rope_write.py on the H200); SPECDEC_FUSED_ROPE=0 turns it off
+FUSED_ROPE_WRITE = os.environ.get("SPECDEC_FUSED_ROPE", "1") != "0"
 
 
 # A single sequence's static steps (models/graphs.py: generate, bench) attend over the whole
@@ -407,12 +445,18 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos, sin, cache: KVCache, start: int, mask: torch.Tensor | None) -> torch.Tensor:
         heads = self._heads(x)
-        if FUSED_ROPE_WRITE and x.dim() == 3:  # a batched step on CUDA: RoPE and the cache write in one kernel
+        if FUSED_ROPE_WRITE and x.is_cuda and not torch.compiler.is_compiling():
+            # a static step on CUDA (batched, or one sequence's): RoPE and the cache write in one kernel
+            # (compiled, inductor fuses the eager ops itself)
             q, k, v, gate = heads
             rows = cos.reshape(-1, cos.shape[-1])
             if rope_write.supported(q, k, rows, cache, start):
-                q = rope_write.rope_write(q, k, v, rows, sin.reshape(rows.shape), cache, start)
-                k_all, v_all = cache.read(start)
+                if x.dim() == 3:
+                    q = rope_write.rope_write(q, k, v, rows, sin.reshape(rows.shape), cache, start)
+                    k_all, v_all = cache.read(start)
+                else:
+                    q = rope_write.rope_write_one(q, k, v, cos, sin, cache, start)
+                    k_all, v_all = cache.k, cache.v
                 return self.output(attend(q, k_all, v_all, mask, self.scale), gate)
         q, k, v, gate = self._rotate(*heads, cos, sin)
         k_all, v_all = cache.update(start, k, v)
@@ -449,7 +493,11 @@ class SwiGLU(nn.Module):
         """``act(gate(x)) * up(x)``: the input of ``down_proj`` (a rank's block of it, sharded)."""
         if self._fused is not None:
             w, b, sizes = self._fused
-            gate, up = F.linear(x, w, b).split(sizes, dim=-1)
+            gate_up = F.linear(x, w, b)
+            if (type(self).act is SwiGLU.act and not (torch.is_grad_enabled() and gate_up.requires_grad)
+                    and fused_ops.usable(gate_up)):
+                return fused_ops.silu_mul(gate_up)  # CUDA: the activation and product in one kernel
+            gate, up = gate_up.split(sizes, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.act(gate) * up

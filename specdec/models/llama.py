@@ -57,8 +57,9 @@ class DenseDecoderLayer(nn.Module):
         return KVCache(self.self_attn.n_kv, self.config.head_dim, max_len, dtype, device)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = self.post_attention_layernorm.add(x, self.self_attn(self.input_layernorm(x), ctx.cos, ctx.sin, cache,
+                                                                    ctx.start, ctx.mask))
+        return x + self.mlp(h)
 
 
 class LlamaForCausalLM(CausalLM):

@@ -145,8 +145,9 @@ class FullAttentionDecoderLayer(nn.Module):
         return KVCache(self.self_attn.n_kv, self.config.head_dim, max_len, dtype, device)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = self.post_attention_layernorm.add(x, self.self_attn(self.input_layernorm(x), ctx.cos, ctx.sin, cache,
+                                                                    ctx.start, ctx.mask))
+        return x + self.mlp(h)
 
 
 class LinearAttentionDecoderLayer(nn.Module):
@@ -166,8 +167,8 @@ class LinearAttentionDecoderLayer(nn.Module):
         return self.linear_attn.make_cache(dtype, device, snapshot_tokens)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, cache: LinearAttnCache) -> torch.Tensor:
-        x = x + self.linear_attn(self.input_layernorm(x), ctx, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = self.post_attention_layernorm.add(x, self.linear_attn(self.input_layernorm(x), ctx, cache))
+        return x + self.mlp(h)
 
 
 class Qwen35ForCausalLM(CausalLM):

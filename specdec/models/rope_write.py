@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ..cache import BatchKVCache, BatchWrite
+from ..cache import BatchKVCache, BatchWrite, KVCache
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
     import triton
@@ -32,10 +32,16 @@ except ImportError:  # pragma: no cover - depends on the install
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, cache, w) -> bool:
-    """Whether :func:`rope_write` takes these (else the eager ops run)."""
+    """Whether :func:`rope_write` takes these (else the eager ops run): a batched step (``q [B, T, H,
+    d]``, a :class:`BatchKVCache` and a :class:`BatchWrite`) or one sequence's static step (``q [T, H,
+    d]``, a :class:`KVCache` and the step's start as a 0-d device tensor)."""
     d, r = q.shape[-1], cos.shape[-1]
-    return (triton is not None and q.is_cuda and q.dim() == 4 and isinstance(cache, BatchKVCache)
-            and isinstance(w, BatchWrite) and q.dtype in (torch.bfloat16, torch.float16)
+    if q.dim() == 4:
+        layout = isinstance(cache, BatchKVCache) and isinstance(w, BatchWrite)
+    else:
+        layout = (q.dim() == 3 and type(cache) is KVCache and isinstance(w, torch.Tensor) and w.dim() == 0
+                  and w.dtype == torch.int64 and cache.k.shape[-1] == cache.v.shape[-1] == d)
+    return (triton is not None and q.is_cuda and layout and q.dtype in (torch.bfloat16, torch.float16)
             and cos.dtype == q.dtype and d & (d - 1) == 0 and r % 2 == 0 and r <= d
             and q.stride(-1) == 1 and k.stride(-1) == 1 and cos.is_contiguous())
 
@@ -44,10 +50,12 @@ def supported(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, cache, w) -> 
 COMPILE_OPTIONS = {"num_warps": 1, "enable_fp_fusion": False}
 
 if triton is not None:
-    @triton.jit(do_not_specialize=["T", "H"])
-    def _rope_write_kernel(q, k, v, cos, sin, q_out, ck, cv, slots, pos, T, H,
+    @triton.jit(do_not_specialize=["T", "H", "pos_step"])
+    def _rope_write_kernel(q, k, v, cos, sin, q_out, ck, cv, slots, pos, T, H, pos_step,
                            sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, scs, sch, scp, spb, spt,
                            R: tl.constexpr, HALF: tl.constexpr, D: tl.constexpr):
+        # a row's position: pos[b, t] (batched), or the step's start + t (one sequence: pos_step 1,
+        # pos the 0-d start, its strides 0)
         row, head = tl.program_id(0), tl.program_id(1)
         b, t = row // T, row % T
         i = tl.arange(0, D)
@@ -55,7 +63,7 @@ if triton is not None:
         partner = tl.where(i < HALF, i + HALF, i - HALF)
         kh = tl.maximum(head - H, 0)
         slot = tl.load(slots + b)
-        p = tl.load(pos + b * spb + t * spt)
+        p = tl.load(pos + b * spb + t * spt) + t * pos_step
         if head < H:
             src = q + b * sqb + t * sqt + head * sqh
             dst = q_out + b * sob + t * sot + head * soh
@@ -87,9 +95,28 @@ def rope_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Ten
     ck, cv = cache.k, cache.v
     pos = w.pos
     _rope_write_kernel[(b * t, h + hkv)](
-        q, k, v, cos, sin, q_out, ck, cv, w.index, pos, t, h,
+        q, k, v, cos, sin, q_out, ck, cv, w.index, pos, t, h, 0,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), q_out.stride(0), q_out.stride(1), q_out.stride(2),
         ck.stride(0), ck.stride(1), ck.stride(2), pos.stride(0), pos.stride(1),
         R=r, HALF=r // 2, D=d, **COMPILE_OPTIONS)
     return q_out.transpose(1, 2)
+
+
+def rope_write_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   cache: KVCache, start: torch.Tensor) -> torch.Tensor:
+    """One sequence's static step: ``q [T, H, d]``, ``k``/``v [T, Hkv, d]`` (before RoPE), ``cos``/``sin
+    [T, r]``, ``start`` the step's first position (a 0-d int64 device tensor) -> the rotated queries
+    ``[H, T, d]``; the rotated keys and the values are written at positions ``start ..`` of ``cache``,
+    as ``layers.apply_rope`` and :meth:`KVCache.update` would."""
+    t, h, d = q.shape
+    hkv, r = k.shape[1], cos.shape[-1]
+    q_out = torch.empty(1, t, h, d, dtype=q.dtype, device=q.device)
+    ck, cv = cache.k, cache.v  # [Hkv, L, d]: one slot (stride 0, the slot index never read as such)
+    _rope_write_kernel[(t, h + hkv)](
+        q, k, v, cos, sin, q_out, ck, cv, start, start, t, h, 1,
+        0, q.stride(0), q.stride(1), 0, k.stride(0), k.stride(1),
+        0, v.stride(0), v.stride(1), q_out.stride(0), q_out.stride(1), q_out.stride(2),
+        0, ck.stride(0), ck.stride(1), 0, 0,
+        R=r, HALF=r // 2, D=d, **COMPILE_OPTIONS)
+    return q_out[0].transpose(0, 1)

@@ -1,0 +1,118 @@
+"""RMSNorm (with the residual add before it) and SwiGLU's ``silu(gate) * up`` in one Triton kernel
+each, for eager CUDA forwards without gradients (issue 10: fewer, larger kernels).
+
+An uncompiled SmolLM2 step on the H200 ran ~29 kernels a layer (862 a step, BENCHMARKS.md): each
+RMSNorm three (the fp32 copy, ``rms_norm``, the scaled product), the residual add one more, SwiGLU's
+activation and product two. Here a norm is one kernel, a residual add and the norm after it one, the
+activation and product one.
+
+Bits: one program per row, the row's sum of squares in a fixed order (the row's width decides it):
+a row's result never depends on the other rows, their count or the step. They are not the bits of
+the torch ops (another summation order), so every eager CUDA forward without gradients takes these
+kernels (prefill, static steps, batched steps, drafters), and plain and speculative decoding compute
+the same rows. Under torch.compile, with gradients, on the CPU or for other inputs, the torch ops
+run (:func:`usable`). ``SPECDEC_FUSED_NORM=0`` turns the kernels off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+ENABLED = os.environ.get("SPECDEC_FUSED_NORM", "1") != "0"
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether the kernels take ``x`` here: CUDA, a float dtype, a contiguous
+    last dimension, not inside torch.compile (inductor fuses the torch ops itself). The caller checks
+    that no gradient is wanted (the kernels have no backward)."""
+    return (ENABLED and triton is not None and x.is_cuda
+            and x.dtype in (torch.bfloat16, torch.float16, torch.float32) and x.stride(-1) == 1
+            and not torch.compiler.is_compiling())
+
+
+def _as_rows(x: torch.Tensor):
+    """``x [..., N]`` as rows at two strided levels: ``(x', rows, inner, s_out, s_in)``, row ``r`` at
+    ``(r // inner) * s_out + (r % inner) * s_in`` of ``x'`` (``x`` itself unless it had more than two
+    leading dimensions that do not merge)."""
+    if x.dim() == 1:
+        x = x[None]
+    if x.dim() == 2:
+        return x, x.shape[0], 1, x.stride(0), x.stride(0)
+    if x.dim() > 3:
+        x = x.reshape(-1, *x.shape[-2:])
+    return x, x.shape[0] * x.shape[1], x.shape[1], x.stride(0), x.stride(1)
+
+
+if triton is not None:
+    @triton.jit(do_not_specialize=["inner", "s_out", "s_in", "sr_out", "sr_in"])
+    def _norm_kernel(x, res, w, y, s, N, inner, s_out, s_in, sr_out, sr_in, eps,
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        at = (row // inner) * s_out + (row % inner) * s_in
+        i = tl.arange(0, BLOCK)
+        m = i < N
+        v = tl.load(x + at + i, mask=m, other=0.0)
+        if HAS_RES:  # s = x + res, rounded to the model dtype as the torch add is; the norm reads s
+            r = tl.load(res + (row // inner) * sr_out + (row % inner) * sr_in + i, mask=m, other=0.0)
+            v = (v.to(tl.float32) + r.to(tl.float32)).to(v.dtype)
+            tl.store(s + row * N + i, v, mask=m)
+        f = v.to(tl.float32)
+        ms = tl.sum(f * f, 0) / N
+        scale = tl.load(w + i, mask=m, other=0.0)  # fp32 (RMSNorm.fp32_scale)
+        out = f * (1.0 / tl.sqrt_rn(ms + eps)) * scale
+        tl.store(y + row * N + i, out.to(v.dtype), mask=m)
+
+    @triton.jit(do_not_specialize=["I", "sg"])
+    def _silu_mul_kernel(g, y, I, sg, BLOCK: tl.constexpr):
+        row, blk = tl.program_id(0), tl.program_id(1)
+        i = blk * BLOCK + tl.arange(0, BLOCK)
+        m = i < I
+        gate = tl.load(g + row * sg + i, mask=m, other=0.0)
+        up = tl.load(g + row * sg + I + i, mask=m, other=0.0)
+        gf = gate.to(tl.float32)
+        act = (gf / (1.0 + tl.exp(-gf))).to(gate.dtype)  # silu, rounded as F.silu's output is
+        tl.store(y + row * I + i, (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=m)
+
+
+def _block(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """``x [..., N]`` -> its RMSNorm times the fp32 ``scale [N]``, contiguous, in ``x``'s dtype; with a
+    ``residual`` (same shape), ``(x + residual, norm(x + residual))``. Callers check :func:`usable`."""
+    n = x.shape[-1]
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    s = torch.empty_like(y) if residual is not None else y
+    xr, rows, inner, s_out, s_in = _as_rows(x)
+    sr_out, sr_in, res = 0, 0, xr
+    if residual is not None:
+        res, _, r_inner, sr_out, sr_in = _as_rows(residual if residual.stride(-1) == 1 else residual.contiguous())
+        if residual.shape != x.shape or r_inner != inner:
+            raise ValueError(f"rms_norm: residual of shape {tuple(residual.shape)} for x of shape {tuple(x.shape)}")
+    if rows:
+        block = _block(n)
+        _norm_kernel[(rows,)](xr, res, scale, y, s, n, inner, s_out, s_in, sr_out, sr_in, eps,
+                              HAS_RES=residual is not None, BLOCK=block, num_warps=4 if block <= 2048 else 8)
+    return (s, y) if residual is not None else y
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``gate_up [..., 2I]`` (gate, then up; a contiguous last dimension) -> ``silu(gate) * up [..., I]``."""
+    if gate_up.dim() != 2:
+        return silu_mul(gate_up.reshape(-1, gate_up.shape[-1])).view(*gate_up.shape[:-1], -1)
+    rows, two_i = gate_up.shape
+    i = two_i // 2
+    y = torch.empty(rows, i, dtype=gate_up.dtype, device=gate_up.device)
+    if rows:
+        block = min(1024, _block(i))
+        _silu_mul_kernel[(rows, triton.cdiv(i, block))](gate_up, y, i, gate_up.stride(0), BLOCK=block, num_warps=4)
+    return y
