@@ -309,6 +309,35 @@ def test_observe_defers_context_writes(tmp_path, llama, monkeypatch):
             torch.testing.assert_close(d.v[:, :20], v, rtol=1e-5, atol=1e-5)
 
 
+def test_static_flush_writes_what_the_eager_flush_writes(tmp_path, llama, monkeypatch):
+    """The context write as a static step (``block_size`` rows, padded with stale ones, at a device
+    start position; uncaptured on the CPU): a generation runs it at every proposal after the prompt,
+    its drafter context holds what the eager writes hold at every written position, and the output
+    still equals plain decoding's. A prompt or rows piling up past the block, or a context too
+    close to its buffers' end, takes the eager write."""
+    import specdec.drafters.dflash as dflash
+
+    path, _ = _write(tmp_path, block_size=4)
+    target = llama[1]
+    prompt = _prompt(9, seed=3)
+    want = plain_generate(target.model, prompt, 24)
+    runs, calls = {}, []
+    orig = dflash._StaticFlush.__call__
+    monkeypatch.setattr(dflash._StaticFlush, "__call__", lambda self, f, start: calls.append((f.shape[0], start)) or orig(self, f, start))
+    for static in (False, True):
+        dr = load_dflash_drafter(path, target)
+        dr.static_steps, dr.static_flush = True, static
+        out = SpeculativeGenerator(target.model, dr, 3).generate(prompt, 24, SamplingParams())
+        assert out.token_ids == want.token_ids
+        runs[static] = (dr._written, [(s.k[:, :dr._written].clone(), s.v[:, :dr._written].clone()) for s in dr.kv])
+    assert runs[True][0] == runs[False][0]
+    assert len(calls) > 5 and all(1 <= n <= 4 for n, _ in calls)  # every proposal's rows: 1 .. k + 1
+    assert calls[0][1] == len(prompt)  # the prompt itself went the eager way
+    for (k0, v0), (k1, v1) in zip(runs[False][1], runs[True][1]):
+        torch.testing.assert_close(k1, k0, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(v1, v0, rtol=1e-5, atol=1e-5)
+
+
 def test_static_block_samples_from_the_eager_distributions(tmp_path, llama):
     """Sampled proposals with static steps come from the static block (built once beside the
     greedy one, both reused) and carry the eager block's filtered distributions."""
