@@ -60,6 +60,16 @@ def probs_from_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return torch.softmax(x, dim=-1)
 
 
+def sample_inverse_cdf(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One draw per row of ``q [B, V]`` (probabilities) from uniforms ``u [B]`` in [0, 1): the first
+    token whose cumulative probability exceeds ``u`` times the row's total, so never a token of
+    probability 0. No host sync and no generator: CUDA graphs can hold it (the uniforms are drawn
+    outside). Where ``u * total`` rounds up to the total, the row's likeliest token."""
+    cdf = q.cumsum(-1)
+    tok = torch.searchsorted(cdf, u.view(-1, 1) * cdf[:, -1:], right=True).view(-1)
+    return torch.where(tok < q.shape[-1], tok, q.argmax(-1))
+
+
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
     g = torch.Generator(device=device)
     g.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))

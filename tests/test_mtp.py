@@ -100,22 +100,32 @@ def small_vocab(tmp_path_factory):
                       tokenizer=False)
 
 
-@pytest.mark.parametrize("case", ["sampled", "argmax", "broken"])
+@pytest.mark.parametrize("case", ["sampled", "static sampled", "argmax", "broken"])
 def test_mtp_sampling_lossless(small_vocab, case, monkeypatch):
     """Tokens 1-3 (1 from the prefill, 2-3 verified MTP drafts) follow the target's distribution:
     chi-square p-value above 1e-4 (a 1e-4 false-positive rate per check). "sampled": drafts
-    sampled from the MTP's own distribution with their probs; "argmax": argmax drafts with
-    probs=None; "broken": a wrong residual rule must fail the same check (the test has power)."""
+    sampled from the MTP's own distribution with their probs; "static sampled": the same from the
+    static proposal step (inverse-CDF draws inside it; uncaptured on the CPU); "argmax": argmax
+    drafts with probs=None; "broken": a wrong residual rule must fail the same check (the test has power)."""
     import specdec.engine.generate as engine_generate
 
     lm = small_vocab
     drafter = load_mtp_drafter(lm, sample_drafts=case != "argmax")
+    if case == "static sampled":
+        drafter.static_steps = drafter.static_sampling = True
+        calls = []
+        orig = drafter._propose_static
+        monkeypatch.setattr(drafter, "_propose_static", lambda *a: calls.append(a[3]) or orig(*a))
     if case == "broken":
         monkeypatch.setattr(engine_generate, "accept_sampled", resample_from_p_broken)
     params = SamplingParams(temperature=1.0, top_k=3)
-    prompt = _prompt(6, 9, lm.model.config.vocab_size)
+    # static: a prompt of k + 1 tokens, so that the first proposal's catch-up fits the static step too
+    prompt = _prompt(3 if case == "static sampled" else 6, 9, lm.model.config.vocab_size)
     exact = _exact_joint(lm.model, prompt, params)
-    counts = _joint_counts(lm.model, drafter, prompt, params, n={"sampled": 300, "argmax": 250, "broken": 200}[case])
+    counts = _joint_counts(lm.model, drafter, prompt, params,
+                           n={"sampled": 300, "static sampled": 300, "argmax": 250, "broken": 200}[case])
+    if case == "static sampled":
+        assert len(calls) >= 300 and all(p is not None and not p.greedy for p in calls), "the static sampled step did not draft"
     assert set(counts) <= set(exact), "a token outside the target's top-k was emitted"
     keys = sorted(exact)
     c = torch.tensor([counts.get(key, 0) for key in keys], dtype=torch.float64)
@@ -126,6 +136,27 @@ def test_mtp_sampling_lossless(small_vocab, case, monkeypatch):
         assert pv < 1e-6, f"the broken rule went unnoticed (p={pv:.2e})"
     else:
         assert pv > 1e-4, f"MTP sampling deviates from the target (chi2={stat:.1f}, df={df}, p={pv:.2e})"
+
+
+def test_static_sampled_proposal_draws_from_the_q_it_returns(small_vocab):
+    """The static sampled proposal's drafts are the inverse-CDF draws of the uniforms it took from
+    the request's generator, from the very ``q`` rows it returns (acceptance divides by those), and
+    those rows are the block's filtered distributions at its own drafts."""
+    from specdec.sampling import sample_inverse_cdf
+    lm = small_vocab
+    drafter = load_mtp_drafter(lm)
+    drafter.static_steps = drafter.static_sampling = True
+    params = SamplingParams(temperature=0.9, top_k=4, seed=3)
+    prompt = _prompt(3, 4, lm.model.config.vocab_size)
+    cache = lm.model.new_cache(64)
+    drafter.begin(torch.tensor(prompt), lm.model(torch.tensor(prompt), cache, logits="last"))
+    gen = torch.Generator().manual_seed(11)
+    prop = drafter.propose(5, 2, params, gen)
+    step = drafter._static[(2, 0.9, 4, 1.0)]
+    assert prop.probs.shape == (2, lm.model.config.vocab_size)
+    assert torch.equal(prop.tokens, sample_inverse_cdf(prop.probs, step.u))
+    torch.testing.assert_close(prop.probs, probs_from_logits(drafter.last_logits, params))
+    assert torch.equal(step.u, torch.rand(2, generator=torch.Generator().manual_seed(11)))
 
 
 # --- parity with an independent implementation --------------------------------------------------

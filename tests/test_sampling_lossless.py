@@ -217,3 +217,25 @@ def test_engine_sampling_seeded_is_reproducible(tiny):
     drafter = DistDrafter(model_next_logits(model), "uniform")
     runs = [SpeculativeGenerator(model, drafter, 3).generate(PROMPT, 12, params) for _ in range(2)]
     assert runs[0].token_ids == runs[1].token_ids
+
+
+def test_inverse_cdf_draws_follow_the_probabilities():
+    """``sample_inverse_cdf`` (the static MTP proposal's draw): 40,000 draws of one filtered
+    distribution match it (chi-square), never a token of probability 0 (top-k, top-p), also at
+    uniforms next to 1 (tests/test_mtp.py checks that the static MTP step draws with it)."""
+    from specdec.sampling import sample_inverse_cdf
+    g = torch.Generator().manual_seed(0)
+    q = probs_from_logits(torch.randn(1, 40, generator=g) * 2, SamplingParams(temperature=0.9, top_k=12, top_p=0.95))
+    n = 40_000
+    toks = sample_inverse_cdf(q.expand(n, -1), torch.rand(n, generator=g))
+    counts = torch.bincount(toks, minlength=40).double()
+    assert counts[q[0] == 0].sum() == 0
+    keep = q[0] > 0
+    _, _, p = pooled_chi2(counts[keep], q[0][keep].double())
+    assert p > 1e-4, p
+    edge = sample_inverse_cdf(q.expand(3, -1), torch.tensor([0.0, 1 - 2 ** -24, 0.5]))
+    assert bool((q[0][edge] > 0).all())
+    # a sharpened distribution is told apart: the check has power
+    q2 = probs_from_logits(torch.log(q.clamp_min(1e-30)) * 1.3, SamplingParams())
+    wrong = torch.bincount(sample_inverse_cdf(q2.expand(n, -1), torch.rand(n, generator=g)), minlength=40).double()
+    assert pooled_chi2(wrong[keep], q[0][keep].double())[2] < 1e-6
