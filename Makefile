@@ -1,5 +1,5 @@
 # specdec: `make demo` sets everything up and runs the embedded default model (plain, then speculative
-# with its shipped DFlash drafter and with n-gram, side by side); `make test` runs the tests.
+# with its shipped MTP head, its shipped DFlash drafter and n-gram, side by side); `make test` runs the tests.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -34,6 +34,9 @@ setup: $(BIN)/specdec
 # it is the default (--draft auto) and pays (BENCHMARKS.md).
 demo: setup
 	$(BIN)/specdec info
+	$(BIN)/specdec generate --chat --compare --draft mtp -k 3 --max-new-tokens 96 \
+		--prompt "A baker makes 24 muffins in the morning and 18 in the afternoon. She sells 30 of them and gives \
+	5 to her neighbour. How many muffins does she have left?"
 	$(BIN)/specdec generate --chat --compare --draft dflash --max-new-tokens 96 \
 		--prompt "A baker makes 24 muffins in the morning and 18 in the afternoon. She sells 30 of them and gives \
 	5 to her neighbour. How many muffins does she have left?"
