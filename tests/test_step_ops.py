@@ -90,3 +90,19 @@ def test_the_cuda_attention_form_equals_sdpa(masked):
     mask = (torch.arange(9)[None, :] <= torch.arange(4, 9)[:, None]) if masked else None
     want = F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), attn_mask=mask, scale=0.3)
     torch.testing.assert_close(_sdpa_cuda(q, k, v, mask, 0.3, 3), want)
+
+
+def test_norm_add_is_the_add_then_the_norm():
+    """``RMSNorm.add(x, d)`` (one kernel on CUDA) returns ``x + d`` and its norm; off CUDA the torch
+    ops, bitwise; with gradients it stays differentiable."""
+    g = torch.Generator().manual_seed(0)
+    norm = RMSNorm(24, 1e-6)
+    norm.weight.data = torch.randn(24, generator=g)
+    x, d = torch.randn(5, 24, generator=g), torch.randn(5, 24, generator=g)
+    with torch.no_grad():
+        s, y = norm.add(x, d)
+        assert torch.equal(s, x + d) and torch.equal(y, norm(x + d))
+    xg = x.clone().requires_grad_()
+    s, y = norm.add(xg, d)
+    y.sum().backward()
+    assert xg.grad is not None and torch.isfinite(xg.grad).all()
