@@ -353,3 +353,23 @@ def test_two_mtp_layers_rejected(ckpt, tmp_path):
     lm = _broken(ckpt, tmp_path, mtp_num_hidden_layers=2)
     with pytest.raises(ConfigError, match="mtp_num_hidden_layers=2"):
         load_mtp_drafter(lm)
+
+
+def test_static_sampled_steps_kept_per_params(small_vocab):
+    """Sampled static proposals are kept per k for one set of sampling params (reused by the next
+    request with the same params); other params replace them, the greedy steps stay."""
+    lm = small_vocab
+    drafter = load_mtp_drafter(lm)
+    drafter.static_steps = drafter.static_sampling = True
+    prompt = _prompt(3, 4, lm.model.config.vocab_size)
+    gen = SpeculativeGenerator(lm.model, drafter, 2)
+    a, b = SamplingParams(temperature=0.9, seed=1), SamplingParams(temperature=0.7, seed=2)
+    gen.generate(prompt, 6, SamplingParams())
+    gen.generate(prompt, 6, a)
+    first = {kk: st for kk, st in drafter._static.items() if isinstance(kk, tuple)}
+    gen.generate(prompt, 6, SamplingParams(temperature=0.9, seed=5))
+    assert first and all(drafter._static[kk] is st for kk, st in first.items())  # reused
+    gen.generate(prompt, 6, b)
+    keys = list(drafter._static)
+    assert any(kk == 2 for kk in keys)  # the greedy step stays
+    assert all(kk[1] == 0.7 for kk in keys if isinstance(kk, tuple))

@@ -229,6 +229,9 @@ class MTPDrafter:
         step = self._static.get(key)
         if step is None or step.cache is not self.cache:
             self._static.pop(key, None)  # free the old step (and the buffers it holds) first
+            if params is not None:  # sampled steps of one set of params kept at a time (each set is graphs)
+                self._static = {kk: st for kk, st in self._static.items()
+                                if not isinstance(kk, tuple) or kk[1:] == key[1:]}
             step = self._static[key] = _StaticPropose(self, k, params)  # new cache buffers: (re)capture
         drafts, logits, probs = step(toks, hidden, self.length, n, gen)
         self.length += n
