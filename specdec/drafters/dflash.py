@@ -58,7 +58,7 @@ def _grown(t: torch.Tensor, keep: int, cap: int) -> torch.Tensor:
 # The context K/V write of the rows accepted since the last proposal (``DFlashDrafter._flush``) as one
 # static step (a CUDA graph on CUDA) of ``block_size`` rows, instead of ~70 eager kernels at a new row
 # count each step. On the H200 (69c9b6b) a DFlash proposal cost 2.08 ms of host time against 0.99 ms
-# for the captured block alone: the eager write is most of the difference. Built and tested on the
+# for the captured block alone; the eager write is the likely difference (not profiled). Built and tested on the
 # CPU (uncaptured); off until measured on the GPU: SPECDEC_DFLASH_STATIC_FLUSH=1 turns it on.
 STATIC_FLUSH = os.environ.get("SPECDEC_DFLASH_STATIC_FLUSH", "0") == "1"
 
@@ -319,9 +319,7 @@ class _StaticFlush:
             kb.index_copy_(1, pos, k)
             vb.index_copy_(1, pos, v)
 
-    def reads(self, kv: list[_ContextKV]) -> bool:
-        return len(kv) == len(self.buffers) and all(
-            s.k is k and s.v is v for s, (k, v) in zip(kv, self.buffers))
+    reads = _StaticBlock.reads  # the same buffers check: both hold ``buffers``
 
     @torch.inference_mode()
     def __call__(self, feats: torch.Tensor, start: int) -> None:

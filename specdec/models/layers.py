@@ -220,14 +220,12 @@ def sdpa_backends():
 
 
 def _sdpa_cuda(q, k, v, mask, scale: float, groups: int) -> torch.Tensor:
-    if groups > 1 and (mask is not None or not _SDPA_GQA):
+    gqa = groups > 1 and mask is None and _SDPA_GQA  # unmasked: SDPA's own GQA; masked: expanded K/V
+    if groups > 1 and not gqa:
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
-        groups = 1
     with sdpa_backends():
-        if groups > 1:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **({"enable_gqa": True} if gqa else {}))
 
 
 # Batched steps (many sequences, few rows each): fold each KV head's query group into its rows,
