@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__)))
 
 from dflash_train_memory import target  # noqa: E402
 from specdec.train.dflash_batch import (dflash_block_hidden, dflash_loss, new_dflash_config,  # noqa: E402
-                                        new_dflash_model, sample_anchors)
+                                        new_dflash_model, sample_anchors, trim_anchors)
 
 
 def batch(gen: torch.Generator, batch_tokens: int, length: int, dev):
@@ -69,7 +69,7 @@ def run(t, model, opt, steps: int, lengths: list[int], anchors: int, batch_token
         t0 = time.perf_counter()
         feats = t.forward_batch_train(ids, capture=capture)
         t0 = mark("features", t0)
-        a, ok = sample_anchors(valid, anchors, model.config.block_size, generator=dgen)
+        a, ok = trim_anchors(*sample_anchors(valid, anchors, model.config.block_size, generator=dgen))
         t0 = mark("anchors", t0)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             h = dflash_block_hidden(model, t.embed_tokens.weight, feats.captured, ids, a, ok)

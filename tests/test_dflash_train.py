@@ -13,7 +13,8 @@ from specdec.drafters.dflash import DFlashDrafter, load_dflash_drafter
 from specdec.errors import ConfigError
 from specdec.loading import load_model
 from specdec.train.dflash_batch import (dflash_block_hidden, dflash_loss, new_dflash_config, new_dflash_model,
-                                        sample_anchors, save_dflash_dir)
+                                        sample_anchors, save_dflash_dir, trim_anchors)
+from specdec.train.trainer import collate, make_batches
 
 VOCAB, HIDDEN, LAYERS, BS = 64, 32, 6, 4
 
@@ -254,3 +255,54 @@ def test_chunked_loss_gradient_equals_direct(target):
     (ref_grad,) = torch.autograd.grad(ref, hid)
     torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(grad, ref_grad.float(), rtol=1e-4, atol=1e-6)
+
+
+def test_trimmed_anchors_give_the_same_loss_and_gradients(target):
+    """Dropping the anchor columns that hold only invalid anchors changes neither the loss nor a
+    gradient: blocks never see each other, and every valid anchor is kept."""
+    t = target[1].model
+    _, model = _drafter(target[1], seed=8)
+    g = torch.Generator().manual_seed(9)
+    tokens = torch.randint(VOCAB, (3, 20), generator=g)
+    label_valid = torch.zeros(3, 20, dtype=torch.bool)
+    label_valid[0, 8:14] = True  # 6 eligible anchors
+    label_valid[1, 15:] = True  # 5
+    label_valid[2, 18:] = True  # 2
+    with torch.inference_mode():
+        feats = _features(t, tokens, model.config.target_layer_ids)
+    anchors, valid = sample_anchors(label_valid, 12, BS, g)
+    short, short_valid = trim_anchors(anchors, valid, multiple=4)
+    assert short.shape == (3, 8) and torch.equal(short_valid.sum(1), valid.sum(1))  # 6 valid at most -> 8 columns
+    assert torch.equal(short[short_valid], anchors[valid])
+    results = []
+    for a, ok in ((anchors, valid), (short, short_valid)):
+        model.zero_grad()
+        hid = dflash_block_hidden(model, t.embed_tokens.weight, feats, tokens, a, ok)
+        loss, stats = dflash_loss(model, hid, t.head_weight(), tokens, a, ok, label_valid)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, stats))
+    (l0, g0, s0), (l1, g1, s1) = results
+    torch.testing.assert_close(l1, l0, rtol=1e-6, atol=1e-7)
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], rtol=1e-5, atol=1e-7, msg=n)
+    assert int(s0["blocks"]) == int(s1["blocks"]) and float(s0["accept_len"]) == float(s1["accept_len"])
+    none, none_valid = trim_anchors(anchors, torch.zeros_like(valid), multiple=4)
+    assert none.shape == (3, 4) and not none_valid.any()  # a batch with no valid anchor keeps one column group
+
+
+def test_batches_pad_to_a_multiple_and_keep_the_budget():
+    g = torch.Generator().manual_seed(1)
+    seqs = [(list(range(int(n))), int(n) // 3) for n in torch.randint(5, 150, (200,), generator=g)]
+    batches = make_batches(seqs, 1024, 128, multiple=32)
+    assert sorted(i for b in batches for i in b) == list(range(200))
+    widths = set()
+    for b in batches:
+        ids, valid = collate(seqs, b, 128, "cpu", multiple=32)
+        longest = max(len(seqs[i][0]) for i in b)
+        assert ids.shape == (len(b), min(-(-longest // 32) * 32, 128)) and ids.numel() <= 1024
+        for r, i in enumerate(b):  # the reply tokens of each row, nothing in its padding
+            toks, first = seqs[i]
+            n = min(len(toks), 128)
+            assert ids[r, :n].tolist() == toks[:n] and valid[r].nonzero().flatten().tolist() == list(range(first, n))
+        widths.add(ids.shape[1])
+    assert widths <= {32, 64, 96, 128} and len(widths) == 4

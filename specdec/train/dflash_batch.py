@@ -329,6 +329,17 @@ def sample_anchors(label_valid: torch.Tensor, num_anchors: int, bs: int,
     return anchors, valid
 
 
+def trim_anchors(anchors: torch.Tensor, valid: torch.Tensor, multiple: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop the anchor columns no sequence of the batch uses: :func:`sample_anchors` puts each row's
+    invalid anchors last, so only the first ``max valid count`` columns hold valid ones (that count
+    rounded up to ``multiple``, for few distinct shapes). Blocks never see each other, so the loss
+    and its gradients are those of the untrimmed batch. With the recipe's 512 anchors and replies
+    of at most 256 tokens, ~60 % of the blocks computed were invalid anchors (SmolLM2's data)."""
+    n = int(valid.sum(1).max()) if valid.numel() else 0
+    keep = min(anchors.shape[1], max(multiple, -(-n // multiple) * multiple))
+    return anchors[:, :keep], valid[:, :keep]
+
+
 # --- saving ------------------------------------------------------------------------------------
 
 def save_dflash_dir(model: DFlashDraftModel, cfg_dict: dict, path: str, extra_files: dict[str, str] | None = None,

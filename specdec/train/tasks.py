@@ -87,9 +87,10 @@ class DFlashTask(_Task):
         return {"kind": self.kind, "config": self.cfg, "anchors": self.anchors, "gamma": self.gamma}
 
     def loss(self, ids, valid, out, gen):
-        from .dflash_batch import dflash_block_hidden, dflash_loss, sample_anchors
+        from .dflash_batch import dflash_block_hidden, dflash_loss, sample_anchors, trim_anchors
 
         anchors, ok = sample_anchors(valid, self.anchors, self.block_size, generator=gen)
+        anchors, ok = trim_anchors(anchors, ok)
         h = dflash_block_hidden(self.module, self.target.embed_tokens.weight, out.captured, ids, anchors, ok)
         loss, st = dflash_loss(self.module, h, self.target.head_weight(), ids, anchors, ok, valid, self.gamma)
         return loss, {"acc1": st["acc"][0], "accept": st["accept_len"]}

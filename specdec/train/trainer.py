@@ -38,6 +38,10 @@ class TrainConfig:
     grad_clip: float = 1.0
     batch_tokens: int = 16384  # padded tokens per batch (sequences x longest)
     max_len: int = 2048  # longer sequences are cut
+    # batches are padded to a multiple of this many positions: few distinct shapes, so cuDNN's attention
+    # builds few plans (~134 ms each on the H200, forward and backward; the real data's 250 batches had
+    # 176 distinct lengths, rounded to 64 they have ~20 shapes: benchmarks/profile_train_step_h200.json)
+    pad_multiple: int = 64
     seed: int = 0
     checkpoint_minutes: float = 5.0
     time_limit_minutes: float | None = None
@@ -50,12 +54,19 @@ class Stopped(Exception):
     """Training stopped early (time limit or a signal) after saving a checkpoint."""
 
 
-def make_batches(seqs: list[tuple[list[int], int]], batch_tokens: int, max_len: int) -> list[list[int]]:
-    """Indices of sequences grouped by length so that ``len(batch) * longest <= batch_tokens``."""
+def padded_length(n: int, max_len: int, multiple: int = 1) -> int:
+    """``n`` rounded up to a multiple of ``multiple``, at most ``max_len``."""
+    return min(-(-n // multiple) * multiple, max_len)
+
+
+def make_batches(seqs: list[tuple[list[int], int]], batch_tokens: int, max_len: int,
+                 multiple: int = 1) -> list[list[int]]:
+    """Indices of sequences grouped by length so that ``len(batch) * longest <= batch_tokens``, the
+    longest rounded up to a multiple of ``multiple`` (as :func:`collate` pads it)."""
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
     batches, cur, longest = [], [], 0
     for i in order:
-        n = min(len(seqs[i][0]), max_len)
+        n = padded_length(len(seqs[i][0]), max_len, multiple)
         if cur and (len(cur) + 1) * max(longest, n) > batch_tokens:
             batches.append(cur)
             cur, longest = [], 0
@@ -66,9 +77,10 @@ def make_batches(seqs: list[tuple[list[int], int]], batch_tokens: int, max_len: 
     return batches
 
 
-def collate(seqs, idx: list[int], max_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids ``[B, L]`` and ``label_valid [B, L]`` (True at reply tokens)."""
-    width = min(max(len(seqs[i][0]) for i in idx), max_len)
+def collate(seqs, idx: list[int], max_len: int, device, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids ``[B, L]`` and ``label_valid [B, L]`` (True at reply tokens); ``L`` is the
+    longest sequence rounded up to a multiple of ``multiple`` (at most ``max_len``)."""
+    width = padded_length(max(len(seqs[i][0]) for i in idx), max_len, multiple)
     ids = torch.zeros(len(idx), width, dtype=torch.long)
     valid = torch.zeros(len(idx), width, dtype=torch.bool)
     for r, i in enumerate(idx):
@@ -122,13 +134,14 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
     seqs = data.sequences()
     if not seqs:
         raise ConfigError("no training sequences: every reply is empty")
-    batches = make_batches(seqs, cfg.batch_tokens, cfg.max_len)
+    batches = make_batches(seqs, cfg.batch_tokens, cfg.max_len, cfg.pad_multiple)
     per_epoch = len(batches)
     total = max(1, int(round(cfg.epochs * per_epoch)))
     params = [p for p in task.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     ckpt = out.rstrip("/") + ".ckpt.pt"
-    recipe = {"task": task.recipe(), "sequences": len(seqs), "batches": per_epoch, "total": total, "seed": cfg.seed}
+    recipe = {"task": task.recipe(), "sequences": len(seqs), "batches": per_epoch, "total": total, "seed": cfg.seed,
+              "pad_multiple": cfg.pad_multiple}
     if cfg.minutes:
         recipe["minutes"] = cfg.minutes
     step, spent = 0, 0.0
@@ -169,7 +182,7 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
         while step < total and not clock_over:
             epoch, pos = divmod(step, per_epoch)
             order = torch.randperm(per_epoch, generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch)).tolist()
-            ids, valid = collate(seqs, batches[order[pos]], cfg.max_len, dev)
+            ids, valid = collate(seqs, batches[order[pos]], cfg.max_len, dev, cfg.pad_multiple)
             feats = target.forward_batch_train(ids, capture=task.capture)
             gen = torch.Generator(device=dev).manual_seed(cfg.seed * 1_000_003 + step)
             task.train()
