@@ -7,6 +7,7 @@ of the requested decoder layers (DFlash's context features). Architectures suppl
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -18,6 +19,14 @@ from ..errors import ConfigError
 from ..config import ModelConfig
 from ..parallel.tp import Shard, VocabParallelEmbedding, gather_vocab, vocab_parallel_head
 from .layers import RMSNorm, RotaryEmbedding, causal_mask, sliding_causal_mask
+
+# Each layer's last residual add folded into the next layer's input norm (``RMSNorm.add``: one kernel
+# on CUDA for the add and the norm), for layers with ``forward_folded`` (Llama/Qwen3): one kernel less a
+# layer. The same sums, bit for bit (the add rounds alike); on the CPU the same ops, so the same bits
+# everywhere; on CUDA the input norm then comes from the add-and-norm kernel, which can differ from the
+# plain norm kernel in the last bit (every path alike, so speculative output still equals plain). Off
+# until measured on the GPU: SPECDEC_FOLD_RESIDUAL=1 turns it on.
+FOLD_RESIDUAL = os.environ.get("SPECDEC_FOLD_RESIDUAL", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -172,11 +181,20 @@ class CausalLM(nn.Module):
         ctx = self.token_context(ids, x, ctx)
         caps = {}
         want = set(capture)
+        last = len(self.layers) - 1
+        delta = None  # with FOLD_RESIDUAL: the last folded layer's output is x + delta
         for i, layer in enumerate(self.layers):
+            if FOLD_RESIDUAL and hasattr(layer, "forward_folded"):
+                x, delta = layer.forward_folded(x, delta, ctx, cache.layers[i])
+                if i in want and i != last:
+                    caps[i] = x + delta
+                continue
+            if delta is not None:
+                x, delta = x + delta, None
             x = layer(x, ctx, cache.layers[i])
             if i in want:
                 caps[i] = x
-        h = self.norm(x)
+        h = self.norm(x) if delta is None else self.norm.add(x, delta)[1]
         if len(self.layers) - 1 in want:
             caps[len(self.layers) - 1] = h  # HF's hidden_states[L] is after the final norm
         out_logits = None

@@ -61,6 +61,18 @@ class DenseDecoderLayer(nn.Module):
                                                                     ctx.start, ctx.mask))
         return x + self.mlp(h)
 
+    def forward_folded(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: StepContext, cache: KVCache
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer with the residual adds moved: it takes ``(x, delta)``, whose sum is its input
+        (``delta`` None: ``x`` alone), and returns ``(x', delta')`` whose sum is :meth:`forward`'s output,
+        bit for bit (see ``base.FOLD_RESIDUAL``)."""
+        if delta is None:
+            h = self.input_layernorm(x)
+        else:
+            x, h = self.input_layernorm.add(x, delta)
+        x, h = self.post_attention_layernorm.add(x, self.self_attn(h, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask))
+        return x, self.mlp(h)
+
 
 class LlamaForCausalLM(CausalLM):
     qk_norm = False
