@@ -77,6 +77,24 @@ def split() -> None:
         check(f"split {name}: dead keys appended change no bit", torch.equal(got, _kernel(q, k2, v2, mask2, scale)))
         alone = _kernel(q[:1, :, -1:].contiguous().view(1, 1, h, d).transpose(1, 2), k[:1], v[:1], mask[:1, :, -1:], scale)
         check(f"split {name}: a row alone has its bits within the step", torch.equal(alone, got[:1, :, -1:]))
+    # a span of one split: the direct launch (no combine, sa.DIRECT) writes the combine's bits
+    saved = sa.DIRECT
+    try:
+        for name, (b, h, hkv, d, t, span, starts) in [("smollm2 heads", (2, 9, 3, 64, 4, 200, [3, 190])),
+                                                         ("qwen3-8b heads", (1, 32, 8, 128, 3, sa.SPLIT, [250])),
+                                                         ("qwen3.5 heads (d 256)", (1, 16, 4, 256, 2, 100, [40]))]:
+            q, k, v, mask = _attn_case(b, h, hkv, d, t, span, starts)
+            scale = d ** -0.5
+            sa.DIRECT = False
+            two = _kernel(q, k, v, mask, scale)
+            sa.DIRECT = True
+            one = _kernel(q, k, v, mask, scale)
+            check(f"split one split, {name}: the direct launch has the combine's bits", torch.equal(one, two))
+            k2, v2 = torch.cat([k, torch.randn_like(k)], 2), torch.cat([v, torch.randn_like(v)], 2)
+            mask2 = torch.cat([mask, torch.zeros_like(mask)], -1)  # two splits: the combine runs
+            check(f"split one split, {name}: equals the two-split launch", torch.equal(one, _kernel(q, k2, v2, mask2, scale)))
+    finally:
+        sa.DIRECT = saved
 
 
 def delta() -> None:
