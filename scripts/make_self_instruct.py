@@ -126,12 +126,19 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.num < 1 or a.oversample < 1 or a.temperature < 0 or a.max_new_tokens < 8:
         ap.error("need --num >= 1, --oversample >= 1, --temperature >= 0, --max-new-tokens >= 8")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
+        ap.error(f"--out {a.out}: its folder does not exist")
     from specdec.api import default_model_path
     from specdec.engine.batch import generate_batch
+    from specdec.errors import SpecdecError
     from specdec.loading import load_model
 
     target = a.target or default_model_path()
-    loaded = load_model(target, a.device, None)
+    try:
+        loaded = load_model(target, a.device, None)
+    except SpecdecError as e:
+        print(f"make_self_instruct: {e}", file=sys.stderr)
+        return 2
     tok = loaded.tokenizer
     if tok is None or not tok.chat_template:
         print(f"make_self_instruct: {target}: needs a tokenizer with a chat template", file=sys.stderr)

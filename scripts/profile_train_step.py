@@ -99,6 +99,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself (tiny --steps)")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.steps < 1 or args.anchors < 1 or args.batch_tokens < 1:
+        ap.error("--steps, --anchors and --batch-tokens must be >= 1")
     t = target(args.device)
     if t.device.type == "cpu":
         t = t.float()

@@ -77,7 +77,8 @@ def test_speculative_and_batched_generation_unchanged(target, monkeypatch, folde
     def batch():
         return generate_batch(target, [prompt, prompt[:4]], 16, set(), slots=2)
 
-    for a, b in (_both(monkeypatch, spec), _both(monkeypatch, batch)):
+    specs = _both(monkeypatch, spec)
+    for a, b in (specs, _both(monkeypatch, batch)):
         assert a == b
-    assert _both(monkeypatch, spec)[1] == ref
+    assert specs[1] == ref
     assert folded_calls

@@ -58,3 +58,12 @@ def test_run_with_the_embedded_target_writes_a_prompt_file(tmp_path):
     assert len({p.lower() for p in texts}) == len(texts)
     from specdec.train.data import read_prompts
     assert read_prompts(out) == texts  # what `specdec train --prompts` reads
+
+
+def test_bad_target_and_out_are_one_line_errors(tmp_path, capsys):
+    out = str(tmp_path / "si.jsonl")
+    assert si.main(["--num", "3", "--target", str(tmp_path / "missing.gguf"), "--out", out]) == 2
+    assert "missing.gguf: no such file" in capsys.readouterr().err and not os.path.exists(out)
+    with pytest.raises(SystemExit):
+        si.main(["--num", "3", "--out", str(tmp_path / "no" / "si.jsonl")])
+    assert "its folder does not exist" in capsys.readouterr().err
