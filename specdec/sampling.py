@@ -60,6 +60,21 @@ def probs_from_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return torch.softmax(x, dim=-1)
 
 
+def probs_from_logits_rows(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """:func:`probs_from_logits` for ``logits [b, ..., V]`` whose row ``i`` samples with
+    ``params[i]``: one call for each distinct (temperature, top-k, top-p), not one per row."""
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault((p.temperature, p.top_k, p.top_p), []).append(i)
+    if len(groups) == 1:
+        return probs_from_logits(logits, params[0])
+    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    for rows in groups.values():
+        idx = torch.tensor(rows, device=logits.device)
+        out[idx] = probs_from_logits(logits[idx], params[rows[0]])
+    return out
+
+
 def sample_inverse_cdf(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """One draw per row of ``q [B, V]`` (probabilities) from uniforms ``u [B]`` in [0, 1): the first
     token whose cumulative probability exceeds ``u`` times the row's total, so never a token of

@@ -29,8 +29,9 @@ import torch
 import specdec.engine.generate as engine_generate
 from _engine_util import (DistDrafter, accept_always_broken, build_llama, model_next_logits, pooled_chi2, resample_from_p_broken, total_variation)
 from specdec.engine import SpeculativeGenerator, accept_sampled
+from specdec.engine.acceptance import accept_sampled_rows
 from specdec.loading import load_model
-from specdec.sampling import SamplingParams, probs_from_logits
+from specdec.sampling import SamplingParams, probs_from_logits, probs_from_logits_rows
 
 ALPHA = 1e-4
 PARAMS = {
@@ -239,3 +240,38 @@ def test_inverse_cdf_draws_follow_the_probabilities():
     q2 = probs_from_logits(torch.log(q.clamp_min(1e-30)) * 1.3, SamplingParams())
     wrong = torch.bincount(sample_inverse_cdf(q2.expand(n, -1), torch.rand(n, generator=g)), minlength=40).double()
     assert pooled_chi2(wrong[keep], q[0][keep].double())[2] < 1e-6
+
+
+def test_accept_sampled_rows_equals_each_row_alone():
+    """The serving loop's batched rejection sampling (ragged rows, argmax and sampled drafts mixed,
+    rows with different sampling params) gives every row what ``accept_sampled`` gives it alone
+    from the same generator: a row's tokens do not depend on the rows beside it."""
+    g = torch.Generator().manual_seed(5)
+    K, params = 4, [PARAMS["plain"], PARAMS["filtered"], PARAMS["plain"], PARAMS["filtered"], PARAMS["plain"]]
+    n_drafts = [4, 0, 2, 3, 1]
+    logits = torch.randn(len(params), K + 1, V, generator=g) * 2
+    probs = probs_from_logits_rows(logits, params)
+    for i, p in enumerate(params):
+        assert torch.equal(probs[i], probs_from_logits(logits[i], p))
+    drafts = torch.randint(0, V, (len(params), K), generator=g)
+    qs = [None if i % 2 else torch.softmax(torch.randn(K, V, generator=g), -1) for i in range(len(params))]
+    for i in range(len(params)):  # some drafts are the target's likeliest token, so some get accepted
+        drafts[i, : n_drafts[i] // 2 + 1] = probs[i, : n_drafts[i] // 2 + 1].argmax(-1)[:K]
+    accepted = 0
+    for trial in range(40):
+        q = torch.zeros(len(params), K, V).scatter_(2, drafts[..., None], 1.0)
+        u = torch.zeros(len(params), 2 * K + 1)
+        want = []
+        for i, n in enumerate(n_drafts):
+            if qs[i] is not None:
+                q[i, :n] = qs[i][:n]
+            u[i, : 2 * n + 1].uniform_(generator=torch.Generator().manual_seed(100 * trial + i))
+            one = accept_sampled(drafts[i, :n], None if qs[i] is None else qs[i][:n], probs[i, : n + 1],
+                                 torch.Generator().manual_seed(100 * trial + i))
+            want.append(one)
+            accepted += int(one[0])
+        got = accept_sampled_rows(drafts, torch.tensor(n_drafts), q, probs, u)
+        for i, n in enumerate(n_drafts):
+            m = int(got[i, 0])
+            assert torch.equal(got[i, : m + 2], want[i][: m + 2]), (trial, i, got[i], want[i])
+    assert accepted > 0

@@ -17,8 +17,8 @@ import torch
 from ..models.base import ForwardOut
 from ..models.graphed_batch import GraphedBatch, GraphedPrefill
 from ..models.invariant_linear import row_counts
-from ..sampling import make_generator, probs_from_logits, sample_one
-from .acceptance import accept_greedy_rows, accept_sampled
+from ..sampling import make_generator, probs_from_logits_rows, sample_one
+from .acceptance import accept_greedy_rows, accept_sampled_rows
 from .batch import forward_ragged
 from .requests import Event, ema_acceptance
 
@@ -101,6 +101,29 @@ class SlotWork:
             return
         for r, s in enumerate(group):
             self._prefilled(s, r, segs[r].numel(), out)
+
+    def _accept_sampled(self, rows: list[_Row], sampled: list[int], n_drafts: list[int], drafts: torch.Tensor,
+                        logits: torch.Tensor) -> torch.Tensor:
+        """Rejection sampling for the step's sampled rows in one batched call (``[len(sampled),
+        width + 1]``); each row draws its ``2n + 1`` uniforms from its own generator, so its tokens
+        do not depend on the other rows."""
+        dev = logits.device
+        idx = torch.tensor(sampled, device=dev)
+        d = drafts[idx]
+        k = d.shape[1]
+        slots = [self._slots[rows[i].s] for i in sampled]
+        probs = probs_from_logits_rows(logits[idx], [slot.req.params for slot in slots])
+        q = None
+        if any(rows[i].probs is not None for i in sampled):
+            q = torch.zeros(d.shape + (logits.shape[-1],), device=dev).scatter_(2, d[..., None], 1.0)
+            for j, i in enumerate(sampled):
+                if rows[i].probs is not None:
+                    q[j, : n_drafts[i]] = rows[i].probs
+        # one draw per row (the row's own stream), padded to 2k + 1 by a spare row dropped after
+        u = [torch.rand(2 * n_drafts[i] + 1, device=dev, generator=slot.gen) for i, slot in zip(sampled, slots)]
+        u = torch.nn.utils.rnn.pad_sequence(u + [torch.zeros(2 * k + 1, device=dev)], batch_first=True)[:-1]
+        n = torch.tensor([n_drafts[i] for i in sampled], device=dev)
+        return accept_sampled_rows(d, n, q, probs, u)
 
     def _drafted(self, prop, ks: int):
         """A proposal's drafts (at most ``ks``, where the drafter left them) and their probabilities."""
@@ -236,10 +259,8 @@ class SlotWork:
                 g = torch.tensor(greedy, device=dev)
                 packed.append(accept_greedy_rows(drafts[g], torch.tensor([n_drafts[i] for i in greedy], device=dev),
                                                  out.logits[g]).reshape(-1))
-            for i in sampled:
-                slot, n = self._slots[rows[i].s], n_drafts[i]
-                p = probs_from_logits(out.logits[i, : n + 1], slot.req.params)
-                packed.append(accept_sampled(drafts[i, :n], rows[i].probs, p, slot.gen))
+            if sampled:
+                packed.append(self._accept_sampled(rows, sampled, n_drafts, drafts, out.logits).reshape(-1))
             flat = torch.cat(packed)
             self._deliver()  # the last step's events: the clients run while the GPU works
             flat = flat.tolist()  # the one host sync of the step
@@ -249,11 +270,7 @@ class SlotWork:
             for r in rows:
                 self._fail(r.s, e)
             return
-        res, off = {}, 0
-        sampled_set = set(sampled)
-        for i in greedy + sampled:  # greedy rows are width + 1 wide, sampled ones n_drafts + 2
-            w = n_drafts[i] + 2 if i in sampled_set else width + 1
-            res[i], off = flat[off:off + w], off + w
+        res = {i: flat[j * (width + 1):(j + 1) * (width + 1)] for j, i in enumerate(greedy + sampled)}
         # recurrent (linear-attention) layers keep each slot's accepted rows; KV needs nothing
         self.cache.commit([r.s for r in rows], [res[i][0] + 1 for i in range(len(rows))])
         accepted, drafted = 0, 0

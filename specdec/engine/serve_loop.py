@@ -17,8 +17,9 @@ sampling generator and its statistics. The thread repeats, at step boundaries:
    verifies the rows ``[last token, d_1 .. d_k]`` (padded to the longest row; with
    ``static_steps``, on CUDA by default, one fixed-shape step over a bucket of slots replayed as a
    CUDA graph: :mod:`specdec.models.graphed_batch`, shapes checked under ``exact``, see
-   :class:`EngineLoop`) with logits at every position, acceptance runs per
-   slot as in :mod:`.generate` (greedy rows together, one host sync for the step), each slot
+   :class:`EngineLoop`) with logits at every position, acceptance runs as in
+   :mod:`.generate` (greedy rows together, sampled rows together, each with its own random
+   stream; one host sync for the step), each slot
    advances by ``accepted + 1`` (KV entries past it are overwritten later: that is the rollback)
    and its drafter observes the committed tokens with that slot's rows.
 
