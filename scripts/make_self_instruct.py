@@ -146,10 +146,21 @@ def main(argv=None) -> int:
     rng = random.Random(a.seed)
     metas = meta_prompts(int(a.num * a.oversample), rng)
     enc = [tok.encode(tok.apply_chat_template([{"role": "user", "content": m}]), add_special=False) for m in metas]
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(enc), desc="writing requests", unit="request")
+    ntok = [0]
+
+    def on_done(i, reply):
+        ntok[0] += len(reply)
+        bar.update(1)
+        bar.set_postfix(tok_s=f"{ntok[0] / max(bar.format_dict['elapsed'], 1e-9):.0f}", refresh=False)
+
     t0 = time.perf_counter()
     ids = generate_batch(loaded.model, enc, a.max_new_tokens, set(tok.eos_ids), slots=a.slots,
-                         temperature=a.temperature, seed=a.seed)
+                         temperature=a.temperature, seed=a.seed, on_done=on_done)
     secs = time.perf_counter() - t0
+    bar.close()
     replies = [tok.decode([t for t in r if t not in tok.eos_ids]) for r in ids]
     prompts, counts = select(replies, test_texts(), a.num)
     tmp = a.out + ".tmp"
