@@ -46,13 +46,13 @@ def test_meta_prompts_are_seeded_and_mixed():
 
 def test_run_with_the_embedded_target_writes_a_prompt_file(tmp_path):
     out, prov = str(tmp_path / "si.jsonl"), str(tmp_path / "si.json")
-    rc = si.main(["--num", "3", "--oversample", "2", "--max-new-tokens", "40", "--slots", "6", "--device", "cpu",
+    rc = si.main(["--num", "6", "--oversample", "2", "--max-new-tokens", "40", "--slots", "12", "--device", "cpu",
                   "--out", out, "--provenance", prov])
     assert rc == 0 and not os.path.exists(out + ".tmp")
     rows = [json.loads(line) for line in open(out, encoding="utf-8")]
     info = json.load(open(prov))
-    assert info["generated"] == 6 and info["kept"] == len(rows) <= 3
-    assert len(rows) >= 1, info  # the instruct model writes usable requests
+    assert info["generated"] == 12 and info["kept"] == len(rows) <= 6
+    assert len(rows) >= 1, info  # the instruct model writes usable requests (about 4 in 10 replies)
     texts = [r["prompt"] for r in rows]
     assert all(list(r) == ["prompt"] and si.clean(p) == p for r, p in zip(rows, texts))
     assert len({p.lower() for p in texts}) == len(texts)
