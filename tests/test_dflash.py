@@ -553,3 +553,44 @@ def test_sampling_check_detects_broken_acceptance(small_vocab, monkeypatch):
     counts = _joint_counts(loaded.model, load_dflash_drafter(dpath, loaded), PROMPT, PARAMS, 400, v)
     stat, df, pval = pooled_chi2(counts, exact)
     assert pval < ALPHA, f"a broken sampler passed: chi2={stat:.1f} df={df} p={pval:.2e}"
+
+
+def _split_stand_in(monkeypatch):
+    """SPECDEC_DRAFTER_SPLIT on, with the split kernel (CUDA only) stood in for by its torch form,
+    routed as on CUDA; returns the list its calls append to."""
+    from specdec.models import layers, split_attention
+    calls = []
+    monkeypatch.setattr(layers, "DRAFTER_SPLIT", True)
+    monkeypatch.setattr(split_attention, "supported", lambda q, k, mask: mask is not None and q.dim() == 4)
+    monkeypatch.setattr(split_attention, "split_attention",
+                        lambda *a: calls.append(a[0].shape) or split_attention.split_attention_reference(*a))
+    return calls
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_static_block_with_the_split_attention(tmp_path, llama, monkeypatch, split):
+    """SPECDEC_DRAFTER_SPLIT=1: the static blocks' attention (every layer, over the whole context
+    buffer, masked) takes the split kernel (here its torch form); sampled proposals carry the eager
+    block's distributions and greedy output still equals plain decoding."""
+    path, _ = _write(tmp_path, block_size=4)
+    target, prompt = llama[1], _prompt(9, seed=5)
+    dr = load_dflash_drafter(path, target)
+    dr.static_steps = True
+    calls = _split_stand_in(monkeypatch) if split else []
+    propose = dr.propose
+
+    def spy(last_token, k, params, gen):
+        eager = dr.block_logits(last_token)[:k]
+        prop = propose(last_token, k, params, gen)
+        if not params.greedy:
+            assert torch.allclose(prop.probs, probs_from_logits(eager, params), atol=1e-5)
+        return prop
+
+    dr.propose = spy
+    gen = SpeculativeGenerator(target.model, dr, 3)
+    out = gen.generate(prompt, 24, SamplingParams())
+    assert out.token_ids == plain_generate(target.model, prompt, 24).token_ids
+    gen.generate(prompt, 12, SamplingParams(temperature=0.8, seed=1))
+    # every static block ran its layers' attention through the kernel (none without the flag)
+    layers = dr.model.config.num_hidden_layers
+    assert (len(calls) > 0) == split and len(calls) % layers == 0, (len(calls), layers)

@@ -373,3 +373,37 @@ def test_static_sampled_steps_kept_per_params(small_vocab):
     keys = list(drafter._static)
     assert any(kk == 2 for kk in keys)  # the greedy step stays
     assert all(kk[1] == 0.7 for kk in keys if isinstance(kk, tuple))
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_static_propose_with_the_split_attention(ckpt, monkeypatch, split):
+    """SPECDEC_DRAFTER_SPLIT=1: the static propose's attention (the catch-up rows and each chained
+    row, over the whole cache, masked) takes the split kernel (here its torch form): the drafts'
+    logits are the eager propose's and greedy output still equals plain decoding."""
+    from specdec.models import layers, split_attention
+    lm = load_model(ckpt["dense"], "cpu", tokenizer=False)
+    calls = []
+    if split:
+        monkeypatch.setattr(layers, "DRAFTER_SPLIT", True)
+        monkeypatch.setattr(split_attention, "supported", lambda q, k, mask: mask is not None and q.dim() == 4)
+        monkeypatch.setattr(split_attention, "split_attention",
+                            lambda *a: calls.append(a[0].shape) or split_attention.split_attention_reference(*a))
+    prompt = _prompt(11, 3, lm.model.config.vocab_size)
+    runs = {}
+    for static in (False, True):
+        drafter = load_mtp_drafter(lm)
+        drafter.static_steps = static
+        logits, propose = [], drafter.propose
+
+        def spy(*a, drafter=drafter, logits=logits, propose=propose):
+            prop = propose(*a)
+            logits.append(drafter.last_logits.clone())
+            return prop
+
+        drafter.propose = spy
+        runs[static] = (SpeculativeGenerator(lm.model, drafter, 3).generate(prompt, 24).token_ids, logits)
+    assert runs[True][0] == runs[False][0] == plain_generate(lm.model, prompt, 24).token_ids
+    assert len(runs[True][1]) == len(runs[False][1]) > 3
+    for a, b in zip(*(runs[s][1] for s in (False, True))):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    assert (len(calls) > 0) == split  # the static steps' attention went through the kernel

@@ -18,7 +18,7 @@ from ..errors import CheckpointError, ConfigError
 from ..models.base import CausalLM, ForwardOut
 from ..models.graphs import capture, maybe_compile
 from ..models.invariant_linear import row_counts
-from ..models.layers import static_step_attention
+from ..models.layers import drafter_static_attention, static_step_attention
 from ..sampling import SamplingParams, probs_from_logits
 from ..weights import load_into
 from ..weights.loader import check_layer_count
@@ -289,9 +289,11 @@ class _StaticBlock:
         self.ids[0] = last_token
         self.start.fill_(start)
         if not self.ids.is_cuda:
-            return self.fn()
+            with drafter_static_attention():
+                return self.fn()
         if self.graph is None:
-            self.graph, self.out = capture(self.fn, self.ids.device)
+            with drafter_static_attention():
+                self.graph, self.out = capture(self.fn, self.ids.device)
         self.graph.replay()
         return self.out.clone()
 

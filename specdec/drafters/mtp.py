@@ -51,7 +51,7 @@ from torch import nn
 from ..errors import CheckpointError, ConfigError
 from ..models.base import CausalLM, ForwardOut
 from ..models.graphs import capture, maybe_compile
-from ..models.layers import RMSNorm
+from ..models.layers import RMSNorm, drafter_static_attention
 from ..models.qwen35 import FullAttentionDecoderLayer, checkpoint_view
 from ..sampling import SamplingParams, probs_from_logits, sample_inverse_cdf
 from ..weights import load_into
@@ -298,11 +298,13 @@ class _StaticPropose:
         if self.params is not None:
             self.u.uniform_(generator=gen)
         if self.d.target.device.type != "cuda":
-            self.out = self.fn()
+            with drafter_static_attention():
+                self.out = self.fn()
         else:
             if self.graph is None:
                 # warm-ups write the same real rows the replay writes; the rest lies past the commits
-                self.graph, self.out = capture(self.fn, self.tok.device)
+                with drafter_static_attention():
+                    self.graph, self.out = capture(self.fn, self.tok.device)
             self.graph.replay()
         drafts, logits, probs = self.out
         return drafts.clone(), logits.clone(), None if probs is None else probs.clone()
