@@ -1,0 +1,124 @@
+"""The off-by-default speed flags against the defaults, in one process (issue 10).
+
+Separate processes drift on the H200 (the bench's copy bandwidth moved 3645..3857 GB/s between runs,
+plain decoding 623..661 tok/s for one configuration), so one run per flag cannot rank changes of a
+few percent. Here one random target of a published shape is built once; every round times each
+variant in turn (new static steps, captured under that variant's flags): plain decoding's step
+(``STEP_ROWS`` rows at position ``--context`` over a cache sized as ``generate`` sizes it, prompt +
+``-n``) and one propose of random DFlash and MTP drafters (their static steps). The table gives
+each variant's median over the rounds and its ratio to ``base``.
+
+    PYTHONPATH=. python scripts/ab_flags.py --shape smollm2-135m --context 300 --rounds 5 [--json out.json]
+
+Variants: ``base`` (the defaults), ``fold`` (SPECDEC_FOLD_RESIDUAL), ``direct`` (SPECDEC_SPLIT_DIRECT),
+``drafter-split`` (SPECDEC_DRAFTER_SPLIT), ``all``. The flags are module attributes read as a step is
+built, so a variant's steps are built with them set and the defaults come back after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+
+import torch
+
+FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.models.split_attention", "DIRECT"),
+         "drafter-split": ("specdec.models.layers", "DRAFTER_SPLIT")}
+VARIANTS = {"base": (), "fold": ("fold",), "direct": ("direct",), "drafter-split": ("drafter-split",),
+            "all": tuple(FLAGS)}
+
+
+@contextlib.contextmanager
+def flags(names):
+    import importlib
+    saved = []
+    try:
+        for n in FLAGS:
+            mod = importlib.import_module(FLAGS[n][0])
+            saved.append((mod, FLAGS[n][1], getattr(mod, FLAGS[n][1])))
+            setattr(mod, FLAGS[n][1], n in names)
+        yield
+    finally:
+        for mod, attr, value in saved:
+            setattr(mod, attr, value)
+
+
+def time_variant(model, ids: torch.Tensor, context: int, new_tokens: int, reps: int, drafters: dict) -> dict:
+    from specdec.bench_shape import _median_ms, _time_drafter
+    from specdec.engine.generate import STEP_ROWS
+    from specdec.models.graphs import GraphedTarget
+
+    dev = model.device
+    cache = model.new_cache(context + new_tokens, spare=STEP_ROWS)
+    with torch.inference_mode():
+        model(ids[:context], cache, logits="last", snapshots=False)
+    steps = GraphedTarget(model, cache, (), max_steps=STEP_ROWS, use_graphs=dev.type == "cuda")
+    row = ids[context:context + 1]
+
+    def one():
+        steps(row)
+        cache.rollback(context)
+    out = {"plain_step_ms": _median_ms(one, dev, reps)}
+    for label, make in drafters.items():
+        out[f"{label}_propose_ms"] = _time_drafter(model, make, ids[:context], reps)["ms"]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", required=True, help="a published shape (specdec bench --shape names them)")
+    ap.add_argument("--context", type=int, default=300, help="prompt positions before the timed step (default 300)")
+    ap.add_argument("-n", "--new-tokens", type=int, default=128, help="the cache holds context + this (default 128)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds; each times every variant once (default 5)")
+    ap.add_argument("--reps", type=int, default=20, help="timed calls per measurement, median (default 20)")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--no-drafters", action="store_true", help="time the target's step only")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--json", default=None, help="also write the table to this file")
+    a = ap.parse_args(argv)
+    if a.context < 1 or a.new_tokens < 1 or a.rounds < 1 or a.reps < 1:
+        ap.error("--context, -n, --rounds and --reps must be >= 1")
+    from specdec.bench_shape import _dflash, _mtp
+    from specdec.errors import SpecdecError
+    from specdec.loading import resolve_device, resolve_dtype
+    from specdec.shapes import build_shape, shape_config
+
+    try:
+        limit = shape_config(a.shape)[1].max_position_embeddings
+        if a.context + a.new_tokens > limit:
+            raise SpecdecError(f"--context {a.context} + -n {a.new_tokens} exceeds shape {a.shape}'s {limit} positions")
+        dev = resolve_device(a.device)
+        model = build_shape(a.shape, dev, resolve_dtype(None, dev))
+    except SpecdecError as e:
+        print(f"ab_flags: {e}", file=sys.stderr)
+        return 2
+    ids = torch.randint(0, model.config.vocab_size, (a.context + 1,), generator=torch.Generator().manual_seed(3)).to(dev)
+    drafters = {} if a.no_drafters else {"dflash": _dflash, "mtp": _mtp}
+    runs = {v: [] for v in a.variants}
+    for r in range(a.rounds):
+        for v in a.variants:
+            with flags(VARIANTS[v]):
+                runs[v].append(time_variant(model, ids, a.context, a.new_tokens, a.reps, drafters))
+            print(f"round {r + 1}/{a.rounds} {v}: {runs[v][-1]}", file=sys.stderr, flush=True)
+    keys = list(runs[a.variants[0]][0])
+    table = {v: {k: round(statistics.median(x[k] for x in runs[v]), 4) for k in keys} for v in a.variants}
+    base = table.get("base")
+    print(f"shape {a.shape}, context {a.context}, cache {a.context + a.new_tokens}, {dev}, {a.rounds} rounds x {a.reps} reps "
+          "(median ms; ratio to base)")
+    print("| variant | " + " | ".join(keys) + " |")
+    print("|---" * (len(keys) + 1) + "|")
+    for v, row in table.items():
+        cells = [f"{row[k]}" + (f" ({row[k] / base[k]:.3f})" if base and v != "base" else "") for k in keys]
+        print(f"| {v} | " + " | ".join(cells) + " |")
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as fh:
+            json.dump({"shape": a.shape, "context": a.context, "new_tokens": a.new_tokens, "device": str(dev),
+                       "rounds": a.rounds, "reps": a.reps, "median_ms": table, "runs": runs}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

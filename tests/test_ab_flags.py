@@ -1,0 +1,41 @@
+"""scripts/ab_flags.py: each variant's flags are set while its steps are built and the defaults come
+back after (also when the timing fails); bad input fails in one line."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+
+import ab_flags  # noqa: E402
+from specdec.models import base, layers, split_attention  # noqa: E402
+
+
+def _state():
+    return base.FOLD_RESIDUAL, split_attention.DIRECT, layers.DRAFTER_SPLIT
+
+
+@pytest.mark.parametrize("variant, want", [("base", (False, False, False)), ("fold", (True, False, False)),
+                                           ("direct", (False, True, False)), ("drafter-split", (False, False, True)),
+                                           ("all", (True, True, True))])
+def test_flags_set_and_restored(variant, want):
+    before = _state()
+    with ab_flags.flags(ab_flags.VARIANTS[variant]):
+        assert _state() == want
+    assert _state() == before
+    with pytest.raises(RuntimeError), ab_flags.flags(ab_flags.VARIANTS[variant]):
+        raise RuntimeError("a failed timing")
+    assert _state() == before
+
+
+@pytest.mark.parametrize("argv, msg", [(["--shape", "smollm2-135m", "--rounds", "0"], "must be >= 1"),
+                                       (["--shape", "no-such-shape"], "no-such-shape"),
+                                       (["--shape", "smollm2-135m", "--context", "9000"], "exceeds shape")])
+def test_bad_input_is_one_line(argv, msg, capsys):
+    try:
+        rc = ab_flags.main(argv)
+    except SystemExit as e:  # argparse's error
+        rc = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and msg in err[-1] and "Traceback" not in "\n".join(err)
