@@ -13,6 +13,7 @@ from typing import Protocol, Sequence
 import torch
 
 from .errors import ContextOverflowError
+from .hostcopy import device_ints
 
 
 class LayerCache(Protocol):
@@ -361,8 +362,7 @@ class BatchCache:
         (the rest is rolled back). Host lists in; a no-op for attention-only caches."""
         if self.device is None or not slots:
             return
-        s = torch.tensor(list(slots), dtype=torch.int64, device=self.device)
-        k = torch.tensor(list(n), dtype=torch.int64, device=self.device)
+        s, k = device_ints(list(slots), self.device), device_ints(list(n), self.device)
         for c in self.layers:
             c.commit(s, k)
 

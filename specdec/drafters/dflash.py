@@ -17,6 +17,7 @@ from ..config import read_json
 from ..errors import CheckpointError, ConfigError
 from ..models.base import CausalLM, ForwardOut
 from ..models.graphs import capture, maybe_compile
+from ..hostcopy import device_ints
 from ..models.invariant_linear import row_counts
 from ..models.layers import drafter_static_attention, static_step_attention
 from ..sampling import SamplingParams, probs_from_logits
@@ -286,7 +287,7 @@ class _StaticBlock:
 
     @torch.inference_mode()
     def __call__(self, last_token: int, start: int) -> torch.Tensor:
-        self.ids[0] = last_token
+        self.ids[:1].fill_(last_token)  # a kernel with the value: no copy, no stream sync
         self.start.fill_(start)
         if not self.ids.is_cuda:
             with drafter_static_attention():
@@ -447,7 +448,7 @@ class DFlashSlots:
                 took[s] = n
                 self.pending[s] = [rows[n:]] if n < rows.shape[0] else []
             n = self._rows(max(took) + 1)
-            self.obs_start[:n].copy_(torch.tensor(self.lengths[:n], dtype=torch.int64))
+            self.obs_start[:n].copy_(device_ints(self.lengths[:n], self.obs_start.device))
             if not self.use_graphs:
                 self._observe_run(n)
             else:
@@ -501,10 +502,9 @@ class DFlashSlots:
         ``slots`` (on the device): (argmax drafts ``[n, block - 1]``, logits), the step's own
         buffers, row ``s`` slot ``s``."""
         self._flush()
-        self.ids[slots, 0] = torch.tensor([int(r[1]) for r in rows], dtype=self.ids.dtype,
-                                          device=self.ids.device)  # one write, not one a slot
+        self.ids[slots, 0] = device_ints([int(r[1]) for r in rows], self.ids.device)  # one write, not one a slot
         n = self._rows(max(r[0] for r in rows) + 1)
-        self.start[:n].copy_(torch.tensor(self.lengths[:n], dtype=torch.int64))
+        self.start[:n].copy_(device_ints(self.lengths[:n], self.start.device))
         span = self.span_of(max(self.lengths[:n]))
         if not self.use_graphs:
             return self._block_run(n, span)
@@ -513,7 +513,7 @@ class DFlashSlots:
         return outs
 
     def _slots_of(self, rows) -> torch.Tensor:
-        return torch.tensor([r[0] for r in rows], dtype=torch.int64, device=self.ids.device)
+        return device_ints([r[0] for r in rows], self.ids.device)
 
     @torch.inference_mode()
     def propose_greedy(self, rows: list[tuple[int, int, int, SamplingParams, torch.Generator | None]]
@@ -527,7 +527,7 @@ class DFlashSlots:
         counts = [max(0, min(r[2], self.block - 1)) for r in rows]
         width = max(counts, default=0)
         out = greedy[slots, :width]  # a copy (gather)
-        past = torch.arange(width, device=out.device)[None, :] >= torch.tensor(counts, device=out.device)[:, None]
+        past = torch.arange(width, device=out.device)[None, :] >= device_ints(counts, out.device)[:, None]
         return out.masked_fill_(past, 0), counts
 
     @torch.inference_mode()

@@ -50,6 +50,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from ..models.base import CausalLM, ForwardOut
+from ..hostcopy import device_ints
 from ..models.graphs import capture, maybe_compile
 from ..models.layers import RMSNorm, drafter_static_attention
 from ..models.qwen35 import FullAttentionDecoderLayer, checkpoint_view
@@ -195,7 +196,7 @@ class MTPDrafter:
             raise RuntimeError("MTPDrafter.propose called twice without observe in between")
         # committed rows first, then (h_{L-1}, last_token): all real, all kept
         hidden = torch.cat(self._pending_h + [self._last_h], dim=0)
-        toks = torch.cat(self._pending_t + [torch.tensor([int(last_token)], dtype=torch.int64, device=dev)])
+        toks = torch.cat(self._pending_t + [device_ints([int(last_token)], dev)])
         greedy = params.greedy or not self.sample_drafts
         if (greedy or self.static_sampling) and (self.static_steps or self.compile) and toks.shape[0] <= k + 1:
             return self._propose_static(toks, hidden, k, None if greedy else params, gen)

@@ -18,6 +18,7 @@ from ..errors import ContextOverflowError, RequestError
 from ..models.base import CausalLM, ForwardOut
 from ..models.graphs import GraphedTarget
 from ..sampling import SamplingParams, make_generator, probs_from_logits, sample_one
+from ..hostcopy import device_ints
 from .acceptance import accept_greedy, accept_sampled
 
 
@@ -230,7 +231,7 @@ class SpeculativeGenerator:
             drafts = prop.tokens.to(dev)[:k]
             t2 = time.perf_counter()
             start = cache.length
-            ids = torch.cat([torch.tensor([last], device=dev), drafts])
+            ids = torch.cat([device_ints([last], dev), drafts])  # no stream sync: the drafter's step may still run
             out = graphed(ids) if graphed is not None else tgt(ids, cache, capture=capture)
             if params.greedy:
                 packed = accept_greedy(drafts, out.logits)

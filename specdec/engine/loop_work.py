@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.base import ForwardOut
+from ..hostcopy import device_ints
 from ..models.graphed_batch import GraphedBatch, GraphedPrefill
 from ..models.invariant_linear import row_counts
 from ..sampling import make_generator, probs_from_logits_rows, sample_one
@@ -108,7 +109,7 @@ class SlotWork:
         width + 1]``); each row draws its ``2n + 1`` uniforms from its own generator, so its tokens
         do not depend on the other rows."""
         dev = logits.device
-        idx = torch.tensor(sampled, device=dev)
+        idx = device_ints(sampled, dev)
         d = drafts[idx]
         k = d.shape[1]
         slots = [self._slots[rows[i].s] for i in sampled]
@@ -122,7 +123,7 @@ class SlotWork:
         # one draw per row (the row's own stream), padded to 2k + 1 by a spare row dropped after
         u = [torch.rand(2 * n_drafts[i] + 1, device=dev, generator=slot.gen) for i, slot in zip(sampled, slots)]
         u = torch.nn.utils.rnn.pad_sequence(u + [torch.zeros(2 * k + 1, device=dev)], batch_first=True)[:-1]
-        n = torch.tensor([n_drafts[i] for i in sampled], device=dev)
+        n = device_ints([n_drafts[i] for i in sampled], dev)
         return accept_sampled_rows(d, n, q, probs, u)
 
     def _drafted(self, prop, ks: int):
@@ -256,8 +257,8 @@ class SlotWork:
             out = self._verify(rows, ids, lengths, width)
             packed = []
             if greedy:
-                g = torch.tensor(greedy, device=dev)
-                packed.append(accept_greedy_rows(drafts[g], torch.tensor([n_drafts[i] for i in greedy], device=dev),
+                g = device_ints(greedy, dev)
+                packed.append(accept_greedy_rows(drafts[g], device_ints([n_drafts[i] for i in greedy], dev),
                                                  out.logits[g]).reshape(-1))
             if sampled:
                 packed.append(self._accept_sampled(rows, sampled, n_drafts, drafts, out.logits).reshape(-1))
@@ -325,9 +326,8 @@ class SlotWork:
         drafter's ``block``, or one tensor from host lists (none, n-gram), or padded on the device."""
         dev = self.model.device
         if block is None and all(isinstance(r.drafts, list) for r in rows):
-            return torch.tensor([[self._slots[r.s].last] + r.drafts + [0] * (width - 1 - len(r.drafts)) for r in rows],
-                                dtype=torch.int64, device=dev)
-        lasts = torch.tensor([[self._slots[r.s].last] for r in rows], device=dev)
+            return device_ints([[self._slots[r.s].last] + r.drafts + [0] * (width - 1 - len(r.drafts)) for r in rows], dev)
+        lasts = device_ints([[self._slots[r.s].last] for r in rows], dev)
         if block is None:
             block = torch.nn.utils.rnn.pad_sequence(
                 [torch.as_tensor(r.drafts, dtype=torch.int64).to(dev) for r in rows], batch_first=True)
@@ -338,8 +338,8 @@ class SlotWork:
         being slot ``rows[i].s`` verifying ``ids[i]`` at positions ``lengths[i] ..``."""
         dev, slots = self.model.device, [r.s for r in rows]
         if not self.static_steps:
-            return self.model.forward_batch(ids, self.cache, torch.tensor(lengths, device=dev),
-                                            slots=torch.tensor(slots, device=dev), span=max(lengths) + width,
+            return self.model.forward_batch(ids, self.cache, device_ints(lengths, dev),
+                                            slots=device_ints(slots, dev), span=max(lengths) + width,
                                             capture=self.capture, logits="all")
         # The step runs the first n slots, n the smallest of 1, 2, 4, ... above every live row's slot
         # (slots are taken lowest first), or all of them. An idle one (free, or a prompt being
@@ -354,7 +354,7 @@ class SlotWork:
             out = self._check_step(out, ids, slots, starts, (n, width, span))
         if slots == list(range(out.logits.shape[0])):
             return out
-        pick = torch.tensor(slots, device=dev)
+        pick = device_ints(slots, dev)
         return ForwardOut(out.logits[pick], out.hidden[pick], None if out.captured is None else out.captured[pick])
 
     def _other_shapes(self) -> bool:
@@ -406,7 +406,7 @@ class SlotWork:
         w, width = 1 + self.kmax, shape[1]
         full = self._static_step(self.max_slots, w, self._span(max(starts) + w))(
             torch.nn.functional.pad(ids, (0, w - width)), slots, starts)
-        pick = torch.tensor(slots, device=ids.device)
+        pick = device_ints(slots, ids.device)
         pairs = [(out.logits, full.logits), (out.hidden, full.hidden)]
         if out.captured is not None:
             pairs.append((out.captured, full.captured))

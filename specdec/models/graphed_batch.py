@@ -31,6 +31,7 @@ from typing import Sequence
 import torch
 
 from ..cache import BatchCache, BatchLinearCache
+from ..hostcopy import device_ints
 from .base import CausalLM, ForwardOut
 from .graphs import capture as capture_graph
 from .layers import static_step_attention
@@ -104,8 +105,8 @@ class GraphedBatch(_StaticStep):
         if max(starts) + self.width > self.span:  # an index past the span would be a device fault
             raise RuntimeError(f"static batched step at position {max(starts)} does not fit its span of "
                                f"{self.span} positions")
-        self.starts.copy_(torch.tensor(list(starts), dtype=torch.int64))
-        self.ids.index_copy_(0, torch.tensor(list(slots), dtype=torch.int64, device=dev), ids.to(dev))
+        self.starts.copy_(device_ints(list(starts), dev))
+        self.ids.index_copy_(0, device_ints(list(slots), dev), ids.to(dev))
         if not self.use_graphs:
             o = self._run()
             return ForwardOut(o.logits, o.hidden, o.captured)
