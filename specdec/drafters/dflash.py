@@ -15,9 +15,9 @@ import torch
 
 from ..config import read_json
 from ..errors import CheckpointError, ConfigError
+from ..hostcopy import device_ints
 from ..models.base import CausalLM, ForwardOut
 from ..models.graphs import capture, maybe_compile
-from ..hostcopy import device_ints
 from ..models.invariant_linear import row_counts
 from ..models.layers import drafter_static_attention, static_step_attention
 from ..sampling import SamplingParams, probs_from_logits

@@ -49,8 +49,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
-from ..models.base import CausalLM, ForwardOut
 from ..hostcopy import device_ints
+from ..models.base import CausalLM, ForwardOut
 from ..models.graphs import capture, maybe_compile
 from ..models.layers import RMSNorm, drafter_static_attention
 from ..models.qwen35 import FullAttentionDecoderLayer, checkpoint_view

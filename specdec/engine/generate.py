@@ -15,10 +15,10 @@ import torch
 
 from ..drafters.base import Drafter, Proposal, slice_out
 from ..errors import ContextOverflowError, RequestError
+from ..hostcopy import device_ints
 from ..models.base import CausalLM, ForwardOut
 from ..models.graphs import GraphedTarget
 from ..sampling import SamplingParams, make_generator, probs_from_logits, sample_one
-from ..hostcopy import device_ints
 from .acceptance import accept_greedy, accept_sampled
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.base import ForwardOut
 from ..hostcopy import device_ints
+from ..models.base import ForwardOut
 from ..models.graphed_batch import GraphedBatch, GraphedPrefill
 from ..models.invariant_linear import row_counts
 from ..sampling import make_generator, probs_from_logits_rows, sample_one
