@@ -78,7 +78,9 @@ class LLM:
     default). ``draft``: ``None``/``"none"``, ``"ngram"``, ``"mtp"`` (the target's own MTP block,
     else the MTP head shipped for it), ``"mtp:PATH"`` (a trained MTP head directory), ``"dflash"``
     (the DFlash drafter shipped for the target), ``"dflash:PATH"``, ``"auto"`` (the shipped DFlash
-    drafter on CUDA, else none; the CLI's default) or a drafter object.
+    drafter on CUDA, else none; the CLI's default), any model drafter spec + ``"+ngram"``
+    (``"dflash+ngram"``: history lookup first, the model drafter where the history has no match)
+    or a drafter object.
     ``device``: ``"cpu"``, ``"cuda"`` or None (CUDA when present). ``dtype``: ``"float32"``,
     ``"bfloat16"`` or None (bf16 on CUDA, fp32 on CPU). ``num_draft_tokens``: drafts per step
     for n-gram/MTP; a block drafter (DFlash) drafts ``block_size - 1`` per step,

@@ -31,7 +31,8 @@ def _version() -> str:
 
 SPEC_HELP = ("none = plain decoding; dflash = the shipped DFlash drafter, dflash:PATH = a DFlash drafter "
              "directory; mtp = the target's own MTP block (Qwen3.5/3.6), else the MTP head shipped for it, "
-             "mtp:PATH = a trained MTP head directory")
+             "mtp:PATH = a trained MTP head directory; X+ngram (dflash+ngram, mtp+ngram, ...) = a history "
+             "lookup first (a trigram match with 3 or more tokens after it), drafter X where the history has none")
 DRAFT_HELP = ("auto (the default) = the DFlash drafter shipped for the target on CUDA (specdec ships one for the "
               "embedded SmolLM2-135M-Instruct), plain decoding on the CPU, where it does not pay yet, "
               "and for other targets; " + SPEC_HELP)

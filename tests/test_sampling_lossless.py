@@ -12,7 +12,7 @@ least likely tokens, including ones top-k/top-p removed) and argmax drafts with 
 
 Statistics: Pearson chi-square with cells of expected count < 5 pooled. A test fails when its
 p-value is below ``ALPHA = 1e-4``: under a correct sampler each chi-square check has a 1e-4 chance
-of failing for a random seed, so the 44 checks in this file together have a false-positive rate
+of failing for a random seed, so the 47 checks in this file together have a false-positive rate
 below 0.5% (seeds are fixed, so a given run is deterministic). The sanity tests show the same
 checks reject broken acceptance rules with p-values far below ALPHA.
 """
@@ -166,13 +166,15 @@ def _exact_joint(table, params: SamplingParams) -> torch.Tensor:
     return joint
 
 
-def _run(model, table, mode, params, n: int = E2E_N, k: int = 2) -> torch.Tensor:
-    # the drafter reads the target's logits from the precomputed table (drafting is then free)
+def _run(model, table, mode, params, n: int = E2E_N, k: int = 2, wrap=None) -> torch.Tensor:
+    # the drafter reads the target's logits from the precomputed table (drafting is then free);
+    # ``wrap(drafter)``: the drafter the engine gets instead
     lookup = lambda seq: table[tuple(seq[len(PROMPT):])]  # noqa: E731
     counts = torch.zeros([E2E_V] * E2E_NEW)
     for s in range(n):
         p = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=1000 + s)
-        res = SpeculativeGenerator(model, DistDrafter(lookup, mode), k).generate(PROMPT, E2E_NEW, p)
+        d = DistDrafter(lookup, mode)
+        res = SpeculativeGenerator(model, wrap(d) if wrap else d, k).generate(PROMPT, E2E_NEW, p)
         counts[tuple(res.token_ids)] += 1
     return counts
 
@@ -200,6 +202,19 @@ def test_engine_sampling_lossless(tiny, mode, pname):
     model, table = tiny
     params = PARAMS[pname]
     _check(_run(model, table, mode, params), _exact_joint(table, params), f"{mode} drafter, {pname}")
+
+
+def test_engine_sampling_lossless_ngram_first(tiny):
+    """``X+ngram`` (drafters/combined.py): n-gram argmax drafts (here a unigram match is enough, so
+    both sides propose) and an adversarial drafter's sampled ones, chosen step by step: the output
+    still follows the target."""
+    from specdec.drafters.combined import NgramFirst
+    model, table = tiny
+    params, made = PARAMS["filtered"], []
+    wrap = lambda d: made.append(NgramFirst(d, min_match=1, min_len=1)) or made[-1]  # noqa: E731
+    _check(_run(model, table, "adversarial", params, wrap=wrap), _exact_joint(table, params), "adversarial+ngram")
+    lookups, model_proposals = sum(d.lookups for d in made), sum(d.model_proposals for d in made)
+    assert lookups > E2E_N // 4 and model_proposals > E2E_N // 4, (lookups, model_proposals)
 
 
 def test_engine_sampling_detects_broken_rule(tiny, monkeypatch):

@@ -1,7 +1,9 @@
 """Build a drafter from a user-facing spec: ``none``, ``ngram``, ``mtp`` (the target's own MTP
 block, or else the MTP head shipped for it), ``mtp:PATH`` (a trained MTP head directory),
 ``dflash`` (the DFlash drafter shipped for the target), ``dflash:PATH``, ``auto`` (the shipped
-DFlash drafter where it pays, else none: :mod:`.shipped`).
+DFlash drafter where it pays, else none: :mod:`.shipped`), and any model drafter spec followed by
+``+ngram`` (``dflash+ngram``, ``mtp:PATH+ngram``, ...): history lookup first, the model drafter
+where the history has no match (:mod:`.combined`).
 
 Importing this module is cheap (no torch): the CLI reads :data:`SPECS` and checks specs with
 :func:`check_spec` before any model is loaded.
@@ -11,7 +13,8 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-SPECS = "auto | none | ngram | mtp | mtp:PATH | dflash | dflash:PATH"
+SPECS = "auto | none | ngram | mtp | mtp:PATH | dflash | dflash:PATH | any of the last four +ngram"
+SUFFIX = "+ngram"
 
 
 def check_spec(spec, block_size: int | None = None) -> None:
@@ -21,6 +24,11 @@ def check_spec(spec, block_size: int | None = None) -> None:
         if block_size is not None:
             raise ConfigError("block_size was given but no DFlash drafter is used")
         return
+    if isinstance(spec, str) and spec.endswith(SUFFIX):
+        base = spec[: -len(SUFFIX)]
+        if base in ("", "none", "auto", "ngram") or base.endswith(SUFFIX):
+            raise ConfigError(f"draft '{spec}': +ngram follows a model drafter (mtp, mtp:PATH, dflash, dflash:PATH)")
+        return check_spec(base, block_size)
     if not isinstance(spec, str) or spec in ("auto", "dflash"):  # auto: block_size applies if it picks DFlash
         return
     if spec.startswith("dflash:"):
@@ -52,6 +60,9 @@ def make_drafter(spec, loaded, *, block_size: int | None = None):
         return None
     if not isinstance(spec, str):
         return spec  # already a drafter object
+    if spec.endswith(SUFFIX):
+        from .combined import NgramFirst
+        return NgramFirst(make_drafter(spec[: -len(SUFFIX)], loaded, block_size=block_size))
     if spec == "dflash":
         from .shipped import shipped_dir
         spec = "dflash:" + shipped_dir("dflash", loaded.path)
