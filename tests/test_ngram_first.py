@@ -102,13 +102,20 @@ def test_greedy_equals_plain_with_both_sides(setup, kind):
     model = loaded.model
     d = make_drafter(f"{kind}:{dirs[kind]}+ngram", loaded)
     assert isinstance(d, NgramFirst) and d.name == f"{kind}+ngram"
+    flushed = []
+    if kind == "dflash":
+        flush = d.base._flush
+        d.base._flush = lambda: flushed.append(sum(p.shape[0] for p in d.base._pending)) or flush()
     k = d.block_size - 1 if d.block_size else 3
     gen = SpeculativeGenerator(model, d, k)
     accepted = 0
     for p in _prompts():
+        flushed.clear()
         res = gen.generate(p, 24)
         assert res.token_ids == plain_generate(model, p, 24).token_ids, p
         accepted += sum(res.stats.accepted)
+        if kind == "dflash":  # after the prompt's, the pending context rows written at every step (lookup
+            assert flushed[0] == len(p) and max(flushed[1:]) <= d.block_size, flushed  # steps too): one step's
     assert d.lookups > 0 and d.model_proposals > 0 and accepted > 0, (d.lookups, d.model_proposals, accepted)
 
 

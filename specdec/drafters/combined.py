@@ -5,6 +5,9 @@ trigram by default) at least ``min_len`` tokens long; found, it is the proposal 
 that step); else the model drafter proposes. Both follow every committed token, so the model
 drafter's context stays whole. The choice depends on the committed tokens only, so a seeded sampled
 request repeats; n-gram drafts are argmax drafts (``probs=None``), which acceptance takes as they come.
+A DFlash drafter writes its pending context rows at a lookup step too (``catch_up``), so they never
+exceed what its static flush takes; an MTP head catches up at its next proposal, eagerly when more
+rows wait than its static step holds (``k + 1``): not measured on the GPU yet.
 
 Measured on SmolLM2-135M-Instruct with the shipped DFlash drafter (CPU, 16 HumanEval prompts, 96
 tokens, BENCHMARKS.md): tau 2.26 for DFlash alone, 1.93 for n-gram alone, 3.10 for this rule with
@@ -69,6 +72,9 @@ class NgramFirst:
         ids = self.ngram.propose_ids(last_token, k)
         if len(ids) >= min(self.min_len, k):
             self.lookups += 1
+            catch_up = getattr(self.base, "catch_up", None)
+            if catch_up is not None:  # DFlash: the rows of the last step written now, as its own propose would
+                catch_up()
             return Proposal(device_ints(ids, self.device))
         self.model_proposals += 1
         return self.base.propose(last_token, k, params, gen)

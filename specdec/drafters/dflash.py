@@ -157,6 +157,12 @@ class DFlashDrafter:
         probs = probs_from_logits(logits, params)
         return Proposal(torch.multinomial(probs, 1, generator=gen).squeeze(1), probs)
 
+    @torch.inference_mode()
+    def catch_up(self) -> None:
+        """Write the pending rows' context K/V now (a step drafted by someone else: ``X+ngram``), so
+        that rows never pile up past the static flush's ``block_size``."""
+        self._flush()
+
     def _static_block(self, sampled: bool) -> "_StaticBlock":
         """The greedy or the sampled static block over the current context buffers, (re)built at
         its first use, for a new request's buffers, or after the context cache grew."""
