@@ -28,7 +28,10 @@ def check_spec(spec, block_size: int | None = None) -> None:
         base = spec[: -len(SUFFIX)]
         if base in ("", "none", "auto", "ngram") or base.endswith(SUFFIX):
             raise ConfigError(f"draft '{spec}': +ngram follows a model drafter (mtp, mtp:PATH, dflash, dflash:PATH)")
-        return check_spec(base, block_size)
+        try:
+            return check_spec(base, block_size)
+        except ConfigError as e:
+            raise ConfigError(f"draft '{spec}': {e}") from None
     if not isinstance(spec, str) or spec in ("auto", "dflash"):  # auto: block_size applies if it picks DFlash
         return
     if spec.startswith("dflash:"):
