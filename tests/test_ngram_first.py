@@ -102,6 +102,7 @@ def test_greedy_equals_plain_with_both_sides(setup, kind):
     model = loaded.model
     d = make_drafter(f"{kind}:{dirs[kind]}+ngram", loaded)
     assert isinstance(d, NgramFirst) and d.name == f"{kind}+ngram"
+    assert d.flat_draft_cost == (kind == "dflash") and d.block_size == getattr(d.base, "block_size", None)
     flushed = []
     if kind == "dflash":
         flush = d.base._flush

@@ -47,6 +47,11 @@ class NgramFirst:
         return getattr(self.base, "block_size", None)
 
     @property
+    def flat_draft_cost(self) -> bool:
+        """The serving controller's reading: a lookup costs nothing, so as flat as the model drafter."""
+        return getattr(self.base, "flat_draft_cost", False)
+
+    @property
     def compile(self):
         return getattr(self.base, "compile", False)
 
