@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     if not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
         ap.error(f"--out {a.out}: its folder does not exist")
     from specdec.api import default_model_path
-    from specdec.engine.batch import generate_batch
+    from specdec.engine.batch import generate_batch, reply_progress
     from specdec.errors import SpecdecError
     from specdec.loading import load_model
 
@@ -146,16 +146,7 @@ def main(argv=None) -> int:
     rng = random.Random(a.seed)
     metas = meta_prompts(int(a.num * a.oversample), rng)
     enc = [tok.encode(tok.apply_chat_template([{"role": "user", "content": m}]), add_special=False) for m in metas]
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=len(enc), desc="writing requests", unit="request")
-    ntok = [0]
-
-    def on_done(i, reply):
-        ntok[0] += len(reply)
-        bar.update(1)
-        bar.set_postfix(tok_s=f"{ntok[0] / max(bar.format_dict['elapsed'], 1e-9):.0f}", refresh=False)
-
+    bar, on_done, _ = reply_progress(len(enc), "writing requests", "request")
     t0 = time.perf_counter()
     ids = generate_batch(loaded.model, enc, a.max_new_tokens, set(tok.eos_ids), slots=a.slots,
                          temperature=a.temperature, seed=a.seed, on_done=on_done)

@@ -47,6 +47,18 @@ def tiny_llama(hidden: int = 32, inter: int = 64, max_pos: int = 128, vocab: int
     return m.eval()
 
 
+def split_kernel_stand_in(monkeypatch) -> list:
+    """SPECDEC_DRAFTER_SPLIT on, with the split attention kernel (CUDA only) stood in for by its torch
+    form and routed as on CUDA; returns the list each of its calls appends to."""
+    from specdec.models import layers, split_attention
+    calls = []
+    monkeypatch.setattr(layers, "DRAFTER_SPLIT", True)
+    monkeypatch.setattr(split_attention, "supported", lambda q, k, mask: mask is not None and q.dim() == 4)
+    monkeypatch.setattr(split_attention, "split_attention",
+                        lambda *a: calls.append(a[0].shape) or split_attention.split_attention_reference(*a))
+    return calls
+
+
 def plain_generate(model, prompt, n: int, params: SamplingParams = SamplingParams()):
     """Target-only decoding through the same engine (no drafter)."""
     return SpeculativeGenerator(model, None, 0).generate(prompt, n, params)

@@ -15,7 +15,7 @@ import torch
 
 import specdec.engine.generate as engine_generate
 from _dflash_util import Steered, drafter_tensors, reference_block_logits, write_drafter
-from _engine_util import build_llama, plain_generate, pooled_chi2
+from _engine_util import build_llama, plain_generate, pooled_chi2, split_kernel_stand_in
 from specdec.drafters.dflash import load_dflash_drafter
 from specdec.drafters.dflash_model import DFlashConfig, default_target_layer_ids
 from specdec.engine import SpeculativeGenerator
@@ -555,18 +555,6 @@ def test_sampling_check_detects_broken_acceptance(small_vocab, monkeypatch):
     assert pval < ALPHA, f"a broken sampler passed: chi2={stat:.1f} df={df} p={pval:.2e}"
 
 
-def _split_stand_in(monkeypatch):
-    """SPECDEC_DRAFTER_SPLIT on, with the split kernel (CUDA only) stood in for by its torch form,
-    routed as on CUDA; returns the list its calls append to."""
-    from specdec.models import layers, split_attention
-    calls = []
-    monkeypatch.setattr(layers, "DRAFTER_SPLIT", True)
-    monkeypatch.setattr(split_attention, "supported", lambda q, k, mask: mask is not None and q.dim() == 4)
-    monkeypatch.setattr(split_attention, "split_attention",
-                        lambda *a: calls.append(a[0].shape) or split_attention.split_attention_reference(*a))
-    return calls
-
-
 @pytest.mark.parametrize("split", [False, True])
 def test_static_block_with_the_split_attention(tmp_path, llama, monkeypatch, split):
     """SPECDEC_DRAFTER_SPLIT=1: the static blocks' attention (every layer, over the whole context
@@ -576,7 +564,7 @@ def test_static_block_with_the_split_attention(tmp_path, llama, monkeypatch, spl
     target, prompt = llama[1], _prompt(9, seed=5)
     dr = load_dflash_drafter(path, target)
     dr.static_steps = True
-    calls = _split_stand_in(monkeypatch) if split else []
+    calls = split_kernel_stand_in(monkeypatch) if split else []
     propose = dr.propose
 
     def spy(last_token, k, params, gen):

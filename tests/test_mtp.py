@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 import torch
 
-from _engine_util import check_accept_accounting, plain_generate, pooled_chi2, resample_from_p_broken
+from _engine_util import check_accept_accounting, plain_generate, pooled_chi2, resample_from_p_broken, split_kernel_stand_in
 from _mtp_util import ReferenceMTP, build_qwen35, edit_tensors, set_config
 from _qwen35_util import write_gguf
 from specdec import LLM
@@ -380,14 +380,8 @@ def test_static_propose_with_the_split_attention(ckpt, monkeypatch, split):
     """SPECDEC_DRAFTER_SPLIT=1: the static propose's attention (the catch-up rows and each chained
     row, over the whole cache, masked) takes the split kernel (here its torch form): the drafts'
     logits are the eager propose's and greedy output still equals plain decoding."""
-    from specdec.models import layers, split_attention
     lm = load_model(ckpt["dense"], "cpu", tokenizer=False)
-    calls = []
-    if split:
-        monkeypatch.setattr(layers, "DRAFTER_SPLIT", True)
-        monkeypatch.setattr(split_attention, "supported", lambda q, k, mask: mask is not None and q.dim() == 4)
-        monkeypatch.setattr(split_attention, "split_attention",
-                            lambda *a: calls.append(a[0].shape) or split_attention.split_attention_reference(*a))
+    calls = split_kernel_stand_in(monkeypatch) if split else []
     prompt = _prompt(11, 3, lm.model.config.vocab_size)
     runs = {}
     for static in (False, True):

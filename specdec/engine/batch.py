@@ -43,6 +43,21 @@ def generate_batch(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_to
     return loop.run(reqs, on_done)
 
 
+def reply_progress(total: int, desc: str, unit: str, initial: int = 0):
+    """A tqdm bar for a :func:`generate_batch` run and the ``on_done`` that advances it, showing
+    tokens/s; returns ``(bar, on_done, tokens)``, ``tokens[0]`` the reply tokens counted so far."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, initial=initial, desc=desc, unit=unit)
+    tokens = [0]
+
+    def on_done(i: int, reply: list[int]) -> None:
+        tokens[0] += len(reply)
+        bar.update(1)
+        bar.set_postfix(tok_s=f"{tokens[0] / max(bar.format_dict['elapsed'], 1e-9):.0f}", refresh=False)
+    return bar, on_done, tokens
+
+
 @torch.inference_mode()
 def forward_ragged(model: CausalLM, cache, rows: Sequence[torch.Tensor], starts: Sequence[int], slots: Sequence[int],
                    capture: Sequence[int] = ()) -> ForwardOut:

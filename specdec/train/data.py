@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
 
 from ..bench import PACKAGED_DATA, find_data_dir
 from ..errors import ConfigError
@@ -114,7 +113,7 @@ def distill(loaded, texts: list[str], *, max_new_tokens: int, temperature: float
             cache_dir: str, chat: bool = True, chunk: int = 2048) -> Distilled:
     """The target's replies to ``texts``, from the cache when present. Generated in chunks of
     ``chunk`` prompts, each saved as it ends, so an interrupted run keeps what it made."""
-    from ..engine.batch import generate_batch
+    from ..engine.batch import generate_batch, reply_progress
 
     tok, model = loaded.tokenizer, loaded.model
     if tok is None:
@@ -136,14 +135,7 @@ def distill(loaded, texts: list[str], *, max_new_tokens: int, temperature: float
     keys = [prompt_key(e) for e in enc]
     todo = [i for i in range(len(enc)) if keys[i] not in done]
     if todo:
-        bar = tqdm(total=len(enc), initial=len(done), desc="distilling", unit="prompt")
-        ntok = [0]
-
-        def on_done(i, reply):
-            ntok[0] += len(reply)
-            bar.update(1)
-            bar.set_postfix(tok_s=f"{ntok[0] / max(bar.format_dict['elapsed'], 1e-9):.0f}", refresh=False)
-
+        bar, on_done, ntok = reply_progress(len(enc), "distilling", "prompt", initial=len(done))
         t0 = time.perf_counter()
         for c in range(0, len(todo), chunk):
             part = todo[c:c + chunk]
