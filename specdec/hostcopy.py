@@ -25,3 +25,39 @@ def device_ints(values, device, dtype: torch.dtype = torch.int64) -> torch.Tenso
     if device.type != "cuda" or SYNC_COPIES:
         return torch.tensor(values, dtype=dtype, device=device)
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
+class HostReader:
+    """Device integers back to the host without draining the stream.
+
+    ``tensor.tolist()`` on CUDA waits for everything queued on the stream, including work launched
+    after the tensor was computed. :meth:`stage` instead queues a copy into a pinned buffer and
+    records an event right behind it; :meth:`Staged.read` then waits for that event only, so the
+    next step can be queued before this one's tokens are read (plain decoding's lookahead,
+    engine/generate.py). ``slots`` buffers are used in turn: at most that many reads may be pending.
+    On the CPU a stage is the copy itself and a read returns its list."""
+
+    def __init__(self, device, numel: int, slots: int = 2, dtype: torch.dtype = torch.int64):
+        self.cuda = torch.device(device).type == "cuda"
+        self.bufs = [torch.empty(numel, dtype=dtype, pin_memory=self.cuda) for _ in range(slots)]
+        self.next = 0
+
+    def stage(self, t: torch.Tensor) -> "Staged":
+        buf = self.bufs[self.next][: t.numel()]
+        self.next = (self.next + 1) % len(self.bufs)
+        buf.copy_(t.reshape(-1), non_blocking=self.cuda)
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record()
+        return Staged(buf, event)
+
+
+class Staged:
+    def __init__(self, buf: torch.Tensor, event):
+        self.buf, self.event = buf, event
+
+    def read(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.buf.tolist()

@@ -7,6 +7,7 @@ With no drafter (or k = 0) the same loop is plain autoregressive decoding.
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ import torch
 
 from ..drafters.base import Drafter, Proposal, slice_out
 from ..errors import ContextOverflowError, RequestError
-from ..hostcopy import device_ints
+from ..hostcopy import HostReader, device_ints
 from ..models.base import CausalLM, ForwardOut
 from ..models.graphs import GraphedTarget
 from ..sampling import SamplingParams, make_generator, probs_from_logits, sample_one
@@ -103,13 +104,17 @@ STEP_ROWS = 16
 # host-side op dispatch (~6,400 aten ops) whatever its length, the captured 16-row step 2-3.7 ms;
 # for long prompts one eager forward wins.
 STATIC_PREFILL_CHUNKS = 8
+# Plain decoding on static steps queues step i+1 before it reads step i's token (lookahead); 0 turns
+# it off (to compare, SPECDEC_PLAIN_LOOKAHEAD=0).
+PLAIN_LOOKAHEAD = os.environ.get("SPECDEC_PLAIN_LOOKAHEAD", "1") != "0"
 
 
 class SpeculativeGenerator:
     """Runs the loop for a target and an optional drafter (``num_draft_tokens`` per step)."""
 
     def __init__(self, target: CausalLM, drafter: Drafter | None = None, num_draft_tokens: int = 4,
-                 cuda_graphs: bool = True, batch_invariant: bool | None = None, compile: bool = False):
+                 cuda_graphs: bool = True, batch_invariant: bool | None = None, compile: bool = False,
+                 lookahead: bool | None = None):
         """``cuda_graphs``: on CUDA, replay every decode/verify step as a CUDA graph.
         ``batch_invariant`` (default: on for CUDA, off for the CPU): run every decode/verify step as
         the same fixed ``STEP_ROWS``-row static step, so a committed position's logits are bitwise the
@@ -118,7 +123,9 @@ class SpeculativeGenerator:
         tokens still match plain decoding (tested), though the last bits of logits may not.
         ``compile``: compile every static step (the target's decode/verify steps, a drafter's static
         draft step) with torch.compile before it is captured; it implies static steps, also where
-        they would otherwise run as plain forwards (the CPU without ``batch_invariant``)."""
+        they would otherwise run as plain forwards (the CPU without ``batch_invariant``).
+        ``lookahead`` (default: on CUDA, unless ``SPECDEC_PLAIN_LOOKAHEAD=0``): plain decoding on static
+        steps queues each step before reading the previous step's token (:meth:`_plain_lookahead`)."""
         if num_draft_tokens < 0:
             raise RequestError(f"num_draft_tokens must be >= 0, got {num_draft_tokens}")
         self.target = target
@@ -160,6 +167,11 @@ class SpeculativeGenerator:
         # steps run as static steps (graphs.py); compiled steps are static steps
         self.static = self.use_graphs or self.pad_to is not None or self.compile
         self._graphed: GraphedTarget | None = None
+        # Under tensor parallelism every rank would queue the same extra step, but that path is
+        # checked on the GPU without lookahead only: kept off there.
+        if lookahead is None:
+            lookahead = on_cuda and PLAIN_LOOKAHEAD
+        self.lookahead = bool(lookahead) and self.k == 0 and self.static and self.shard is None
 
     def _cache_for(self, need: int, capture: tuple[int, ...]):
         """A fresh cache, or for static steps a reused one (its captured graphs stay valid)."""
@@ -223,6 +235,9 @@ class SpeculativeGenerator:
         if on_tokens is not None:
             on_tokens(stopper.ids[-1:])
         last = first
+        if self.lookahead and not done:
+            self._plain_lookahead(graphed, cache, last, params, gen, stopper, stats, on_tokens)
+            done = True
         while not done:
             k = max(0, min(self.k, max_new_tokens - len(stopper.ids)))
             t1 = time.perf_counter()
@@ -267,6 +282,51 @@ class SpeculativeGenerator:
             if stopper.text_cut is not None:
                 text = text[: stopper.text_cut]
         return GenerationResult(stopper.ids, text, stopper.reason or "length", stats)
+
+    def _plain_lookahead(self, graphed: GraphedTarget, cache, last: int, params: SamplingParams, gen,
+                         stopper: _Stopper, stats: Stats, on_tokens) -> None:
+        """Plain decoding with the host one step ahead of the GPU: step i+1 is queued, its input the
+        token step i left on the device, before step i's token is read back (:class:`HostReader`),
+        so the GPU never waits for the host's per-token work (reading, stop checks, streaming, the
+        next launch). The steps, their inputs and the generator's draws are those of the loop in
+        :meth:`generate`, in the same order, hence the same tokens (tested); once the output ends,
+        the one step queued beyond it is dropped from the cache."""
+        dev = self.target.device
+        empty = torch.empty(0, dtype=torch.int64, device=dev)
+        reader = HostReader(dev, 2)
+        ids = device_ints([last], dev)
+        queued = len(stopper.ids)  # tokens decided or being computed
+        pending = None
+        while True:
+            staged = None
+            if queued < stopper.max_new:
+                t0 = time.perf_counter()
+                out = graphed(ids)
+                if params.greedy:
+                    packed = accept_greedy(empty, out.logits)
+                else:
+                    packed = accept_sampled(empty, None, probs_from_logits(out.logits, params), gen)
+                ids = packed[1:2]
+                staged = reader.stage(packed)
+                queued += 1
+                stats.verify_s += time.perf_counter() - t0
+            if pending is not None:
+                t0 = time.perf_counter()
+                tok = pending.read()[1]
+                stats.verify_s += time.perf_counter() - t0
+                stats.steps += 1
+                stats.accepted.append(0)
+                if stats.trace is not None:
+                    stats.trace.append({"draft": [], "accepted": 0})
+                done = stopper.push(tok)
+                if on_tokens is not None:
+                    on_tokens([tok])
+                if done:
+                    if staged is not None:
+                        cache.rollback(cache.length - 1)  # the step queued past the end
+                    return
+            assert staged is not None  # the stopper ends at max_new tokens at the latest
+            pending = staged
 
     def _prefill(self, prompt: torch.Tensor, cache, graphed: GraphedTarget | None, capture) -> ForwardOut:
         """The prompt's forward: the last row's logits, every row's hidden state and captured layers.
