@@ -1,4 +1,4 @@
-"""The off-by-default speed flags against the defaults, in one process (issue 10).
+"""The issue-10 speed flags against none of them, in one process.
 
 Separate processes drift on the H200 (the bench's copy bandwidth moved 3645..3857 GB/s between runs,
 plain decoding 623..661 tok/s for one configuration), so one run per flag cannot rank changes of a
@@ -10,9 +10,10 @@ each variant's median over the rounds and its ratio to ``base``.
 
     PYTHONPATH=. python scripts/ab_flags.py --shape smollm2-135m --context 300 --rounds 5 [--json out.json]
 
-Variants: ``base`` (the defaults), ``fold`` (SPECDEC_FOLD_RESIDUAL), ``direct`` (SPECDEC_SPLIT_DIRECT),
-``drafter-split`` (SPECDEC_DRAFTER_SPLIT), ``all``. The flags are module attributes read as a step is
-built, so a variant's steps are built with them set and the defaults come back after.
+Variants: ``base`` (all three flags off), ``fold`` (SPECDEC_FOLD_RESIDUAL), ``direct``
+(SPECDEC_SPLIT_DIRECT), ``drafter-split`` (SPECDEC_DRAFTER_SPLIT, on by default since this measured it),
+``all``: each turns its flags on and the others off. The flags are module attributes read as a step
+is built, so a variant's steps are built with them set and the defaults come back after.
 """
 
 from __future__ import annotations

@@ -33,9 +33,9 @@ SPEC_HELP = ("none = plain decoding; dflash = the shipped DFlash drafter, dflash
              "directory; mtp = the target's own MTP block (Qwen3.5/3.6), else the MTP head shipped for it, "
              "mtp:PATH = a trained MTP head directory; X+ngram (dflash+ngram, mtp+ngram, ...) = a history "
              "lookup first (a trigram match with 3 or more tokens after it), drafter X where the history has none")
-DRAFT_HELP = ("auto (the default) = the DFlash drafter shipped for the target on CUDA (specdec ships one for the "
-              "embedded SmolLM2-135M-Instruct), plain decoding on the CPU, where it does not pay yet, "
-              "and for other targets; " + SPEC_HELP)
+DRAFT_HELP = ("auto (the default) = dflash+ngram on CUDA where a DFlash drafter is shipped for the target "
+              "(specdec ships one for the embedded SmolLM2-135M-Instruct), plain decoding on the CPU, where it "
+              "does not pay yet, and for other targets; " + SPEC_HELP)
 
 
 def _model_args(p: argparse.ArgumentParser, draft: bool = True, sweep: bool = False) -> None:
@@ -239,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available, else cpu)")
     s.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on CPU)")
     s.add_argument("--draft", default="auto", help=f"drafter: {SPECS}. auto (the default) = the DFlash drafter "
-                   "shipped for the target on CUDA, else none; a controller switches drafting off where it does not "
+                   "shipped for the target on CUDA (without the history lookup generate's auto adds), else none; a controller switches drafting off where it does not "
                    "pay (on the H200 the shipped SmolLM2 drafter served 1.10-1.91x plain at 1-32 clients, "
                    "BENCHMARKS.md). " + SPEC_HELP)
     s.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafts per step at most for mtp and ngram "
@@ -308,7 +308,7 @@ def _generation_kwargs(args) -> dict:
 
 def _check_model_args(args, drafts: list[str]) -> list[str]:
     """Refuse a bad device, dtype, drafter spec or draft size before any model is loaded. Returns
-    the drafts with ``auto`` made concrete (``dflash`` or ``none``)."""
+    the drafts with ``auto`` made concrete (``dflash+ngram`` or ``none``)."""
     from .loading import resolve_device, resolve_dtype
 
     device = resolve_device(args.device)

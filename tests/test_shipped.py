@@ -43,7 +43,8 @@ def test_shipped_drafters_are_found_by_content(embedded, tmp_path):
     assert shipped_for(str(other)) == found
     (tmp_path / "x.gguf").write_bytes(b"GGUF" + bytes(100))
     assert shipped_for(str(tmp_path / "x.gguf")) == {}
-    assert auto_spec(embedded, "cuda") == "dflash"
+    assert auto_spec(embedded, "cuda") == "dflash+ngram"  # history lookup first (measured on the H200)
+    assert auto_spec(embedded, "cuda", serving=True) == "dflash"  # the serving loop's one all-slots step
     assert auto_spec(embedded, "cpu") == "none"  # it does not pay on the CPU yet
     assert auto_spec(str(tmp_path / "x.gguf"), "cuda") == "none"
     with pytest.raises(ConfigError, match="no dflash drafter is shipped for .*x.gguf.*specdec train dflash"):
@@ -82,3 +83,18 @@ def test_auto_is_plain_on_the_cpu_and_info_lists_the_shipped(embedded, capsys):
     rc = main(["generate", "--device", "cpu", "-p", "hi", "-n", "2", "--compare"])
     err = capsys.readouterr().err
     assert rc == 2 and "--draft auto decodes plainly here (on the CPU" in err and "Traceback" not in err
+
+
+def test_auto_where_it_pays(embedded, monkeypatch):
+    """Where auto drafts (CUDA; here the CPU stands in for it): generate's drafter is the shipped DFlash
+    drafter behind the history lookup, the serving loop's the DFlash drafter alone."""
+    from specdec.drafters import shipped
+    from specdec.drafters.combined import NgramFirst
+    from specdec.drafters.dflash import DFlashDrafter
+    from specdec.engine.serve_loop import EngineLoop
+
+    monkeypatch.setattr(shipped, "AUTO_DEVICES", ("cuda", "cpu"))
+    llm = LLM(None, draft="auto", device="cpu")
+    assert llm.drafter_spec == "dflash+ngram" and isinstance(llm.drafter, NgramFirst)
+    assert EngineLoop(llm.loaded, "auto", max_slots=1).draft_name == "dflash"
+    assert isinstance(llm.drafter.base, DFlashDrafter)

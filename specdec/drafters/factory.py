@@ -1,7 +1,7 @@
 """Build a drafter from a user-facing spec: ``none``, ``ngram``, ``mtp`` (the target's own MTP
 block, or else the MTP head shipped for it), ``mtp:PATH`` (a trained MTP head directory),
 ``dflash`` (the DFlash drafter shipped for the target), ``dflash:PATH``, ``auto`` (the shipped
-DFlash drafter where it pays, else none: :mod:`.shipped`), and any model drafter spec followed by
+DFlash drafter with history lookup first where it pays, else none: :mod:`.shipped`), and any model drafter spec followed by
 ``+ngram`` (``dflash+ngram``, ``mtp:PATH+ngram``, ...): history lookup first, the model drafter
 where the history has no match (:mod:`.combined`).
 
@@ -46,12 +46,12 @@ def check_spec(spec, block_size: int | None = None) -> None:
         raise ConfigError(f"block_size applies to DFlash drafters only, not '{spec}' (use num_draft_tokens)")
 
 
-def resolve_spec(spec, loaded):
-    """``auto`` made concrete for this target and device (``dflash`` or ``none``);
-    other specs as given."""
+def resolve_spec(spec, loaded, serving: bool = False):
+    """``auto`` made concrete for this target and device (``dflash+ngram``, for the serving loop
+    ``dflash``, or ``none``: :func:`~.shipped.auto_spec`); other specs as given."""
     if spec == "auto":
         from .shipped import auto_spec
-        return auto_spec(getattr(loaded, "path", None), getattr(loaded, "model", loaded).device.type)
+        return auto_spec(getattr(loaded, "path", None), getattr(loaded, "model", loaded).device.type, serving)
     return spec
 
 

@@ -271,10 +271,11 @@ class EngineLoop(SlotWork):
     @staticmethod
     def _drafters(draft, loaded, block_size):
         """(name, per-slot factory or None, one instance to read settings from or None)."""
-        # auto: the DFlash drafter shipped for the target on CUDA, else none (as for generate). On the
-        # H200 (BENCHMARKS.md) the shipped SmolLM2 DFlash drafter served 1.91x plain at 1 client
-        # (17d6244), 1.52x at 4, 1.24x at 16 and 1.10x at 32 (7b564c6), with the controller
-        draft = resolve_spec(draft, loaded)
+        # auto: the DFlash drafter shipped for the target on CUDA, else none (generate's auto adds the
+        # history lookup, which here would draft slot by slot). On the H200 (BENCHMARKS.md) the shipped
+        # SmolLM2 DFlash drafter served 1.91x plain at 1 client (17d6244), 1.52x at 4, 1.24x at 16 and
+        # 1.10x at 32 (7b564c6), with the controller
+        draft = resolve_spec(draft, loaded, serving=True)
         if draft is None or draft == "none":
             if block_size is not None:
                 raise ConfigError("block_size was given but no DFlash drafter is used")
