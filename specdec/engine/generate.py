@@ -104,6 +104,13 @@ STEP_ROWS = 16
 # host-side op dispatch (~6,400 aten ops) whatever its length, the captured 16-row step 2-3.7 ms;
 # for long prompts one eager forward wins.
 STATIC_PREFILL_CHUNKS = 8
+# Prompts of targets without recurrent (linear-attention) caches are prefilled in chunks of a wider
+# static step of this many rows, up to STATIC_PREFILL_TOKENS tokens, not in STEP_ROWS-row chunks: seen
+# on the H200 (af71968), prefill was 7-27 % of a bench's time (12-26 ms a prompt: 16-row chunks, or an
+# eager forward past 128 tokens). Recurrent caches would need a rollback snapshot per row, so hybrid
+# targets keep STEP_ROWS-row chunks. SPECDEC_PREFILL_ROWS=16 gives the narrow chunks back.
+PREFILL_ROWS = int(os.environ.get("SPECDEC_PREFILL_ROWS", "128"))
+STATIC_PREFILL_TOKENS = 1024
 # Plain decoding on static steps queues step i+1 before it reads step i's token (lookahead); 0 turns
 # it off (to compare, SPECDEC_PLAIN_LOOKAHEAD=0).
 PLAIN_LOOKAHEAD = os.environ.get("SPECDEC_PLAIN_LOOKAHEAD", "1") != "0"
@@ -166,6 +173,10 @@ class SpeculativeGenerator:
                           f"(--block-size {STEP_ROWS} or less for DFlash) for exact output", stacklevel=2)
         # steps run as static steps (graphs.py); compiled steps are static steps
         self.static = self.use_graphs or self.pad_to is not None or self.compile
+        # the static prefill's chunk rows (see PREFILL_ROWS); under tensor parallelism the narrow ones,
+        # the only ones checked there
+        wide = self.pad_to is not None and limit is None and self.shard is None and PREFILL_ROWS > self.pad_to
+        self.prefill_rows = PREFILL_ROWS if wide else self.pad_to
         self._graphed: GraphedTarget | None = None
         # Under tensor parallelism every rank would queue the same extra step, but that path is
         # checked on the GPU without lookahead only: kept off there.
@@ -178,15 +189,18 @@ class SpeculativeGenerator:
         tgt = self.target
         if not self.static:
             return tgt.new_cache(need), None
-        spare = max(self.pad_to or 0, self.k + 1)  # rows only padding / unfinished verify rows occupy
+        # rows only padding / unfinished verify rows occupy
+        spare = max(self.pad_to or 0, self.k + 1, (self.prefill_rows or 0) if self.static_prefill else 0)
         size = min(tgt.max_context, max(1024, 1 << (need - 1).bit_length()))
         g = self._graphed
-        if g is not None and g.cache.max_len >= min(tgt.max_context, need) + spare and g.capture == capture:
+        rows = max(self.k + 1, self.prefill_rows or 0) if self.static_prefill else self.k + 1
+        if (g is not None and g.cache.max_len >= min(tgt.max_context, need) + spare and g.capture == capture
+                and g.max_steps >= rows):
             g.cache.reset()
             return g.cache, g
         self._graphed = None  # free the old graphs and cache first
         cache = tgt.new_cache(size, spare=spare)
-        self._graphed = GraphedTarget(tgt, cache, capture, max_steps=self.k + 1, pad_to=self.pad_to,
+        self._graphed = GraphedTarget(tgt, cache, capture, max_steps=rows, pad_to=self.pad_to,
                                       use_graphs=self.use_graphs, compile=self.compile)
         return cache, self._graphed
 
@@ -331,12 +345,20 @@ class SpeculativeGenerator:
     def _prefill(self, prompt: torch.Tensor, cache, graphed: GraphedTarget | None, capture) -> ForwardOut:
         """The prompt's forward: the last row's logits, every row's hidden state and captured layers.
         Short prompts on CUDA static steps (``static_prefill``: graphs or not, uncompiled) run as padded
-        ``pad_to``-row chunks of the one captured step (no new graph); others as one eager forward
-        (uncaptured, on the CPU, the chunks cost more than they save). Plain and speculative
-        decoding prefill alike."""
-        chunk = self.pad_to
-        if not self.static_prefill or graphed is None or chunk is None or prompt.numel() > STATIC_PREFILL_CHUNKS * chunk:
+        chunks of static steps: ``prefill_rows``-row chunks (one more captured step, see PREFILL_ROWS)
+        and, for a remainder of at most ``pad_to`` tokens, the decode step itself; others as one eager
+        forward (uncaptured, on the CPU, the chunks cost more than they save). Plain and speculative
+        decoding prefill alike, so their outputs stay equal whatever the chunks."""
+        narrow, wide = self.pad_to, self.prefill_rows
+        if not self.static_prefill or graphed is None or narrow is None:
             return self.target(prompt, cache, capture=capture, logits="last", snapshots=False)
-        outs = [graphed(prompt[i:i + chunk]) for i in range(0, prompt.numel(), chunk)]
+        n = prompt.numel()
+        if n > (STATIC_PREFILL_TOKENS if wide > narrow else STATIC_PREFILL_CHUNKS * narrow):
+            return self.target(prompt, cache, capture=capture, logits="last", snapshots=False)
+        outs, i = [], 0
+        while i < n:
+            take = min(n - i, wide)
+            outs.append(graphed(prompt[i:i + take], rows=narrow if take <= narrow else wide))
+            i += take
         captured = torch.cat([o.captured for o in outs]) if capture else None
         return ForwardOut(outs[-1].logits[-1:].clone(), torch.cat([o.hidden for o in outs]), captured)

@@ -210,9 +210,13 @@ class GraphedTarget:
         return step
 
     @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor) -> ForwardOut:
+    def __call__(self, ids: torch.Tensor, rows: int | None = None) -> ForwardOut:
+        """One step over ``ids``, padded to ``pad_to`` rows where they fit, or to ``rows`` if given."""
         t = ids.shape[0]
-        rows = self.pad_to if self.pad_to is not None and t <= self.pad_to else t
+        if rows is None:
+            rows = self.pad_to if self.pad_to is not None and t <= self.pad_to else t
+        elif rows < t:
+            raise ValueError(f"a static step of {rows} rows cannot take {t} tokens")
         # Never fall back to an eager forward mid-generation: its numerics differ. The engine sizes
         # the cache (spare rows for padding) and the step length so that every step fits.
         if rows > self.max_steps or self.cache.length + rows > self.cache.max_len:

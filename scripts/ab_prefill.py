@@ -1,0 +1,90 @@
+"""What a prompt's prefill costs, by prompt length, three ways, in one process (variants interleaved):
+``eager`` (one forward), ``narrow`` (16-row chunks of the decode step) and ``wide`` (chunks of the
+PREFILL_ROWS-row static step, the default where it applies; engine/generate.py). Timed: ``generate``
+with one new token (prefill + the first token), median over ``--reps`` after a warm-up that captures
+the steps. A random target of a published shape, or real weights on random ids.
+
+    PYTHONPATH=. python scripts/ab_prefill.py --shape qwen3-8b --lengths 64 128 300 600 1000
+    PYTHONPATH=. python scripts/ab_prefill.py --model M.gguf --lengths 100 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="HF directory or GGUF file")
+    src.add_argument("--shape", help="a published shape (specdec bench --shape names them)")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 300, 600, 1000])
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    if a.reps < 1 or min(a.lengths) < 1:
+        print("error: --reps and --lengths must be >= 1", file=sys.stderr)
+        return 2
+
+    from specdec.bench import _sync, machine_description
+    from specdec.engine import SpeculativeGenerator
+    from specdec.engine import generate as engine_mod
+    from specdec.errors import SpecdecError
+
+    try:
+        if a.model:
+            from specdec.loading import load_model
+            model = load_model(a.model, a.device).model
+        else:
+            from specdec.bench_shape import build_shape
+            from specdec.loading import resolve_device, resolve_dtype
+            dev = resolve_device(a.device)
+            model = build_shape(a.shape, dev, resolve_dtype(None, dev))
+    except SpecdecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if max(a.lengths) + 2 > model.max_context:
+        print(f"error: --lengths: {max(a.lengths)} exceeds the model's context of {model.max_context}", file=sys.stderr)
+        return 2
+    dev = model.device
+    saved = engine_mod.PREFILL_ROWS
+    gens = {}
+    for name, rows in (("eager", saved), ("narrow", engine_mod.STEP_ROWS), ("wide", saved)):
+        engine_mod.PREFILL_ROWS = rows
+        gens[name] = SpeculativeGenerator(model)
+        engine_mod.PREFILL_ROWS = saved
+    gens["eager"].static_prefill = False
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for n in a.lengths:
+        prompt = torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist()
+        times = {v: [] for v in gens}
+        for v, gen in gens.items():
+            gen.generate(prompt, 1)  # warm-up: capture, allocator
+        for _ in range(a.reps):
+            for v, gen in gens.items():
+                _sync(dev)
+                t0 = time.perf_counter()
+                gen.generate(prompt, 1)
+                _sync(dev)
+                times[v].append(time.perf_counter() - t0)
+        row = {"prompt_tokens": n, **{f"{v}_ms": round(1000 * statistics.median(t), 3) for v, t in times.items()}}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    rep = {"machine": machine_description(dev), "source": a.model or a.shape,
+           "prefill_rows": saved, "static_prefill_tokens": engine_mod.STATIC_PREFILL_TOKENS, "rows": rows}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rep, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
