@@ -31,6 +31,22 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
     interp._patch_lang_tensor = _patched
 
+    # The interpreter computes tl.dot by np.matmul, i.e. by the machine's BLAS, whose blocking (and
+    # threading) picks per shape, core type and thread count how each output's sum is ordered: on a
+    # 2-core AMD EPYC with numpy 2.3-2.4 a row's bits changed with the rows beside it, which says
+    # nothing of the kernel on a GPU. Here a dot sums each output in float64 (products of fp32 values
+    # are exact there) by einsum's own loops, the same order for every row, and rounds once.
+    _builder = interp.InterpreterBuilder
+
+    def _row_wise_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.primitive_bitwidth == 8 or b.dtype.primitive_bitwidth == 8:  # fp8: none here
+            return _plain_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        prod = np.einsum("...ik,...kj->...ij", a.data.astype(np.float64), b.data.astype(np.float64))
+        return interp.TensorHandle(prod.astype(d.data.dtype) + d.data, d.dtype.scalar)
+
+    _plain_dot = _builder.create_dot
+    _builder.create_dot = _row_wise_dot
+
 from specdec.models import split_attention as sa  # noqa: E402  (after the patch: kernels are built at import)
 
 

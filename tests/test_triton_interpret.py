@@ -24,11 +24,6 @@ def test_kernel_on_the_cpu(kernel):
                     f"(or set SPECDEC_TRITON_DIR to a folder holding the triton package)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRITON_DIR), str(ROOT)])}
     env.pop("TRITON_INTERPRET", None)
-    # The interpreter computes tl.dot with numpy's matmul. Multi-threaded OpenBLAS (numpy 2.4.6 on 2
-    # cores) split a product between threads by its shape, so a row's bits in the interpreter changed
-    # with the rows beside it ("a row alone has its bits within the step" failed for the qwen3-8b
-    # heads), which says nothing of the kernel on a GPU; one BLAS thread computes every row alike.
-    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     if kernel != "rope-ptx":  # the interpreter; rope-ptx compiles for the GPU instead
         env["TRITON_INTERPRET"] = "1"
     run = subprocess.run([sys.executable, str(ROOT / "tests" / "_interpret_kernels.py"), kernel], env=env,
