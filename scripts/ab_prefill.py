@@ -1,6 +1,6 @@
 """What a prompt's prefill costs, by prompt length, three ways, in one process (variants interleaved):
-``eager`` (one forward), ``narrow`` (16-row chunks of the decode step) and ``wide`` (chunks of the
-PREFILL_ROWS-row static step, the default where it applies; engine/generate.py). Timed: ``generate``
+``eager`` (one forward), ``narrow`` (16-row chunks of the decode step, the default) and ``wide``
+(chunks of a ``--rows``-row static step, SPECDEC_PREFILL_ROWS; engine/generate.py). Timed: ``generate``
 with one new token (prefill + the first token), median over ``--reps`` after a warm-up that captures
 the steps. A random target of a published shape, or real weights on random ids.
 
@@ -26,11 +26,12 @@ def main(argv=None) -> int:
     src.add_argument("--shape", help="a published shape (specdec bench --shape names them)")
     ap.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 300, 600, 1000])
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--rows", type=int, default=128, help="the wide chunks' rows (default 128)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    if a.reps < 1 or min(a.lengths) < 1:
-        print("error: --reps and --lengths must be >= 1", file=sys.stderr)
+    if a.reps < 1 or min(a.lengths) < 1 or a.rows <= 16:
+        print("error: --reps and --lengths must be >= 1, --rows > 16", file=sys.stderr)
         return 2
 
     from specdec.bench import _sync, machine_description
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
     dev = model.device
     saved = engine_mod.PREFILL_ROWS
     gens = {}
-    for name, rows in (("eager", saved), ("narrow", engine_mod.STEP_ROWS), ("wide", saved)):
+    for name, rows in (("eager", engine_mod.STEP_ROWS), ("narrow", engine_mod.STEP_ROWS), ("wide", a.rows)):
         engine_mod.PREFILL_ROWS = rows
         gens[name] = SpeculativeGenerator(model)
         engine_mod.PREFILL_ROWS = saved
@@ -79,7 +80,7 @@ def main(argv=None) -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     rep = {"machine": machine_description(dev), "source": a.model or a.shape,
-           "prefill_rows": saved, "static_prefill_tokens": engine_mod.STATIC_PREFILL_TOKENS, "rows": rows}
+           "wide_rows": a.rows, "static_prefill_tokens": engine_mod.STATIC_PREFILL_TOKENS, "rows": rows}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rep, f, indent=1)

@@ -1,4 +1,5 @@
-"""The static prefill's wide chunks (engine/generate.py PREFILL_ROWS): on CUDA a prompt of a target
+"""The static prefill's wide chunks (engine/generate.py PREFILL_ROWS, SPECDEC_PREFILL_ROWS=128; off by
+default until measured on the GPU, set here): on CUDA a prompt of a target
 without recurrent caches is prefilled as padded chunks of one wider static step (and a remainder of
 at most 16 tokens by the decode step), up to STATIC_PREFILL_TOKENS; longer prompts by one eager forward;
 hybrid targets keep the 16-row chunks. On the CPU the same static steps run uncaptured (static_prefill
@@ -16,6 +17,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _engine_util import SpoiledOracle  # noqa: E402
 from specdec.engine import SpeculativeGenerator  # noqa: E402
 from specdec.engine import generate as engine_mod  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def wide(monkeypatch):
+    monkeypatch.setattr(engine_mod, "PREFILL_ROWS", 128)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +83,7 @@ def test_where_wide_chunks_apply(llama, tmp_path, monkeypatch):
     assert static_gen(hybrid).prefill_rows == 16  # recurrent caches: one snapshot per row
     assert SpeculativeGenerator(llama, batch_invariant=False).prefill_rows is None  # no static steps
     monkeypatch.setattr(engine_mod, "PREFILL_ROWS", 16)
-    assert static_gen(llama).prefill_rows == 16  # SPECDEC_PREFILL_ROWS=16: the narrow chunks
+    assert static_gen(llama).prefill_rows == 16  # the default: the narrow chunks
 
 
 def test_a_step_refuses_more_tokens_than_rows(llama):

@@ -1,0 +1,44 @@
+"""scripts/ab_lookahead.py and scripts/ab_prefill.py (GPU A/B scripts): on the CPU with a tiny shape
+they run end to end and report what they promise (tokens identical, a time per variant and length);
+bad input fails in one line."""
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+
+import ab_lookahead  # noqa: E402
+import ab_prefill  # noqa: E402
+
+
+def test_lookahead_script_runs(tmp_path, single_thread):
+    out = tmp_path / "la.json"
+    assert ab_lookahead.main(["--shape", "tiny", "--prompts", "2", "--prompt-len", "12", "-n", "6", "--device", "cpu",
+                              "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["outputs_differing"] == 0 and r["prompts"] == 2 and r["off_tokens_per_s"] > 0 and r["on_tokens_per_s"] > 0
+
+
+def test_prefill_script_runs(tmp_path, single_thread):
+    out = tmp_path / "p.json"
+    assert ab_prefill.main(["--shape", "tiny", "--lengths", "5", "40", "--reps", "1", "--device", "cpu",
+                            "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert [x["prompt_tokens"] for x in r["rows"]] == [5, 40] and r["wide_rows"] == 128
+    assert all(x[f"{v}_ms"] > 0 for x in r["rows"] for v in ("eager", "narrow", "wide"))
+
+
+@pytest.mark.parametrize("main, argv, msg", [
+    (ab_lookahead.main, ["--shape", "tiny", "--prompts", "0"], "must be >= 1"),
+    (ab_lookahead.main, ["--shape", "no-such"], "no-such"),
+    (ab_lookahead.main, ["--model", "/no/such/file.gguf"], "/no/such/file.gguf"),
+    (ab_prefill.main, ["--shape", "tiny", "--rows", "8"], "--rows > 16"),
+    (ab_prefill.main, ["--shape", "tiny", "--lengths", "99999", "--device", "cpu"], "exceeds the model's context"),
+    (ab_prefill.main, ["--shape", "no-such"], "no-such")])
+def test_bad_input_is_one_line(main, argv, msg, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0] and "Traceback" not in err[0]
