@@ -1,5 +1,5 @@
-"""The static prefill's wide chunks (engine/generate.py PREFILL_ROWS, SPECDEC_PREFILL_ROWS=128; off by
-default until measured on the GPU, set here): on CUDA a prompt of a target
+"""The static prefill's wide chunks (engine/generate.py PREFILL_ROWS; the fixture sets the default, 128,
+whatever SPECDEC_PREFILL_ROWS says): on CUDA a prompt of a target
 without recurrent caches is prefilled as padded chunks of one wider static step (and a remainder of
 at most 16 tokens by the decode step), up to STATIC_PREFILL_TOKENS; longer prompts by one eager forward;
 hybrid targets keep the 16-row chunks. On the CPU the same static steps run uncaptured (static_prefill
@@ -40,7 +40,7 @@ def static_gen(model, drafter=None, k=0):
 
 
 @pytest.mark.parametrize("n, steps", [(5, {16}), (16, {16}), (17, {128}), (128, {128}), (140, {16, 128}),
-                                      (300, {128})])
+                                      (300, {128}), (500, {128})])
 def test_chunks_equal_the_eager_forward(llama, n, steps):
     prompt = torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(n))
     g = static_gen(llama)
@@ -58,6 +58,7 @@ def test_chunks_equal_the_eager_forward(llama, n, steps):
 
 
 def test_long_prompts_take_the_eager_forward(llama, monkeypatch):
+    assert engine_mod.STATIC_PREFILL_TOKENS == 512
     monkeypatch.setattr(engine_mod, "STATIC_PREFILL_TOKENS", 40)
     g = static_gen(llama)
     cache, graphed = g._cache_for(60, ())
@@ -83,7 +84,7 @@ def test_where_wide_chunks_apply(llama, tmp_path, monkeypatch):
     assert static_gen(hybrid).prefill_rows == 16  # recurrent caches: one snapshot per row
     assert SpeculativeGenerator(llama, batch_invariant=False).prefill_rows is None  # no static steps
     monkeypatch.setattr(engine_mod, "PREFILL_ROWS", 16)
-    assert static_gen(llama).prefill_rows == 16  # the default: the narrow chunks
+    assert static_gen(llama).prefill_rows == 16  # SPECDEC_PREFILL_ROWS=16: the narrow chunks
 
 
 def test_a_step_refuses_more_tokens_than_rows(llama):
@@ -101,3 +102,23 @@ def test_a_wide_remainder_at_the_end_of_the_context(single_thread):
     res = static_gen(m).generate(prompt, 5)
     ref = SpeculativeGenerator(m, batch_invariant=True).generate(prompt, 5)  # the eager prefill
     assert len(res.token_ids) == 5 and res.token_ids == ref.token_ids
+
+
+def test_sliding_window_layers_in_a_wide_chunk(tmp_path, single_thread):
+    """Gemma 3 (window 8, far narrower than a 128-row chunk): the chunks give the eager forward's rows."""
+    from _gemma_util import tiny_model
+
+    from specdec.loading import load_model
+    tiny_model("base", seed=3).save_pretrained(tmp_path / "g")
+    m = load_model(str(tmp_path / "g"), "cpu", "float32").model
+    prompt = torch.randint(0, m.config.vocab_size, (150,), generator=torch.Generator().manual_seed(2))
+    g = static_gen(m)
+    cache, graphed = g._cache_for(160, ())
+    out = g._prefill(prompt, cache, graphed, ())
+    assert set(graphed.steps) == {128}
+    ref_cache = m.new_cache(160)
+    ref = m(prompt, ref_cache, logits="last", snapshots=False)
+    torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out.hidden, ref.hidden, rtol=1e-4, atol=1e-4)
+    nxt = torch.tensor([int(ref.logits[-1].argmax())])
+    torch.testing.assert_close(graphed(nxt).logits, m(nxt, ref_cache).logits, rtol=1e-4, atol=1e-4)

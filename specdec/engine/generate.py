@@ -104,13 +104,15 @@ STEP_ROWS = 16
 # host-side op dispatch (~6,400 aten ops) whatever its length, the captured 16-row step 2-3.7 ms;
 # for long prompts one eager forward wins.
 STATIC_PREFILL_CHUNKS = 8
-# SPECDEC_PREFILL_ROWS=128 (off until measured on the GPU): prompts of targets without recurrent
-# (linear-attention) caches are prefilled in chunks of a wider static step of this many rows, up to
-# STATIC_PREFILL_TOKENS tokens, not in STEP_ROWS-row chunks. Seen on the H200 (af71968), prefill was
-# 7-27 % of a bench's time (12-26 ms a prompt: 16-row chunks, or an eager forward past 128 tokens).
-# Recurrent caches would need a rollback snapshot per row, so hybrid targets keep STEP_ROWS-row chunks.
-PREFILL_ROWS = int(os.environ.get("SPECDEC_PREFILL_ROWS", "16"))
-STATIC_PREFILL_TOKENS = 1024
+# Prompts of targets without recurrent (linear-attention) caches are prefilled in chunks of a wider
+# static step of this many rows, up to STATIC_PREFILL_TOKENS tokens, not in STEP_ROWS-row chunks: on
+# the H200 (af71968) prefill was 7-27 % of a bench's time. Measured there (4d65acd, scripts/ab_prefill.py):
+# SmolLM2 shape, 106 tokens 8.7 -> 1.8 ms, 300 tokens 27.8 (eager) -> 4.4 ms; qwen3-8b shape, 106 tokens
+# 38.4 -> 7.6 ms, 300 tokens 48.3 -> 21.2 ms, but 1000 tokens 46.0 (eager) against 56.5 ms: hence the
+# limit. Recurrent caches would need a rollback snapshot per row, so hybrid targets keep STEP_ROWS-row
+# chunks. SPECDEC_PREFILL_ROWS=16 gives the narrow chunks back.
+PREFILL_ROWS = int(os.environ.get("SPECDEC_PREFILL_ROWS", "128"))
+STATIC_PREFILL_TOKENS = 512
 # Plain decoding on static steps queues step i+1 before it reads step i's token (lookahead); 0 turns
 # it off (to compare, SPECDEC_PLAIN_LOOKAHEAD=0).
 PLAIN_LOOKAHEAD = os.environ.get("SPECDEC_PLAIN_LOOKAHEAD", "1") != "0"
