@@ -104,12 +104,18 @@ def test_a_wide_remainder_at_the_end_of_the_context(single_thread):
     assert len(res.token_ids) == 5 and res.token_ids == ref.token_ids
 
 
-def test_sliding_window_layers_in_a_wide_chunk(tmp_path, single_thread):
-    """Gemma 3 (window 8, far narrower than a 128-row chunk): the chunks give the eager forward's rows."""
-    from _gemma_util import tiny_model
-
+@pytest.mark.parametrize("kind", ["gemma3", "gemma4-dense", "gemma4-moe"])
+def test_sliding_window_layers_in_a_wide_chunk(tmp_path, single_thread, kind):
+    """Gemma 3 and Gemma 4 (window 8, far narrower than a 128-row chunk; Gemma 4's KV sharing and
+    per-layer inputs): the chunks give the eager forward's rows."""
     from specdec.loading import load_model
-    tiny_model("base", seed=3).save_pretrained(tmp_path / "g")
+    if kind == "gemma3":
+        from _gemma_util import tiny_model
+        hf = tiny_model("base", seed=3)
+    else:
+        from test_gemma4 import tiny_model
+        hf = tiny_model(kind.split("-")[1], seed=3)
+    hf.save_pretrained(tmp_path / "g")
     m = load_model(str(tmp_path / "g"), "cpu", "float32").model
     prompt = torch.randint(0, m.config.vocab_size, (150,), generator=torch.Generator().manual_seed(2))
     g = static_gen(m)
