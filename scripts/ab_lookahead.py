@@ -18,6 +18,19 @@ import time
 import torch
 
 
+def load_target(model: str | None, shape: str | None, device: str | None):
+    """(target, tokenizer or None): real weights from ``model``, else a random target of ``shape``
+    built in device memory. Raises SpecdecError on a bad path or shape."""
+    if model:
+        from specdec.loading import load_model
+        loaded = load_model(model, device)
+        return loaded.model, loaded.tokenizer
+    from specdec.bench_shape import build_shape
+    from specdec.loading import resolve_device, resolve_dtype
+    dev = resolve_device(device)
+    return build_shape(shape, dev, resolve_dtype(None, dev)), None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
@@ -39,18 +52,12 @@ def main(argv=None) -> int:
     from specdec.errors import SpecdecError
 
     try:
-        if a.model:
-            from specdec.loading import load_model
-            loaded = load_model(a.model, a.device)
-            model, tok = loaded.model, loaded.tokenizer
+        model, tok = load_target(a.model, a.shape, a.device)
+        if tok is not None:
             eos = tok.eos_ids
             prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t[0]}]), add_special=False)
                        for t in load_prompts(a.dataset, a.prompts)]
         else:
-            from specdec.bench_shape import build_shape
-            from specdec.loading import resolve_device, resolve_dtype
-            dev = resolve_device(a.device)
-            model = build_shape(a.shape, dev, resolve_dtype(None, dev))
             g = torch.Generator().manual_seed(0)
             eos = ()
             prompts = [torch.randint(0, model.config.vocab_size, (a.prompt_len,), generator=g).tolist()

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ab_lookahead import load_target  # noqa: E402  (the same target, real or of a shape)
 
 
 def main(argv=None) -> int:
@@ -40,14 +45,7 @@ def main(argv=None) -> int:
     from specdec.errors import SpecdecError
 
     try:
-        if a.model:
-            from specdec.loading import load_model
-            model = load_model(a.model, a.device).model
-        else:
-            from specdec.bench_shape import build_shape
-            from specdec.loading import resolve_device, resolve_dtype
-            dev = resolve_device(a.device)
-            model = build_shape(a.shape, dev, resolve_dtype(None, dev))
+        model = load_target(a.model, a.shape, a.device)[0]
     except SpecdecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -40,15 +40,14 @@ class HostReader:
     def __init__(self, device, numel: int, slots: int = 2, dtype: torch.dtype = torch.int64):
         self.cuda = torch.device(device).type == "cuda"
         self.bufs = [torch.empty(numel, dtype=dtype, pin_memory=self.cuda) for _ in range(slots)]
+        self.events = [torch.cuda.Event() if self.cuda else None for _ in range(slots)]
         self.next = 0
 
     def stage(self, t: torch.Tensor) -> "Staged":
-        buf = self.bufs[self.next][: t.numel()]
-        self.next = (self.next + 1) % len(self.bufs)
+        i, self.next = self.next, (self.next + 1) % len(self.bufs)
+        buf, event = self.bufs[i][: t.numel()], self.events[i]
         buf.copy_(t.reshape(-1), non_blocking=self.cuda)
-        event = None
-        if self.cuda:
-            event = torch.cuda.Event()
+        if event is not None:
             event.record()
         return Staged(buf, event)
 

@@ -177,8 +177,8 @@ class SpeculativeGenerator:
         self.static = self.use_graphs or self.pad_to is not None or self.compile
         # the static prefill's chunk rows (see PREFILL_ROWS); under tensor parallelism the narrow ones,
         # the only ones checked there
-        wide = self.pad_to is not None and limit is None and self.shard is None and PREFILL_ROWS > self.pad_to
-        self.prefill_rows = PREFILL_ROWS if wide else self.pad_to
+        widen = self.pad_to is not None and limit is None and self.shard is None and PREFILL_ROWS > self.pad_to
+        self.prefill_rows = PREFILL_ROWS if widen else self.pad_to
         self._graphed: GraphedTarget | None = None
         # Under tensor parallelism every rank would queue the same extra step, but that path is
         # checked on the GPU without lookahead only: kept off there.
@@ -191,11 +191,11 @@ class SpeculativeGenerator:
         tgt = self.target
         if not self.static:
             return tgt.new_cache(need), None
-        # rows only padding / unfinished verify rows occupy
-        spare = max(self.pad_to or 0, self.k + 1, (self.prefill_rows or 0) if self.static_prefill else 0)
+        # the widest step: verify steps, or the static prefill's chunks
+        rows = max(self.k + 1, (self.prefill_rows or 0) if self.static_prefill else 0)
+        spare = max(self.pad_to or 0, rows)  # rows only padding / unfinished verify rows occupy
         size = min(tgt.max_context, max(1024, 1 << (need - 1).bit_length()))
         g = self._graphed
-        rows = max(self.k + 1, self.prefill_rows or 0) if self.static_prefill else self.k + 1
         if (g is not None and g.cache.max_len >= min(tgt.max_context, need) + spare and g.capture == capture
                 and g.max_steps >= rows):
             g.cache.reset()
