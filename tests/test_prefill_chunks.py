@@ -107,7 +107,7 @@ def test_a_wide_remainder_at_the_end_of_the_context(single_thread):
 @pytest.mark.parametrize("kind", ["gemma3", "gemma4-dense", "gemma4-moe"])
 def test_sliding_window_layers_in_a_wide_chunk(tmp_path, single_thread, kind):
     """Gemma 3 and Gemma 4 (window 8, far narrower than a 128-row chunk; Gemma 4's KV sharing and
-    per-layer inputs): the chunks give the eager forward's rows."""
+    per-layer inputs): the chunks give the eager forward's rows, and speculation equals plain after them."""
     from specdec.loading import load_model
     if kind == "gemma3":
         from _gemma_util import tiny_model
@@ -128,3 +128,8 @@ def test_sliding_window_layers_in_a_wide_chunk(tmp_path, single_thread, kind):
     torch.testing.assert_close(out.hidden, ref.hidden, rtol=1e-4, atol=1e-4)
     nxt = torch.tensor([int(ref.logits[-1].argmax())])
     torch.testing.assert_close(graphed(nxt).logits, m(nxt, ref_cache).logits, rtol=1e-4, atol=1e-4)
+    # and an accepted oracle's output equals plain output after the wide chunks
+    ids = prompt.tolist()
+    want = static_gen(m).generate(ids, 16).token_ids
+    res = static_gen(m, SpoiledOracle(ids + want, m.config.vocab_size, spoil=0.3), 3).generate(ids, 16)
+    assert res.token_ids == want and sum(res.stats.accepted) > 0 and min(res.stats.accepted) < 3
