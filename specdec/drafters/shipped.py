@@ -67,8 +67,8 @@ def shipped_dir(kind: str, target_path: str | None) -> str:
 def auto_spec(target_path: str | None, device_type: str, serving: bool = False) -> str:
     """What ``--draft auto`` means for this target on this device: where the shipped DFlash drafter
     pays (:data:`AUTO_DEVICES`), ``dflash+ngram`` for one sequence (history lookup first: on the H200,
-    af71968, 1.97x / 1.77x / 1.22x plain on GSM8K / HumanEval / MT-Bench against 1.81x / 1.27x /
-    1.04x for ``dflash`` alone, BENCHMARKS.md) and ``dflash`` for the serving loop (``serving``: there
+    cf0fdd2 with the stage-6 drafter, 2.14x / 1.96x / 1.26x plain on GSM8K / HumanEval / MT-Bench against
+    1.98x / 1.38x / 1.08x for ``dflash`` alone, BENCHMARKS.md) and ``dflash`` for the serving loop (``serving``: there
     the combination drafts slot by slot, not in one all-slots step, and is not measured); else ``none``."""
     if device_type in AUTO_DEVICES and "dflash" in shipped_for(target_path):
         return "dflash" if serving else "dflash+ngram"

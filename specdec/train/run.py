@@ -12,7 +12,7 @@ from ..errors import ConfigError
 from .data import distill, read_prompts
 from .trainer import Stopped, TrainConfig, train
 
-DEFAULT_PROMPTS = ("gsm8k_train", "chat", "code")
+DEFAULT_PROMPTS = ("gsm8k_train", "chat", "code", "self_instruct")
 
 
 def check_args(a) -> None:
