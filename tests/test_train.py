@@ -94,6 +94,9 @@ def test_minutes_end_the_run_by_the_clock_and_write_the_drafter(target, prompts,
     assert rc == 0, err
     info = json.load(open(os.path.join(out, "training.json")))
     assert 1 <= info["steps"] < 500 * info["batches_per_epoch"], info
+    # the bar counts the steps the clock allows, not 500 epochs': it ends full
+    n = info["steps"]
+    assert f"{n}/{n} [" in err.replace("\r", "\n"), err[-600:]
     assert len(info["held_out_tau"]) >= 1 and not os.path.exists(out + ".ckpt.pt")
     _lossless(target, f"mtp:{out}", prompts)
 

@@ -172,6 +172,7 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
     last_ckpt = t_run
     taus: list[tuple[int, float]] = []
     bar = tqdm(total=total, initial=step, desc=f"train {task.kind}", unit="step", dynamic_ncols=True)
+    step0 = step
     n_tok, t_tok = 0, time.perf_counter()
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else _Null()
     loss_avg = first_loss = last_loss = None
@@ -203,7 +204,8 @@ def train(task, loaded, data: Distilled, out: str, cfg: TrainConfig, *, restart:
             now = time.perf_counter()
             left = 60 * cfg.minutes - (spent + now - t_run) if cfg.minutes else None  # seconds on the clock
             clock_over = left is not None and left <= 0
-            # the bar's ETA counts every epoch; with --minutes the clock ends the run first
+            if left is not None:  # --minutes: the bar's total is what the clock allows at this run's rate so far
+                bar.total = step if clock_over else min(total, step + int(max(0.0, left) * (step - step0) / (now - t_run)))
             clock = {} if left is None else {"ends_in": f"{max(0, int(left)) // 60}:{max(0, int(left)) % 60:02d}"}
             bar.set_postfix(loss=f"{loss_avg:.3f}", **{k: f"{float(v):.2f}" for k, v in stats.items() if k in task.show},
                             tok_s=f"{n_tok / max(now - t_tok, 1e-9):.0f}", **clock, refresh=False)
