@@ -1,0 +1,56 @@
+#!/bin/bash
+# One more training stage of both shipped SmolLM2 drafters on the device machine (H200), and their
+# benchmark against the shipped ones, as a background job that outlives the calls (held time is
+# what counts, so the calls only move files and wait):
+#   call 1 (carry .whl .dev/h1; the shipped drafters moved out of the tree):  bash scripts/device_stage.sh part1
+#   call 2 (carry .dev/h2; drafters still out):  bash scripts/device_stage.sh start COMMIT DFLASH_MIN MTP_MIN
+#   call 3 (the tree with the shipped drafters):  bash scripts/device_stage.sh drafters
+#   later calls:  bash scripts/device_stage.sh wait SECONDS   (results to $OUT when the job is done)
+# The job (`job`): distil the default prompt sets (31,834 prompts) once; wait for the shipped
+# drafters; train DFlash (--init shipped, 128 anchors, lr 3e-4, --minutes DFLASH_MIN) and the MTP
+# head (--init shipped, K=3, lr 3e-4, --minutes MTP_MIN) side by side on the one GPU; then
+# `specdec bench` (T=0, -n 128) of the shipped and the new drafters on GSM8K (first 100), HumanEval
+# (first 100) and MT-Bench first turns (80), one process per set.
+set -u
+W=/tmp/w
+G=/tmp/smol.gguf
+case "$1" in
+part1)
+    cp .dev/h1/p /tmp/p1 && pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl && ls -la /tmp/p1 ;;
+start)
+    cat /tmp/p1 .dev/h2/p > $G && md5sum $G
+    rm -rf /tmp/repo $W && mkdir -p /tmp/repo $W && cp -r specdec scripts pyproject.toml /tmp/repo/
+    setsid nohup bash scripts/device_stage.sh job "$2" "$3" "$4" > $W/job.log 2>&1 < /dev/null &
+    sleep 20; cat $W/job.log ;;
+drafters)
+    rm -rf /tmp/drafters && cp -r specdec/data/drafters/smollm2_135m_instruct /tmp/drafters && touch /tmp/drafters/.done
+    ls -la /tmp/drafters; tr '\r' '\n' < $W/job.log | tail -5 ;;
+wait)
+    end=$(( SECONDS + $2 ))
+    while [ ! -f $W/done ] && [ $SECONDS -lt $end ]; do sleep 5; done
+    tr '\r' '\n' < $W/job.log | grep -v "^ *$" | tail -25
+    for f in $W/*.log; do echo "== $f"; tr '\r' '\n' < $f | grep -E "distilled|epoch|rc=|Error|error|Traceback|tok/s" | tail -8; done
+    if [ -f $W/done ]; then
+        mkdir -p $OUT && cp -r $W/d7 $W/m3 $OUT/ 2>/dev/null; cp $W/*.json $W/*.log $OUT/ 2>/dev/null
+        for f in d7 m3; do tr '\r' '\n' < $W/$f.log | awk 'NR % 40 == 0' | tail -40 > $OUT/${f}_progress.txt; done
+    fi ;;
+job)
+    cd /tmp/repo
+    export PYTHONPATH=/tmp/site:/tmp/repo PYTHONUNBUFFERED=1 SPECDEC_COMMIT=$2
+    sd() { python -m specdec "$@"; }
+    common="--target $G --data-cache $W/dc --eval-prompts 4 --eval-tokens 96 --checkpoint-minutes 100 --epochs 40 --lr 3e-4"
+    sd train dflash --target $G --out $W/x --data-cache $W/dc --slots 512 --distill-only > $W/distill.log 2>&1
+    echo "distill rc=$?"
+    while [ ! -f /tmp/drafters/.done ]; do sleep 2; done
+    sd train dflash $common --out $W/d7 --minutes "$3" --anchors 128 --init /tmp/drafters/dflash > $W/d7.log 2>&1 &
+    sd train mtp $common --out $W/m3 --minutes "$4" --steps 3 --init /tmp/drafters/mtp > $W/m3.log 2>&1 &
+    wait
+    echo "trained: $(ls $W)"
+    for s in "gsm8k 100" "humaneval 100" "mt_bench 80"; do
+        set -- $s
+        sd bench -m $G --dataset $1 --num-prompts $2 --max-turns 1 -n 128 -k 3 --json $W/bench_$1.json \
+            --drafts none dflash:/tmp/drafters/dflash dflash:$W/d7 mtp:/tmp/drafters/mtp mtp:$W/m3 > $W/bench_$1.log 2>&1
+        echo "bench $1 rc=$?"
+    done
+    touch $W/done ;;
+esac
