@@ -66,8 +66,11 @@ $(TRITON_DIR)/.done:
 triton: setup
 	$(MAKE) $(TRITON_DIR)/.done
 
+# One pytest worker a core (at most 4), one intra-op thread each (tests/conftest.py): on CI's two
+# cores 207 s against 401 s for one process with two threads (909 tests, same machine).
 test: setup vocab triton
-	SPECDEC_LLAMA_VOCAB_DIR=$(abspath $(VOCAB_DIR)) SPECDEC_TRITON_DIR=$(abspath $(TRITON_DIR)) $(BIN)/python -m pytest -q
+	SPECDEC_LLAMA_VOCAB_DIR=$(abspath $(VOCAB_DIR)) SPECDEC_TRITON_DIR=$(abspath $(TRITON_DIR)) $(BIN)/python -m pytest -q \
+		-n auto --maxprocesses 4
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -11,6 +11,10 @@
 # head (--init shipped, K=3, lr 3e-4, --minutes MTP_MIN) side by side on the one GPU; then
 # `specdec bench` (T=0, -n 128) of the shipped and the new drafters on GSM8K (first 100), HumanEval
 # (first 100) and MT-Bench first turns (80), one process per set.
+# A machine left idle for more than ~30 s between calls goes back, and the job with it (session of
+# 2026-12-02 (sixth) lost 14 training minutes so): each `wait` therefore brings back what exists so
+# far, the reply cache and the DFlash weights of its latest checkpoint (every 3 minutes) as a
+# drafter directory (`d7_partial`, loads with --draft dflash:DIR, continues with --init DIR).
 set -u
 W=/tmp/w
 G=/tmp/smol.gguf
@@ -30,15 +34,24 @@ wait)
     while [ ! -f $W/done ] && [ $SECONDS -lt $end ]; do sleep 5; done
     tr '\r' '\n' < $W/job.log | grep -v "^ *$" | tail -25
     for f in $W/*.log; do echo "== $f"; tr '\r' '\n' < $f | grep -E "distilled|epoch|rc=|Error|error|Traceback|tok/s" | tail -8; done
+    mkdir -p $OUT && cp $W/dc/replies-*.pt $W/*.json $W/*.log $OUT/ 2>/dev/null
     if [ -f $W/done ]; then
-        mkdir -p $OUT && cp -r $W/d7 $W/m3 $OUT/ 2>/dev/null; cp $W/*.json $W/*.log $OUT/ 2>/dev/null
+        cp -r $W/d7 $W/m3 $OUT/ 2>/dev/null
         for f in d7 m3; do tr '\r' '\n' < $W/$f.log | awk 'NR % 40 == 0' | tail -40 > $OUT/${f}_progress.txt; done
+    elif [ -f $W/d7.ckpt.pt ]; then
+        PYTHONPATH=/tmp/site:/tmp/repo python -c "
+import json, sys, torch
+from specdec.weights.save import save_drafter_dir
+st = torch.load('$W/d7.ckpt.pt', map_location='cpu', weights_only=False)
+save_drafter_dir('$OUT/d7_partial', json.load(open('/tmp/drafters/dflash/config.json')), st['task'],
+                 extra_files={'STEP.txt': f\"step {st['step']}, {st['seconds']:.0f} s\\n\"})
+print('d7_partial at step', st['step'])"
     fi ;;
 job)
     cd /tmp/repo
     export PYTHONPATH=/tmp/site:/tmp/repo PYTHONUNBUFFERED=1 SPECDEC_COMMIT=$2
     sd() { python -m specdec "$@"; }
-    common="--target $G --data-cache $W/dc --eval-prompts 4 --eval-tokens 96 --checkpoint-minutes 100 --epochs 40 --lr 3e-4"
+    common="--target $G --data-cache $W/dc --eval-prompts 4 --eval-tokens 96 --checkpoint-minutes 3 --epochs 40 --lr 3e-4"
     sd train dflash --target $G --out $W/x --data-cache $W/dc --slots 512 --distill-only > $W/distill.log 2>&1
     echo "distill rc=$?"
     while [ ! -f /tmp/drafters/.done ]; do sleep 2; done

@@ -2,8 +2,13 @@
 
 import contextlib
 
+import os
+
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n N: one intra-op thread a worker, no oversubscription
+    torch.set_num_threads(1)
 
 
 @contextlib.contextmanager
