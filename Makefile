@@ -66,11 +66,13 @@ $(TRITON_DIR)/.done:
 triton: setup
 	$(MAKE) $(TRITON_DIR)/.done
 
-# One pytest worker a core (at most 4), one intra-op thread each (tests/conftest.py): on CI's two
-# cores 207 s against 401 s for one process with two threads (909 tests, same machine).
+# One pytest worker a CPU this process may use (nproc, at most 4), one intra-op thread each
+# (tests/conftest.py): on CI's two cores 207 s against 401 s for one process with two threads
+# (909 tests, same machine). `make test WORKERS=0` runs them in one process.
+WORKERS ?= $(shell n=$$(nproc); echo $$(( n > 4 ? 4 : n )))
 test: setup vocab triton
 	SPECDEC_LLAMA_VOCAB_DIR=$(abspath $(VOCAB_DIR)) SPECDEC_TRITON_DIR=$(abspath $(TRITON_DIR)) $(BIN)/python -m pytest -q \
-		-n auto --maxprocesses 4
+		-n $(WORKERS)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache
