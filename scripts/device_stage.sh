@@ -40,7 +40,7 @@ wait)
         for f in d7 m3; do tr '\r' '\n' < $W/$f.log | awk 'NR % 40 == 0' | tail -40 > $OUT/${f}_progress.txt; done
     elif [ -f $W/d7.ckpt.pt ]; then
         PYTHONPATH=/tmp/site:/tmp/repo python -c "
-import json, sys, torch
+import json, torch
 from specdec.weights.save import save_drafter_dir
 st = torch.load('$W/d7.ckpt.pt', map_location='cpu', weights_only=False)
 save_drafter_dir('$OUT/d7_partial', json.load(open('/tmp/drafters/dflash/config.json')), st['task'],

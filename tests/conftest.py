@@ -1,7 +1,6 @@
 """Shared fixtures."""
 
 import contextlib
-
 import os
 
 import pytest
