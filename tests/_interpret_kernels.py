@@ -1,13 +1,13 @@
 """The package's Triton kernels on the CPU, each run by tests/test_triton_interpret.py in a fresh process:
 
-- ``split``, ``delta``, ``linear``, ``rope``, ``fused``: run by Triton's interpreter (``TRITON_INTERPRET=1``) against
+- ``split``, ``delta``, ``linear``, ``rope``, ``fused``, ``fused-layer``: run by Triton's interpreter (``TRITON_INTERPRET=1``) against
   their torch references, plus the invariances the split attention kernel promises. The interpreter
   computes with numpy (its bf16 rounding is not the GPU's), so values are compared with a tolerance;
   the GPU's bits are checked on the GPU (scripts/check_split_attention.py, scripts/device_check.py);
 - ``rope-ptx`` (interpreter off): the fused RoPE + KV write compiled for sm_90 as it is launched, its
   PTX free of FMAs (the eager ops round each product before the sum).
 
-    TRITON_INTERPRET=1 PYTHONPATH=.cache/triton python tests/_interpret_kernels.py split|delta|linear|rope|fused
+    TRITON_INTERPRET=1 PYTHONPATH=.cache/triton python tests/_interpret_kernels.py split|delta|linear|rope|fused|fused-layer
     PYTHONPATH=.cache/triton python tests/_interpret_kernels.py rope-ptx
 Prints one line per case and exits 1 on the first failure.
 """
@@ -217,6 +217,39 @@ def fused() -> None:
         check(f"fused silu*mul {dtype}: a row alone has its bits", torch.equal(fused_ops.silu_mul(gu[2:3]), got[2:3]))
 
 
+def fused_layer() -> None:
+    """models/fused_layer.py's GEMM with its norm prologue (and residual add) and SwiGLU epilogue
+    against its torch reference, with K and N not multiples of the tiles; a row's bits alone and
+    among other rows; the written sum bitwise the torch add's."""
+    from specdec.models import fused_layer as fl
+    g = torch.Generator().manual_seed(0)
+    m, k, n = 37, 200, 72  # K: 2 norm chunks (the second partial), 4 GEMM blocks; N: 3 tiles, the last partial
+    for dtype in (torch.float16, torch.float32):
+        x = torch.randn(m, k, generator=g).to(dtype)
+        d = torch.randn(m, k, generator=g).to(dtype)
+        scale = torch.rand(k, generator=g) + 0.5
+        w = (torch.randn(2 * n, k, generator=g) * k ** -0.5).to(dtype)
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        cases = {"gemm": dict(), "norm": dict(scale=scale, eps=1e-5), "add+norm": dict(scale=scale, eps=1e-5, delta=d),
+                 "add+norm+silu": dict(scale=scale, eps=1e-5, delta=d, silu=True)}
+        for name, kw in cases.items():
+            wt = w if kw.get("silu") else w[:n].contiguous()
+            got = fl.norm_linear(x, wt, **kw)
+            want = fl.reference(x, wt, **kw)
+            y, y_ref = (got[1], want[1]) if "delta" in kw else (got, want)
+            err = (y.float() - y_ref.float()).abs().max().item()
+            check(f"fused layer {name} {dtype}: equals the torch ops", y.shape == y_ref.shape and err < tol,
+                  f"(max diff {err:.1e})")
+            if "delta" in kw:
+                check(f"fused layer {name} {dtype}: the sum is the torch add's", torch.equal(got[0], x + d))
+            alone = fl.norm_linear(x[20:21], wt, **{**kw, **({"delta": d[20:21]} if "delta" in kw else {})})
+            check(f"fused layer {name} {dtype}: row 20 alone has its bits among {m}",
+                  torch.equal(alone[1] if "delta" in kw else alone, y[20:21]))
+        x3 = x.view(1, m, k)  # [B, T, K] inputs keep their leading dimensions
+        check(f"fused layer {dtype}: [B, T, K] input", torch.equal(fl.norm_linear(x3, w[:n].contiguous()),
+                                                                   fl.norm_linear(x, w[:n].contiguous()).view(1, m, n)))
+
+
 def rope_ptx() -> None:
     """The fused RoPE + KV write as launched (its COMPILE_OPTIONS), compiled for an H100/H200 (sm_90):
     each product rounded (``mul.rn``), then the sum (``add.rn``); no FMA, which would skip the product's
@@ -239,4 +272,5 @@ def rope_ptx() -> None:
 
 
 if __name__ == "__main__":
-    {"split": split, "delta": delta, "linear": linear, "rope": rope, "fused": fused, "rope-ptx": rope_ptx}[sys.argv[1]]()
+    {"split": split, "delta": delta, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
+     "rope-ptx": rope_ptx}[sys.argv[1]]()

@@ -9,16 +9,19 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 
 import ab_flags  # noqa: E402
-from specdec.models import base, layers, split_attention  # noqa: E402
+from specdec.models import base, fused_layer, layers, split_attention  # noqa: E402
 
 
 def _state():
-    return base.FOLD_RESIDUAL, split_attention.DIRECT, layers.DRAFTER_SPLIT
+    return base.FOLD_RESIDUAL, split_attention.DIRECT, layers.DRAFTER_SPLIT, fused_layer.ENABLED
 
 
-@pytest.mark.parametrize("variant, want", [("base", (False, False, False)), ("fold", (True, False, False)),
-                                           ("direct", (False, True, False)), ("drafter-split", (False, False, True)),
-                                           ("all", (True, True, True))])
+@pytest.mark.parametrize("variant, want", [("base", (False, False, False, False)), ("fold", (True, False, False, False)),
+                                           ("direct", (False, True, False, False)),
+                                           ("drafter-split", (False, False, True, False)),
+                                           ("fused-layer", (False, False, False, True)),
+                                           ("fused+direct", (False, True, False, True)),
+                                           ("all", (True, True, True, True))])
 def test_flags_set_and_restored(variant, want):
     before = _state()
     with ab_flags.flags(ab_flags.VARIANTS[variant]):

@@ -18,6 +18,7 @@ from ..cache import BatchCache, BatchKVCache, BatchWrite, NoCache, SequenceCache
 from ..errors import ConfigError
 from ..config import ModelConfig
 from ..parallel.tp import Shard, VocabParallelEmbedding, gather_vocab, vocab_parallel_head
+from . import fused_layer
 from .layers import RMSNorm, RotaryEmbedding, causal_mask, sliding_causal_mask
 
 # Each layer's last residual add folded into the next layer's input norm (``RMSNorm.add``: one kernel
@@ -182,8 +183,14 @@ class CausalLM(nn.Module):
         caps = {}
         want = set(capture)
         last = len(self.layers) - 1
-        delta = None  # with FOLD_RESIDUAL: the last folded layer's output is x + delta
+        delta = None  # with FOLD_RESIDUAL or fused layers: the last layer's output is x + delta
+        fused = fused_layer.usable(x)  # the layers' fused kernels (a model runs them in every such forward)
         for i, layer in enumerate(self.layers):
+            if fused and getattr(layer, "fused_path", False):
+                x, delta = layer.forward_fused(x, delta, ctx, cache.layers[i])
+                if i in want and i != last:
+                    caps[i] = x + delta
+                continue
             if FOLD_RESIDUAL and hasattr(layer, "forward_folded"):
                 x, delta = layer.forward_folded(x, delta, ctx, cache.layers[i])
                 if i in want and i != last:

@@ -432,12 +432,17 @@ class Attention(nn.Module):
 
     def _heads(self, x: torch.Tensor):
         """q ``[..., T, H, d]``, k, v ``[..., T, Hkv, d]`` before RoPE (q/k-normed), and the gate."""
-        lead = x.shape[:-1]
         if self._fused is not None:
             w, b, sizes = self._fused
-            q, k, v = F.linear(x, w, b).split(sizes, dim=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            return self.split_qkv(F.linear(x, w, b))
+        return self._shape_heads(self.q_proj(x), self.k_proj(x), self.v_proj(x))
+
+    def split_qkv(self, qkv: torch.Tensor):
+        """The fused projection's output ``[..., T, sizes]`` -> :meth:`_heads`' outputs."""
+        return self._shape_heads(*qkv.split(self._fused[2], dim=-1))
+
+    def _shape_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        lead = q.shape[:-1]
         gate = None
         if self.gated:
             q = q.view(*lead, self.n_heads, 2 * self.head_dim)
@@ -451,30 +456,36 @@ class Attention(nn.Module):
 
     def output(self, o: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
         """``o [H, T, d]`` -> ``[T, hidden]`` (batched: ``[B, H, T, d]`` -> ``[B, T, hidden]``)."""
+        return self.o_proj(self.gathered(o, gate))
+
+    @staticmethod
+    def gathered(o: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        """``o [H, T, d]`` -> ``[T, H*d]`` (batched ``[B, T, H*d]``), times ``sigmoid(gate)`` if gated."""
         o = o.transpose(-3, -2)
         o = o.reshape(*o.shape[:-2], -1)
-        if gate is not None:
-            o = o * torch.sigmoid(gate)
-        return self.o_proj(o)
+        return o if gate is None else o * torch.sigmoid(gate)
 
     def forward(self, x: torch.Tensor, cos, sin, cache: KVCache, start: int, mask: torch.Tensor | None) -> torch.Tensor:
-        heads = self._heads(x)
-        if FUSED_ROPE_WRITE and x.is_cuda and not torch.compiler.is_compiling():
+        return self.o_proj(self.attend_heads(self._heads(x), cos, sin, cache, start, mask))
+
+    def attend_heads(self, heads, cos, sin, cache: KVCache, start, mask: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`_heads`' outputs -> the attention output before ``o_proj``, ``[..., T, H*d]`` (gated)."""
+        if FUSED_ROPE_WRITE and heads[0].is_cuda and not torch.compiler.is_compiling():
             # a static step on CUDA (batched, or one sequence's): RoPE and the cache write in one kernel
             # (compiled, inductor fuses the eager ops itself)
             q, k, v, gate = heads
             rows = cos.reshape(-1, cos.shape[-1])
             if rope_write.supported(q, k, rows, cache, start):
-                if x.dim() == 3:
+                if q.dim() == 4:
                     q = rope_write.rope_write(q, k, v, rows, sin.reshape(rows.shape), cache, start)
                     k_all, v_all = cache.read(start)
                 else:
                     q = rope_write.rope_write_one(q, k, v, cos, sin, cache, start)
                     k_all, v_all = cache.k, cache.v
-                return self.output(attend(q, k_all, v_all, mask, self.scale), gate)
+                return self.gathered(attend(q, k_all, v_all, mask, self.scale), gate)
         q, k, v, gate = self._rotate(*heads, cos, sin)
         k_all, v_all = cache.update(start, k, v)
-        return self.output(attend(q, k_all, v_all, mask, self.scale), gate)
+        return self.gathered(attend(q, k_all, v_all, mask, self.scale), gate)
 
 
 class SwiGLU(nn.Module):

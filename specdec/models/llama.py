@@ -16,6 +16,7 @@ from ..cache import KVCache
 from ..config import ModelConfig
 from ..errors import ConfigError
 from ..parallel.tp import Shard
+from . import fused_layer
 from .base import CausalLM, StepContext
 from .gguf_names import dense_block_names, gguf_meta
 from .layers import Attention, RMSNorm, SwiGLU
@@ -43,6 +44,8 @@ class DenseDecoderLayer(nn.Module):
     from :meth:`make_cache` (the target's own layers, and the MTP head of a Llama-family target).
     With a ``shard``: this rank's heads and intermediate block (tensor parallelism)."""
 
+    fused_path = False  # fused_layer's kernels on CUDA (set by LlamaForCausalLM.fuse_projections)
+
     def __init__(self, c: ModelConfig, qk_norm: bool, shard: Shard | None = None):
         super().__init__()
         self.config = c
@@ -60,6 +63,21 @@ class DenseDecoderLayer(nn.Module):
         x, h = self.post_attention_layernorm.add(x, self.self_attn(self.input_layernorm(x), ctx.cos, ctx.sin, cache,
                                                                     ctx.start, ctx.mask))
         return x + self.mlp(h)
+
+    def forward_fused(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: StepContext, cache: KVCache
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward_folded`'s contract in :mod:`~specdec.models.fused_layer`'s kernels (CUDA, no
+        gradients; layers for which ``fused_layer.eligible``): four GEMM kernels with the residual adds,
+        the norms and SwiGLU's activation inside, RoPE + the cache write and attention between."""
+        a, mlp, n1, n2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
+        if delta is None:
+            qkv = fused_layer.norm_linear(x, a._fused[0], n1.fp32_scale(), n1.eps)
+        else:
+            x, qkv = fused_layer.norm_linear(x, a._fused[0], n1.fp32_scale(), n1.eps, delta=delta)
+        o = a.attend_heads(a.split_qkv(qkv), ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
+        attn = fused_layer.norm_linear(o, a.o_proj.weight)
+        x, act = fused_layer.norm_linear(x, mlp._fused[0], n2.fp32_scale(), n2.eps, delta=attn, silu=True)
+        return x, fused_layer.norm_linear(act, mlp.down_proj.weight)
 
     def forward_folded(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: StepContext, cache: KVCache
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,6 +104,11 @@ class LlamaForCausalLM(CausalLM):
 
     def make_layer_cache(self, i, max_len, dtype, device):
         return self.layers[i].make_cache(max_len, dtype, device)
+
+    def fuse_projections(self) -> None:
+        super().fuse_projections()
+        for layer in self.layers:  # every layer or none: eligibility depends on the config only
+            layer.fused_path = fused_layer.eligible(layer)
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):

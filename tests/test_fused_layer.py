@@ -1,0 +1,83 @@
+"""models/fused_layer.py's wiring on the CPU: which layers take the fused path, and that the path
+(``DenseDecoderLayer.forward_fused``, routed by ``CausalLM.run_layers``) computes the layer. The kernel
+is CUDA-only; here its torch reference (``fused_layer.reference``) stands in for it, so the test sees
+the layer's plumbing (the q/k/v split, RoPE and the cache write, attention, the residual adds moved
+into the next kernel, the captured layers) against the unfused path, in one sequence's forward, a
+batched forward, and speculative decoding with accepted drafts. The kernel itself runs in Triton's
+interpreter (tests/test_triton_interpret.py) and on the GPU (scripts/check_fused_layer.py)."""
+
+import pytest
+import torch
+
+from _dense_util import save_hf, tiny_model
+from _engine_util import SpoiledOracle, plain_generate
+from specdec.engine import SpeculativeGenerator
+from specdec.engine.batch import generate_batch
+from specdec.loading import load_model
+from specdec.models import fused_layer
+from specdec.sampling import SamplingParams
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    path = save_hf(tiny_model("llama_tied", seed=5, layers=4), str(tmp_path_factory.mktemp("llama")))
+    return load_model(path, "cpu", tokenizer=False).model
+
+
+@pytest.fixture
+def fused_on(monkeypatch):
+    """The fused path taken on the CPU, its kernel stood in for by the reference; counts the calls."""
+    calls = []
+    monkeypatch.setattr(fused_layer, "usable", lambda x: not torch.is_grad_enabled())
+    monkeypatch.setattr(fused_layer, "norm_linear", lambda *a, **kw: calls.append(kw.get("silu", False))
+                        or fused_layer.reference(*a, **kw))
+    return calls
+
+
+@pytest.mark.parametrize("kind, want", [("llama", True), ("llama_tied", True), ("qwen3", False)])
+def test_which_layers_take_it(kind, want, tmp_path):
+    m = load_model(save_hf(tiny_model(kind, seed=1), str(tmp_path)), "cpu", tokenizer=False).model
+    assert [layer.fused_path for layer in m.layers] == [want] * len(m.layers)
+
+
+def test_a_biased_layer_does_not(tmp_path):
+    from transformers import AutoModelForCausalLM
+    from _dense_util import tiny_config
+    cfg = tiny_config("llama")
+    cfg.attention_bias = True
+    m = load_model(save_hf(AutoModelForCausalLM.from_config(cfg), str(tmp_path)), "cpu", tokenizer=False).model
+    assert not any(layer.fused_path for layer in m.layers)
+
+
+def test_forward_and_batched_forward(target, fused_on):
+    ids = torch.randint(target.config.vocab_size, (11,), generator=torch.Generator().manual_seed(1))
+    cap = (0, 2, len(target.layers) - 1)
+    outs = []
+    for on in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            if not on:
+                mp.setattr(fused_layer, "usable", lambda x: False)
+            one = target.forward(ids, target.new_cache(32), capture=cap)
+            rows = torch.stack([ids, ids.flip(0)])
+            batched = target.forward_batch_train(rows, capture=cap)
+            outs.append((one, batched))
+    (a, ab), (b, bb) = outs
+    assert len(fused_on) == 2 * 4 * len(target.layers)  # 4 kernels a layer, two forwards
+    assert fused_on.count(True) == 2 * len(target.layers)  # one with the SwiGLU epilogue a layer
+    for x, y in ((a.logits, b.logits), (a.hidden, b.hidden), (a.captured, b.captured),
+                 (ab.hidden, bb.hidden), (ab.captured, bb.captured)):
+        assert torch.allclose(x, y, atol=2e-5, rtol=1e-4), (x - y).abs().max()
+    assert not torch.equal(a.logits, b.logits)  # the reference rounds otherwise: the path did run
+
+
+def test_speculative_equals_plain_on_the_fused_path(target, fused_on):
+    prompt = torch.randint(target.config.vocab_size, (7,), generator=torch.Generator().manual_seed(2)).tolist()
+    ref = plain_generate(target, prompt, 24).token_ids
+    drafter = SpoiledOracle(prompt + ref, target.config.vocab_size, spoil=0.3, seed=3)
+    res = SpeculativeGenerator(target, drafter, 4, batch_invariant=True).generate(prompt, 24, SamplingParams())
+    assert sum(res.stats.accepted) > 0  # drafts were accepted and rolled back
+    assert res.token_ids == ref
+    assert generate_batch(target, [prompt, prompt[:4]], 16, set(), slots=2)[0] == ref[:16]
+    assert fused_on
