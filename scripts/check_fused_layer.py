@@ -1,11 +1,13 @@
-"""models/fused_layer.py on the GPU: its four kernels against their torch reference, a row's bits at
-every row count, their times against the unfused ops (cuBLAS and fused_ops), and a random-weight
-shape's logits and greedy tokens with the fused layers on and off.
+"""models/fused_layer.py on the GPU: its GEMM on a layer's four weights (q/k/v, o, gate/up with the
+SwiGLU epilogue, down) against its torch reference, a row's bits at every row count, its time against
+cuBLAS (and fused_ops' silu_mul), optionally every tiling of SWEEP; then a random-weight shape's logits
+with the fused layers on and off.
 
-    PYTHONPATH=. python scripts/check_fused_layer.py [--shape smollm2-135m] [--json out.json]
+    PYTHONPATH=. python scripts/check_fused_layer.py [--shape smollm2-135m] [--sweep] [--json out.json]
 
-Prints one line per check (``ok`` / ``FAIL``) and a table of kernel times (us, CUDA graphs of 50
-calls); exits 1 if a check failed.
+Prints one line per check (``ok`` / ``FAIL``) and the kernel times (us, CUDA graphs of 50 calls); with
+``--sweep`` the fastest tilings and the ``SPECDEC_FUSED_LAYER_TILES`` value that selects them. Exits 1
+if a check failed.
 """
 
 from __future__ import annotations
@@ -48,48 +50,50 @@ def graph_us(fn, calls=50, reps=5) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def kernels(hidden: int, inter: int, qkv: int, rows: int, res: dict) -> None:
+SWEEP = [(bn, bk, wp, st) for bn in (16, 32, 64) for bk in (64, 128, 256) for wp in (2, 4) for st in (2, 3, 4)]
+
+
+def kernels(hidden: int, inter: int, qkv: int, rows: int, res: dict, sweep: bool = False) -> None:
     dev, dt = torch.device("cuda"), torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)
 
     def rnd(*shape, s=1.0):
         return (torch.randn(*shape, generator=g, device=dev) * s).to(dt)
-    x, d = rnd(512, hidden), rnd(512, hidden)
-    scale = torch.rand(hidden, generator=g, device=dev) + 0.5
-    w_qkv, w_o = rnd(qkv, hidden, s=hidden ** -0.5), rnd(hidden, hidden, s=hidden ** -0.5)
-    w_gu, w_d = rnd(2 * inter, hidden, s=hidden ** -0.5), rnd(hidden, inter, s=inter ** -0.5)
-    act_in = rnd(512, inter)
-    cases = {"qkv (add+norm)": (x, w_qkv, dict(scale=scale, eps=1e-5, delta=d)),
-             "o (gemm)": (x, w_o, {}),
-             "gate_up (add+norm+silu)": (x, w_gu, dict(scale=scale, eps=1e-5, delta=d, silu=True)),
-             "down (gemm)": (act_in, w_d, {})}
-    for name, (inp, w, kw) in cases.items():
-        def run(m, inp=inp, w=w, kw=kw):
-            kk = dict(kw)
-            if "delta" in kk:
-                kk["delta"] = kk["delta"][:m]
-            out = fl.norm_linear(inp[:m], w, **kk)
-            return out[1] if "delta" in kk else out
-        full = run(512)
-        ref = fl.reference(inp, w, **kw)
-        ref = ref[1] if "delta" in kw else ref
+    x, act_in = rnd(512, hidden), rnd(512, inter)
+    cases = {"qkv": (x, rnd(qkv, hidden, s=hidden ** -0.5), False),
+             "o": (x, rnd(hidden, hidden, s=hidden ** -0.5), False),
+             "gate_up+silu": (x, rnd(2 * inter, hidden, s=hidden ** -0.5), True),
+             "down": (act_in, rnd(hidden, inter, s=inter ** -0.5), False)}
+    best_tiles = {}
+    for name, (inp, w, silu) in cases.items():
+        full = fl.linear(inp, w, silu=silu)
+        ref = fl.reference(inp, w, silu=silu)
         err = (full.float() - ref.float()).abs().max().item()
         scale_ref = ref.float().abs().max().item()
         check(f"{name}: equals the torch reference", err <= 0.02 * max(scale_ref, 1.0), f"(max diff {err:.3g}, |ref| {scale_ref:.3g})")
-        bad = [m for m in (1, 2, 5, 15, 16, 17, 31, 64, 128, 200) if not torch.equal(run(m), full[:m])]
+        bad = [m for m in (1, 2, 5, 15, 16, 17, 31, 64, 128, 200) if not torch.equal(fl.linear(inp[:m], w, silu=silu), full[:m])]
         check(f"{name}: rows keep their bits at 1..512 rows", not bad, f"(differ at {bad})" if bad else "")
-        fused_us = graph_us(lambda: run(rows))
-        # the unfused ops this kernel replaces
-        xi, di = inp[:rows], (kw["delta"][:rows] if "delta" in kw else None)
-
-        def unfused(xi=xi, di=di, w=w, kw=kw):
-            h = xi
-            if "scale" in kw:
-                h = fused_ops.rms_norm(xi, kw["scale"], 1e-5, residual=di)[1] if di is not None else fused_ops.rms_norm(xi, kw["scale"], 1e-5)
-            y = F.linear(h, w)
-            return fused_ops.silu_mul(y) if kw.get("silu") else y
-        res.setdefault("kernels_us", {})[name] = {"fused": round(fused_us, 2), "unfused": round(graph_us(unfused), 2)}
-        print(f"  {name}: {rows} rows, fused {fused_us:.2f} us, unfused {res['kernels_us'][name]['unfused']:.2f} us", flush=True)
+        xi = inp[:rows]
+        fused_us = graph_us(lambda: fl.linear(xi, w, silu=silu))
+        unfused_us = graph_us(lambda: fused_ops.silu_mul(F.linear(xi, w)) if silu else F.linear(xi, w))
+        n = w.shape[0] // 2 if silu else w.shape[0]
+        res.setdefault("kernels_us", {})[name] = {"fused": round(fused_us, 2), "cublas": round(unfused_us, 2),
+                                                 "tile": list(fl.tile_for(n, w.shape[1], silu))}
+        print(f"  {name}: {rows} rows, triton {fused_us:.2f} us, cuBLAS{' + silu_mul' if silu else ''} {unfused_us:.2f} us", flush=True)
+        if sweep:
+            times = {}
+            for tile in SWEEP:
+                try:
+                    times[tile] = graph_us(lambda: fl.linear(xi, w, silu=silu, tile=tile))
+                except Exception as e:  # a tiling the compiler refuses (shared memory)
+                    print(f"  {name}: tile {tile} failed: {str(e).splitlines()[0][:100]}")
+            best = sorted(times, key=times.get)[:5]
+            res.setdefault("sweep_us", {})[name] = {",".join(map(str, t)): round(v, 2) for t, v in times.items()}
+            best_tiles[f"{n},{w.shape[1]},{int(silu)}"] = list(best[0])
+            print(f"  {name}: best tiles " + ", ".join(f"{t} {times[t]:.2f} us" for t in best), flush=True)
+    if sweep:
+        res["best_tiles"] = best_tiles
+        print("SPECDEC_FUSED_LAYER_TILES='" + json.dumps(best_tiles) + "'")
 
 
 def model_check(shape: str, res: dict) -> None:
@@ -118,6 +122,7 @@ def main() -> int:
     ap.add_argument("--shape", default="smollm2-135m")
     ap.add_argument("--rows", type=int, default=16, help="rows of the timed calls (default 16)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sweep", action="store_true", help="also time every tiling of SWEEP at --rows rows")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("check_fused_layer: needs CUDA", file=sys.stderr)
@@ -126,7 +131,7 @@ def main() -> int:
     c = shape_config(a.shape)[1]
     qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
     res = {"shape": a.shape, "rows": a.rows, "tile": list(fl.TILE)}
-    kernels(c.hidden_size, c.intermediate_size, qkv, a.rows, res)
+    kernels(c.hidden_size, c.intermediate_size, qkv, a.rows, res, a.sweep)
     model_check(a.shape, res)
     res["failed"] = FAILED
     if a.json:

@@ -218,36 +218,27 @@ def fused() -> None:
 
 
 def fused_layer() -> None:
-    """models/fused_layer.py's GEMM with its norm prologue (and residual add) and SwiGLU epilogue
-    against its torch reference, with K and N not multiples of the tiles; a row's bits alone and
-    among other rows; the written sum bitwise the torch add's."""
+    """models/fused_layer.py's GEMM (plain, and with the SwiGLU epilogue) against its torch reference,
+    with K and N not multiples of the tiles; a row's bits alone and among other rows; [B, T, K] inputs."""
     from specdec.models import fused_layer as fl
     g = torch.Generator().manual_seed(0)
-    m, k, n = 37, 200, 72  # K: 2 norm chunks (the second partial), 4 GEMM blocks; N: 3 tiles, the last partial
+    m, k, n = 37, 200, 72  # K: 4 blocks of 64, the last partial; N: 5 tiles of 16, the last partial
     for dtype in (torch.float16, torch.float32):
         x = torch.randn(m, k, generator=g).to(dtype)
-        d = torch.randn(m, k, generator=g).to(dtype)
-        scale = torch.rand(k, generator=g) + 0.5
         w = (torch.randn(2 * n, k, generator=g) * k ** -0.5).to(dtype)
         tol = 1e-4 if dtype == torch.float32 else 2e-2
-        cases = {"gemm": dict(), "norm": dict(scale=scale, eps=1e-5), "add+norm": dict(scale=scale, eps=1e-5, delta=d),
-                 "add+norm+silu": dict(scale=scale, eps=1e-5, delta=d, silu=True)}
-        for name, kw in cases.items():
-            wt = w if kw.get("silu") else w[:n].contiguous()
-            got = fl.norm_linear(x, wt, **kw)
-            want = fl.reference(x, wt, **kw)
-            y, y_ref = (got[1], want[1]) if "delta" in kw else (got, want)
-            err = (y.float() - y_ref.float()).abs().max().item()
-            check(f"fused layer {name} {dtype}: equals the torch ops", y.shape == y_ref.shape and err < tol,
-                  f"(max diff {err:.1e})")
-            if "delta" in kw:
-                check(f"fused layer {name} {dtype}: the sum is the torch add's", torch.equal(got[0], x + d))
-            alone = fl.norm_linear(x[20:21], wt, **{**kw, **({"delta": d[20:21]} if "delta" in kw else {})})
-            check(f"fused layer {name} {dtype}: row 20 alone has its bits among {m}",
-                  torch.equal(alone[1] if "delta" in kw else alone, y[20:21]))
-        x3 = x.view(1, m, k)  # [B, T, K] inputs keep their leading dimensions
-        check(f"fused layer {dtype}: [B, T, K] input", torch.equal(fl.norm_linear(x3, w[:n].contiguous()),
-                                                                   fl.norm_linear(x, w[:n].contiguous()).view(1, m, n)))
+        for silu in (False, True):
+            wt = w if silu else w[:n].contiguous()
+            for tile in ((16, 64, 2, 2), (32, 128, 4, 3)):
+                name = f"fused layer {'silu ' if silu else ''}gemm {dtype} tile {tile}"
+                got = fl.linear(x, wt, silu=silu, tile=tile)
+                want = fl.reference(x, wt, silu=silu)
+                err = (got.float() - want.float()).abs().max().item()
+                check(f"{name}: equals the torch ops", got.shape == want.shape and err < tol, f"(max diff {err:.1e})")
+                check(f"{name}: row 20 alone has its bits among {m}",
+                      torch.equal(fl.linear(x[20:21], wt, silu=silu, tile=tile), got[20:21]))
+        x3 = x.view(1, m, k)
+        check(f"fused layer {dtype}: [B, T, K] input", torch.equal(fl.linear(x3, w), fl.linear(x, w).view(1, m, 2 * n)))
 
 
 def rope_ptx() -> None:

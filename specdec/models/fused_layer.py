@@ -1,37 +1,43 @@
-"""A Llama-family decoder layer in four GEMM kernels, each with its neighbours fused in (issue 10:
-fewer, larger kernels).
+"""A Llama-family layer's GEMMs in Triton, SwiGLU's activation in the gate/up GEMM (issue 10: fewer,
+faster kernels for small models).
 
-A 16-row SmolLM2 step on the H200 ran ~11.7 kernels a layer (351 a step, 1.37 ms, for weights that
-take 0.07 ms to read): the step is its launches. Here, without changing what is computed:
+A 16-row SmolLM2 step on the H200 ran ~11 kernels a layer (1.35 ms a step for weights that take
+0.07 ms to read): the step is its launches and their latencies. cuBLAS took 3.1 us for the 576 x 576
+o_proj at 16 rows and 4.4 us for the 1536 -> 576 down_proj, where a Triton GEMM with 16-row tiles and
+a tiling picked per weight took 2.6 and 3.7 (scripts/check_fused_layer.py --sweep); the whole step went
+1.33 -> 1.16 ms (scripts/ab_flags.py, one process). Here a layer runs:
 
-- ``norm_linear`` (q/k/v): the residual add of the layer before, RMSNorm and the fused q/k/v GEMM;
-- (RoPE + the cache write, and the split attention: their own kernels, as before)
-- ``norm_linear`` (o): the output projection, a plain GEMM;
-- ``norm_linear`` (gate/up): the residual add after attention, RMSNorm, the gate/up GEMM and
-  ``silu(gate) * up``;
-- ``norm_linear`` (down): a plain GEMM, whose output the next layer's first kernel adds.
+- RMSNorm (after the residual add, from the second layer on): ``fused_ops``' kernel, as before;
+- the q/k/v GEMM: :func:`linear`;
+- RoPE + the cache write, the split attention: their own kernels, as before;
+- o_proj: :func:`linear`; then the residual add and RMSNorm: ``fused_ops``' kernel;
+- gate/up and ``silu(gate) * up``: :func:`linear` with ``silu`` (one kernel instead of two);
+- down_proj: :func:`linear`, whose output the next layer's add-and-norm kernel adds (the residual add
+  folded as ``SPECDEC_FOLD_RESIDUAL`` folds it: one kernel less).
 
-From ~10.5 kernels a layer to ~6.5. Each program computes ``BM = 16`` rows by ``BN`` outputs: the
-norm's statistics of its rows first (fp32, in fixed chunks of ``NB`` features, in order), then the
-GEMM over K in ``BK`` blocks in order, accumulating in fp32; the sum ``x + delta`` is written by the
-programs of the first output block. A row's bits depend on its own inputs only (never on the row
-count, the other rows or the step), so one kernel serves prefill chunks, decode and verify steps and
-batched steps alike; a model takes these kernels for every CUDA forward without gradients
-(:func:`usable`) or for none, so plain and speculative decoding compute the same rows.
-
-The rounding follows the torch ops': the sum to the model dtype, the norm's product to the model
-dtype before the GEMM, the gate and up outputs to the model dtype before the activation, the
-activation before the product. The GEMM's own summation is not cuBLAS's, so the logits are not the
-unfused path's bits (a model runs one path or the other, never both). Which models take it:
-:func:`eligible`; ``SPECDEC_FUSED_LAYER=0`` turns it off. ``scripts/check_fused_layer.py`` compares
-it with the torch ops and times it on the GPU; tests/_interpret_kernels.py runs it on the CPU.
+From ~11 kernels a layer to 8. (A version with the norm and the residual add inside the q/k/v and gate/up
+GEMMs, 6.5 kernels a layer, was slower: on the H200 the prologue cost 2.5-4 us a GEMM, more than the
+norm kernel it replaced; BENCHMARKS.md.) Each program computes ``BM = 16`` rows by ``BN`` outputs,
+walking K in ``BK`` blocks in order and accumulating in fp32: a row's bits depend on its own inputs
+and the weight's tiling only (never on the row count, the other rows or the step; a weight's tiling is
+fixed by its shape), so one kernel serves prefill chunks, decode and verify steps and batched steps
+alike. A model takes these kernels for every CUDA forward without gradients (:func:`usable`) or for
+none, so plain and speculative decoding compute the same rows. They need not be cuBLAS's bits (on
+the H200 a random SmolLM2-shape model's logits came out identical: both sum K in k16 steps, in order,
+with no split). Which models take it: :func:`eligible`;
+``SPECDEC_FUSED_LAYER=0`` turns it off. ``scripts/check_fused_layer.py`` compares the kernel with its
+torch reference (:func:`reference`) and times it on the GPU; tests/_interpret_kernels.py runs it on
+the CPU.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 import torch
+
+from ..errors import ConfigError
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
     import triton
@@ -42,9 +48,37 @@ except ImportError:  # pragma: no cover - depends on the install
 ENABLED = os.environ.get("SPECDEC_FUSED_LAYER", "1") != "0"
 MAX_HIDDEN = 2048  # larger layers: 16-row tiles would re-read big weights per tile in a prefill
 BM = 16  # rows a program: fixed (a row's bits must not depend on the tile it shares)
-NB = 128  # features per chunk of the norm's sum of squares: fixed, in order
-# (BN, BK, warps, stages): the tiling of the outputs and of K; not the bits (K in order in k16 steps)
-TILE = tuple(int(v) for v in os.environ.get("SPECDEC_FUSED_LAYER_TILE", "32,64,4,3").split(","))
+# (BN, BK, warps, stages): the tiling of the outputs and of K, fixed per weight shape (never by the rows)
+TILE = (16, 128, 2, 4)
+# (N, K, silu) -> tiling: the fastest of scripts/check_fused_layer.py --sweep at 16 rows on the H200
+# (SmolLM2's four weights, 54 tilings; times against cuBLAS in the same run, BENCHMARKS.md)
+TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
+    (960, 576, False): (16, 128, 2, 4),  # q/k/v: 2.44 us (cuBLAS 3.00)
+    (576, 576, False): (16, 128, 2, 4),  # o_proj: 2.59 us (cuBLAS 3.16)
+    (1536, 576, True): (32, 128, 4, 4),  # gate/up + silu * up: 3.61 us (cuBLAS + silu_mul 4.88)
+    (576, 1536, False): (16, 256, 4, 4),  # down_proj: 3.75 us (cuBLAS 4.43)
+}
+_FORCED: dict | None = None
+
+
+def forced_tiles() -> dict:
+    """``SPECDEC_FUSED_LAYER_TILES`` (for sweeps): '{"N,K,silu": [BN, BK, warps, stages], ...}' (silu 0
+    or 1), over the table above."""
+    global _FORCED
+    if _FORCED is None:
+        raw = os.environ.get("SPECDEC_FUSED_LAYER_TILES", "{}")
+        try:
+            _FORCED = {tuple(int(v) for v in key.split(",")): tuple(int(v) for v in t) for key, t in json.loads(raw).items()}
+            if any(len(key) != 3 or len(t) != 4 for key, t in _FORCED.items()):
+                raise ValueError
+        except (ValueError, TypeError, AttributeError):
+            raise ConfigError(f"SPECDEC_FUSED_LAYER_TILES={raw!r}: want '{{\"N,K,silu\": [BN, BK, warps, stages], ...}}'") from None
+    return _FORCED
+
+
+def tile_for(n: int, k: int, silu: bool) -> tuple[int, int, int, int]:
+    """The tiling of a weight of ``n`` outputs (gate outputs with ``silu``) and ``k`` inputs."""
+    return forced_tiles().get((n, k, int(silu))) or TILES.get((n, k, silu), TILE)
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -73,9 +107,7 @@ def _silu_act():
 
 if triton is not None:
     @triton.jit(do_not_specialize=["M"])
-    def _kernel(x, res, s, scale, w, y, M, N, K, eps, sx, sr, ss, sy,
-                HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, SILU: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr):
+    def _kernel(x, w, y, M, N, K, sx, sy, SILU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         # programs run M-tile fastest: the row tiles of one weight block run side by side (L2)
         pid = tl.program_id(0)
         num_m = tl.cdiv(M, BM)
@@ -84,34 +116,13 @@ if triton is not None:
         mm = rm < M
         rn = pid_n * BN + tl.arange(0, BN)
         mn = rn < N
-        if HAS_NORM:  # the rows' statistics: NB features at a time, in order
-            sq = tl.zeros([BM], dtype=tl.float32)
-            for k0 in range(0, K, NB):
-                kn = k0 + tl.arange(0, NB)
-                at = mm[:, None] & (kn[None, :] < K)
-                v = tl.load(x + rm[:, None] * sx + kn[None, :], mask=at, other=0.0)
-                if HAS_RES:  # the sum, rounded to the model dtype as the torch add is
-                    r = tl.load(res + rm[:, None] * sr + kn[None, :], mask=at, other=0.0)
-                    v = (v.to(tl.float32) + r.to(tl.float32)).to(v.dtype)
-                    if pid_n == 0:
-                        tl.store(s + rm[:, None] * ss + kn[None, :], v, mask=at)
-                f = v.to(tl.float32)
-                sq += tl.sum(f * f, 1)
-            inv = 1.0 / tl.sqrt_rn(sq / K + eps)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         if SILU:
             acc_up = tl.zeros([BM, BN], dtype=tl.float32)
         rk = tl.arange(0, BK)
         for k0 in range(0, K, BK):
             kk = k0 + rk
-            at = mm[:, None] & (kk[None, :] < K)
-            a = tl.load(x + rm[:, None] * sx + kk[None, :], mask=at, other=0.0)
-            if HAS_NORM:
-                if HAS_RES:
-                    r = tl.load(res + rm[:, None] * sr + kk[None, :], mask=at, other=0.0)
-                    a = (a.to(tl.float32) + r.to(tl.float32)).to(r.dtype)
-                sc = tl.load(scale + kk, mask=kk < K, other=0.0)  # fp32
-                a = (a.to(tl.float32) * inv[:, None] * sc[None, :]).to(w.dtype.element_ty)
+            a = tl.load(x + rm[:, None] * sx + kk[None, :], mask=mm[:, None] & (kk[None, :] < K), other=0.0)
             wm = mn[None, :] & (kk[:, None] < K)
             b = tl.load(w + rn[None, :] * K + kk[:, None], mask=wm, other=0.0)
             acc = tl.dot(a, b, acc)
@@ -132,50 +143,29 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def norm_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, eps: float = 0.0,
-                delta: torch.Tensor | None = None, silu: bool = False, tile: tuple | None = None):
-    """``x [..., K]`` -> ``y [..., N]``: ``norm(x (+ delta)) @ w.T`` (``scale``: the norm's fp32
-    weight; None: no norm, a plain GEMM, ``delta`` not allowed), and with ``silu`` (``w``: the gate
-    rows, then as many up rows) ``silu(gate) * up``. With ``delta``, returns ``(x + delta, y)``.
-    Contiguous outputs in ``x``'s dtype; ``w [N or 2N, K]`` contiguous."""
-    if delta is not None and scale is None:
-        raise ValueError("norm_linear: a residual delta needs a norm")
+def linear(x: torch.Tensor, w: torch.Tensor, silu: bool = False, tile: tuple | None = None) -> torch.Tensor:
+    """``x [..., K] @ w.T`` -> ``[..., N]`` in ``x``'s dtype (contiguous); with ``silu`` (``w``: N gate
+    rows, then N up rows) ``silu(gate) * up``. ``w`` contiguous; ``tile``: (BN, BK, warps, stages)."""
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = _rows(x)
     m = x2.shape[0]
     n = w.shape[0] // 2 if silu else w.shape[0]
-    if w.shape[1] != k or not w.is_contiguous() or (silu and w.shape[0] % 2):
-        raise ValueError(f"norm_linear: weight {tuple(w.shape)} for input features {k}")
+    if w.dim() != 2 or w.shape[1] != k or not w.is_contiguous() or (silu and w.shape[0] % 2):
+        raise ValueError(f"fused_layer.linear: weight {tuple(w.shape)} for input features {k}")
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    r2 = _rows(delta) if delta is not None else x2
-    s = torch.empty_like(x2) if delta is not None else x2
-    if delta is not None and r2.shape != x2.shape:
-        raise ValueError(f"norm_linear: delta of shape {tuple(delta.shape)} for x of shape {tuple(x.shape)}")
-    bn, bk, warps, stages = tile or TILE
+    bn, bk, warps, stages = tile or tile_for(n, k, silu)
     if m:
-        _kernel[(triton.cdiv(m, BM) * triton.cdiv(n, bn),)](
-            x2, r2, s, scale if scale is not None else x2, w, y, m, n, k, eps,
-            x2.stride(0), r2.stride(0), s.stride(0), y.stride(0),
-            HAS_NORM=scale is not None, HAS_RES=delta is not None, SILU=silu,
-            BM=BM, BN=bn, BK=bk, NB=NB, num_warps=warps, num_stages=stages)
-    y = y.view(*lead, n)
-    return (s.view(*lead, k), y) if delta is not None else y
+        _kernel[(triton.cdiv(m, BM) * triton.cdiv(n, bn),)](x2, w, y, m, n, k, x2.stride(0), y.stride(0), SILU=silu,
+                                                           BM=BM, BN=bn, BK=bk, num_warps=warps, num_stages=stages)
+    return y.view(*lead, n)
 
 
-def reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, eps: float = 0.0,
-              delta: torch.Tensor | None = None, silu: bool = False):
-    """:func:`norm_linear` in torch ops (fp32 GEMM), the CPU equivalent the checks compare it with."""
-    s = x if delta is None else (x.float() + delta.float()).to(x.dtype)
-    h = s
-    if scale is not None:
-        f = s.float()
-        inv = 1.0 / torch.sqrt(f.pow(2).mean(-1, keepdim=True) + eps)
-        h = (f * inv * scale.float()).to(w.dtype)
-    if silu:
-        n = w.shape[0] // 2
-        g = (h.float() @ w[:n].float().T).to(x.dtype).float()
-        u = (h.float() @ w[n:].float().T).to(x.dtype).float()
-        y = (torch.nn.functional.silu(g).to(x.dtype).float() * u).to(x.dtype)
-    else:
-        y = (h.float() @ w.float().T).to(x.dtype)
-    return (s, y) if delta is not None else y
+def reference(x: torch.Tensor, w: torch.Tensor, silu: bool = False) -> torch.Tensor:
+    """:func:`linear` in torch ops (an fp32 GEMM), the CPU equivalent the checks compare it with."""
+    def mm(wt):
+        return (x.float() @ wt.float().T).to(x.dtype)
+    if not silu:
+        return mm(w)
+    n = w.shape[0] // 2
+    g, u = mm(w[:n]).float(), mm(w[n:]).float()
+    return (torch.nn.functional.silu(g).to(x.dtype).float() * u).to(x.dtype)

@@ -66,18 +66,16 @@ class DenseDecoderLayer(nn.Module):
 
     def forward_fused(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: StepContext, cache: KVCache
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`forward_folded`'s contract in :mod:`~specdec.models.fused_layer`'s kernels (CUDA, no
-        gradients; layers for which ``fused_layer.eligible``): four GEMM kernels with the residual adds,
-        the norms and SwiGLU's activation inside, RoPE + the cache write and attention between."""
-        a, mlp, n1, n2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
+        """:meth:`forward_folded`'s contract with :mod:`~specdec.models.fused_layer`'s GEMMs (CUDA, no
+        gradients; layers for which ``fused_layer.eligible``)."""
+        a, mlp = self.self_attn, self.mlp
         if delta is None:
-            qkv = fused_layer.norm_linear(x, a._fused[0], n1.fp32_scale(), n1.eps)
+            h = self.input_layernorm(x)
         else:
-            x, qkv = fused_layer.norm_linear(x, a._fused[0], n1.fp32_scale(), n1.eps, delta=delta)
-        o = a.attend_heads(a.split_qkv(qkv), ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
-        attn = fused_layer.norm_linear(o, a.o_proj.weight)
-        x, act = fused_layer.norm_linear(x, mlp._fused[0], n2.fp32_scale(), n2.eps, delta=attn, silu=True)
-        return x, fused_layer.norm_linear(act, mlp.down_proj.weight)
+            x, h = self.input_layernorm.add(x, delta)
+        o = a.attend_heads(a.split_qkv(fused_layer.linear(h, a._fused[0])), ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
+        x, h = self.post_attention_layernorm.add(x, fused_layer.linear(o, a.o_proj.weight))
+        return x, fused_layer.linear(fused_layer.linear(h, mlp._fused[0], silu=True), mlp.down_proj.weight)
 
     def forward_folded(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: StepContext, cache: KVCache
                        ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -45,8 +45,9 @@ COMBINE = 16  # splits the combine sums at once (chunks at fixed multiples)
 # A span of one split (at most SPLIT keys): the split kernel divides and writes the output itself, with
 # no combine launch. The same bits: the combine of one split adds it, weighed exp(0) = 1, to zeros and
 # divides as the split kernel then does (the interpreter test appends dead keys to a one-split span and
-# compares). Off until measured on the GPU: SPECDEC_SPLIT_DIRECT=1 turns it on.
-DIRECT = os.environ.get("SPECDEC_SPLIT_DIRECT", "0") == "1"
+# compares). On the H200 a SmolLM2 16-row step over a 244-position cache went 1.33 -> 1.19 ms, and
+# 1.16 -> 1.04 with fused_layer (scripts/ab_flags.py; BENCHMARKS.md). SPECDEC_SPLIT_DIRECT=0 turns it off.
+DIRECT = os.environ.get("SPECDEC_SPLIT_DIRECT", "1") != "0"
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
