@@ -81,3 +81,22 @@ def test_speculative_equals_plain_on_the_fused_path(target, fused_on):
     assert res.token_ids == ref
     assert generate_batch(target, [prompt, prompt[:4]], 16, set(), slots=2)[0] == ref[:16]
     assert fused_on
+
+
+def test_a_wider_layer_does_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(fused_layer, "MAX_HIDDEN", 32)  # the tiny model is 64 wide
+    m = load_model(save_hf(tiny_model("llama", seed=1), str(tmp_path)), "cpu", tokenizer=False).model
+    assert not any(layer.fused_path for layer in m.layers)
+
+
+def test_bad_tiles_setting_is_one_line(monkeypatch):
+    from specdec.errors import ConfigError
+    monkeypatch.setattr(fused_layer, "_FORCED", None)
+    monkeypatch.setenv("SPECDEC_FUSED_LAYER_TILES", '{"576,576": [16, 128]}')
+    with pytest.raises(ConfigError, match="SPECDEC_FUSED_LAYER_TILES"):
+        fused_layer.tile_for(576, 576, False)
+    monkeypatch.setattr(fused_layer, "_FORCED", None)
+    monkeypatch.setenv("SPECDEC_FUSED_LAYER_TILES", '{"576,576,0": [32, 64, 4, 3]}')
+    assert fused_layer.tile_for(576, 576, False) == (32, 64, 4, 3)
+    assert fused_layer.tile_for(960, 576, False) == fused_layer.TILES[(960, 576, False)]
+    monkeypatch.setattr(fused_layer, "_FORCED", None)
