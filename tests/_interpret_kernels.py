@@ -253,7 +253,7 @@ def rope_ptx() -> None:
     fn = rw._rope_write_kernel
     ptrs = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "cos": "*bf16", "sin": "*bf16", "q_out": "*bf16",
             "ck": "*bf16", "cv": "*bf16", "slots": "*i64", "pos": "*i64"}
-    const = {"R": 64, "HALF": 32, "D": 128}  # a partial rotary: both the rotated and the copied lanes
+    const = {"R": 64, "HALF": 32, "D": 128, "USE_GDC": False}  # a partial rotary: rotated and copied lanes
     sig = {n: ptrs.get(n, "constexpr" if n in const else "i32") for n in fn.arg_names}
     ptx = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
                          options=dict(rw.COMPILE_OPTIONS)).asm["ptx"]
@@ -262,6 +262,33 @@ def rope_ptx() -> None:
     check("rope-ptx: no FMA", "fma" not in ptx)
 
 
+def pdl_ptx() -> None:
+    """models/pdl.py's promise, in the PTX compiled for an H100/H200 (sm_90) with USE_GDC on: every
+    global load and store of the fused layer's GEMM, the fused norm and RoPE + the cache write comes
+    after ``griddepcontrol.wait`` (so a kernel launched early reads nothing before the one before it has
+    finished), and ``launch_dependents`` comes first."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from specdec.models import fused_layer, fused_ops, rope_write
+    cases = {"gemm": (fused_layer._kernel, {"x": "*bf16", "w": "*bf16", "y": "*bf16"},
+                      {"SILU": True, "BM": 16, "BN": 32, "BK": 64}),
+             "norm": (fused_ops._norm_kernel, {"x": "*bf16", "res": "*bf16", "w": "*fp32", "y": "*bf16", "s": "*bf16",
+                                               "eps": "fp32"}, {"HAS_RES": True, "BLOCK": 1024}),
+             "rope": (rope_write._rope_write_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
+                      | {"slots": "*i64", "pos": "*i64"}, {"R": 64, "HALF": 32, "D": 64})}
+    for name, (fn, ptrs, const) in cases.items():
+        const = {**const, "USE_GDC": True}
+        sig = {n: ptrs.get(n, "constexpr" if n in const else "i32") for n in fn.arg_names}
+        ptx = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+        body = ptx[ptx.index(".entry"):]
+        wait = body.find("griddepcontrol.wait")
+        first_mem = min(i for i in (body.find("ld.global"), body.find("st.global"), body.find("cp.async")) if i >= 0)
+        check(f"pdl-ptx {name}: launch_dependents, then wait, then the first global access",
+              0 <= body.find("griddepcontrol.launch_dependents") < wait < first_mem)
+
+
 if __name__ == "__main__":
     {"split": split, "delta": delta, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
-     "rope-ptx": rope_ptx}[sys.argv[1]]()
+     "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()

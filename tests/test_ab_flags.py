@@ -9,19 +9,20 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 
 import ab_flags  # noqa: E402
-from specdec.models import base, fused_layer, layers, split_attention  # noqa: E402
+from specdec.models import base, fused_layer, layers, pdl, split_attention  # noqa: E402
 
 
 def _state():
-    return base.FOLD_RESIDUAL, split_attention.DIRECT, layers.DRAFTER_SPLIT, fused_layer.ENABLED
+    return base.FOLD_RESIDUAL, split_attention.DIRECT, layers.DRAFTER_SPLIT, fused_layer.ENABLED, pdl.ENABLED
 
 
-@pytest.mark.parametrize("variant, want", [("base", (False, False, False, False)), ("fold", (True, False, False, False)),
-                                           ("direct", (False, True, False, False)),
-                                           ("drafter-split", (False, False, True, False)),
-                                           ("fused-layer", (False, False, False, True)),
-                                           ("fused+direct", (False, True, False, True)),
-                                           ("all", (True, True, True, True))])
+F, T = False, True
+
+
+@pytest.mark.parametrize("variant, want", [("base", (F, F, F, F, F)), ("fold", (T, F, F, F, F)),
+                                           ("direct", (F, T, F, F, F)), ("drafter-split", (F, F, T, F, F)),
+                                           ("fused-layer", (F, F, F, T, F)), ("fused+direct", (F, T, F, T, F)),
+                                           ("fused+direct+pdl", (F, T, F, T, T)), ("all", (T, T, T, T, T))])
 def test_flags_set_and_restored(variant, want):
     before = _state()
     with ab_flags.flags(ab_flags.VARIANTS[variant]):

@@ -100,3 +100,12 @@ def test_bad_tiles_setting_is_one_line(monkeypatch):
     assert fused_layer.tile_for(576, 576, False) == (32, 64, 4, 3)
     assert fused_layer.tile_for(960, 576, False) == fused_layer.TILES[(960, 576, False)]
     monkeypatch.setattr(fused_layer, "_FORCED", None)
+
+
+def test_pdl_launch_options(monkeypatch):
+    """models/pdl.py: off by default; on, never off CUDA (the kernels' USE_GDC stays off there)."""
+    from specdec.models import pdl
+    x = torch.zeros(2)
+    assert pdl.options(x) == {"USE_GDC": False}
+    monkeypatch.setattr(pdl, "ENABLED", True)
+    assert pdl.options(x) == {"USE_GDC": False}

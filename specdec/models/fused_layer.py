@@ -38,6 +38,7 @@ import os
 import torch
 
 from ..errors import ConfigError
+from . import pdl
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
     import triton
@@ -109,7 +110,11 @@ def _silu_act():
 
 if triton is not None:
     @triton.jit(do_not_specialize=["M"])
-    def _kernel(x, w, y, M, N, K, sx, sy, SILU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    def _kernel(x, w, y, M, N, K, sx, sy, SILU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                USE_GDC: tl.constexpr):
+        if USE_GDC:  # models/pdl.py: let the next kernel launch; wait for the one before
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         # programs run M-tile fastest: the row tiles of one weight block run side by side (L2)
         pid = tl.program_id(0)
         num_m = tl.cdiv(M, BM)
@@ -158,7 +163,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, silu: bool = False, tile: tuple | N
     bn, bk, warps, stages = tile or tile_for(n, k, silu)
     if m:
         _kernel[(triton.cdiv(m, BM) * triton.cdiv(n, bn),)](x2, w, y, m, n, k, x2.stride(0), y.stride(0), SILU=silu,
-                                                           BM=BM, BN=bn, BK=bk, num_warps=warps, num_stages=stages)
+                                                           BM=BM, BN=bn, BK=bk, num_warps=warps, num_stages=stages,
+                                                           **pdl.options(x2))
     return y.view(*lead, n)
 
 

@@ -20,6 +20,8 @@ import os
 
 import torch
 
+from . import pdl
+
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
     import triton
     import triton.language as tl
@@ -54,7 +56,10 @@ def _as_rows(x: torch.Tensor):
 if triton is not None:
     @triton.jit(do_not_specialize=["inner", "s_out", "s_in", "sr_out", "sr_in"])
     def _norm_kernel(x, res, w, y, s, N, inner, s_out, s_in, sr_out, sr_in, eps,
-                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
+        if USE_GDC:  # models/pdl.py: let the next kernel launch; wait for the one before
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         row = tl.program_id(0)
         at = (row // inner) * s_out + (row % inner) * s_in
         i = tl.arange(0, BLOCK)
@@ -71,7 +76,10 @@ if triton is not None:
         tl.store(y + row * N + i, out.to(v.dtype), mask=m)
 
     @triton.jit(do_not_specialize=["I", "sg"])
-    def _silu_mul_kernel(g, y, I, sg, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(g, y, I, sg, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
+        if USE_GDC:  # models/pdl.py: let the next kernel launch; wait for the one before
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         row, blk = tl.program_id(0), tl.program_id(1)
         i = blk * BLOCK + tl.arange(0, BLOCK)
         m = i < I
@@ -101,7 +109,8 @@ def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float, residual: torch.T
     if rows:
         block = _block(n)
         _norm_kernel[(rows,)](xr, res, scale, y, s, n, inner, s_out, s_in, sr_out, sr_in, eps,
-                              HAS_RES=residual is not None, BLOCK=block, num_warps=4 if block <= 2048 else 8)
+                              HAS_RES=residual is not None, BLOCK=block, num_warps=4 if block <= 2048 else 8,
+                              **pdl.options(x))
     return (s, y) if residual is not None else y
 
 
@@ -114,5 +123,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     y = torch.empty(rows, i, dtype=gate_up.dtype, device=gate_up.device)
     if rows:
         block = min(1024, _block(i))
-        _silu_mul_kernel[(rows, triton.cdiv(i, block))](gate_up, y, i, gate_up.stride(0), BLOCK=block, num_warps=4)
+        _silu_mul_kernel[(rows, triton.cdiv(i, block))](gate_up, y, i, gate_up.stride(0), BLOCK=block, num_warps=4,
+                                                                  **pdl.options(gate_up))
     return y

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..cache import BatchKVCache, BatchWrite, KVCache
+from . import pdl
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
     import triton
@@ -53,7 +54,10 @@ if triton is not None:
     @triton.jit(do_not_specialize=["T", "H", "pos_step"])
     def _rope_write_kernel(q, k, v, cos, sin, q_out, ck, cv, slots, pos, T, H, pos_step,
                            sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, scs, sch, scp, spb, spt,
-                           R: tl.constexpr, HALF: tl.constexpr, D: tl.constexpr):
+                           R: tl.constexpr, HALF: tl.constexpr, D: tl.constexpr, USE_GDC: tl.constexpr):
+        if USE_GDC:  # models/pdl.py: let the next kernel launch; wait for the one before
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         # a row's position: pos[b, t] (batched), or the step's start + t (one sequence: pos_step 1,
         # pos the 0-d start, its strides 0)
         row, head = tl.program_id(0), tl.program_id(1)
@@ -99,7 +103,7 @@ def rope_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Ten
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), q_out.stride(0), q_out.stride(1), q_out.stride(2),
         ck.stride(0), ck.stride(1), ck.stride(2), pos.stride(0), pos.stride(1),
-        R=r, HALF=r // 2, D=d, **COMPILE_OPTIONS)
+        R=r, HALF=r // 2, D=d, **COMPILE_OPTIONS, **pdl.options(q))
     return q_out.transpose(1, 2)
 
 
@@ -118,5 +122,5 @@ def rope_write_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
         0, q.stride(0), q.stride(1), 0, k.stride(0), k.stride(1),
         0, v.stride(0), v.stride(1), q_out.stride(0), q_out.stride(1), q_out.stride(2),
         0, ck.stride(0), ck.stride(1), 0, 0,
-        R=r, HALF=r // 2, D=d, **COMPILE_OPTIONS)
+        R=r, HALF=r // 2, D=d, **COMPILE_OPTIONS, **pdl.options(q))
     return q_out[0].transpose(0, 1)

@@ -34,6 +34,8 @@ import os
 
 import torch
 
+from . import pdl
+
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
     import triton
     import triton.language as tl
@@ -72,7 +74,10 @@ if triton is not None:
     def _split_kernel(q, k, v, mask, m_out, l_out, a_out, T, S, Hkv, rows, scale,
                       sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sms, o, sob, soh, sot,
                       G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
-                      DIRECT: tl.constexpr):
+                      DIRECT: tl.constexpr, USE_GDC: tl.constexpr):
+        if USE_GDC:  # models/pdl.py: let the next kernel launch; wait for the one before
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         pid_bh, pid_m, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         b, kh = pid_bh // Hkv, pid_bh % Hkv
         r = pid_m * BM + tl.arange(0, BM)
@@ -118,7 +123,10 @@ if triton is not None:
     @triton.jit(do_not_specialize=["T", "Hkv", "rows", "n_s", "n_m"])
     def _combine_kernel(m_out, l_out, a_out, o, T, Hkv, rows, n_s, n_m, sob, soh, sot,
                         G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, RB: tl.constexpr,
-                        DB: tl.constexpr, CB: tl.constexpr):
+                        DB: tl.constexpr, CB: tl.constexpr, USE_GDC: tl.constexpr):
+        if USE_GDC:  # models/pdl.py: let the next kernel launch; wait for the one before
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         # one program per (sequence, KV head, RB rows, DB features): every row's and feature's
         # arithmetic is its own, so the cut changes no bit; it spreads the reads over the SMs
         pid_bh, pid_r, pid_d = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -209,13 +217,13 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), mask.stride(0), mask.stride(2), mask.stride(3),
         o, o.stride(0), o.stride(1), o.stride(2),
-        G=g, BM=bm, BN=bn, SPLIT=SPLIT, D=d, DIRECT=direct, num_warps=warps)
+        G=g, BM=bm, BN=bn, SPLIT=SPLIT, D=d, DIRECT=direct, num_warps=warps, **pdl.options(q))
     if direct:
         return out
     rb, db = 16, min(d, 32)
     _combine_kernel[(b * hkv, -(-rows // rb), d // db)](
         m_out, l_out, a_out, o, t, hkv, rows, n_s, n_m, o.stride(0), o.stride(1), o.stride(2),
-        G=g, BM=bm, D=d, RB=rb, DB=db, CB=COMBINE, num_warps=4)
+        G=g, BM=bm, D=d, RB=rb, DB=db, CB=COMBINE, num_warps=4, **pdl.options(q))
     return out
 
 

@@ -1,0 +1,29 @@
+"""Programmatic dependent launch (PDL) for the Triton kernels of a CUDA step (issue 10; Hopper and later).
+
+A SmolLM2 16-row step is ~8 small kernels a layer, and under a CUDA graph each still waits for the one
+before it to finish and flush before its own blocks are scheduled. With ``SPECDEC_PDL=1`` the step's
+Triton kernels (the fused layer's GEMM, fused_ops' norm and SwiGLU product, RoPE + the cache write, the
+split attention and its combine) are launched with CUDA's programmatic stream serialization and begin
+with ``griddepcontrol.launch_dependents`` then ``griddepcontrol.wait``: the next kernel's blocks may be
+scheduled while this one runs, and each waits, before its first memory access, for the kernel before it
+to complete and its writes to be visible. Every load and store stays after that wait, so what a kernel
+reads and writes, and so every bit, is what it was; only the launch gaps can shrink. (Kernels launched
+without the attribute, cuBLAS's and torch's, are serialized as before.) Off until measured on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+ENABLED = os.environ.get("SPECDEC_PDL", "0") == "1"
+
+
+def options(x: torch.Tensor) -> dict:
+    """The launch keywords of a kernel whose inputs live with ``x``: ``USE_GDC`` (the kernel's
+    constexpr) and Triton's ``launch_pdl``, on where PDL runs (CUDA, compute capability 9 or more,
+    not Triton's interpreter), else ``USE_GDC=False`` alone."""
+    on = (ENABLED and x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
+          and torch.cuda.get_device_capability(x.device)[0] >= 9)
+    return {"USE_GDC": True, "launch_pdl": True} if on else {"USE_GDC": False}
