@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -21,6 +22,9 @@ import torch.nn.functional as F
 
 from specdec.models import fused_layer as fl
 from specdec.models import fused_ops
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from micro_kernels import _time_graph  # noqa: E402
 
 FAILED = []
 
@@ -31,23 +35,9 @@ def check(name, ok, detail=""):
         FAILED.append(name)
 
 
-def graph_us(fn, calls=50, reps=5) -> float:
-    """Median per-call time of ``fn`` captured ``calls`` times in one CUDA graph."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return sorted(times)[len(times) // 2]
+def graph_us(fn) -> float:
+    """Median per-call microseconds of ``fn`` captured 50 times in one CUDA graph (micro_kernels.py's timer)."""
+    return _time_graph(fn, reps=5, inner=50)
 
 
 SWEEP = [(bn, bk, wp, st) for bn in (16, 32, 64) for bk in (64, 128, 256) for wp in (2, 4) for st in (2, 3, 4)]

@@ -93,13 +93,15 @@ def usable(x: torch.Tensor) -> bool:
 
 def eligible(layer) -> bool:
     """Whether a ``llama.DenseDecoderLayer`` has what these kernels compute: no q/k norm, no biases,
-    no output gate, one process (no shard), fused projections, a hidden size of at most MAX_HIDDEN.
+    no output gate, one process (no shard), fused projections, contiguous weights, a hidden size of at
+    most MAX_HIDDEN.
     The config's question only: whether a forward runs the kernels is :func:`usable`'s."""
     a, mlp = layer.self_attn, layer.mlp
     return (a.q_norm is None and not a.gated and a._fused is not None
             and a._fused[1] is None and type(a.o_proj) is torch.nn.Linear and a.o_proj.bias is None
             and mlp._fused is not None and mlp._fused[1] is None and type(mlp).act is _silu_act()
             and type(mlp.down_proj) is torch.nn.Linear and mlp.down_proj.bias is None
+            and a.o_proj.weight.is_contiguous() and mlp.down_proj.weight.is_contiguous()
             and layer.config.hidden_size <= MAX_HIDDEN)
 
 

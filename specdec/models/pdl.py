@@ -24,6 +24,14 @@ def options(x: torch.Tensor) -> dict:
     """The launch keywords of a kernel whose inputs live with ``x``: ``USE_GDC`` (the kernel's
     constexpr) and Triton's ``launch_pdl``, on where PDL runs (CUDA, compute capability 9 or more,
     not Triton's interpreter), else ``USE_GDC=False`` alone."""
-    on = (ENABLED and x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
-          and torch.cuda.get_device_capability(x.device)[0] >= 9)
+    on = ENABLED and x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1" and _hopper(x.device)
     return {"USE_GDC": True, "launch_pdl": True} if on else {"USE_GDC": False}
+
+
+_CAPABLE: dict = {}
+
+
+def _hopper(device: torch.device) -> bool:
+    if device not in _CAPABLE:
+        _CAPABLE[device] = torch.cuda.get_device_capability(device)[0] >= 9
+    return _CAPABLE[device]
