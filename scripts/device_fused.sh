@@ -13,6 +13,9 @@
 #   one call (carry .whl):  bash scripts/device_fused.sh pdl
 #       SPECDEC_PDL (models/pdl.py) against the defaults: the step A/B at one and two splits, the shape
 #       bench, device_check on random Llama and Qwen3.5 with it on
+#   one call (carry .whl):  bash scripts/device_fused.sh serve
+#       the serving loop (scripts/bench_serve.py, random SmolLM2 shape, 1 / 8 / 32 clients), old and new:
+#       the fused layer's 16-row tiles at many rows a step (32 slots) are not yet measured
 # Every output goes to $OUT.
 set -u
 G=/tmp/smol.gguf
@@ -62,4 +65,14 @@ pdl)
         SPECDEC_PDL=1 timeout 90 python scripts/device_check.py run /tmp/dc --target $t --mode graphs --out $OUT/dc_pdl_$t.json 2>&1 | tail -1
     done
     python scripts/device_check.py compare $OUT/dc_pdl_*.json 2>&1 | tail -11 ;;
+serve)
+    pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
+    for r in a b; do
+        for v in old new; do
+            run=python; [ $v = old ] && run="env SPECDEC_FUSED_LAYER=0 SPECDEC_SPLIT_DIRECT=0 python"
+            echo "== $v $r"; timeout 200 $run scripts/bench_serve.py --shape smollm2-135m --drafts none oracle \
+                --concurrency 1 8 32 --requests 4 --json $OUT/serve_$v$r.json 2>&1 \
+                | grep -E "tokens_per_s_median|reference_equal"
+        done
+    done ;;
 esac
