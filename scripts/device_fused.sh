@@ -11,8 +11,8 @@
 #   call 3 (the full tree):  bash scripts/device_fused.sh drafters
 #       the shipped DFlash and MTP end to end on GSM8K and HumanEval, old and new
 #   one call (carry .whl):  bash scripts/device_fused.sh pdl
-#       SPECDEC_PDL (models/pdl.py) against the defaults: the step A/B at one and two splits, the shape
-#       bench, device_check on random Llama and Qwen3.5 with it on
+#       SPECDEC_PDL (models/pdl.py) and SPECDEC_L2_PREFETCH (models/prefetch.py) against the defaults: the
+#       step A/B at one and two splits, the shape bench, device_check on random Llama and Qwen3.5 with both on
 #   one call (carry .whl):  bash scripts/device_fused.sh serve
 #       the serving loop (scripts/bench_serve.py, random SmolLM2 shape, 1 / 8 / 32 clients), old and new:
 #       the fused layer's 16-row tiles at many rows a step (32 slots) are not yet measured
@@ -57,12 +57,16 @@ pdl)
     pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
     for c in 100 300; do
         timeout 120 python scripts/ab_flags.py --shape smollm2-135m --context $c -n 128 --rounds 5 --no-drafters \
-            --variants fused+direct fused+direct+pdl --json $OUT/ab_pdl_c$c.json 2>&1 | tail -4
+            --variants fused+direct fused+direct+pdl fused+direct+prefetch fused+direct+pdl+prefetch \
+            --json $OUT/ab_pdl_c$c.json 2>&1 | tail -6
     done
-    SPECDEC_PDL=1 timeout 60 python -m specdec bench --shape smollm2-135m --context 128 -n 256 --json $OUT/shape_pdl.json 2>&1 | rows 4
+    for f in "SPECDEC_PDL=1" "SPECDEC_L2_PREFETCH=1" "SPECDEC_PDL=1 SPECDEC_L2_PREFETCH=1"; do
+        echo "== $f"; env $f timeout 60 python -m specdec bench --shape smollm2-135m --context 128 -n 256 2>&1 | rows 4
+    done
     python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
     for t in llama qwen35; do
-        SPECDEC_PDL=1 timeout 90 python scripts/device_check.py run /tmp/dc --target $t --mode graphs --out $OUT/dc_pdl_$t.json 2>&1 | tail -1
+        SPECDEC_PDL=1 SPECDEC_L2_PREFETCH=1 timeout 90 python scripts/device_check.py run /tmp/dc --target $t --mode graphs \
+            --out $OUT/dc_pdl_$t.json 2>&1 | tail -1
     done
     python scripts/device_check.py compare $OUT/dc_pdl_*.json 2>&1 | tail -11 ;;
 serve)

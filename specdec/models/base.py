@@ -18,7 +18,7 @@ from ..cache import BatchCache, BatchKVCache, BatchWrite, NoCache, SequenceCache
 from ..errors import ConfigError
 from ..config import ModelConfig
 from ..parallel.tp import Shard, VocabParallelEmbedding, gather_vocab, vocab_parallel_head
-from . import fused_layer
+from . import fused_layer, prefetch
 from .layers import RMSNorm, RotaryEmbedding, causal_mask, sliding_causal_mask
 
 # Each layer's last residual add folded into the next layer's input norm (``RMSNorm.add``: one kernel
@@ -185,8 +185,13 @@ class CausalLM(nn.Module):
         last = len(self.layers) - 1
         delta = None  # with FOLD_RESIDUAL or fused layers: the last layer's output is x + delta
         fused = fused_layer.usable(x)  # the layers' fused kernels (a model runs them in every such forward)
+        pull = fused and prefetch.enabled_for(x)  # the next fused layer's weights into L2 (models/prefetch.py)
         for i, layer in enumerate(self.layers):
             if fused and getattr(layer, "fused_path", False):
+                if pull:  # one layer ahead (the first forward's first layer too)
+                    for j in ((0, 1) if i == 0 else (i + 1,)):
+                        if j < len(self.layers) and getattr(self.layers[j], "fused_path", False):
+                            prefetch.fork(self.layers[j].weights())
                 x, delta = layer.forward_fused(x, delta, ctx, cache.layers[i])
                 if i in want and i != last:
                     caps[i] = x + delta
@@ -201,6 +206,8 @@ class CausalLM(nn.Module):
             x = layer(x, ctx, cache.layers[i])
             if i in want:
                 caps[i] = x
+        if pull:
+            prefetch.join(x.device)
         h = self.norm(x) if delta is None else self.norm.add(x, delta)[1]
         if len(self.layers) - 1 in want:
             caps[len(self.layers) - 1] = h  # HF's hidden_states[L] is after the final norm
