@@ -273,7 +273,7 @@ def pdl_ptx() -> None:
 
     from specdec.models import fused_layer, fused_ops, rope_write
     cases = {"gemm": (fused_layer._kernel, {"x": "*bf16", "w": "*bf16", "y": "*bf16"},
-                      {"SILU": True, "BM": 16, "BN": 32, "BK": 64}),
+                      {"SILU": True, "BM": 16, "BN": 32, "BK": 64, "PER_LINE": 64, "LINES": 16}),
              "norm": (fused_ops._norm_kernel, {"x": "*bf16", "res": "*bf16", "w": "*fp32", "y": "*bf16", "s": "*bf16",
                                                "eps": "fp32"}, {"HAS_RES": True, "BLOCK": 1024}),
              "rope": (rope_write._rope_write_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
@@ -287,6 +287,9 @@ def pdl_ptx() -> None:
         first_mem = min(i for i in (body.find("ld.global"), body.find("st.global"), body.find("cp.async")) if i >= 0)
         check(f"pdl-ptx {name}: launch_dependents, then wait, then the first global access",
               0 <= body.find("griddepcontrol.launch_dependents") < wait < first_mem)
+        if name == "gemm":  # its weights (which never depend on the kernel before) prefetched before the wait
+            check("pdl-ptx gemm: the weight rows prefetched into L2 before the wait",
+                  0 <= body.find("prefetch.global.L2") < wait)
     # models/prefetch.py's kernel: L2 prefetches only, no load or store
     from specdec.models import prefetch
     fn = prefetch._kernel

@@ -113,10 +113,7 @@ def _silu_act():
 if triton is not None:
     @triton.jit(do_not_specialize=["M"])
     def _kernel(x, w, y, M, N, K, sx, sy, SILU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                USE_GDC: tl.constexpr):
-        if USE_GDC:  # models/pdl.py: let the next kernel launch; wait for the one before
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+                USE_GDC: tl.constexpr, PER_LINE: tl.constexpr, LINES: tl.constexpr):
         # programs run M-tile fastest: the row tiles of one weight block run side by side (L2)
         pid = tl.program_id(0)
         num_m = tl.cdiv(M, BM)
@@ -125,6 +122,19 @@ if triton is not None:
         mm = rm < M
         rn = pid_n * BN + tl.arange(0, BN)
         mn = rn < N
+        if USE_GDC:  # models/pdl.py: let the next kernel launch; wait for the one before
+            tl.extra.cuda.gdc_launch_dependents()
+            # meanwhile pull this program's weight rows into L2: they never depend on the kernel before
+            # (LINES 128-byte lines a row, the ones past K clamped to its last)
+            line = tl.minimum(tl.arange(0, LINES) * PER_LINE, K - 1)
+            rows = tl.minimum(rn, N - 1)
+            at = w + rows[:, None] * K + line[None, :]
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [at],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+            if SILU:
+                tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [at + N * K],
+                                          dtype=tl.int32, is_pure=False, pack=1)
+            tl.extra.cuda.gdc_wait()
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         if SILU:
             acc_up = tl.zeros([BM, BN], dtype=tl.float32)
@@ -163,11 +173,17 @@ def linear(x: torch.Tensor, w: torch.Tensor, silu: bool = False, tile: tuple | N
         raise ValueError(f"fused_layer.linear: weight {tuple(w.shape)} for input features {k}")
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bn, bk, warps, stages = tile or tile_for(n, k, silu)
+    per_line = 128 // w.element_size()
     if m:
         _kernel[(triton.cdiv(m, BM) * triton.cdiv(n, bn),)](x2, w, y, m, n, k, x2.stride(0), y.stride(0), SILU=silu,
                                                            BM=BM, BN=bn, BK=bk, num_warps=warps, num_stages=stages,
+                                                           PER_LINE=per_line, LINES=_pow2(-(-k // per_line)),
                                                            **pdl.options(x2))
     return y.view(*lead, n)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, silu: bool = False) -> torch.Tensor:

@@ -7,7 +7,9 @@ split attention and its combine) are launched with CUDA's programmatic stream se
 with ``griddepcontrol.launch_dependents`` then ``griddepcontrol.wait``: the next kernel's blocks may be
 scheduled while this one runs, and each waits, before its first memory access, for the kernel before it
 to complete and its writes to be visible. Every load and store stays after that wait, so what a kernel
-reads and writes, and so every bit, is what it was; only the launch gaps can shrink. (Kernels launched
+reads and writes, and so every bit, is what it was; only the launch gaps can shrink. The fused layer's
+GEMM also issues L2 prefetches of its own weight rows before the wait (weights never depend on the
+kernel before): an early-launched GEMM pulls them in while the kernel before it still runs. (Kernels launched
 without the attribute, cuBLAS's and torch's, are serialized as before.) Off until measured on the GPU.
 """
 
