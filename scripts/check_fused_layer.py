@@ -92,14 +92,14 @@ def model_check(shape: str, res: dict) -> None:
     on = [layer.fused_path for layer in m.layers]
     check(f"{shape}: every layer takes the fused path", all(on), f"({sum(on)}/{len(on)})")
     ids = torch.randint(0, 1000, (160,), generator=torch.Generator().manual_seed(1)).cuda()
-    outs = {}
+    outs, before = {}, fl.ENABLED
     for enabled in (False, True):
         fl.ENABLED = enabled
         try:
             with torch.inference_mode():
                 outs[enabled] = m(ids, m.new_cache(200), logits="all").logits
         finally:
-            fl.ENABLED = True
+            fl.ENABLED = before
     a, b = outs[False], outs[True]
     rel = ((a - b).norm() / a.norm()).item()
     agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
@@ -114,11 +114,16 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="also time every tiling of SWEEP at --rows rows")
     a = ap.parse_args()
+    from specdec.errors import SpecdecError
+    from specdec.shapes import shape_config
+    try:
+        c = shape_config(a.shape)[1]
+    except SpecdecError as e:
+        print(f"check_fused_layer: {e}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("check_fused_layer: needs CUDA", file=sys.stderr)
         return 2
-    from specdec.shapes import shape_config
-    c = shape_config(a.shape)[1]
     qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
     res = {"shape": a.shape, "rows": a.rows, "tile": list(fl.TILE)}
     kernels(c.hidden_size, c.intermediate_size, qkv, a.rows, res, a.sweep)

@@ -23,7 +23,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 sd() { python -m specdec "$@"; }
 old() { SPECDEC_FUSED_LAYER=0 SPECDEC_SPLIT_DIRECT=0 python -m specdec "$@"; }
 rows() { grep -E "^\||tok/s|step" | grep -v "^|---" | tail -"$1"; }
-case "$1" in
+case "${1:-}" in
 shape)
     cp .dev/h1/p /tmp/p1 && pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
     for r in a b; do
@@ -79,4 +79,7 @@ serve)
                 | grep -E "tokens_per_s_median|reference_equal"
         done
     done ;;
+*)
+    echo "usage: bash scripts/device_fused.sh shape|real|drafters|pdl|serve (see the top of this file)" >&2
+    exit 2 ;;
 esac

@@ -185,13 +185,13 @@ class CausalLM(nn.Module):
         last = len(self.layers) - 1
         delta = None  # with FOLD_RESIDUAL or fused layers: the last layer's output is x + delta
         fused = fused_layer.usable(x)  # the layers' fused kernels (a model runs them in every such forward)
-        pull = fused and prefetch.enabled_for(x)  # the next fused layer's weights into L2 (models/prefetch.py)
+        pull = fused and prefetch.enabled_for(x)  # fused layers' weights into L2, one layer ahead (models/prefetch.py)
+        if pull:
+            self._prefetch(0)
         for i, layer in enumerate(self.layers):
             if fused and getattr(layer, "fused_path", False):
-                if pull:  # one layer ahead (the first forward's first layer too)
-                    for j in ((0, 1) if i == 0 else (i + 1,)):
-                        if j < len(self.layers) and getattr(self.layers[j], "fused_path", False):
-                            prefetch.fork(self.layers[j].weights())
+                if pull:
+                    self._prefetch(i + 1)
                 x, delta = layer.forward_fused(x, delta, ctx, cache.layers[i])
                 if i in want and i != last:
                     caps[i] = x + delta
@@ -218,6 +218,11 @@ class CausalLM(nn.Module):
             out_logits = self.head(h[-1:])
         captured = torch.cat([caps[i] for i in capture], dim=-1) if capture else None
         return ForwardOut(out_logits, h, captured)
+
+    def _prefetch(self, i: int) -> None:
+        """Layer ``i``'s weights into L2 on the side stream, if it is a fused layer."""
+        if i < len(self.layers) and getattr(self.layers[i], "fused_path", False):
+            prefetch.fork(self.layers[i].weights())
 
     # --- batched steps (many sequences; training data and the server) --------------------
     def check_batched(self) -> None:

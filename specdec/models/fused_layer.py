@@ -38,7 +38,7 @@ import os
 import torch
 
 from ..errors import ConfigError
-from . import pdl
+from . import pdl, prefetch
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
     import triton
@@ -129,11 +129,9 @@ if triton is not None:
             line = tl.minimum(tl.arange(0, LINES) * PER_LINE, K - 1)
             rows = tl.minimum(rn, N - 1)
             at = w + rows[:, None] * K + line[None, :]
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [at],
-                                      dtype=tl.int32, is_pure=False, pack=1)
+            prefetch.to_l2(at)
             if SILU:
-                tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [at + N * K],
-                                          dtype=tl.int32, is_pure=False, pack=1)
+                prefetch.to_l2(at + N * K)
             tl.extra.cuda.gdc_wait()
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         if SILU:

@@ -57,9 +57,8 @@ if triton is not None:
     @triton.jit(do_not_specialize=["inner", "s_out", "s_in", "sr_out", "sr_in"])
     def _norm_kernel(x, res, w, y, s, N, inner, s_out, s_in, sr_out, sr_in, eps,
                      HAS_RES: tl.constexpr, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
-        if USE_GDC:  # models/pdl.py: let the next kernel launch; wait for the one before
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+        if USE_GDC:  # models/pdl.py
+            pdl.begin()
         row = tl.program_id(0)
         at = (row // inner) * s_out + (row % inner) * s_in
         i = tl.arange(0, BLOCK)
@@ -77,9 +76,8 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["I", "sg"])
     def _silu_mul_kernel(g, y, I, sg, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
-        if USE_GDC:  # models/pdl.py: let the next kernel launch; wait for the one before
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+        if USE_GDC:  # models/pdl.py
+            pdl.begin()
         row, blk = tl.program_id(0), tl.program_id(1)
         i = blk * BLOCK + tl.arange(0, BLOCK)
         m = i < I

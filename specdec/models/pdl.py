@@ -19,14 +19,21 @@ import os
 
 import torch
 
+try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
 ENABLED = os.environ.get("SPECDEC_PDL", "0") == "1"
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter runs no PTX
 
 
 def options(x: torch.Tensor) -> dict:
     """The launch keywords of a kernel whose inputs live with ``x``: ``USE_GDC`` (the kernel's
     constexpr) and Triton's ``launch_pdl``, on where PDL runs (CUDA, compute capability 9 or more,
     not Triton's interpreter), else ``USE_GDC=False`` alone."""
-    on = ENABLED and x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1" and _hopper(x.device)
+    on = ENABLED and x.is_cuda and not INTERPRETED and _hopper(x.device)
     return {"USE_GDC": True, "launch_pdl": True} if on else {"USE_GDC": False}
 
 
@@ -37,3 +44,12 @@ def _hopper(device: torch.device) -> bool:
     if device not in _CAPABLE:
         _CAPABLE[device] = torch.cuda.get_device_capability(device)[0] >= 9
     return _CAPABLE[device]
+
+
+if triton is not None:
+    @triton.jit
+    def begin():
+        """A kernel's first statement under ``USE_GDC``: let the next kernel launch, then wait for the
+        one before to complete (before any global access)."""
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()

@@ -24,22 +24,27 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 ENABLED = os.environ.get("SPECDEC_L2_PREFETCH", "0") == "1"
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter runs no PTX
 LINE = 128  # bytes a prefetch covers
 BLOCK = 256  # lines a program prefetches
 
 if triton is not None:
     @triton.jit
+    def to_l2(ptrs):
+        """``prefetch.global.L2`` of the line each pointer falls in (also the fused layer's GEMM's, under PDL)."""
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
     def _kernel(p, n_lines, PER_LINE: tl.constexpr, BLOCK: tl.constexpr):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         i = tl.minimum(i, n_lines - 1).to(tl.int64)  # lanes past the end prefetch the last line again
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [p + i * PER_LINE],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+        to_l2(p + i * PER_LINE)
 
 
 def enabled_for(x: torch.Tensor) -> bool:
     """Whether a forward on ``x`` prefetches (on, CUDA, not Triton's interpreter, not compiling)."""
-    return (ENABLED and triton is not None and x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
-            and not torch.compiler.is_compiling())
+    return ENABLED and triton is not None and x.is_cuda and not INTERPRETED and not torch.compiler.is_compiling()
 
 
 _STREAMS: dict = {}

@@ -55,9 +55,8 @@ if triton is not None:
     def _rope_write_kernel(q, k, v, cos, sin, q_out, ck, cv, slots, pos, T, H, pos_step,
                            sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, scs, sch, scp, spb, spt,
                            R: tl.constexpr, HALF: tl.constexpr, D: tl.constexpr, USE_GDC: tl.constexpr):
-        if USE_GDC:  # models/pdl.py: let the next kernel launch; wait for the one before
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+        if USE_GDC:  # models/pdl.py
+            pdl.begin()
         # a row's position: pos[b, t] (batched), or the step's start + t (one sequence: pos_step 1,
         # pos the 0-d start, its strides 0)
         row, head = tl.program_id(0), tl.program_id(1)

@@ -75,9 +75,8 @@ if triton is not None:
                       sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sms, o, sob, soh, sot,
                       G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
                       DIRECT: tl.constexpr, USE_GDC: tl.constexpr):
-        if USE_GDC:  # models/pdl.py: let the next kernel launch; wait for the one before
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+        if USE_GDC:  # models/pdl.py
+            pdl.begin()
         pid_bh, pid_m, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         b, kh = pid_bh // Hkv, pid_bh % Hkv
         r = pid_m * BM + tl.arange(0, BM)
@@ -124,9 +123,8 @@ if triton is not None:
     def _combine_kernel(m_out, l_out, a_out, o, T, Hkv, rows, n_s, n_m, sob, soh, sot,
                         G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, RB: tl.constexpr,
                         DB: tl.constexpr, CB: tl.constexpr, USE_GDC: tl.constexpr):
-        if USE_GDC:  # models/pdl.py: let the next kernel launch; wait for the one before
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+        if USE_GDC:  # models/pdl.py
+            pdl.begin()
         # one program per (sequence, KV head, RB rows, DB features): every row's and feature's
         # arithmetic is its own, so the cut changes no bit; it spreads the reads over the SMs
         pid_bh, pid_r, pid_d = tl.program_id(0), tl.program_id(1), tl.program_id(2)
