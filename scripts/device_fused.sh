@@ -12,7 +12,13 @@
 #       the shipped DFlash and MTP end to end on GSM8K and HumanEval, old and new
 #   one call (carry .whl):  bash scripts/device_fused.sh pdl
 #       SPECDEC_PDL (models/pdl.py) and SPECDEC_L2_PREFETCH (models/prefetch.py) against the defaults: the
-#       step A/B at one and two splits, the shape bench, device_check on random Llama and Qwen3.5 with both on
+#       step A/B at one and two splits (and PDL alone on the qwen3-8b shape), the shape bench, device_check on
+#       random Llama and Qwen3.5 with both on
+#   one call:  bash scripts/device_fused.sh profile
+#       SmolLM2's 16-row step, kernel by kernel (scripts/profile_shape_step.py), uncaptured and one graph replay
+#   one call:  bash scripts/device_fused.sh attn
+#       the split attention at decode contexts (scripts/sweep_split_attention.py --decode: tiles, SPLIT,
+#       SPECDEC_SPLIT_HOIST), then the step with and without SPECDEC_SPLIT_HOIST (ab_flags.py)
 #   one call (carry .whl):  bash scripts/device_fused.sh serve
 #       the serving loop (scripts/bench_serve.py, random SmolLM2 shape, 1 / 8 / 32 clients), old and new:
 #       the fused layer's 16-row tiles at many rows a step (32 slots) are not yet measured
@@ -60,6 +66,8 @@ pdl)
             --variants fused+direct fused+direct+pdl fused+direct+prefetch fused+direct+pdl+prefetch \
             --json $OUT/ab_pdl_c$c.json 2>&1 | tail -6
     done
+    timeout 170 python scripts/ab_flags.py --shape qwen3-8b --context 300 -n 128 --rounds 3 --no-drafters \
+        --variants fused+direct fused+direct+pdl --json $OUT/ab_pdl_qwen3_8b.json 2>&1 | tail -4
     for f in "SPECDEC_PDL=1" "SPECDEC_L2_PREFETCH=1" "SPECDEC_PDL=1 SPECDEC_L2_PREFETCH=1"; do
         echo "== $f"; env $f timeout 60 python -m specdec bench --shape smollm2-135m --context 128 -n 256 2>&1 | rows 4
     done
@@ -69,6 +77,19 @@ pdl)
             --out $OUT/dc_pdl_$t.json 2>&1 | tail -1
     done
     python scripts/device_check.py compare $OUT/dc_pdl_*.json 2>&1 | tail -11 ;;
+profile)
+    for p in 0 1; do
+        echo "== SPECDEC_PDL=$p"; SPECDEC_PDL=$p timeout 120 python scripts/profile_shape_step.py --shape smollm2-135m \
+            --rows 16 --context 100 --top 14 > $OUT/profile_smollm2_pdl$p.json 2> $OUT/profile_pdl$p.err
+        grep -E '_ms"|kernels"' $OUT/profile_smollm2_pdl$p.json; grep -v "^USDT\|Warning" $OUT/profile_pdl$p.err | tail -3
+    done ;;
+attn)
+    timeout 330 python scripts/sweep_split_attention.py --decode --json $OUT/sweep_decode.json > $OUT/sweep_decode.log 2>&1
+    tail -2 $OUT/sweep_decode.log
+    for c in 100 300; do
+        timeout 90 python scripts/ab_flags.py --shape smollm2-135m --context $c -n 128 --rounds 5 --no-drafters \
+            --variants fused+direct+pdl fused+direct+pdl+hoist --json $OUT/ab_hoist_c$c.json 2>&1 | tail -3
+    done ;;
 serve)
     pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
     for r in a b; do
@@ -80,6 +101,6 @@ serve)
         done
     done ;;
 *)
-    echo "usage: bash scripts/device_fused.sh shape|real|drafters|pdl|serve (see the top of this file)" >&2
+    echo "usage: bash scripts/device_fused.sh shape|real|drafters|pdl|profile|attn|serve (see the top of this file)" >&2
     exit 2 ;;
 esac

@@ -1,6 +1,8 @@
 """Where a static target step's GPU time goes, on a random-weight target of a published shape:
-the captured step's median ms (uncompiled and compiled), then the kernels of one uncaptured step
-(torch.profiler), grouped by name, with the bytes the step must read and the bound they imply.
+the captured step's median ms (uncompiled and compiled), then the kernels of one step, uncaptured and
+(CUDA) one replay of the captured graph (torch.profiler), grouped by name, with the span from the first
+kernel's start to the last one's end (the kernels' sum plus the gaps between them), and the bytes the
+step must read and the bound they imply.
 
     python scripts/profile_shape_step.py --shape qwen3-8b [--rows 16] [--context 512] [--cache N] [--compile]
 
@@ -48,20 +50,23 @@ def main() -> None:
                 cache.rollback(a.context)
             key = ("compiled " if comp else "") + ("captured" if graphs else "uncaptured")
             res[key + "_ms"] = round(_median_ms(one, dev, 20), 3)
-            if not graphs:
+            if dev.type == "cuda" or not graphs:
                 one()
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA if dev.type == "cuda" else torch.profiler.ProfilerActivity.CPU]) as prof:
                     one()
                     if dev.type == "cuda":
                         torch.cuda.synchronize()
-                kern = {}
+                kern, spans = {}, []
                 for e in prof.events():
                     if e.device_type == (torch.autograd.DeviceType.CUDA if dev.type == "cuda" else torch.autograd.DeviceType.CPU):
+                        spans.append((e.time_range.start, e.time_range.end))
                         k = kern.setdefault(e.name[:90], [0, 0.0])
                         k[0] += 1
                         k[1] += e.device_time_total / 1e3 if hasattr(e, "device_time_total") else e.cuda_time_total / 1e3
                 top = sorted(kern.items(), key=lambda kv: -kv[1][1])[: a.top]
-                pre = "compiled_" if comp else ""
+                pre = ("compiled_" if comp else "") + ("captured_" if graphs else "")
+                if spans:  # first kernel's start to last kernel's end: the busy time plus the gaps
+                    res[pre + "span_ms"] = round((max(e for _, e in spans) - min(s for s, _ in spans)) / 1e3, 3)
                 res[pre + "kernels"] = sum(v[0] for v in kern.values())
                 res[pre + "kernel_ms_total"] = round(sum(v[1] for v in kern.values()), 3)
                 res[pre + "top_kernels"] = [(n, c, round(ms, 3)) for n, (c, ms) in top]

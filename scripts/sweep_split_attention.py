@@ -5,6 +5,12 @@ graph) for the shapes and contexts of the issue-10 table, with the KV bytes the 
 and the bandwidth that implies. A sweep for choosing the constants, not a check: scripts/check_split_attention.py checks.
 
     python scripts/sweep_split_attention.py [--json F]
+    python scripts/sweep_split_attention.py --decode [--json F]
+
+``--decode``: the short contexts of a decode step instead (SmolLM2's 16-row step at the spans the static
+steps use, qwen3-8b's at 512), with the query tile (16, 32, 64 rows) and ``HOIST`` (the keys and values
+loaded with the mask) swept too; 30 calls in a graph, each on its own layer's keys and values (as a step
+runs them), and whether ``HOIST`` changed any bit (it must not).
 """
 import argparse
 import itertools
@@ -26,10 +32,49 @@ CASES = [  # name, heads, kv heads, d, rows (step width), cache positions, live 
 ]
 
 
+DECODE = [  # name, heads, kv heads, d, rows, span, live context
+    ("smollm2 16 rows ctx 116 span 244", 9, 3, 64, 16, 244, 116),
+    ("smollm2 16 rows ctx 300 span 444", 9, 3, 64, 16, 444, 300),
+    ("smollm2 16 rows ctx 300 span 512", 9, 3, 64, 16, 512, 300),
+    ("qwen3-8b 16 rows ctx 300 span 512", 32, 8, 128, 16, 512, 300),
+]
+
+
+def decode(path: str | None) -> None:
+    shipped = (sa.SPLIT, sa._tile, sa.HOIST)
+    rows = []
+    for split, bm, block, warps in itertools.product((256, 512), (16, 32, 64), (64, 128), (2, 4, 8)):
+        for name, h, hkv, d, t, span, ctx in DECODE:
+            if (warps == 8) != (bm == 64) and warps != 4 or (split > 256 and span <= 256):
+                continue  # 2 or 4 warps for the small tiles, 4 or 8 for 64 rows; one split either way up to 256
+            sa.SPLIT = split
+            sa._tile = lambda d, m=bm, n=block, w=warps: (m, n, w)
+            layers = [inputs(1, h, hkv, d, t, span, [ctx - t], seed=i) for i in range(30)]
+            row = {"split": split, "bm": bm, "block": block, "warps": warps, "case": name}
+            try:
+                outs = []
+                for hoist in (False, True):
+                    sa.HOIST = hoist
+                    row["hoist" if hoist else "us"] = round(timed(lambda: [sa.split_attention(q, k, v, m, d ** -0.5)
+                                                                           for q, k, v, m in layers], n=4) / 30, 2)
+                    outs.append(sa.split_attention(*layers[0], d ** -0.5))
+                row["hoist_same_bits"] = torch.equal(*outs)
+            except Exception as e:  # e.g. out of shared memory: recorded, not fatal
+                row["error"] = f"{type(e).__name__}: {str(e)[:80]}"
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    sa.SPLIT, sa._tile, sa.HOIST = shipped
+    if path:
+        json.dump(rows, open(path, "w"), indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
+    ap.add_argument("--decode", action="store_true", help="the decode step's short contexts (see above)")
     a = ap.parse_args()
+    if a.decode:
+        return decode(a.json)
     shipped = (sa.SPLIT, sa._tile)
     rows = []
     for split, block, warps in itertools.product((128, 256, 512), (32, 64, 128), (4, 8)):

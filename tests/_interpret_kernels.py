@@ -111,6 +111,20 @@ def split() -> None:
             check(f"split one split, {name}: equals the two-split launch", torch.equal(one, _kernel(q, k2, v2, mask2, scale)))
     finally:
         sa.DIRECT = saved
+    # the keys and values loaded with the mask (sa.HOIST): the same arithmetic, the same bits, at one and
+    # at several splits, with blocks no row sees (skipped) among them
+    saved = sa.HOIST
+    try:
+        for name, (b, h, hkv, d, t, span, starts) in [("one split", (2, 9, 3, 64, 4, 200, [3, 190])),
+                                                         ("splits", (2, 9, 3, 64, 5, 700, [3, 690]))]:
+            q, k, v, mask = _attn_case(b, h, hkv, d, t, span, starts)
+            outs = []
+            for hoist in (False, True):
+                sa.HOIST = hoist
+                outs.append(_kernel(q, k, v, mask, d ** -0.5))
+            check(f"split hoisted loads, {name}: the same bits", torch.equal(*outs))
+    finally:
+        sa.HOIST = saved
 
 
 def delta() -> None:
