@@ -19,6 +19,9 @@
 #   one call:  bash scripts/device_fused.sh attn
 #       the split attention at decode contexts (scripts/sweep_split_attention.py --decode: tiles, SPLIT,
 #       SPECDEC_SPLIT_HOIST), then the step with and without SPECDEC_SPLIT_HOIST (ab_flags.py)
+#   one call (carry .whl):  [OLD_FLAGS=...] bash scripts/device_fused.sh final
+#       the defaults against the session-19 ones (SPECDEC_PDL=0, or OLD_FLAGS) on the shape end to end, and
+#       device_check on random Llama and Qwen3.5 with the defaults
 #   one call (carry .whl):  bash scripts/device_fused.sh serve
 #       the serving loop (scripts/bench_serve.py, random SmolLM2 shape, 1 / 8 / 32 clients), old and new:
 #       the fused layer's 16-row tiles at many rows a step (32 slots) are not yet measured
@@ -90,6 +93,22 @@ attn)
         timeout 90 python scripts/ab_flags.py --shape smollm2-135m --context $c -n 128 --rounds 5 --no-drafters \
             --variants fused+direct+pdl fused+direct+pdl+hoist --json $OUT/ab_hoist_c$c.json 2>&1 | tail -3
     done ;;
+final)
+    # the defaults now against the session-19 defaults (${OLD_FLAGS:-SPECDEC_PDL=0}), end to end on the shape, alternated;
+    # then device_check (random Llama on the fused layers, random Qwen3.5) with the defaults
+    pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
+    for r in a b; do
+        for v in s19 new; do
+            f="SPECDEC_UNUSED=1"; [ $v = s19 ] && f="${OLD_FLAGS:-SPECDEC_PDL=0}"
+            echo "== $v $r ($f)"; env $f timeout 80 python -m specdec bench --shape smollm2-135m --context 128 -n 256 \
+                --json $OUT/final_shape_$v$r.json 2>&1 | rows 3
+        done
+    done
+    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
+    for t in llama qwen35; do
+        timeout 100 python scripts/device_check.py run /tmp/dc --target $t --mode graphs --out $OUT/dc_final_$t.json 2>&1 | tail -1
+    done
+    python scripts/device_check.py compare $OUT/dc_final_*.json 2>&1 | tail -11 ;;
 serve)
     pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
     for r in a b; do
@@ -101,6 +120,6 @@ serve)
         done
     done ;;
 *)
-    echo "usage: bash scripts/device_fused.sh shape|real|drafters|pdl|profile|attn|serve (see the top of this file)" >&2
+    echo "usage: bash scripts/device_fused.sh shape|real|drafters|pdl|profile|attn|final|serve (see the top of this file)" >&2
     exit 2 ;;
 esac
