@@ -16,9 +16,10 @@
 #       random Llama and Qwen3.5 with both on
 #   one call:  bash scripts/device_fused.sh profile
 #       SmolLM2's 16-row step, kernel by kernel (scripts/profile_shape_step.py), uncaptured and one graph replay
-#   one call:  bash scripts/device_fused.sh attn
+#   one call (carry .whl):  bash scripts/device_fused.sh attn
 #       the split attention at decode contexts (scripts/sweep_split_attention.py --decode: tiles, SPLIT,
-#       SPECDEC_SPLIT_HOIST), then the step with and without SPECDEC_SPLIT_HOIST (ab_flags.py)
+#       SPECDEC_SPLIT_HOIST); SPECDEC_QKV_ROPE's kernel (check_fused_layer.py); the step with each and both
+#       (ab_flags.py); device_check on a random Llama with both on
 #   one call (carry .whl):  [OLD_FLAGS=...] bash scripts/device_fused.sh final
 #       the defaults against the session-19 ones (SPECDEC_PDL=0, or OLD_FLAGS) on the shape end to end, and
 #       device_check on random Llama and Qwen3.5 with the defaults
@@ -87,12 +88,21 @@ profile)
         grep -E '_ms"|kernels"' $OUT/profile_smollm2_pdl$p.json; grep -v "^USDT\|Warning" $OUT/profile_pdl$p.err | tail -3
     done ;;
 attn)
-    timeout 330 python scripts/sweep_split_attention.py --decode --json $OUT/sweep_decode.json > $OUT/sweep_decode.log 2>&1
-    tail -2 $OUT/sweep_decode.log
+    # the split attention at decode contexts; RoPE + the cache write in the q/k/v GEMM (SPECDEC_QKV_ROPE): its
+    # bits and time (check_fused_layer.py); the step with each (ab_flags.py); device_check with both on
+    pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
+    timeout 200 python scripts/sweep_split_attention.py --decode --json $OUT/sweep_decode.json > $OUT/sweep_decode.log 2>&1
+    tail -1 $OUT/sweep_decode.log
+    timeout 100 python scripts/check_fused_layer.py --json $OUT/check_fused_layer.json 2>&1 | grep -E "qkv|FAIL|failed"
     for c in 100 300; do
-        timeout 90 python scripts/ab_flags.py --shape smollm2-135m --context $c -n 128 --rounds 5 --no-drafters \
-            --variants fused+direct+pdl fused+direct+pdl+hoist --json $OUT/ab_hoist_c$c.json 2>&1 | tail -3
-    done ;;
+        timeout 100 python scripts/ab_flags.py --shape smollm2-135m --context $c -n 128 --rounds 4 --no-drafters \
+            --variants fused+direct+pdl fused+direct+pdl+hoist fused+direct+pdl+qkv-rope fused+direct+pdl+hoist+qkv-rope \
+            --json $OUT/ab_attn_c$c.json 2>&1 | tail -5
+    done
+    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
+    SPECDEC_SPLIT_HOIST=1 SPECDEC_QKV_ROPE=1 timeout 100 python scripts/device_check.py run /tmp/dc --target llama \
+        --mode graphs --out $OUT/dc_attn_llama.json 2>&1 | tail -1
+    python scripts/device_check.py compare $OUT/dc_attn_llama.json 2>&1 | tail -6 ;;
 final)
     # the defaults now against the session-19 defaults (${OLD_FLAGS:-SPECDEC_PDL=0}), end to end on the shape, alternated;
     # then device_check (random Llama on the fused layers, random Qwen3.5) with the defaults

@@ -34,7 +34,6 @@ CASES = [  # name, heads, kv heads, d, rows (step width), cache positions, live 
 
 DECODE = [  # name, heads, kv heads, d, rows, span, live context
     ("smollm2 16 rows ctx 116 span 244", 9, 3, 64, 16, 244, 116),
-    ("smollm2 16 rows ctx 300 span 444", 9, 3, 64, 16, 444, 300),
     ("smollm2 16 rows ctx 300 span 512", 9, 3, 64, 16, 512, 300),
     ("qwen3-8b 16 rows ctx 300 span 512", 32, 8, 128, 16, 512, 300),
 ]
