@@ -1,8 +1,7 @@
 """models/fused_layer.py on the GPU: its GEMM on a layer's four weights (q/k/v, o, gate/up with the
 SwiGLU epilogue, down) against its torch reference, a row's bits at every row count, its time against
-cuBLAS (and fused_ops' silu_mul), optionally every tiling of SWEEP; the q/k/v GEMM with RoPE and the
-cache write (qkv_rope) against linear then rope_write, bitwise, and both timed; then a random-weight
-shape's logits with the fused layers on and off.
+cuBLAS (and fused_ops' silu_mul), optionally every tiling of SWEEP; then a random-weight shape's logits
+with the fused layers on and off.
 
     PYTHONPATH=. python scripts/check_fused_layer.py [--shape smollm2-135m] [--sweep] [--json out.json]
 
@@ -87,45 +86,6 @@ def kernels(hidden: int, inter: int, qkv: int, rows: int, res: dict, sweep: bool
         print("SPECDEC_FUSED_LAYER_TILES='" + json.dumps(best_tiles) + "'")
 
 
-def qkv_rope_check(c, rows: int, res: dict) -> None:
-    """fused_layer.qkv_rope (RoPE and the cache write in the q/k/v GEMM's epilogue) against linear then
-    rope_write's kernel, bitwise (queries and cache) at 1..64 rows, and their times at ``rows`` rows."""
-    from specdec.cache import KVCache
-    from specdec.models import rope_write as rw
-    dev, dt = torch.device("cuda"), torch.bfloat16
-    h, hkv, d, k = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
-    g = torch.Generator(device=dev).manual_seed(2)
-    w = (torch.randn((h + 2 * hkv) * d, k, generator=g, device=dev) * k ** -0.5).to(dt)
-    before = fl.QKV_ROPE
-    fl.QKV_ROPE = True
-    try:
-        def pair(m):
-            x = torch.randn(m, k, generator=g, device=dev).to(dt)
-            ang = torch.randn(m, d // 2, generator=g, device=dev) * 3
-            cos, sin = torch.cat([ang.cos(), ang.cos()], -1).to(dt), torch.cat([-ang.sin(), ang.sin()], -1).to(dt)
-            start = torch.tensor(37, device=dev)
-            caches = [KVCache(hkv, d, 300, dt, dev) for _ in range(2)]
-            qkv = fl.linear(x, w)
-            q0, k0, v0 = qkv.split([h * d, hkv * d, hkv * d], -1)
-            unf = lambda: rw.rope_write_one(q0.view(m, h, d), k0.view(m, hkv, d), v0.view(m, hkv, d), cos, sin, caches[0], start)  # noqa: E731
-            fus = lambda: fl.qkv_rope(x, w, cos, sin, h, hkv, caches[1], start)  # noqa: E731
-            return x, cos, sin, start, caches, unf, fus
-        bad = []
-        for m in (1, 5, 16, 17, 64):
-            x, cos, sin, start, caches, unf, fus = pair(m)
-            a, b = unf(), fus()
-            if not (torch.equal(a, b) and torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)):
-                bad.append(m)
-        check("qkv+rope: the bits of linear then rope_write (queries, keys, values)", not bad, f"(differ at {bad})" if bad else "")
-        x, cos, sin, start, caches, unf, fus = pair(rows)
-        two = graph_us(lambda: (fl.linear(x, w), unf()))
-        one = graph_us(fus)
-        res.setdefault("kernels_us", {})["qkv+rope"] = {"fused": round(one, 2), "linear+rope_write": round(two, 2)}
-        print(f"  qkv+rope: {rows} rows, one kernel {one:.2f} us, linear + rope_write {two:.2f} us", flush=True)
-    finally:
-        fl.QKV_ROPE = before
-
-
 def model_check(shape: str, res: dict) -> None:
     from specdec.shapes import build_shape
     m = build_shape(shape, torch.device("cuda"), torch.bfloat16)
@@ -167,7 +127,6 @@ def main() -> int:
     qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
     res = {"shape": a.shape, "rows": a.rows, "tile": list(fl.TILE)}
     kernels(c.hidden_size, c.intermediate_size, qkv, a.rows, res, a.sweep)
-    qkv_rope_check(c, a.rows, res)
     model_check(a.shape, res)
     res["failed"] = FAILED
     if a.json:

@@ -16,13 +16,12 @@
 #       random Llama and Qwen3.5 with both on
 #   one call:  bash scripts/device_fused.sh profile
 #       SmolLM2's 16-row step, kernel by kernel (scripts/profile_shape_step.py), uncaptured and one graph replay
-#   one call (carry .whl):  bash scripts/device_fused.sh attn
-#       the split attention at decode contexts (scripts/sweep_split_attention.py --decode: tiles, SPLIT,
-#       SPECDEC_SPLIT_HOIST); SPECDEC_QKV_ROPE's kernel (check_fused_layer.py); the step with each and both
-#       (ab_flags.py); device_check on a random Llama with both on
-#   one call (carry .whl):  [OLD_FLAGS=...] bash scripts/device_fused.sh final
-#       the defaults against the session-19 ones (SPECDEC_PDL=0, or OLD_FLAGS) on the shape end to end, and
-#       device_check on random Llama and Qwen3.5 with the defaults
+#   one call (carry .whl):  [SWEEP=1] bash scripts/device_fused.sh attn
+#       (SWEEP: the split attention at decode contexts, scripts/sweep_split_attention.py --decode: tiles,
+#       SPLIT), the step with 64-row and 16-row query tiles (SPECDEC_SPLIT_SMALL_TILES; ab_flags.py)
+#   one call (carry .whl):  [OLD_FLAGS=...] [ROUNDS="a b"] [TARGETS="llama qwen35"] bash scripts/device_fused.sh final
+#       the defaults against the session-19 ones (SPECDEC_PDL=0 SPECDEC_SPLIT_SMALL_TILES=0, or OLD_FLAGS) on the
+#       shape end to end, and device_check (random Llama and Qwen3.5) with the defaults
 #   one call (carry .whl):  bash scripts/device_fused.sh serve
 #       the serving loop (scripts/bench_serve.py, random SmolLM2 shape, 1 / 8 / 32 clients), old and new:
 #       the fused layer's 16-row tiles at many rows a step (32 slots) are not yet measured
@@ -88,34 +87,28 @@ profile)
         grep -E '_ms"|kernels"' $OUT/profile_smollm2_pdl$p.json; grep -v "^USDT\|Warning" $OUT/profile_pdl$p.err | tail -3
     done ;;
 attn)
-    # the split attention at decode contexts; RoPE + the cache write in the q/k/v GEMM (SPECDEC_QKV_ROPE): its
-    # bits and time (check_fused_layer.py); the step with each (ab_flags.py); device_check with both on
+    # the split attention at decode contexts (its tiles and SPLIT swept), then the step with the 64-row
+    # query tiles (session 19) and the 16-row ones (SPECDEC_SPLIT_SMALL_TILES, the default since)
     pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
-    timeout 200 python scripts/sweep_split_attention.py --decode --json $OUT/sweep_decode.json > $OUT/sweep_decode.log 2>&1
-    tail -1 $OUT/sweep_decode.log
-    timeout 100 python scripts/check_fused_layer.py --json $OUT/check_fused_layer.json 2>&1 | grep -E "qkv|FAIL|failed"
+    [ -n "${SWEEP:-}" ] && timeout 200 python scripts/sweep_split_attention.py --decode --json $OUT/sweep_decode.json \
+        > $OUT/sweep_decode.log 2>&1
     for c in 100 300; do
         timeout 100 python scripts/ab_flags.py --shape smollm2-135m --context $c -n 128 --rounds 4 --no-drafters \
-            --variants fused+direct+pdl fused+direct+pdl+hoist fused+direct+pdl+qkv-rope fused+direct+pdl+hoist+qkv-rope \
-            --json $OUT/ab_attn_c$c.json 2>&1 | tail -5
-    done
-    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
-    SPECDEC_SPLIT_HOIST=1 SPECDEC_QKV_ROPE=1 timeout 100 python scripts/device_check.py run /tmp/dc --target llama \
-        --mode graphs --out $OUT/dc_attn_llama.json 2>&1 | tail -1
-    python scripts/device_check.py compare $OUT/dc_attn_llama.json 2>&1 | tail -6 ;;
+            --variants fused+direct+pdl fused+direct+pdl+small-tiles --json $OUT/ab_tiles_c$c.json 2>&1 | tail -3
+    done ;;
 final)
     # the defaults now against the session-19 defaults (${OLD_FLAGS:-SPECDEC_PDL=0}), end to end on the shape, alternated;
     # then device_check (random Llama on the fused layers, random Qwen3.5) with the defaults
     pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
-    for r in a b; do
+    for r in ${ROUNDS:-a b}; do
         for v in s19 new; do
-            f="SPECDEC_UNUSED=1"; [ $v = s19 ] && f="${OLD_FLAGS:-SPECDEC_PDL=0}"
+            f="SPECDEC_UNUSED=1"; [ $v = s19 ] && f="${OLD_FLAGS:-SPECDEC_PDL=0 SPECDEC_SPLIT_SMALL_TILES=0}"
             echo "== $v $r ($f)"; env $f timeout 80 python -m specdec bench --shape smollm2-135m --context 128 -n 256 \
                 --json $OUT/final_shape_$v$r.json 2>&1 | rows 3
         done
     done
     python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
-    for t in llama qwen35; do
+    for t in ${TARGETS:-llama qwen35}; do
         timeout 100 python scripts/device_check.py run /tmp/dc --target $t --mode graphs --out $OUT/dc_final_$t.json 2>&1 | tail -1
     done
     python scripts/device_check.py compare $OUT/dc_final_*.json 2>&1 | tail -11 ;;

@@ -8,9 +8,8 @@ and the bandwidth that implies. A sweep for choosing the constants, not a check:
     python scripts/sweep_split_attention.py --decode [--json F]
 
 ``--decode``: the short contexts of a decode step instead (SmolLM2's 16-row step at the spans the static
-steps use, qwen3-8b's at 512), with the query tile (16, 32, 64 rows) and ``HOIST`` (the keys and values
-loaded with the mask) swept too; 30 calls in a graph, each on its own layer's keys and values (as a step
-runs them), and whether ``HOIST`` changed any bit (it must not).
+steps use, qwen3-8b's at 512), with the query tile (16, 32, 64 rows) swept too; 30 calls in a graph,
+each on its own layer's keys and values (as a step runs them).
 """
 import argparse
 import itertools
@@ -40,7 +39,7 @@ DECODE = [  # name, heads, kv heads, d, rows, span, live context
 
 
 def decode(path: str | None) -> None:
-    shipped = (sa.SPLIT, sa._tile, sa.HOIST)
+    shipped = (sa.SPLIT, sa._tile)
     rows = []
     for split, bm, block, warps in itertools.product((256, 512), (16, 32, 64), (64, 128), (2, 4, 8)):
         for name, h, hkv, d, t, span, ctx in DECODE:
@@ -51,18 +50,13 @@ def decode(path: str | None) -> None:
             layers = [inputs(1, h, hkv, d, t, span, [ctx - t], seed=i) for i in range(30)]
             row = {"split": split, "bm": bm, "block": block, "warps": warps, "case": name}
             try:
-                outs = []
-                for hoist in (False, True):
-                    sa.HOIST = hoist
-                    row["hoist" if hoist else "us"] = round(timed(lambda: [sa.split_attention(q, k, v, m, d ** -0.5)
-                                                                           for q, k, v, m in layers], n=4) / 30, 2)
-                    outs.append(sa.split_attention(*layers[0], d ** -0.5))
-                row["hoist_same_bits"] = torch.equal(*outs)
+                row["us"] = round(timed(lambda: [sa.split_attention(q, k, v, m, d ** -0.5) for q, k, v, m in layers],
+                                        n=4) / 30, 2)
             except Exception as e:  # e.g. out of shared memory: recorded, not fatal
                 row["error"] = f"{type(e).__name__}: {str(e)[:80]}"
             rows.append(row)
             print(json.dumps(row), flush=True)
-    sa.SPLIT, sa._tile, sa.HOIST = shipped
+    sa.SPLIT, sa._tile = shipped
     if path:
         json.dump(rows, open(path, "w"), indent=1)
 

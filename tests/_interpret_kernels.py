@@ -111,20 +111,6 @@ def split() -> None:
             check(f"split one split, {name}: equals the two-split launch", torch.equal(one, _kernel(q, k2, v2, mask2, scale)))
     finally:
         sa.DIRECT = saved
-    # the keys and values loaded with the mask (sa.HOIST): the same arithmetic, the same bits, at one and
-    # at several splits, with blocks no row sees (skipped) among them
-    saved = sa.HOIST
-    try:
-        for name, (b, h, hkv, d, t, span, starts) in [("one split", (2, 9, 3, 64, 4, 200, [3, 190])),
-                                                         ("splits", (2, 9, 3, 64, 5, 700, [3, 690]))]:
-            q, k, v, mask = _attn_case(b, h, hkv, d, t, span, starts)
-            outs = []
-            for hoist in (False, True):
-                sa.HOIST = hoist
-                outs.append(_kernel(q, k, v, mask, d ** -0.5))
-            check(f"split hoisted loads, {name}: the same bits", torch.equal(*outs))
-    finally:
-        sa.HOIST = saved
 
 
 def delta() -> None:
@@ -253,52 +239,6 @@ def fused_layer() -> None:
                       torch.equal(fl.linear(x[20:21], wt, silu=silu, tile=tile), got[20:21]))
         x3 = x.view(1, m, k)
         check(f"fused layer {dtype}: [B, T, K] input", torch.equal(fl.linear(x3, w), fl.linear(x, w).view(1, m, 2 * n)))
-    qkv_rope()
-
-
-def qkv_rope() -> None:
-    """fused_layer.qkv_rope (RoPE and the cache write in the q/k/v GEMM's epilogue) against fused_layer.linear
-    then rope_write's kernel, bitwise: one sequence's static step and a batched step, in fp16."""
-    from specdec.cache import BatchKVCache, BatchWrite, KVCache
-    from specdec.models import fused_layer as fl
-    from specdec.models import rope_write as rw
-    g = torch.Generator().manual_seed(1)
-    h, hkv, d, k, t, length = 4, 2, 32, 80, 5, 24
-    w = (torch.randn((h + 2 * hkv) * d, k, generator=g) * k ** -0.5).half()
-    ang = torch.randn(2, t, d // 2, generator=g)
-    cos = torch.cat([ang.cos(), ang.cos()], -1).half()
-    sin = torch.cat([-ang.sin(), ang.sin()], -1).half()  # the first half negated, as cos_sin gives it
-    saved = fl.QKV_ROPE
-    fl.QKV_ROPE = True
-    try:
-        x = torch.randn(t, k, generator=g).half()
-        start = torch.tensor(7)
-        caches = [KVCache(hkv, d, length, torch.float16, "cpu") for _ in range(2)]
-        old = torch.randn(caches[0].k.shape, generator=g).half()
-        for c in caches:  # earlier positions already written: the kernel must leave them
-            c.k.copy_(old), c.v.copy_(-old)
-        qkv = fl.linear(x, w)
-        q0, k0, v0 = qkv.split([h * d, hkv * d, hkv * d], -1)
-        want = rw.rope_write_one(q0.view(t, h, d), k0.view(t, hkv, d), v0.view(t, hkv, d), cos[0], sin[0], caches[0], start)
-        got = fl.qkv_rope(x, w, cos[0], sin[0], h, hkv, caches[1], start)
-        check("qkv rope, one sequence: the queries' bits", got.shape == want.shape and torch.equal(got, want))
-        check("qkv rope, one sequence: the cache's bits", torch.equal(caches[0].k, caches[1].k)
-              and torch.equal(caches[0].v, caches[1].v) and caches[1].k[:, 7:7 + t].abs().sum() > 0)
-        xb = torch.randn(2, t, k, generator=g).half()
-        wr = BatchWrite(torch.tensor([2, 0]), torch.tensor([[3 + i for i in range(t)], [11 + i for i in range(t)]]), length)
-        caches = [BatchKVCache(3, hkv, d, length, torch.float16, "cpu") for _ in range(2)]
-        qb, kb, vb = fl.linear(xb, w).split([h * d, hkv * d, hkv * d], -1)
-        want = rw.rope_write(qb.view(2, t, h, d), kb.view(2, t, hkv, d), vb.view(2, t, hkv, d), cos.reshape(-1, d),
-                             sin.reshape(-1, d), caches[0], wr)
-        got = fl.qkv_rope(xb, w, cos, sin, h, hkv, caches[1], wr)
-        check("qkv rope, batched: the queries' bits", got.shape == want.shape and torch.equal(got, want))
-        check("qkv rope, batched: the cache's bits", torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v))
-        ref = fl.qkv_rope_reference(xb.float(), w.float(), cos.float(), sin.float(), h, hkv,
-                                    BatchKVCache(3, hkv, d, length, torch.float32, "cpu"), wr)
-        err = (ref - got.float()).abs().max().item()
-        check("qkv rope: near its torch reference", err < 2e-2, f"(max diff {err:.1e})")
-    finally:
-        fl.QKV_ROPE = saved
 
 
 def rope_ptx() -> None:

@@ -83,25 +83,6 @@ def test_speculative_equals_plain_on_the_fused_path(target, fused_on):
     assert fused_on
 
 
-def test_qkv_rope_path_keeps_the_tokens(target, fused_on, monkeypatch):
-    """SPECDEC_QKV_ROPE's wiring (fused_layer.qkv_rope for the static steps' q/k/v GEMM, RoPE and cache
-    write; its torch reference stands in for the kernel): speculative decoding with accepted drafts and
-    a batched generation still give plain decoding's tokens, and the path was taken."""
-    prompt = torch.randint(target.config.vocab_size, (7,), generator=torch.Generator().manual_seed(2)).tolist()
-    ref = plain_generate(target, prompt, 24).token_ids
-    calls = []
-    monkeypatch.setattr(fused_layer, "QKV_ROPE", True)
-    monkeypatch.setattr(fused_layer, "TILE", (8, 128, 2, 4))  # rotation pairs (the tiny heads' 8) in whole tiles
-    monkeypatch.setattr(fused_layer, "qkv_rope", lambda *a: calls.append(a[-1]) or fused_layer.qkv_rope_reference(*a))
-    drafter = SpoiledOracle(prompt + ref, target.config.vocab_size, spoil=0.3, seed=3)
-    res = SpeculativeGenerator(target, drafter, 4, batch_invariant=True).generate(prompt, 24, SamplingParams())
-    assert sum(res.stats.accepted) > 0
-    assert res.token_ids == ref
-    assert generate_batch(target, [prompt, prompt[:4]], 16, set(), slots=2)[0] == ref[:16]
-    kinds = {type(w).__name__ for w in calls}
-    assert kinds == {"Tensor", "BatchWrite"}, kinds  # one sequence's static steps and batched steps
-
-
 def test_a_wider_layer_does_not(tmp_path, monkeypatch):
     monkeypatch.setattr(fused_layer, "MAX_HIDDEN", 32)  # the tiny model is 64 wide
     m = load_model(save_hf(tiny_model("llama", seed=1), str(tmp_path)), "cpu", tokenizer=False).model

@@ -47,10 +47,6 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 ENABLED = os.environ.get("SPECDEC_FUSED_LAYER", "1") != "0"
-# RoPE and the cache write in the q/k/v GEMM's epilogue (:func:`qkv_rope`): the rope_write kernel not
-# launched, one kernel a layer less. The same bits (tests/_interpret_kernels.py fused-layer, and
-# scripts/check_fused_layer.py on the GPU). Off until measured: SPECDEC_QKV_ROPE=1.
-QKV_ROPE = os.environ.get("SPECDEC_QKV_ROPE", "0") == "1"
 # Measured up to here (SmolLM2's 576 A/B; device_check's random 1024-wide Llama ran on it): wider
 # layers' weights outgrow the L2, where a prefill's 16-row tiles would each re-read them from memory
 MAX_HIDDEN = 1024
@@ -157,128 +153,6 @@ if triton is not None:
         else:
             out = acc.to(y.dtype.element_ty)
         tl.store(y + rm[:, None] * sy + rn[None, :], out, mask=mm[:, None] & mn[None, :])
-
-
-    @triton.jit(do_not_specialize=["M", "T"])
-    def _qkv_rope_kernel(x, w, cos, sin, q_out, ck, cv, slots, pos, M, K, T, pos_step, sx, scs, sch, scp, spb, spt,
-                         H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, BM: tl.constexpr,
-                         BN: tl.constexpr, BK: tl.constexpr, USE_GDC: tl.constexpr, PER_LINE: tl.constexpr,
-                         LINES: tl.constexpr):
-        # a program: BM rows by BN rotation pairs (channel j and j + D/2) of one head, q, k or v; the two
-        # halves are two GEMMs of BN outputs each, as _kernel computes BN outputs (the same bits)
-        pid = tl.program_id(0)
-        num_m = tl.cdiv(M, BM)
-        pid_m, pid_n = pid % num_m, pid // num_m
-        head = pid_n // (HALF // BN)
-        j = (pid_n % (HALF // BN)) * BN + tl.arange(0, BN)
-        rm = pid_m * BM + tl.arange(0, BM)
-        mm = rm < M
-        lo_w = head * D + j  # the weight rows of the pair's first channels; + HALF: the second
-        if USE_GDC:  # models/pdl.py, as in _kernel
-            tl.extra.cuda.gdc_launch_dependents()
-            at = w + lo_w[:, None] * K + tl.minimum(tl.arange(0, LINES) * PER_LINE, K - 1)[None, :]
-            prefetch.to_l2(at)
-            prefetch.to_l2(at + HALF * K)
-            tl.extra.cuda.gdc_wait()
-        acc_lo = tl.zeros([BM, BN], dtype=tl.float32)
-        acc_hi = tl.zeros([BM, BN], dtype=tl.float32)
-        rk = tl.arange(0, BK)
-        for k0 in range(0, K, BK):
-            kk = k0 + rk
-            a = tl.load(x + rm[:, None] * sx + kk[None, :], mask=mm[:, None] & (kk[None, :] < K), other=0.0)
-            wm = kk[:, None] < K
-            acc_lo = tl.dot(a, tl.load(w + lo_w[None, :] * K + kk[:, None], mask=wm, other=0.0), acc_lo)
-            acc_hi = tl.dot(a, tl.load(w + (lo_w + HALF)[None, :] * K + kk[:, None], mask=wm, other=0.0), acc_hi)
-        dt = q_out.dtype.element_ty
-        lo, hi = acc_lo.to(dt), acc_hi.to(dt)  # what _kernel stores
-        if head < H + HKV:  # RoPE, each product rounded, then the sum (as rope_write's kernel)
-            c_lo = tl.load(cos + rm[:, None] * D + j[None, :], mask=mm[:, None], other=0.0).to(tl.float32)
-            s_lo = tl.load(sin + rm[:, None] * D + j[None, :], mask=mm[:, None], other=0.0).to(tl.float32)
-            c_hi = tl.load(cos + rm[:, None] * D + (j + HALF)[None, :], mask=mm[:, None], other=0.0).to(tl.float32)
-            s_hi = tl.load(sin + rm[:, None] * D + (j + HALF)[None, :], mask=mm[:, None], other=0.0).to(tl.float32)
-            lo_f, hi_f = lo.to(tl.float32), hi.to(tl.float32)
-            lo, hi = (((lo_f * c_lo).to(dt).to(tl.float32) + (hi_f * s_lo).to(dt).to(tl.float32)).to(dt),
-                      ((hi_f * c_hi).to(dt).to(tl.float32) + (lo_f * s_hi).to(dt).to(tl.float32)).to(dt))
-        if head < H:
-            at_q = q_out + rm[:, None] * (H * D) + head * D + j[None, :]
-            tl.store(at_q, lo, mask=mm[:, None])
-            tl.store(at_q + HALF, hi, mask=mm[:, None])
-        else:  # the row's slot and position: rope_write's conventions (one sequence: strides 0, pos_step 1)
-            b, t = rm // T, rm % T
-            slot = tl.load(slots + b, mask=mm, other=0)
-            p = tl.load(pos + b * spb + t * spt, mask=mm, other=0) + t * pos_step
-            kh = (head - H) % HKV
-            at_c = slot[:, None] * scs + kh * sch + p[:, None] * scp + j[None, :]
-            if head < H + HKV:
-                tl.store(ck + at_c, lo, mask=mm[:, None])
-                tl.store(ck + at_c + HALF, hi, mask=mm[:, None])
-            else:
-                tl.store(cv + at_c, lo, mask=mm[:, None])
-                tl.store(cv + at_c + HALF, hi, mask=mm[:, None])
-
-
-def qkv_rope_supported(x: torch.Tensor, w: torch.Tensor, sin: torch.Tensor, head_dim: int, cache, where) -> bool:
-    """Whether :func:`qkv_rope` takes a layer's q/k/v GEMM (else ``linear`` and ``rope_write`` run): on
-    (``QKV_ROPE``), a CUDA forward (``usable``), a full rotary of ``head_dim`` channels in the model
-    dtype, one table row a row of ``x`` (``sin``, contiguous, as ``cos``), the q/k/v weight's tiling (so
-    that the GEMM's bits are ``linear``'s), and ``rope_write``'s caches and writes."""
-    from ..cache import BatchKVCache, BatchWrite, KVCache
-    if not (QKV_ROPE and usable(x) and sin.shape[-1] == head_dim and sin.dtype == x.dtype and sin.is_contiguous()
-            and sin.numel() * x.shape[-1] == x.numel() * head_dim
-            and (head_dim // 2) % tile_for(w.shape[0], w.shape[1], False)[0] == 0):
-        return False
-    if x.dim() == 3:
-        return isinstance(cache, BatchKVCache) and isinstance(where, BatchWrite)
-    return (x.dim() == 2 and type(cache) is KVCache and isinstance(where, torch.Tensor) and where.dim() == 0
-            and where.dtype == torch.int64 and cache.k.shape[-1] == cache.v.shape[-1] == head_dim)
-
-
-def qkv_rope(x: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv: int,
-             cache, where) -> torch.Tensor:
-    """The q/k/v GEMM with RoPE and the cache write in its epilogue: ``x [T, K]`` (one sequence's
-    static step, ``where`` its start as a 0-d device tensor, ``cache`` a KVCache) or ``[B, T, K]`` (a
-    batched step: a BatchKVCache and a BatchWrite); ``w`` the fused q/k/v weight (q heads, then k, then
-    v); ``cos``/``sin`` ``[..., T, d]`` as ``rope_write`` takes them -> the rotated queries ``[H, T, d]``
-    (``[B, H, T, d]``), views of ``[.., T, H, d]``; the rotated keys and the values written to ``cache``.
-    The bits of ``linear`` then ``rope_write`` (:func:`qkv_rope_supported` says where it applies)."""
-    batched = x.dim() == 3
-    t = x.shape[-2]
-    x2 = _rows(x)
-    m, k = x2.shape
-    d = cos.shape[-1]
-    bn, bk, warps, stages = tile_for(w.shape[0], k, False)
-    q_out = torch.empty(m, n_heads, d, dtype=x.dtype, device=x.device)
-    cos, sin = cos.contiguous(), sin.contiguous()  # (no copy: the step's tables are)
-    ck, cv = cache.k, cache.v
-    if batched:
-        slots, pos, strides = where.index, where.pos, (ck.stride(0), ck.stride(1), ck.stride(2), where.pos.stride(0),
-                                                        where.pos.stride(1))
-    else:  # [Hkv, L, d]: one slot (stride 0); the position is the start + the row
-        slots, pos, strides = where, where, (0, ck.stride(0), ck.stride(1), 0, 0)
-    per_line = 128 // w.element_size()
-    if m:
-        _qkv_rope_kernel[(triton.cdiv(m, BM) * (n_heads + 2 * n_kv) * (d // 2 // bn),)](
-            x2, w, cos, sin, q_out, ck, cv, slots, pos, m, k, t, 0 if batched else 1, x2.stride(0), *strides,
-            H=n_heads, HKV=n_kv, D=d, HALF=d // 2, BM=BM, BN=bn, BK=bk, num_warps=warps, num_stages=stages,
-            PER_LINE=per_line, LINES=_pow2(-(-k // per_line)), enable_fp_fusion=False, **pdl.options(x2))
-    if batched:
-        return q_out.view(x.shape[0], t, n_heads, d).transpose(1, 2)
-    return q_out.view(t, n_heads, d).transpose(0, 1)
-
-
-def qkv_rope_reference(x: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
-                       n_kv: int, cache, where) -> torch.Tensor:
-    """:func:`qkv_rope` in torch ops (:func:`reference`'s GEMM, RoPE with each product rounded, the
-    caches' own writes): the CPU equivalent the checks compare it with."""
-    from .layers import apply_rope
-    d = cos.shape[-1]
-    qkv = reference(x, w)
-    q, k, v = qkv.split([n_heads * d, n_kv * d, n_kv * d], -1)
-    q, k, v = (y.reshape(*y.shape[:-1], -1, d).transpose(-3, -2) for y in (q, k, v))
-    c, s = cos.view(*x.shape[:-1], d).unsqueeze(-3), sin.view(*x.shape[:-1], d).unsqueeze(-3)
-    q, k = apply_rope(q, c, s), apply_rope(k, c, s)
-    cache.update(where, k, v)
-    return q
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

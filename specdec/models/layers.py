@@ -478,17 +478,13 @@ class Attention(nn.Module):
             if rope_write.supported(q, k, rows, cache, start):
                 if q.dim() == 4:
                     q = rope_write.rope_write(q, k, v, rows, sin.reshape(rows.shape), cache, start)
+                    k_all, v_all = cache.read(start)
                 else:
                     q = rope_write.rope_write_one(q, k, v, cos, sin, cache, start)
-                return self.attend_written(q, gate, cache, start, mask)
+                    k_all, v_all = cache.k, cache.v
+                return self.gathered(attend(q, k_all, v_all, mask, self.scale), gate)
         q, k, v, gate = self._rotate(*heads, cos, sin)
         k_all, v_all = cache.update(start, k, v)
-        return self.gathered(attend(q, k_all, v_all, mask, self.scale), gate)
-
-    def attend_written(self, q: torch.Tensor, gate, cache: KVCache, start, mask: torch.Tensor | None) -> torch.Tensor:
-        """The attention of rotated queries ``q [H, T, d]`` (``[B, H, T, d]``) whose keys and values a
-        kernel wrote to a static step's cache already (``rope_write``, ``fused_layer.qkv_rope``)."""
-        k_all, v_all = cache.read(start) if q.dim() == 4 else (cache.k, cache.v)
         return self.gathered(attend(q, k_all, v_all, mask, self.scale), gate)
 
 

@@ -73,12 +73,7 @@ class DenseDecoderLayer(nn.Module):
             h = self.input_layernorm(x)
         else:
             x, h = self.input_layernorm.add(x, delta)
-        w = a._fused[0]
-        if fused_layer.qkv_rope_supported(h, w, ctx.sin, a.head_dim, cache, ctx.start):
-            q = fused_layer.qkv_rope(h, w, ctx.cos, ctx.sin, a.n_heads, a.n_kv, cache, ctx.start)
-            o = a.attend_written(q, None, cache, ctx.start, ctx.mask)
-        else:
-            o = a.attend_heads(a.split_qkv(fused_layer.linear(h, w)), ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
+        o = a.attend_heads(a.split_qkv(fused_layer.linear(h, a._fused[0])), ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
         x, h = self.post_attention_layernorm.add(x, fused_layer.linear(o, a.o_proj.weight))
         return x, fused_layer.linear(fused_layer.linear(h, mlp._fused[0], silu=True), mlp.down_proj.weight)
 

@@ -50,10 +50,6 @@ COMBINE = 16  # splits the combine sums at once (chunks at fixed multiples)
 # compares). On the H200 a SmolLM2 16-row step over a 244-position cache went 1.33 -> 1.19 ms, and
 # 1.16 -> 1.04 with fused_layer (scripts/ab_flags.py; BENCHMARKS.md). SPECDEC_SPLIT_DIRECT=0 turns it off.
 DIRECT = os.environ.get("SPECDEC_SPLIT_DIRECT", "1") != "0"
-# A block's keys and values loaded with its mask, before the test whether any row sees it (else after:
-# the mask, then the keys, then the values, three dependent round trips a block). The same arithmetic on
-# the same values, so the same bits; a block no row sees costs its loads for nothing. Off until measured.
-HOIST = os.environ.get("SPECDEC_SPLIT_HOIST", "0") == "1"
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
@@ -65,11 +61,21 @@ def supported(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bo
             and d & (d - 1) == 0 and q.stride(-1) == 1 and k.stride(-1) == 1 and mask.shape[1] == 1)
 
 
+# Heads of at most 64 channels (SmolLM2's) in 16-row query tiles: on the H200 a SmolLM2 16-row step's
+# attention over a 244-position cache took 4.64 us against 9.25 with 64-row tiles, and the same at two
+# splits (12.2 against 12.0; scripts/sweep_split_attention.py --decode, BENCHMARKS.md). A fixed choice per
+# head size, like the rest of the tile. SPECDEC_SPLIT_SMALL_TILES=0 gives the 64-row tiles back.
+SMALL_TILES = os.environ.get("SPECDEC_SPLIT_SMALL_TILES", "1") != "0"
+
+
 def _tile(d: int) -> tuple[int, int, int]:
     """(query rows per tile, keys per inner block, warps) for head size ``d``: fixed per model, never
     per shape. Up to d = 128: 128-key blocks and 4 warps, the fastest of the sweep on the H200 at every
-    context and step width measured (scripts/sweep_split_attention.py, BENCHMARKS.md); larger heads
-    (Qwen3.5's 256) keep the blocks they were checked with."""
+    context and step width measured (scripts/sweep_split_attention.py, BENCHMARKS.md), in 16-row query
+    tiles up to d = 64 (SMALL_TILES), else 64; larger heads (Qwen3.5's 256) keep the blocks they were
+    checked with."""
+    if d <= 64 and SMALL_TILES:
+        return 16, 128, 4
     return (64, 128, 4) if d <= 128 else (32, 64, 8)
 
 
@@ -78,7 +84,7 @@ if triton is not None:
     def _split_kernel(q, k, v, mask, m_out, l_out, a_out, T, S, Hkv, rows, scale,
                       sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sms, o, sob, soh, sot,
                       G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
-                      DIRECT: tl.constexpr, HOIST: tl.constexpr, USE_GDC: tl.constexpr):
+                      DIRECT: tl.constexpr, USE_GDC: tl.constexpr):
         if USE_GDC:  # models/pdl.py
             pdl.begin()
         pid_bh, pid_m, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -97,20 +103,15 @@ if triton is not None:
             inside = s < S
             seen = tl.load(mask + b * smb + t[:, None] * smt + s[None, :] * sms,
                            mask=live[:, None] & inside[None, :], other=0) != 0
-            if HOIST:  # the block's keys and values requested with its mask: one memory round trip, not three
-                kt = tl.load(k + b * skb + kh * skh + s[:, None] * sks + d[None, :], mask=inside[:, None], other=0.0)
-                vt = tl.load(v + b * svb + kh * svh + s[:, None] * svs + d[None, :], mask=inside[:, None], other=0.0)
             if tl.max(tl.max(seen.to(tl.int32), 1), 0) > 0:
-                if not HOIST:
-                    kt = tl.load(k + b * skb + kh * skh + s[:, None] * sks + d[None, :], mask=inside[:, None], other=0.0)
+                kt = tl.load(k + b * skb + kh * skh + s[:, None] * sks + d[None, :], mask=inside[:, None], other=0.0)
                 sc = tl.where(seen, tl.dot(qt, tl.trans(kt)) * scale, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(sc, 1))
                 m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
                 alpha = tl.exp(m_i - m_use)
                 p = tl.exp(sc - m_use[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
-                if not HOIST:
-                    vt = tl.load(v + b * svb + kh * svh + s[:, None] * svs + d[None, :], mask=inside[:, None], other=0.0)
+                vt = tl.load(v + b * svb + kh * svh + s[:, None] * svs + d[None, :], mask=inside[:, None], other=0.0)
                 acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
                 m_i = m_new
         if DIRECT:  # the only split: what the combine would write (its sums of one split are these)
@@ -224,7 +225,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), mask.stride(0), mask.stride(2), mask.stride(3),
         o, o.stride(0), o.stride(1), o.stride(2),
-        G=g, BM=bm, BN=bn, SPLIT=SPLIT, D=d, DIRECT=direct, HOIST=HOIST, num_warps=warps, **pdl.options(q))
+        G=g, BM=bm, BN=bn, SPLIT=SPLIT, D=d, DIRECT=direct, num_warps=warps, **pdl.options(q))
     if direct:
         return out
     rb, db = 16, min(d, 32)
