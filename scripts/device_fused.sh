@@ -19,9 +19,6 @@
 #   one call (carry .whl):  [SWEEP=1] bash scripts/device_fused.sh attn
 #       (SWEEP: the split attention at decode contexts, scripts/sweep_split_attention.py --decode: tiles,
 #       SPLIT), the step with 64-row and 16-row query tiles (SPECDEC_SPLIT_SMALL_TILES; ab_flags.py)
-#   one call (carry .whl):  bash scripts/device_fused.sh wide
-#       SPECDEC_SPLIT_WIDE (512-key splits for heads of up to 64 channels) at context 300, the shape end to end,
-#       device_check on a random Llama
 #   one call (carry .whl):  [OLD_FLAGS=...] [ROUNDS="a b"] [TARGETS="llama qwen35"] bash scripts/device_fused.sh final
 #       the defaults against the session-19 ones (SPECDEC_PDL=0 SPECDEC_SPLIT_SMALL_TILES=0, or OLD_FLAGS) on the
 #       shape end to end, and device_check (random Llama and Qwen3.5) with the defaults
@@ -99,16 +96,6 @@ attn)
         timeout 100 python scripts/ab_flags.py --shape smollm2-135m --context $c -n 128 --rounds 4 --no-drafters \
             --variants fused+direct+pdl fused+direct+pdl+small-tiles --json $OUT/ab_tiles_c$c.json 2>&1 | tail -3
     done ;;
-wide)
-    # 512-key splits for small heads (SPECDEC_SPLIT_WIDE): the step at context 300 (one split instead of two),
-    # the shape end to end with the defaults, device_check on a random Llama (64-channel heads)
-    pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
-    timeout 80 python scripts/ab_flags.py --shape smollm2-135m --context 300 -n 128 --rounds 3 --no-drafters \
-        --variants fused+direct+pdl+small-tiles fused+direct+pdl+small-tiles+wide-splits --json $OUT/ab_wide_c300.json 2>&1 | tail -3
-    timeout 60 python -m specdec bench --shape smollm2-135m --context 128 -n 256 --json $OUT/wide_shape.json 2>&1 | rows 3
-    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
-    timeout 100 python scripts/device_check.py run /tmp/dc --target llama --mode graphs --out $OUT/dc_wide_llama.json 2>&1 | tail -1
-    python scripts/device_check.py compare $OUT/dc_wide_llama.json 2>&1 | tail -6 ;;
 final)
     # the defaults now against the session-19 defaults (${OLD_FLAGS:-SPECDEC_PDL=0}), end to end on the shape, alternated;
     # then device_check (random Llama on the fused layers, random Qwen3.5) with the defaults
@@ -136,6 +123,6 @@ serve)
         done
     done ;;
 *)
-    echo "usage: bash scripts/device_fused.sh shape|real|drafters|pdl|profile|attn|wide|final|serve (see the top of this file)" >&2
+    echo "usage: bash scripts/device_fused.sh shape|real|drafters|pdl|profile|attn|final|serve (see the top of this file)" >&2
     exit 2 ;;
 esac

@@ -39,8 +39,7 @@ DECODE = [  # name, heads, kv heads, d, rows, span, live context
 
 
 def decode(path: str | None) -> None:
-    shipped = (sa.SPLIT, sa._tile, sa.WIDE_SPLITS)
-    sa.WIDE_SPLITS = False  # SPLIT as swept, whatever the head size
+    shipped = (sa.SPLIT, sa._tile)
     rows = []
     for split, bm, block, warps in itertools.product((256, 512), (16, 32, 64), (64, 128), (2, 4, 8)):
         for name, h, hkv, d, t, span, ctx in DECODE:
@@ -57,7 +56,7 @@ def decode(path: str | None) -> None:
                 row["error"] = f"{type(e).__name__}: {str(e)[:80]}"
             rows.append(row)
             print(json.dumps(row), flush=True)
-    sa.SPLIT, sa._tile, sa.WIDE_SPLITS = shipped
+    sa.SPLIT, sa._tile = shipped
     if path:
         json.dump(rows, open(path, "w"), indent=1)
 
@@ -69,8 +68,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.decode:
         return decode(a.json)
-    shipped = (sa.SPLIT, sa._tile, sa.WIDE_SPLITS)
-    sa.WIDE_SPLITS = False  # SPLIT as swept, whatever the head size
+    shipped = (sa.SPLIT, sa._tile)
     rows = []
     for split, block, warps in itertools.product((128, 256, 512), (32, 64, 128), (4, 8)):
         if block > split:
@@ -88,7 +86,7 @@ def main() -> None:
                    "GB_s": round(kv / us / 1e3, 1) if isinstance(us, float) else None}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    sa.SPLIT, sa._tile, sa.WIDE_SPLITS = shipped
+    sa.SPLIT, sa._tile = shipped
     if a.json:
         json.dump(rows, open(a.json, "w"), indent=1)
 

@@ -68,8 +68,8 @@ def test_reference_rows_ignore_masked_keys_appended():
 def test_reference_combines_many_splits_in_chunks():
     """Past COMBINE splits (here 18 and 36) the combine sums its chunks in order: rows in the first and
     the last chunk equal SDPA, a window's dead leading splits and appended dead ones change no bit."""
-    from specdec.models.split_attention import COMBINE, split_for
-    span = split_for(8) * (COMBINE + 2) - 100
+    from specdec.models.split_attention import COMBINE, SPLIT
+    span = SPLIT * (COMBINE + 2) - 100
     q, k, v, mask = _case(2, 4, 2, 3, span, 8, [span - 3, 40])
     pos = torch.tensor([span - 3, 40])[:, None] + torch.arange(3)[None, :]
     window = mask & (torch.arange(span)[None, None, :] > pos[:, :, None] - 700)[:, None]

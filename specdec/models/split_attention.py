@@ -7,8 +7,7 @@ span, but it walks the keys of a (sequence, head) in one program: on the H200 a 
 calls took 17 us each at span 256, and a 1-slot step cost 2.81 ms at span 256 against 9.49 ms at 4096
 (BENCHMARKS.md, session 3).
 
-Here the keys are cut into splits of ``SPLIT`` positions (:func:`split_for`: twice that for heads of up
-to 64 channels) at fixed absolute offsets, one program per
+Here the keys are cut into splits of ``SPLIT`` positions at fixed absolute offsets, one program per
 (sequence, KV head, query tile, split): it walks its split in blocks of keys (:func:`_tile`) with the
 online softmax (fp32), skipping a block where no query sees a key, and writes its partial max, sum
 and output. A second kernel combines a row's splits: their maximum first, then their sums rescaled
@@ -45,7 +44,7 @@ except ImportError:  # pragma: no cover - depends on the install
 
 SPLIT = 256  # keys per program, at fixed absolute offsets
 COMBINE = 16  # splits the combine sums at once (chunks at fixed multiples)
-# A span of one split (at most split_for(d) keys): the split kernel divides and writes the output itself, with
+# A span of one split (at most SPLIT keys): the split kernel divides and writes the output itself, with
 # no combine launch. The same bits: the combine of one split adds it, weighed exp(0) = 1, to zeros and
 # divides as the split kernel then does (the interpreter test appends dead keys to a one-split span and
 # compares). On the H200 a SmolLM2 16-row step over a 244-position cache went 1.33 -> 1.19 ms, and
@@ -67,16 +66,6 @@ def supported(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bo
 # splits (12.2 against 12.0; scripts/sweep_split_attention.py --decode, BENCHMARKS.md). A fixed choice per
 # head size, like the rest of the tile. SPECDEC_SPLIT_SMALL_TILES=0 gives the 64-row tiles back.
 SMALL_TILES = os.environ.get("SPECDEC_SPLIT_SMALL_TILES", "1") != "0"
-
-
-# ... and in splits of 512 keys (no combine up to 512 positions): SmolLM2's attention at a 300-position
-# context over a 512-position span 12.2 -> 9.8 us (the same sweep). SPECDEC_SPLIT_WIDE=0: 256 for all.
-WIDE_SPLITS = os.environ.get("SPECDEC_SPLIT_WIDE", "1") != "0"
-
-
-def split_for(d: int) -> int:
-    """Keys a program walks (the splits' fixed width) for head size ``d``: fixed per model."""
-    return 2 * SPLIT if d <= 64 and WIDE_SPLITS else SPLIT
 
 
 def _tile(d: int) -> tuple[int, int, int]:
@@ -222,8 +211,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     g = h // hkv
     bm, bn, warps = _tile(d)
     rows = g * t
-    split = split_for(d)
-    n_m, n_s = -(-rows // bm), -(-s // split)
+    n_m, n_s = -(-rows // bm), -(-s // SPLIT)
     direct = DIRECT and n_s == 1
     # the partial states (a direct launch writes none: one-element stand-ins)
     m_out = torch.empty(1 if direct else b * hkv * n_m * n_s * bm, dtype=torch.float32, device=q.device)
@@ -237,7 +225,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), mask.stride(0), mask.stride(2), mask.stride(3),
         o, o.stride(0), o.stride(1), o.stride(2),
-        G=g, BM=bm, BN=bn, SPLIT=split, D=d, DIRECT=direct, num_warps=warps, **pdl.options(q))
+        G=g, BM=bm, BN=bn, SPLIT=SPLIT, D=d, DIRECT=direct, num_warps=warps, **pdl.options(q))
     if direct:
         return out
     rb, db = 16, min(d, 32)
@@ -248,8 +236,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 
 
 def split_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                              scale: float, split: int | None = None, block: int | None = None, chunk: int = COMBINE
-                              ) -> torch.Tensor:
+                              scale: float, split: int = SPLIT, block: int | None = None, chunk: int = COMBINE) -> torch.Tensor:
     """:func:`split_attention`'s algorithm in torch ops, fp32 throughout (any device and dtype):
     blocks of ``block`` keys (default: the kernel's for the head size) at fixed offsets with the
     online softmax, a block no query of the sequence sees skipped, the partial states of each
@@ -257,7 +244,6 @@ def split_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     splits at a time, chunks in order)."""
     b, h, t, d = q.shape
     block = block or _tile(d)[1]
-    split = split or split_for(d)
     hkv, s = k.shape[1], k.shape[2]
     g = h // hkv
     qf = q.float().reshape(b, hkv, g * t, d)
