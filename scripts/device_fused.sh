@@ -19,6 +19,9 @@
 #   one call (carry .whl):  [SWEEP=1] bash scripts/device_fused.sh attn
 #       (SWEEP: the split attention at decode contexts, scripts/sweep_split_attention.py --decode: tiles,
 #       SPLIT), the step with 64-row and 16-row query tiles (SPECDEC_SPLIT_SMALL_TILES; ab_flags.py)
+#   one call (carry .whl):  bash scripts/device_fused.sh combine
+#       SPECDEC_SPLIT_LAST_COMBINES: bits against the combine kernel, the step past one split (SmolLM2 at 300
+#       and 1000, qwen3-8b at 1000), device_check on random Llama and Qwen3.5 with it on
 #   one call (carry .whl):  [OLD_FLAGS=...] [ROUNDS="a b"] [TARGETS="llama qwen35"] bash scripts/device_fused.sh final
 #       the defaults against the session-19 ones (SPECDEC_PDL=0 SPECDEC_SPLIT_SMALL_TILES=0, or OLD_FLAGS) on the
 #       shape end to end, and device_check (random Llama and Qwen3.5) with the defaults
@@ -96,6 +99,24 @@ attn)
         timeout 100 python scripts/ab_flags.py --shape smollm2-135m --context $c -n 128 --rounds 4 --no-drafters \
             --variants fused+direct+pdl fused+direct+pdl+small-tiles --json $OUT/ab_tiles_c$c.json 2>&1 | tail -3
     done ;;
+combine)
+    # SPECDEC_SPLIT_LAST_COMBINES (no combine launch past one split): its bits against the combine kernel
+    # (check_split_attention.py), the step past one split, device_check with it on
+    pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
+    timeout 200 python scripts/check_split_attention.py --json $OUT/split_check_lc.json > $OUT/split_check_lc.log 2>&1
+    grep -E "last_combines|failures" $OUT/split_check_lc.log | cut -c1-300
+    for sc in "smollm2-135m 300" "smollm2-135m 1000" "qwen3-8b 1000"; do
+        set -- $sc
+        timeout 120 python scripts/ab_flags.py --shape $1 --context $2 -n 128 --rounds 4 --no-drafters \
+            --variants fused+direct+pdl+small-tiles fused+direct+pdl+small-tiles+last-combines \
+            --json $OUT/ab_lc_$1_c$2.json 2>&1 | tail -3
+    done
+    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
+    for t in llama qwen35; do
+        SPECDEC_SPLIT_LAST_COMBINES=1 timeout 100 python scripts/device_check.py run /tmp/dc --target $t --mode graphs \
+            --out $OUT/dc_lc_$t.json 2>&1 | tail -1
+    done
+    python scripts/device_check.py compare $OUT/dc_lc_*.json 2>&1 | tail -11 ;;
 final)
     # the defaults now against the session-19 defaults (${OLD_FLAGS:-SPECDEC_PDL=0}), end to end on the shape, alternated;
     # then device_check (random Llama on the fused layers, random Qwen3.5) with the defaults
@@ -123,6 +144,6 @@ serve)
         done
     done ;;
 *)
-    echo "usage: bash scripts/device_fused.sh shape|real|drafters|pdl|profile|attn|final|serve (see the top of this file)" >&2
+    echo "usage: bash scripts/device_fused.sh shape|real|drafters|pdl|profile|attn|combine|final|serve (see the top of this file)" >&2
     exit 2 ;;
 esac

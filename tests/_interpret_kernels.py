@@ -93,6 +93,21 @@ def split() -> None:
         check(f"split {name}: dead keys appended change no bit", torch.equal(got, _kernel(q, k2, v2, mask2, scale)))
         alone = _kernel(q[:1, :, -1:].contiguous().view(1, 1, h, d).transpose(1, 2), k[:1], v[:1], mask[:1, :, -1:], scale)
         check(f"split {name}: a row alone has its bits within the step", torch.equal(alone, got[:1, :, -1:]))
+    # past one split, the tile's last split program combining it (sa.LAST_COMBINES): the combine kernel's bits,
+    # and the tickets all back at zero after the launch
+    saved = sa.LAST_COMBINES
+    try:
+        for name, (b, h, hkv, d, t, span, starts) in cases[::3]:  # SmolLM2's heads; more splits than a chunk
+            q, k, v, mask = _attn_case(b, h, hkv, d, t, span, starts)
+            sa.LAST_COMBINES = False
+            want = _kernel(q, k, v, mask, d ** -0.5)
+            sa.LAST_COMBINES = True
+            got = _kernel(q, k, v, mask, d ** -0.5)
+            tickets = sa._TICKETS[q.device][-1]
+            check(f"split last-combines {name}: the combine kernel's bits", torch.equal(got, want))
+            check(f"split last-combines {name}: the tickets back at zero", not tickets.any().item())
+    finally:
+        sa.LAST_COMBINES = saved
     # a span of one split: the direct launch (no combine, sa.DIRECT) writes the combine's bits
     saved = sa.DIRECT
     try:
@@ -291,6 +306,21 @@ def pdl_ptx() -> None:
         if name == "gemm":  # its weights (which never depend on the kernel before) prefetched before the wait
             check("pdl-ptx gemm: the weight rows prefetched into L2 before the wait",
                   0 <= body.find("prefetch.global.L2") < wait)
+    # the split attention's last-combines path (sa.LAST_COMBINES): a barrier, then the ticket as an acquire-release
+    # atomic at GPU scope, and the scratch read past L1 after it
+    from specdec.models import split_attention as sa
+    fn = sa._split_kernel
+    ptrs = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "mask": "*u8", "m_out": "*fp32", "l_out": "*fp32",
+            "a_out": "*fp32", "o": "*bf16", "tickets": "*i32", "scale": "fp32"}
+    const = {"G": 3, "BM": 16, "BN": 128, "SPLIT": 256, "D": 64, "DIRECT": False, "LAST_COMBINES": True, "RB": 16,
+             "DB": 32, "CB": 16, "USE_GDC": False}
+    sig = {n: ptrs.get(n, "constexpr" if n in const else "i32") for n in fn.arg_names}
+    ptx = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    body = ptx[ptx.index(".entry"):]
+    atom = body.find("atom.global.gpu.acq_rel.add")
+    last_st = body.rfind("st.global", 0, atom)
+    check("last-combines ptx: bar.sync, then the acq_rel GPU-scope ticket, then .cg reads",
+          0 <= last_st < body.rfind("bar.sync", 0, atom) < atom < body.find("ld.global.cg", atom))
     # models/prefetch.py's kernel: L2 prefetches only, no load or store
     from specdec.models import prefetch
     fn = prefetch._kernel
