@@ -26,8 +26,8 @@
 #       the defaults against the session-19 ones (SPECDEC_PDL=0 SPECDEC_SPLIT_SMALL_TILES=0, or OLD_FLAGS) on the
 #       shape end to end, and device_check (random Llama and Qwen3.5) with the defaults
 #   one call (carry .whl):  bash scripts/device_fused.sh serve
-#       the serving loop (scripts/bench_serve.py, random SmolLM2 shape, 1 / 8 / 32 clients), old and new:
-#       the fused layer's 16-row tiles at many rows a step (32 slots) are not yet measured
+#       the serving loop (scripts/bench_serve.py, random SmolLM2 shape, 1 / 8 / 32 clients), old
+#       (SPECDEC_FUSED_LAYER=0 SPECDEC_SPLIT_DIRECT=0) and new
 # Every output goes to $OUT.
 set -u
 G=/tmp/smol.gguf
@@ -118,7 +118,7 @@ combine)
     done
     python scripts/device_check.py compare $OUT/dc_lc_*.json 2>&1 | tail -11 ;;
 final)
-    # the defaults now against the session-19 defaults (${OLD_FLAGS:-SPECDEC_PDL=0}), end to end on the shape, alternated;
+    # the defaults now against the session-19 defaults (OLD_FLAGS), end to end on the shape, alternated;
     # then device_check (random Llama on the fused layers, random Qwen3.5) with the defaults
     pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
     for r in ${ROUNDS:-a b}; do

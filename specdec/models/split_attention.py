@@ -69,9 +69,10 @@ def supported(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bo
 
 
 # Heads of at most 64 channels (SmolLM2's) in 16-row query tiles: on the H200 a SmolLM2 16-row step's
-# attention over a 244-position cache took 4.64 us against 9.25 with 64-row tiles, and the same at two
-# splits (12.2 against 12.0; scripts/sweep_split_attention.py --decode, BENCHMARKS.md). A fixed choice per
-# head size, like the rest of the tile. SPECDEC_SPLIT_SMALL_TILES=0 gives the 64-row tiles back.
+# attention over a 244-position cache took 4.64 us against 9.25 with 64-row tiles
+# (scripts/sweep_split_attention.py --decode), the whole step 0.996 -> 0.832 ms at one split and 1.207 ->
+# 1.054 at two (scripts/ab_flags.py; BENCHMARKS.md). A fixed choice per head size, like the rest of the
+# tile. SPECDEC_SPLIT_SMALL_TILES=0 gives the 64-row tiles back.
 SMALL_TILES = os.environ.get("SPECDEC_SPLIT_SMALL_TILES", "1") != "0"
 
 
@@ -268,7 +269,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
         q, k, v, mask, m_out, l_out, a_out, t, s, hkv, rows, scale,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), mask.stride(0), mask.stride(2), mask.stride(3),
-        o, o.stride(0), o.stride(1), o.stride(2), m_out if tickets is None else tickets,
+        o, o.stride(0), o.stride(1), o.stride(2), m_out if tickets is None else tickets,  # (unread when off)
         G=g, BM=bm, BN=bn, SPLIT=SPLIT, D=d, DIRECT=direct, LAST_COMBINES=tickets is not None,
         RB=rb, DB=db, CB=COMBINE, num_warps=warps, **pdl.options(q))
     if direct or tickets is not None:
