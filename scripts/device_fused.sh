@@ -10,10 +10,7 @@
 #       end to end, old and new alternated
 #   call 3 (the full tree):  bash scripts/device_fused.sh drafters
 #       the shipped DFlash and MTP end to end on GSM8K and HumanEval, old and new
-#   one call (carry .whl):  bash scripts/device_fused.sh pdl
-#       SPECDEC_PDL (models/pdl.py) and SPECDEC_L2_PREFETCH (models/prefetch.py) against the defaults: the
-#       step A/B at one and two splits (and PDL alone on the qwen3-8b shape), the shape bench, device_check on
-#       random Llama and Qwen3.5 with both on
+#   (the `pdl` mode that measured SPECDEC_PDL and the since-removed L2 prefetch: at 8c72ceb)
 #   one call:  bash scripts/device_fused.sh profile
 #       SmolLM2's 16-row step, kernel by kernel (scripts/profile_shape_step.py), uncaptured and one graph replay
 #   one call (carry .whl):  [SWEEP=1] bash scripts/device_fused.sh attn
@@ -65,24 +62,6 @@ drafters)
                 --drafts none dflash dflash+ngram mtp --json $OUT/e2e_$1_drafters_$v.json 2>&1 | rows 6
         done
     done ;;
-pdl)
-    pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
-    for c in 100 300; do
-        timeout 120 python scripts/ab_flags.py --shape smollm2-135m --context $c -n 128 --rounds 5 --no-drafters \
-            --variants fused+direct fused+direct+pdl fused+direct+prefetch fused+direct+pdl+prefetch \
-            --json $OUT/ab_pdl_c$c.json 2>&1 | tail -6
-    done
-    timeout 170 python scripts/ab_flags.py --shape qwen3-8b --context 300 -n 128 --rounds 3 --no-drafters \
-        --variants fused+direct fused+direct+pdl --json $OUT/ab_pdl_qwen3_8b.json 2>&1 | tail -4
-    for f in "SPECDEC_PDL=1" "SPECDEC_L2_PREFETCH=1" "SPECDEC_PDL=1 SPECDEC_L2_PREFETCH=1"; do
-        echo "== $f"; env $f timeout 60 python -m specdec bench --shape smollm2-135m --context 128 -n 256 2>&1 | rows 4
-    done
-    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
-    for t in llama qwen35; do
-        SPECDEC_PDL=1 SPECDEC_L2_PREFETCH=1 timeout 90 python scripts/device_check.py run /tmp/dc --target $t --mode graphs \
-            --out $OUT/dc_pdl_$t.json 2>&1 | tail -1
-    done
-    python scripts/device_check.py compare $OUT/dc_pdl_*.json 2>&1 | tail -11 ;;
 profile)
     for p in 0 1; do
         echo "== SPECDEC_PDL=$p"; SPECDEC_PDL=$p timeout 120 python scripts/profile_shape_step.py --shape smollm2-135m \
@@ -144,6 +123,6 @@ serve)
         done
     done ;;
 *)
-    echo "usage: bash scripts/device_fused.sh shape|real|drafters|pdl|profile|attn|combine|final|serve (see the top of this file)" >&2
+    echo "usage: bash scripts/device_fused.sh shape|real|drafters|profile|attn|combine|final|serve (see the top of this file)" >&2
     exit 2 ;;
 esac

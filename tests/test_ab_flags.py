@@ -9,26 +9,24 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 
 import ab_flags  # noqa: E402
-from specdec.models import base, fused_layer, layers, pdl, prefetch, split_attention  # noqa: E402
+from specdec.models import base, fused_layer, layers, pdl, split_attention  # noqa: E402
 
 
 def _state():
     return (base.FOLD_RESIDUAL, split_attention.DIRECT, layers.DRAFTER_SPLIT, fused_layer.ENABLED, pdl.ENABLED,
-            prefetch.ENABLED, split_attention.SMALL_TILES, split_attention.LAST_COMBINES)
+            split_attention.SMALL_TILES, split_attention.LAST_COMBINES)
 
 
 F, T = False, True
 
 
-@pytest.mark.parametrize("variant, want", [("base", (F, F, F, F, F, F, F, F)), ("fold", (T, F, F, F, F, F, F, F)),
-                                           ("direct", (F, T, F, F, F, F, F, F)), ("drafter-split", (F, F, T, F, F, F, F, F)),
-                                           ("fused-layer", (F, F, F, T, F, F, F, F)), ("fused+direct", (F, T, F, T, F, F, F, F)),
-                                           ("fused+direct+pdl", (F, T, F, T, T, F, F, F)),
-                                           ("fused+direct+prefetch", (F, T, F, T, F, T, F, F)),
-                                           ("fused+direct+pdl+prefetch", (F, T, F, T, T, T, F, F)),
-                                           ("fused+direct+pdl+small-tiles", (F, T, F, T, T, F, T, F)),
-                                           ("fused+direct+pdl+small-tiles+last-combines", (F, T, F, T, T, F, T, T)),
-                                           ("all", (T, T, T, T, T, T, T, T))])
+@pytest.mark.parametrize("variant, want", [("base", (F, F, F, F, F, F, F)), ("fold", (T, F, F, F, F, F, F)),
+                                           ("direct", (F, T, F, F, F, F, F)), ("drafter-split", (F, F, T, F, F, F, F)),
+                                           ("fused-layer", (F, F, F, T, F, F, F)), ("fused+direct", (F, T, F, T, F, F, F)),
+                                           ("fused+direct+pdl", (F, T, F, T, T, F, F)),
+                                           ("fused+direct+pdl+small-tiles", (F, T, F, T, T, T, F)),
+                                           ("fused+direct+pdl+small-tiles+last-combines", (F, T, F, T, T, T, T)),
+                                           ("all", (T, T, T, T, T, T, T))])
 def test_flags_set_and_restored(variant, want):
     before = _state()
     with ab_flags.flags(ab_flags.VARIANTS[variant]):

@@ -110,20 +110,3 @@ def test_pdl_launch_options(monkeypatch):
     monkeypatch.setattr(pdl, "ENABLED", True)
     assert pdl.options(x) == {"USE_GDC": False}
 
-
-def test_l2_prefetch_is_one_layer_ahead_and_changes_nothing(target, fused_on, monkeypatch):
-    """models/prefetch.py's wiring (its kernel is PTX, checked by tests/_interpret_kernels.py pdl-ptx):
-    each fused layer's forward first forks the prefetch of the next layer's four weights (the first,
-    of layers 0 and 1), the forward joins once; the outputs are the same."""
-    from specdec.models import prefetch
-    ids = torch.randint(target.config.vocab_size, (9,), generator=torch.Generator().manual_seed(4))
-    ref = target.forward(ids, target.new_cache(16)).logits
-    seen = []
-    monkeypatch.setattr(prefetch, "enabled_for", lambda x: True)
-    monkeypatch.setattr(prefetch, "fork", lambda ws: seen.append([id(w) for w in ws]))
-    monkeypatch.setattr(prefetch, "join", lambda dev: seen.append("join"))
-    out = target.forward(ids, target.new_cache(16)).logits
-    assert torch.equal(out, ref)
-    want = [[id(w) for w in layer.weights()] for layer in target.layers] + ["join"]
-    assert seen == want
-    assert len(want[0]) == 4 and len(set(want[0])) == 4

@@ -18,7 +18,7 @@ from ..cache import BatchCache, BatchKVCache, BatchWrite, NoCache, SequenceCache
 from ..errors import ConfigError
 from ..config import ModelConfig
 from ..parallel.tp import Shard, VocabParallelEmbedding, gather_vocab, vocab_parallel_head
-from . import fused_layer, prefetch
+from . import fused_layer
 from .layers import RMSNorm, RotaryEmbedding, causal_mask, sliding_causal_mask
 
 # Each layer's last residual add folded into the next layer's input norm (``RMSNorm.add``: one kernel
@@ -185,13 +185,8 @@ class CausalLM(nn.Module):
         last = len(self.layers) - 1
         delta = None  # with FOLD_RESIDUAL or fused layers: the last layer's output is x + delta
         fused = fused_layer.usable(x)  # the layers' fused kernels (a model runs them in every such forward)
-        pull = fused and prefetch.enabled_for(x)  # fused layers' weights into L2, one layer ahead (models/prefetch.py)
-        if pull:
-            self._prefetch(0)
         for i, layer in enumerate(self.layers):
             if fused and getattr(layer, "fused_path", False):
-                if pull:
-                    self._prefetch(i + 1)
                 x, delta = layer.forward_fused(x, delta, ctx, cache.layers[i])
                 if i in want and i != last:
                     caps[i] = x + delta
@@ -206,8 +201,6 @@ class CausalLM(nn.Module):
             x = layer(x, ctx, cache.layers[i])
             if i in want:
                 caps[i] = x
-        if pull:
-            prefetch.join(x.device)
         h = self.norm(x) if delta is None else self.norm.add(x, delta)[1]
         if len(self.layers) - 1 in want:
             caps[len(self.layers) - 1] = h  # HF's hidden_states[L] is after the final norm
@@ -218,11 +211,6 @@ class CausalLM(nn.Module):
             out_logits = self.head(h[-1:])
         captured = torch.cat([caps[i] for i in capture], dim=-1) if capture else None
         return ForwardOut(out_logits, h, captured)
-
-    def _prefetch(self, i: int) -> None:
-        """Layer ``i``'s weights into L2 on the side stream, if it is a fused layer."""
-        if i < len(self.layers) and getattr(self.layers[i], "fused_path", False):
-            prefetch.fork(self.layers[i].weights())
 
     # --- batched steps (many sequences; training data and the server) --------------------
     def check_batched(self) -> None:

@@ -38,7 +38,7 @@ import os
 import torch
 
 from ..errors import ConfigError
-from . import pdl, prefetch
+from . import pdl
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
     import triton
@@ -129,9 +129,9 @@ if triton is not None:
             line = tl.minimum(tl.arange(0, LINES) * PER_LINE, K - 1)
             rows = tl.minimum(rn, N - 1)
             at = w + rows[:, None] * K + line[None, :]
-            prefetch.to_l2(at)
+            pdl.to_l2(at)
             if SILU:
-                prefetch.to_l2(at + N * K)
+                pdl.to_l2(at + N * K)
             tl.extra.cuda.gdc_wait()
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         if SILU:

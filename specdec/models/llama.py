@@ -77,10 +77,6 @@ class DenseDecoderLayer(nn.Module):
         x, h = self.post_attention_layernorm.add(x, fused_layer.linear(o, a.o_proj.weight))
         return x, fused_layer.linear(fused_layer.linear(h, mlp._fused[0], silu=True), mlp.down_proj.weight)
 
-    def weights(self) -> list[torch.Tensor]:
-        """The four weights :meth:`forward_fused` multiplies by (what models/prefetch.py pulls into L2)."""
-        return [self.self_attn._fused[0], self.self_attn.o_proj.weight, self.mlp._fused[0], self.mlp.down_proj.weight]
-
     def forward_folded(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: StepContext, cache: KVCache
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """This layer with the residual adds moved: it takes ``(x, delta)``, whose sum is its input

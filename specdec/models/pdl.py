@@ -1,7 +1,7 @@
 """Programmatic dependent launch (PDL) for the Triton kernels of a CUDA step (issue 10; Hopper and later).
 
 A SmolLM2 16-row step is ~8 small kernels a layer, and under a CUDA graph each still waits for the one
-before it to finish and flush before its own blocks are scheduled. With ``SPECDEC_PDL=1`` the step's
+before it to finish and flush before its own blocks are scheduled. With PDL the step's
 Triton kernels (the fused layer's GEMM, fused_ops' norm and SwiGLU product, RoPE + the cache write, the
 split attention and its combine) are launched with CUDA's programmatic stream serialization and begin
 with ``griddepcontrol.launch_dependents`` then ``griddepcontrol.wait``: the next kernel's blocks may be
@@ -51,6 +51,12 @@ def _hopper(device: torch.device) -> bool:
 
 
 if triton is not None:
+    @triton.jit
+    def to_l2(ptrs):
+        """``prefetch.global.L2`` of the line each pointer falls in (the fused layer's GEMM, before its wait)."""
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
     @triton.jit
     def begin():
         """A kernel's first statement under ``USE_GDC``: let the next kernel launch, then wait for the
