@@ -65,6 +65,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("check_split_attention: needs CUDA (a GPU run; tests/_interpret_kernels.py split checks the kernel on the CPU)")
     rep = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "checks": [], "times_us": []}
     failures = 0
     for name, (h, hkv, d) in SHAPES.items():

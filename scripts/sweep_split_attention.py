@@ -66,6 +66,8 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--decode", action="store_true", help="the decode step's short contexts (see above)")
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("sweep_split_attention: needs CUDA (a GPU run; tests/_interpret_kernels.py split checks the kernel on the CPU)")
     if a.decode:
         return decode(a.json)
     shipped = (sa.SPLIT, sa._tile)
