@@ -1,8 +1,7 @@
 """The split attention kernel (specdec/models/split_attention.py) on the GPU: its outputs against
 the torch reference of the same algorithm and against SDPA; a row's bits at other spans, other step
 widths, other batch sizes and tile positions (each must be equal, bitwise); its time against the
-memory-efficient SDPA kernel the static steps used (query groups folded); SPECDEC_SPLIT_LAST_COMBINES'
-path against the combine kernel (bitwise, eager and in CUDA-graph replays) and both timed.
+memory-efficient SDPA kernel the static steps used (query groups folded).
 
     python scripts/check_split_attention.py [--json F]
 """
@@ -104,42 +103,6 @@ def main() -> None:
                        "sdpa_memeff": timed(lambda: memeff(q, k, v, mask, scale))}
                 rep["times_us"].append(row)
                 print(json.dumps(row))
-    # SPECDEC_SPLIT_LAST_COMBINES: the tile's last split combining it, against the combine kernel, bitwise, in
-    # eager calls and in three replays of a CUDA graph (the tickets must come back to zero each time)
-    from specdec.models import split_attention as sa
-    saved = sa.LAST_COMBINES
-    try:
-        for name, (h, hkv, d) in SHAPES.items():
-            for b, t in ((1, 16), (4, 16), (32, 1)):
-                q, k, v, mask = inputs(b, h, hkv, d, t, 2048, [(131 * i + 700) % 1900 + 16 for i in range(b)])
-                sa.LAST_COMBINES = False
-                want = split_attention(q, k, v, mask, d ** -0.5)
-                sa.LAST_COMBINES = True
-                eager = split_attention(q, k, v, mask, d ** -0.5)
-                graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    split_attention(q, k, v, mask, d ** -0.5)
-                torch.cuda.current_stream().wait_stream(side)
-                with torch.cuda.graph(graph):
-                    out = split_attention(q, k, v, mask, d ** -0.5)
-                replays = []
-                for _ in range(3):
-                    graph.replay()
-                    replays.append(out.clone())
-                torch.cuda.synchronize()
-                row = {"shape": name, "b": b, "t": t, "last_combines_equal": torch.equal(eager, want),
-                       "graph_replays_equal": all(torch.equal(x, want) for x in replays),
-                       "tickets_zero": not sa._TICKETS[q.device][-1].any().item(),
-                       "us_combine_kernel": None, "us_last_combines": timed(lambda: split_attention(q, k, v, mask, d ** -0.5))}
-                sa.LAST_COMBINES = False
-                row["us_combine_kernel"] = timed(lambda: split_attention(q, k, v, mask, d ** -0.5))
-                row["ok"] = row["last_combines_equal"] and row["graph_replays_equal"] and row["tickets_zero"]
-                failures += not row["ok"]
-                rep["checks"].append(row)
-                print(json.dumps(row))
-    finally:
-        sa.LAST_COMBINES = saved
     rep["failures"] = failures
     print(f"failures: {failures}")
     if a.json:

@@ -16,9 +16,11 @@
 #   one call (carry .whl):  [SWEEP=1] bash scripts/device_fused.sh attn
 #       (SWEEP: the split attention at decode contexts, scripts/sweep_split_attention.py --decode: tiles,
 #       SPLIT), the step with 64-row and 16-row query tiles (SPECDEC_SPLIT_SMALL_TILES; ab_flags.py)
-#   one call (carry .whl):  bash scripts/device_fused.sh combine
-#       SPECDEC_SPLIT_LAST_COMBINES: bits against the combine kernel, the step past one split (SmolLM2 at 300
-#       and 1000, qwen3-8b at 1000), device_check on random Llama and Qwen3.5 with it on
+#   (the `combine` mode that measured the since-removed SPECDEC_SPLIT_LAST_COMBINES: at 275368c)
+#   three calls back to back: dfast-shape (carry .whl .dev/h1, drafters out), dfast-real (carry .dev/h2, drafters
+#       out), dfast-drafters (the full tree): SPECDEC_DFLASH_FAST off and on (see each mode below)
+#   one call (carry .whl):  [COMPILE=1] bash scripts/device_fused.sh drafter-profile
+#       the DFlash and MTP drafters' steps on the SmolLM2 shape, kernel by kernel, and profile_engine.py's split
 #   one call (carry .whl):  [OLD_FLAGS=...] [ROUNDS="a b"] [TARGETS="llama qwen35"] bash scripts/device_fused.sh final
 #       the defaults against the session-19 ones (SPECDEC_PDL=0 SPECDEC_SPLIT_SMALL_TILES=0, or OLD_FLAGS) on the
 #       shape end to end, and device_check (random Llama and Qwen3.5) with the defaults
@@ -78,24 +80,67 @@ attn)
         timeout 100 python scripts/ab_flags.py --shape smollm2-135m --context $c -n 128 --rounds 4 --no-drafters \
             --variants fused+direct+pdl fused+direct+pdl+small-tiles --json $OUT/ab_tiles_c$c.json 2>&1 | tail -3
     done ;;
-combine)
-    # SPECDEC_SPLIT_LAST_COMBINES (no combine launch past one split): its bits against the combine kernel
-    # (check_split_attention.py), the step past one split, device_check with it on
+drafter-profile)
+    # where a drafter's step goes on the SmolLM2 shape (random weights): DFlash's proposal and context
+    # write, MTP's proposal (k = 3), kernel by kernel (profile_shape_step.py --drafter), then the engine's
+    # own split of a DFlash step (profile_engine.py)
     pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
-    timeout 200 python scripts/check_split_attention.py --json $OUT/split_check_lc.json > $OUT/split_check_lc.log 2>&1
-    grep -E "last_combines|failures" $OUT/split_check_lc.log | cut -c1-300
-    for sc in "smollm2-135m 300" "smollm2-135m 1000" "qwen3-8b 1000"; do
-        set -- $sc
-        timeout 120 python scripts/ab_flags.py --shape $1 --context $2 -n 128 --rounds 4 --no-drafters \
-            --variants fused+direct+pdl+small-tiles fused+direct+pdl+small-tiles+last-combines \
-            --json $OUT/ab_lc_$1_c$2.json 2>&1 | tail -3
+    for d in dflash mtp; do
+        timeout 150 python scripts/profile_shape_step.py --shape smollm2-135m --drafter $d --context 300 --top 30 \
+            ${COMPILE:+--compile} > $OUT/profile_drafter_$d.json 2> $OUT/profile_drafter_$d.err
+        grep -E '_ms"|kernels"' $OUT/profile_drafter_$d.json; grep -v "^USDT\|Warning" $OUT/profile_drafter_$d.err | tail -3
+    done
+    timeout 120 python scripts/profile_engine.py --shape smollm2-135m --draft dflash --prompts 4 -n 128 \
+        > $OUT/profile_engine_dflash.txt 2>&1; grep -E "^\{" $OUT/profile_engine_dflash.txt ;;
+dfast-shape)
+    # SPECDEC_DFLASH_FAST and SPECDEC_MTP_FAST (drafters/dflash_fast.py, mtp.FastLayer), call 1 of 3 (carry .whl
+    # .dev/h1; the shipped drafters out): the first GGUF half kept; random DFlash and MTP drafters' steps on the
+    # SmolLM2 shape, off and on (time and kernels), profile_engine's DFlash step, device_check (random Llama,
+    # graphs, every drafter) with both on; all in $OUT/dfast1.tgz
+    cp .dev/h1/p /tmp/p1 && pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
+    O=/tmp/o1; rm -rf $O; mkdir -p $O
+    for d in dflash mtp; do
+        for f in 0 1 0 1; do
+            echo "== $d fast=$f"; SPECDEC_DFLASH_FAST=$f SPECDEC_MTP_FAST=$f timeout 100 python scripts/profile_shape_step.py \
+                --shape smollm2-135m --drafter $d --context 300 --top 30 > $O/pd_${d}_fast$f.json 2> $O/pd_${d}_fast$f.err
+            grep -E '_ms"|kernels"' $O/pd_${d}_fast$f.json; grep -E "Error|error" $O/pd_${d}_fast$f.err | tail -3
+        done
+    done
+    for f in 0 1; do
+        SPECDEC_DFLASH_FAST=$f timeout 120 python scripts/profile_engine.py --shape smollm2-135m --draft dflash --prompts 4 \
+            -n 128 > $O/pe_fast$f.txt 2>&1; grep -E "^\{|Error" $O/pe_fast$f.txt
     done
     python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
-    for t in llama qwen35; do
-        SPECDEC_SPLIT_LAST_COMBINES=1 timeout 100 python scripts/device_check.py run /tmp/dc --target $t --mode graphs \
-            --out $OUT/dc_lc_$t.json 2>&1 | tail -1
+    SPECDEC_DFLASH_FAST=1 SPECDEC_MTP_FAST=1 timeout 150 python scripts/device_check.py run /tmp/dc --target llama \
+        --mode graphs --out $O/dc_fast_llama.json 2>&1 | tail -1
+    python scripts/device_check.py compare $O/dc_fast_llama.json 2>&1 | tail -6
+    tar czf $OUT/dfast1.tgz -C $O . ;;
+dfast-real)
+    # call 2 of 3 (carry .dev/h2; drafters still out): the GGUF joined; real SmolLM2 plain decoding end to end
+    # (issue 10's number), GSM8K first 80, two rounds
+    cat /tmp/p1 .dev/h2/p > $G && md5sum $G
+    for r in a b; do
+        echo "== plain $r"; python -m specdec bench -m $G --dataset gsm8k --num-prompts 80 -n 128 --drafts none \
+            --json $OUT/real_plain_$r.json 2>&1 | rows 3
+    done ;;
+dfast-drafters)
+    # call 3 of 3 (the full tree): the shipped DFlash and MTP drafters with SPECDEC_DFLASH_FAST and SPECDEC_MTP_FAST
+    # off and on, GSM8K and HumanEval (first 80, -n 128, T=0, MTP k=3), then device_check on real weights with the
+    # shipped drafters, both on
+    O=/tmp/o3; rm -rf $O; mkdir -p $O
+    for s in "gsm8k 80" "humaneval 80"; do
+        set -- $s
+        for f in 0 1; do
+            echo "== fast=$f $1"; SPECDEC_DFLASH_FAST=$f SPECDEC_MTP_FAST=$f python -m specdec bench -m $G --dataset $1 \
+                --num-prompts $2 -n 128 -k 3 --drafts none dflash dflash+ngram mtp --json $O/e2e_$1_fast$f.json 2>&1 | rows 5
+        done
     done
-    python scripts/device_check.py compare $OUT/dc_lc_*.json 2>&1 | tail -11 ;;
+    D=specdec/data/drafters/smollm2_135m_instruct
+    SPECDEC_DFLASH_FAST=1 SPECDEC_MTP_FAST=1 timeout 150 python scripts/device_check.py run /tmp/none --target smollm2 \
+        --model $G --gsm8k specdec/data/bench/gsm8k_test.jsonl --mode graphs --prompts 8 --new-tokens 256 \
+        --drafters dflash:$D/dflash mtp:$D/mtp oracle --out $O/dc_fast_smollm2.json 2>&1 | tail -1
+    python scripts/device_check.py compare $O/dc_fast_smollm2.json 2>&1 | tail -5
+    tar czf $OUT/dfast3.tgz -C $O . ;;
 final)
     # the defaults now against the session-19 defaults (OLD_FLAGS), end to end on the shape, alternated;
     # then device_check (random Llama on the fused layers, random Qwen3.5) with the defaults
@@ -123,6 +168,6 @@ serve)
         done
     done ;;
 *)
-    echo "usage: bash scripts/device_fused.sh shape|real|drafters|profile|attn|combine|final|serve (see the top of this file)" >&2
+    echo "usage: bash scripts/device_fused.sh shape|real|drafters|profile|attn|drafter-profile|dfast-shape|dfast-real|dfast-drafters|final|serve (see the top of this file)" >&2
     exit 2 ;;
 esac

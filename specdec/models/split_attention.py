@@ -50,13 +50,9 @@ COMBINE = 16  # splits the combine sums at once (chunks at fixed multiples)
 # compares). On the H200 a SmolLM2 16-row step over a 244-position cache went 1.33 -> 1.19 ms, and
 # 1.16 -> 1.04 with fused_layer (scripts/ab_flags.py; BENCHMARKS.md). SPECDEC_SPLIT_DIRECT=0 turns it off.
 DIRECT = os.environ.get("SPECDEC_SPLIT_DIRECT", "1") != "0"
-# Past one split, no combine launch: each split program takes a ticket (an atomic add, acquire-release,
-# after its partial state is stored) and the tile's last one combines the tile's rows itself, with the
-# combine kernel's code (_combine_block: the same arithmetic a row and feature, so the same bits), its
-# reads past L1. The tickets live in one zeroed buffer a device, each tile's reset by its last program.
-# Off until measured on the GPU (tests/_interpret_kernels.py checks the bits in Triton's interpreter):
-# SPECDEC_SPLIT_LAST_COMBINES=1.
-LAST_COMBINES = os.environ.get("SPECDEC_SPLIT_LAST_COMBINES", "0") == "1"
+# Tried and removed: past one split, the tile's last split program combining it after an acquire-release
+# ticket (no combine launch). On the H200 it made the 16-row step slower: SmolLM2 at context 300 1.05 ->
+# 1.20 ms, qwen3-8b at 1000 5.35 -> 8.23 ms (scripts/ab_flags.py, BENCHMARKS.md). Its code is at bb0405a.
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
@@ -90,10 +86,9 @@ def _tile(d: int) -> tuple[int, int, int]:
 if triton is not None:
     @triton.jit(do_not_specialize=["T", "S", "Hkv", "rows"])
     def _split_kernel(q, k, v, mask, m_out, l_out, a_out, T, S, Hkv, rows, scale,
-                      sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sms, o, sob, soh, sot, tickets,
+                      sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sms, o, sob, soh, sot,
                       G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
-                      DIRECT: tl.constexpr, LAST_COMBINES: tl.constexpr, RB: tl.constexpr, DB: tl.constexpr,
-                      CB: tl.constexpr, USE_GDC: tl.constexpr):
+                      DIRECT: tl.constexpr, USE_GDC: tl.constexpr):
         if USE_GDC:  # models/pdl.py
             pdl.begin()
         pid_bh, pid_m, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -137,16 +132,6 @@ if triton is not None:
         sees = live & (m_i > float("-inf"))
         tl.store(l_out + base + i, l_i, mask=sees)
         tl.store(a_out + (base + i)[:, None] * D + d[None, :], acc, mask=sees[:, None])
-        if LAST_COMBINES:  # the tile's last split to finish combines it (no combine launch; see LAST_COMBINES)
-            tl.debug_barrier()  # every thread's stores above come before the ticket
-            tile = pid_bh * n_m + pid_m
-            ticket = tl.atomic_add(tickets + tile, 1, sem="acq_rel", scope="gpu")
-            if ticket == n_s - 1:  # the other splits' partial states are all written and visible
-                tl.store(tickets + tile, 0)  # ready for the next launch (the kernel's end publishes it)
-                for r0 in tl.static_range(0, BM, RB):
-                    for d0 in tl.static_range(0, D, DB):
-                        _combine_block(m_out, l_out, a_out, o, pid_m * BM + r0 + tl.arange(0, RB), d0 + tl.arange(0, DB),
-                                       b, kh, pid_bh, T, rows, n_s, n_m, sob, soh, sot, G, BM, D, RB, DB, CB)
 
     @triton.jit(do_not_specialize=["T", "Hkv", "rows", "n_s", "n_m"])
     def _combine_kernel(m_out, l_out, a_out, o, T, Hkv, rows, n_s, n_m, sob, soh, sot,
@@ -157,17 +142,11 @@ if triton is not None:
         # one program per (sequence, KV head, RB rows, DB features): every row's and feature's
         # arithmetic is its own, so the cut changes no bit; it spreads the reads over the SMs
         pid_bh, pid_r, pid_d = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-        _combine_block(m_out, l_out, a_out, o, pid_r * RB + tl.arange(0, RB), pid_d * DB + tl.arange(0, DB),
-                       pid_bh // Hkv, pid_bh % Hkv, pid_bh, T, rows, n_s, n_m, sob, soh, sot, G, BM, D, RB, DB, CB)
-
-    @triton.jit
-    def _combine_block(m_out, l_out, a_out, o, r, d, b, kh, pid_bh, T, rows, n_s, n_m, sob, soh, sot,
-                       G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, RB: tl.constexpr, DB: tl.constexpr,
-                       CB: tl.constexpr):
-        """Rows ``r`` (RB) and features ``d`` (DB) of a (sequence ``b``, KV head ``kh``): their splits combined
-        and written. The scratch is read past L1 (``.cg``): under LAST_COMBINES other SMs wrote it."""
+        b, kh = pid_bh // Hkv, pid_bh % Hkv
+        r = pid_r * RB + tl.arange(0, RB)
         live = r < rows
         row0 = (pid_bh * n_m + r // BM) * n_s * BM + r % BM  # the row's split-0 entry in the scratch
+        d = pid_d * DB + tl.arange(0, DB)
         # the splits any of these rows sees: [lo, hi] (the others leave every row's state as it is)
         # and each row's max over all its splits (pass 1: maxima are exact in any order)
         lo, hi = n_s + 0, n_s * 0 - 1  # int32 tensors (loop-carried)
@@ -175,7 +154,7 @@ if triton is not None:
         for c0 in range(0, n_s, CB):
             c = c0 + tl.arange(0, CB)
             m_c = tl.load(m_out + row0[None, :] + c[:, None] * BM, mask=(c < n_s)[:, None] & live[None, :],
-                          other=float("-inf"), cache_modifier=".cg")
+                          other=float("-inf"))
             seen = tl.max((m_c > float("-inf")).to(tl.int32), 1) > 0
             lo = tl.minimum(lo, tl.min(tl.where(seen, c, n_s), 0))
             hi = tl.maximum(hi, tl.max(tl.where(seen, c, -1), 0))
@@ -189,12 +168,11 @@ if triton is not None:
         for c0 in range(lo - lo % CB, hi + 1, CB):
             c = c0 + tl.arange(0, CB)
             at = row0[None, :] + c[:, None] * BM  # [CB, RB]
-            m_c = tl.load(m_out + at, mask=(c < n_s)[:, None] & live[None, :], other=float("-inf"), cache_modifier=".cg")
+            m_c = tl.load(m_out + at, mask=(c < n_s)[:, None] & live[None, :], other=float("-inf"))
             sees = m_c > float("-inf")
             w = tl.where(sees, tl.exp(m_c - m_use[None, :]), 0.0)
-            l_c = tl.load(l_out + at, mask=sees, other=0.0, cache_modifier=".cg")
-            a_c = tl.load(a_out + at[:, :, None] * D + d[None, None, :], mask=sees[:, :, None], other=0.0,
-                          cache_modifier=".cg")
+            l_c = tl.load(l_out + at, mask=sees, other=0.0)
+            a_c = tl.load(a_out + at[:, :, None] * D + d[None, None, :], mask=sees[:, :, None], other=0.0)
             any_c = tl.max(sees.to(tl.int32), 0) > 0
             l = tl.where(any_c, l + tl.sum(l_c * w, 0), l)
             acc = tl.where(any_c[:, None], acc + tl.sum(a_c * w[:, :, None], 0), acc)
@@ -202,23 +180,6 @@ if triton is not None:
         out = acc / tl.where(l > 0, l, 1.0)[:, None]
         tl.store(o + b * sob + (kh * G + g)[:, None] * soh + t[:, None] * sot + d[None, :],
                  out.to(o.dtype.element_ty), mask=live[:, None])
-
-
-_TICKETS: dict = {}
-
-
-def _tickets(device: torch.device, n: int) -> torch.Tensor | None:
-    """LAST_COMBINES' counters (int32, zero between launches: each tile's last split resets its own),
-    at least ``n``; None where it is off or a buffer would have to be made during a CUDA graph's
-    capture (a capture's allocation would be zeroed by no one; the combine kernel runs then)."""
-    if not LAST_COMBINES:
-        return None
-    bufs = _TICKETS.setdefault(device, [])  # a larger one is added, never swapped in: graphs hold the old
-    if not bufs or bufs[-1].numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        bufs.append(torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device))
-    return bufs[-1]
 
 
 def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
@@ -263,17 +224,15 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     out = torch.empty(b, t, h, d, dtype=q.dtype, device=q.device)
     o = out.transpose(1, 2)
     mask = mask.view(torch.uint8)  # a boolean mask (supported()), read as bytes
-    rb, db = 16, min(d, 32)
-    tickets = None if direct else _tickets(q.device, b * hkv * n_m)
     _split_kernel[(b * hkv, n_m, n_s)](
         q, k, v, mask, m_out, l_out, a_out, t, s, hkv, rows, scale,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), mask.stride(0), mask.stride(2), mask.stride(3),
-        o, o.stride(0), o.stride(1), o.stride(2), m_out if tickets is None else tickets,  # (unread when off)
-        G=g, BM=bm, BN=bn, SPLIT=SPLIT, D=d, DIRECT=direct, LAST_COMBINES=tickets is not None,
-        RB=rb, DB=db, CB=COMBINE, num_warps=warps, **pdl.options(q))
-    if direct or tickets is not None:
+        o, o.stride(0), o.stride(1), o.stride(2),
+        G=g, BM=bm, BN=bn, SPLIT=SPLIT, D=d, DIRECT=direct, num_warps=warps, **pdl.options(q))
+    if direct:
         return out
+    rb, db = 16, min(d, 32)
     _combine_kernel[(b * hkv, -(-rows // rb), d // db)](
         m_out, l_out, a_out, o, t, hkv, rows, n_s, n_m, o.stride(0), o.stride(1), o.stride(2),
         G=g, BM=bm, D=d, RB=rb, DB=db, CB=COMBINE, num_warps=4, **pdl.options(q))
