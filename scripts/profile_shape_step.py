@@ -5,6 +5,11 @@ kernel's start to the last one's end (the kernels' sum plus the gaps between the
 step must read and the bound they imply.
 
     python scripts/profile_shape_step.py --shape qwen3-8b [--rows 16] [--context 512] [--cache N] [--compile]
+    python scripts/profile_shape_step.py --shape smollm2-135m --drafter dflash|mtp [--context 512] [--compile]
+
+``--drafter``: a random drafter's step instead (``specdec bench --shape``'s: DFlash of 5 layers, block 16,
+or an MTP block at k = 3): its proposal and, for DFlash, the context write of ``--rows`` committed rows,
+each timed and profiled like the target's step.
 
 ``--cache``: the cache's positions (default: the context and two steps); the kernels of the uncaptured
 step are listed for each mode run (uncompiled, and compiled with ``--compile``).
@@ -18,6 +23,7 @@ import json
 import torch
 
 from specdec.bench_shape import _median_ms, bandwidth, decode_bytes
+from specdec.models.base import ForwardOut
 from specdec.models.graphs import GraphedTarget
 from specdec.shapes import build_shape
 
@@ -31,9 +37,13 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also time the compiled step")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--device", default="cuda", help="cuda (cpu: a smoke test, nothing captured or profiled)")
+    ap.add_argument("--drafter", choices=["dflash", "mtp"], default=None, help="profile this drafter's step instead")
     a = ap.parse_args()
     dev = torch.device(a.device)
     m = build_shape(a.shape, dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    if a.drafter:
+        print(json.dumps(profile_drafter(m, a, dev), indent=1))
+        return
     total, per_token, _ = decode_bytes(m, a.context)
     bw = bandwidth(dev, 256 << 20, 10)
     res = {"shape": a.shape, "rows": a.rows, "context": a.context, "cache": a.cache or None, "bound_ms": round(per_token / bw * 1e3, 3)}
@@ -51,26 +61,80 @@ def main() -> None:
             key = ("compiled " if comp else "") + ("captured" if graphs else "uncaptured")
             res[key + "_ms"] = round(_median_ms(one, dev, 20), 3)
             if dev.type == "cuda" or not graphs:
-                one()
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA if dev.type == "cuda" else torch.profiler.ProfilerActivity.CPU]) as prof:
-                    one()
-                    if dev.type == "cuda":
-                        torch.cuda.synchronize()
-                kern, spans = {}, []
-                for e in prof.events():
-                    if e.device_type == (torch.autograd.DeviceType.CUDA if dev.type == "cuda" else torch.autograd.DeviceType.CPU):
-                        spans.append((e.time_range.start, e.time_range.end))
-                        k = kern.setdefault(e.name[:90], [0, 0.0])
-                        k[0] += 1
-                        k[1] += e.device_time_total / 1e3 if hasattr(e, "device_time_total") else e.cuda_time_total / 1e3
-                top = sorted(kern.items(), key=lambda kv: -kv[1][1])[: a.top]
-                pre = ("compiled_" if comp else "") + ("captured_" if graphs else "")
-                if spans:  # first kernel's start to last kernel's end: the busy time plus the gaps
-                    res[pre + "span_ms"] = round((max(e for _, e in spans) - min(s for s, _ in spans)) / 1e3, 3)
-                res[pre + "kernels"] = sum(v[0] for v in kern.values())
-                res[pre + "kernel_ms_total"] = round(sum(v[1] for v in kern.values()), 3)
-                res[pre + "top_kernels"] = [(n, c, round(ms, 3)) for n, (c, ms) in top]
+                kernels(one, dev, a.top, res, ("compiled_" if comp else "") + ("captured_" if graphs else ""))
     print(json.dumps(res, indent=1))
+
+
+def kernels(one, dev, top: int, res: dict, pre: str) -> None:
+    """One call of ``one`` (after a warm one) under torch.profiler: its kernels grouped by name into
+    ``res`` (count, ms), their sum, and the span from the first kernel's start to the last one's end."""
+    one()
+    cuda = dev.type == "cuda"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU]) as prof:
+        one()
+        if cuda:
+            torch.cuda.synchronize()
+    kern, spans = {}, []
+    for e in prof.events():
+        if e.device_type == (torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU):
+            spans.append((e.time_range.start, e.time_range.end))
+            k = kern.setdefault(e.name[:90], [0, 0.0])
+            k[0] += 1
+            k[1] += e.device_time_total / 1e3 if hasattr(e, "device_time_total") else e.cuda_time_total / 1e3
+    ranked = sorted(kern.items(), key=lambda kv: -kv[1][1])[:top]
+    if spans:  # first kernel's start to last kernel's end: the busy time plus the gaps
+        res[pre + "span_ms"] = round((max(e for _, e in spans) - min(s for s, _ in spans)) / 1e3, 3)
+    res[pre + "kernels"] = sum(v[0] for v in kern.values())
+    res[pre + "kernel_ms_total"] = round(sum(v[1] for v in kern.values()), 3)
+    res[pre + "top_kernels"] = [(n, c, round(ms, 3)) for n, (c, ms) in ranked]
+
+
+def profile_drafter(m, a, dev) -> dict:
+    """The random ``--drafter``'s steps after a ``--context``-token prompt: the proposal (for DFlash
+    also the context write of ``--rows`` rows), timed (median ms) and profiled, plain and (with
+    ``--compile``) compiled."""
+    from specdec.bench_shape import _dflash, _mtp
+    from specdec.sampling import SamplingParams
+
+    res = {"shape": a.shape, "drafter": a.drafter, "context": a.context, "rows": a.rows}
+    greedy = SamplingParams()
+    prompt = torch.randint(0, min(1000, m.config.vocab_size), (a.context,), device=dev)
+    for comp in ([False, True] if a.compile else [False]):
+        d, k, _ = (_dflash if a.drafter == "dflash" else _mtp)(m)
+        d.compile = comp
+        cache = m.new_cache(a.context + 64, spare=16)
+        with torch.inference_mode():
+            out = m(prompt, cache, capture=tuple(d.capture_layers), logits="last")
+        d.begin(prompt, out)
+        pre = "compiled_" if comp else ""
+
+        if a.drafter == "mtp":  # past the prompt's catch-up: each timed proposal starts from one observed row
+            d.propose(7, k, greedy, None)
+            d.observe(prompt[:1], ForwardOut(logits=None, hidden=out.hidden[-1:], captured=None))
+            saved = (d.length, list(d._pending_h), list(d._pending_t), d._last_h)
+
+        def propose():
+            if a.drafter == "mtp":
+                d.length, d._pending_h, d._pending_t, d._last_h = saved[0], list(saved[1]), list(saved[2]), saved[3]
+                d._fed_last = False
+            d.propose(7, k, greedy, None)
+        res[pre + "propose_ms"] = round(_median_ms(propose, dev, 20), 3)
+        if dev.type == "cuda":
+            kernels(propose, dev, a.top, res, pre + "propose_")
+        if a.drafter == "dflash":
+            rows = min(a.rows, d.block_size)
+            feats = out.captured[:rows].clone()
+            fake = ForwardOut(logits=None, hidden=out.hidden[:rows], captured=feats)
+            length = d.length
+
+            def flush():
+                d.length, d._written = length, length  # the same positions each time
+                d.observe(prompt[:rows], fake)
+                d.catch_up()
+            res[pre + f"flush_{rows}_rows_ms"] = round(_median_ms(flush, dev, 20), 3)
+            if dev.type == "cuda":
+                kernels(flush, dev, a.top, res, pre + "flush_")
+    return res
 
 
 if __name__ == "__main__":

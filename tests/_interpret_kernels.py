@@ -93,21 +93,6 @@ def split() -> None:
         check(f"split {name}: dead keys appended change no bit", torch.equal(got, _kernel(q, k2, v2, mask2, scale)))
         alone = _kernel(q[:1, :, -1:].contiguous().view(1, 1, h, d).transpose(1, 2), k[:1], v[:1], mask[:1, :, -1:], scale)
         check(f"split {name}: a row alone has its bits within the step", torch.equal(alone, got[:1, :, -1:]))
-    # past one split, the tile's last split program combining it (sa.LAST_COMBINES): the combine kernel's bits,
-    # and the tickets all back at zero after the launch
-    saved = sa.LAST_COMBINES
-    try:
-        for name, (b, h, hkv, d, t, span, starts) in cases[::3]:  # SmolLM2's heads; more splits than a chunk
-            q, k, v, mask = _attn_case(b, h, hkv, d, t, span, starts)
-            sa.LAST_COMBINES = False
-            want = _kernel(q, k, v, mask, d ** -0.5)
-            sa.LAST_COMBINES = True
-            got = _kernel(q, k, v, mask, d ** -0.5)
-            tickets = sa._TICKETS[q.device][-1]
-            check(f"split last-combines {name}: the combine kernel's bits", torch.equal(got, want))
-            check(f"split last-combines {name}: the tickets back at zero", not tickets.any().item())
-    finally:
-        sa.LAST_COMBINES = saved
     # a span of one split: the direct launch (no combine, sa.DIRECT) writes the combine's bits
     saved = sa.DIRECT
     try:
@@ -257,6 +242,125 @@ def fused_layer() -> None:
         check(f"fused layer {dtype}: [B, T, K] input", torch.equal(fl.linear(x3, w), fl.linear(x, w).view(1, m, 2 * n)))
 
 
+def dflash_fast() -> None:
+    """drafters/dflash_fast.py (the DFlash drafter's static steps on the fused kernels) against the eager
+    drafter, fp16 (the interpreter's bf16 is not the GPU's): the q/k norm + RoPE + write kernel against
+    RMSNorm and ``apply_rope``; then a random drafter of the tiny shape drafting along a greedy
+    generation with its static steps on the fast path (its context buffers grown on the way), each
+    block's logits against the eager ``block_logits`` of the same state, and the generation equal to
+    plain decoding."""
+    from specdec.drafters import dflash_fast as df
+    from specdec.drafters.dflash import DFlashDrafter
+    from specdec.engine import SpeculativeGenerator
+    from specdec.models.layers import RMSNorm, RotaryEmbedding, apply_rope
+    from specdec.models.rope_write import norm_rope_write
+    from specdec.shapes import build_shape
+    from specdec.train.dflash_batch import new_dflash_config, new_dflash_model
+    g = torch.Generator().manual_seed(0)
+    for h, hkv, d, r in ((4, 2, 16, 16), (6, 2, 32, 16)):
+        t, cap = 5, 24
+        qn, kn = RMSNorm(d, 1e-6), RMSNorm(d, 1e-6)
+        qn.weight.data, kn.weight.data = torch.rand(d, generator=g) + 0.5, torch.rand(d, generator=g) + 0.5
+        q = (torch.randn(t, h, d, generator=g) * 3).half()
+        k, v = (torch.randn(t, hkv, d, generator=g) * 3).half(), torch.randn(t, hkv, d, generator=g).half()
+        rot = RotaryEmbedding(d, 10000.0, partial_factor=r / d)
+        cos, sin = rot.cos_sin(torch.arange(cap), torch.float16)
+        start = torch.tensor(7)
+        ck, cv = torch.zeros(hkv, cap, d).half(), torch.zeros(hkv, cap, d).half()
+        got_q = norm_rope_write(q, k, v, qn.fp32_scale(), kn.fp32_scale(), 1e-6, cos, sin, ck, cv, start)
+        c7, s7 = cos[7:7 + t], sin[7:7 + t]
+        want_q = apply_rope(qn(q.float()).half().transpose(0, 1), c7, s7)
+        want_k = apply_rope(kn(k.float()).half().transpose(0, 1), c7, s7)
+        err = max((got_q.float() - want_q.float()).abs().max().item(), (ck[:, 7:7 + t].float() - want_k.float()).abs().max().item())
+        check(f"norm+rope+write h={h} d={d} r={r}: queries and keys equal the eager ops", err < 2e-2, f"(max diff {err:.1e})")
+        check(f"norm+rope+write h={h} d={d} r={r}: values at their positions, nothing else written",
+              torch.equal(cv[:, 7:7 + t], v.transpose(0, 1)) and not ck[:, :7].any() and not ck[:, 7 + t:].any())
+        ck2 = torch.zeros_like(ck)
+        check(f"norm+rope+write h={h} d={d}: keys alone (no queries) the same",
+              norm_rope_write(None, k, v, None, kn.fp32_scale(), 1e-6, cos, sin, ck2, cv, start) is None and torch.equal(ck2, ck))
+    # a drafter along a generation: the fast static steps on the CPU (usable() wants CUDA: forced here);
+    # 2 layers and blocks of 8, for the interpreter's time
+    model = build_shape("tiny", torch.device("cpu"), torch.float16)
+    cfg = new_dflash_config(model, 2, 8, mask_token_id=model.config.vocab_size - 1)
+    drafter = DFlashDrafter(new_dflash_model(model, cfg, init="random").half().eval(), model)
+    df.usable = lambda m, x: df.eligible(m)
+    drafter.static_steps = drafter.static_flush = True
+    drafter.min_capacity = 16  # the prompt's 32 positions, then grown along the way
+    check("dflash fast: the tiny drafter is eligible", df.eligible(drafter.model))
+    diffs, blocks = [], []
+    propose = drafter.propose
+
+    def checked(last, k, params, gen):
+        drafter.catch_up()
+        want = drafter.block_logits(last)  # the eager block over the same context
+        out = propose(last, k, params, gen)  # the greedy static block
+        st = drafter._static_block(sampled=True)  # its logits (the same fast path, the same writes)
+        got = st(last, drafter.length)
+        blocks.append(st.fast is not None and drafter._static.fast is not None)
+        diffs.append((got - want).abs().max().item() / max(1.0, want.abs().max().item()))
+        return out
+    drafter.propose = checked
+    gen = SpeculativeGenerator(model, drafter, 7, cuda_graphs=False)
+    prompt = torch.randint(0, 500, (12,), generator=g).tolist()
+    res = gen.generate(prompt, 16)
+    plain = SpeculativeGenerator(model, None, 0, cuda_graphs=False).generate(prompt, 16)
+    check("dflash fast: every block on the fast path", bool(blocks) and all(blocks), f"({len(blocks)} blocks)")
+    check("dflash fast: the context buffers grew past the prompt's 32 positions", drafter.kv[0].k.shape[1] > 32)
+    check("dflash fast: each block's logits equal the eager block's", max(diffs) < 2e-2, f"(max relative diff {max(diffs):.1e})")
+    check("dflash fast: the generation equals plain decoding", res.token_ids == plain.token_ids)
+
+
+def mtp_fast() -> None:
+    """drafters/mtp.py's FastLayer (a Llama-family MTP head on the fused GEMMs) against the eager head,
+    fp16: a random head of a tiny Llama drafting k = 3 along a greedy generation, its static proposals on
+    the fast path and, in step, the same proposals eagerly: the logits within fp16 tolerance; and the
+    generation equal to plain decoding."""
+    from specdec.drafters import mtp
+    from specdec.drafters.mtp_dir import new_mtp_block
+    from specdec.engine import SpeculativeGenerator
+    from specdec.models import fused_layer
+    from specdec.models.llama import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(model_type="llama", vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = LlamaForCausalLM(cfg)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    model = model.half().eval()
+    fused_layer.usable = lambda x: x.dtype == torch.float16 and not torch.is_grad_enabled()  # the CPU, forced
+    mtp.FAST = True
+    fast = mtp.MTPDrafter(new_mtp_block(model, generator=torch.Generator().manual_seed(1)).half().eval(), model)
+    fast.static_steps = True
+    check("mtp fast: the tiny Llama head is eligible", mtp.FastLayer.eligible(fast.block.layers[0]))
+    eager = fast.spawn()  # the same weights, its own cache
+    eager.static_steps = True
+    eager.fast_layer = lambda: None
+    diffs, used = [], []
+    propose, observe, begin = fast.propose, fast.observe, fast.begin
+
+    def both_begin(ids, out):
+        begin(ids, out)
+        eager.begin(ids, out)
+
+    def both_observe(tokens, out):
+        observe(tokens, out)
+        eager.observe(tokens, out)
+
+    def both_propose(last, k, params, gen):
+        got = propose(last, k, params, gen)
+        eager.propose(last, k, params, gen)
+        used.append(fast._fast_layer is not None)
+        diffs.append((fast.last_logits - eager.last_logits).abs().max().item() / max(1.0, eager.last_logits.abs().max().item()))
+        return got
+    fast.begin, fast.observe, fast.propose = both_begin, both_observe, both_propose
+    prompt = torch.randint(0, 90, (10,), generator=torch.Generator().manual_seed(2)).tolist()
+    res = SpeculativeGenerator(model, fast, 3, cuda_graphs=False).generate(prompt, 24)
+    plain = SpeculativeGenerator(model, None, 0, cuda_graphs=False).generate(prompt, 24)
+    check("mtp fast: every proposal on the fast path", bool(used) and all(used), f"({len(used)} proposals)")
+    check("mtp fast: each proposal's logits equal the eager head's", max(diffs) < 2e-2, f"(max relative diff {max(diffs):.1e})")
+    check("mtp fast: the generation equals plain decoding", res.token_ids == plain.token_ids)
+
+
 def rope_ptx() -> None:
     """The fused RoPE + KV write as launched (its COMPILE_OPTIONS), compiled for an H100/H200 (sm_90):
     each product rounded (``mul.rn``), then the sum (``add.rn``); no FMA, which would skip the product's
@@ -282,7 +386,7 @@ def pdl_ptx() -> None:
     """models/pdl.py's promise, in the PTX compiled for an H100/H200 (sm_90) with USE_GDC on: every
     global load and store of the fused layer's GEMM, the fused norm and RoPE + the cache write comes
     after ``griddepcontrol.wait`` (so a kernel launched early reads nothing before the one before it has
-    finished), and ``launch_dependents`` comes first. And the split attention's last-combines path."""
+    finished), and ``launch_dependents`` comes first."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -306,23 +410,8 @@ def pdl_ptx() -> None:
         if name == "gemm":  # its weights (which never depend on the kernel before) prefetched before the wait
             check("pdl-ptx gemm: the weight rows prefetched into L2 before the wait",
                   0 <= body.find("prefetch.global.L2") < wait)
-    # the split attention's last-combines path (sa.LAST_COMBINES): a barrier, then the ticket as an acquire-release
-    # atomic at GPU scope, and the scratch read past L1 after it
-    from specdec.models import split_attention as sa
-    fn = sa._split_kernel
-    ptrs = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "mask": "*u8", "m_out": "*fp32", "l_out": "*fp32",
-            "a_out": "*fp32", "o": "*bf16", "tickets": "*i32", "scale": "fp32"}
-    const = {"G": 3, "BM": 16, "BN": 128, "SPLIT": 256, "D": 64, "DIRECT": False, "LAST_COMBINES": True, "RB": 16,
-             "DB": 32, "CB": 16, "USE_GDC": False}
-    sig = {n: ptrs.get(n, "constexpr" if n in const else "i32") for n in fn.arg_names}
-    ptx = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
-    body = ptx[ptx.index(".entry"):]
-    atom = body.find("atom.global.gpu.acq_rel.add")
-    last_st = body.rfind("st.global", 0, atom)
-    check("last-combines ptx: bar.sync, then the acq_rel GPU-scope ticket, then .cg reads",
-          0 <= last_st < body.rfind("bar.sync", 0, atom) < atom < body.find("ld.global.cg", atom))
 
 
 if __name__ == "__main__":
     {"split": split, "delta": delta, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
-     "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()
+     "dflash-fast": dflash_fast, "mtp-fast": mtp_fast, "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()

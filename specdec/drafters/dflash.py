@@ -25,6 +25,7 @@ from ..weights import load_into
 from ..weights.loader import check_layer_count
 from ..weights.safetensors_io import SafetensorsSource
 from .base import Proposal
+from . import dflash_fast
 from .dflash_model import DFlashConfig, DFlashDraftModel
 
 
@@ -99,6 +100,16 @@ class DFlashDrafter:
         # each built at its first use for the current context buffers
         self._static: _StaticBlock | None = None
         self._sampled: _StaticBlock | None = None
+        self._fast_w: dflash_fast.FastWeights | None = None  # the fast steps' weight layout (dflash_fast)
+
+    def fast_weights(self) -> "dflash_fast.FastWeights | None":
+        """The weights of :mod:`.dflash_fast`'s steps when this drafter's static steps take them (made
+        at the first use, shared with spawned drafters), else None."""
+        if self.compile or not dflash_fast.usable(self.model, self.model.fc.weight):
+            return None
+        if self._fast_w is None:
+            self._fast_w = dflash_fast.FastWeights(self.model)
+        return self._fast_w
 
     def for_slots(self, slots: int, capacity: int, width: int, span_of=None, span_invariant: bool = False
                   ) -> "DFlashSlots":
@@ -109,6 +120,7 @@ class DFlashDrafter:
         """A drafter sharing these weights with an empty context cache (one per sequence of a batch)."""
         d = DFlashDrafter(self.model, self.target, self.block_size, self.path)
         d.compile = self.compile
+        d._fast_w = self._fast_w
         return d
 
     # --- the drafter protocol -----------------------------------------------------
@@ -146,7 +158,12 @@ class DFlashDrafter:
         """
         self._flush()
         if self.static_steps or self.compile:
-            block = self._static_block(sampled=not params.greedy)(int(last_token), self.length)[: max(0, k)]
+            st = self._static_block(sampled=not params.greedy)
+            if st.fast is not None and self.length + self.block_size > self.kv[0].k.shape[1]:
+                # the fast block writes its keys and values at length .. length + B - 1: grow first
+                self._grow(2 * self.kv[0].k.shape[1])
+                st = self._static_block(sampled=not params.greedy)
+            block = st(int(last_token), self.length)[: max(0, k)]
             if params.greedy:
                 return Proposal(block)
             logits = block
@@ -180,6 +197,13 @@ class DFlashDrafter:
         return st
 
     # --- the work -------------------------------------------------------------------
+    def _grow(self, cap: int) -> None:
+        """Every layer's context buffers reallocated to ``cap`` positions (the written ones kept); the
+        static steps holding the old ones are freed, and rebuilt at their next use."""
+        self._static = self._sampled = self._flusher = None
+        for s in self.kv:
+            s.k, s.v = _grown(s.k, self._written, cap), _grown(s.v, self._written, cap)
+
     def _append(self, out: ForwardOut, n: int) -> None:
         feats = out.captured
         if feats is None or feats.shape[0] != n:
@@ -231,7 +255,9 @@ class DFlashDrafter:
 
     # --- accounting -----------------------------------------------------------------
     def weight_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        """The drafter's weights, and the fast steps' copies of them once made (:mod:`.dflash_fast`)."""
+        own = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return own + (self._fast_w.nbytes() if self._fast_w is not None else 0)
 
     def cache_bytes(self) -> int:
         return sum(s.nbytes() for s in self.kv)
@@ -274,6 +300,12 @@ class _StaticBlock:
         self.start = torch.zeros((), dtype=torch.int64, device=dev)
         self.graph = None
         self.out = None
+        # the fused kernels (dflash_fast), with their cos / sin tables and key positions for these buffers
+        self.fast = d.fast_weights()
+        if self.fast is not None:
+            cap = self.buffers[0][0].shape[1]
+            self.cos, self.sin = dflash_fast.tables(d.model, cap, d.model.fc.weight)
+            self.slots = torch.arange(cap, device=dev)
         self.fn = maybe_compile(self._compute, d.compile)
 
     def _compute(self) -> torch.Tensor:
@@ -282,7 +314,10 @@ class _StaticBlock:
         x = d.target.embed_tokens(self.ids).to(d.model.fc.weight.dtype)
         if c.input_embedding_scale != 1.0:
             x = x * c.input_embedding_scale
-        h = d.model.block_hidden_static(x, self.start, self.buffers)
+        if self.fast is not None:
+            h = dflash_fast.block_hidden(d.model, self.fast, x, self.start, self.buffers, self.slots, self.cos, self.sin)
+        else:
+            h = d.model.block_hidden_static(x, self.start, self.buffers)
         logits = d.model.scale_logits(d.target.raw_logits(h[1:]))
         return logits if self.logits else logits.argmax(-1)
 
@@ -320,9 +355,15 @@ class _StaticFlush:
         self.feats = torch.zeros(self.rows, len(c.target_layer_ids) * c.hidden_size, dtype=w.dtype, device=w.device)
         self.start = torch.zeros((), dtype=torch.int64, device=w.device)
         self.graph = None
+        self.fast = d.fast_weights()  # the fused kernels (dflash_fast) and their cos / sin tables
+        if self.fast is not None:
+            self.cos, self.sin = dflash_fast.tables(d.model, self.buffers[0][0].shape[1], w)
         self.fn = maybe_compile(self._compute, d.compile)
 
     def _compute(self) -> None:
+        if self.fast is not None:
+            dflash_fast.write_context(self.d.model, self.fast, self.feats, self.start, self.buffers, self.cos, self.sin)
+            return
         pos = self.start + torch.arange(self.rows, device=self.start.device)
         for (kb, vb), (k, v) in zip(self.buffers, self.d.model.context_kv(self.feats, pos)):
             kb.index_copy_(1, pos, k)

@@ -50,6 +50,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from ..hostcopy import device_ints
+from ..models import fused_layer
 from ..models.base import CausalLM, ForwardOut
 from ..models.graphs import capture, maybe_compile
 from ..models.layers import RMSNorm, drafter_static_attention
@@ -89,10 +90,58 @@ class MTPBlock(nn.Module):
         if dedicated_head:
             self.shared_head.head = nn.Linear(h, config.vocab_size, bias=False)
 
-    def forward(self, emb: torch.Tensor, hidden: torch.Tensor, ctx, cache) -> torch.Tensor:
-        """``emb``, ``hidden`` ``[T, H]`` (rows at ``ctx.start ..``) -> normed output ``[T, H]``."""
-        x = self.fc(torch.cat([self.pre_fc_norm_embedding(emb), self.pre_fc_norm_hidden(hidden)], dim=-1))
-        return self.norm(self.layers[0](x, ctx, cache))
+    def forward(self, emb: torch.Tensor, hidden: torch.Tensor, ctx, cache, fast: "FastLayer | None" = None
+                ) -> torch.Tensor:
+        """``emb``, ``hidden`` ``[T, H]`` (rows at ``ctx.start ..``) -> normed output ``[T, H]``. ``fast``:
+        the layer on the fused kernels (:class:`FastLayer`), where they take ``emb``."""
+        both = torch.cat([self.pre_fc_norm_embedding(emb), self.pre_fc_norm_hidden(hidden)], dim=-1)
+        if fast is not None and fused_layer.usable(both):
+            x, delta = fast.forward(self.layers[0], fused_layer.linear(both, self.fc.weight), ctx, cache)
+            return self.norm.add(x, delta)[1]
+        return self.norm(self.layers[0](self.fc(both), ctx, cache))
+
+
+# A Llama-family MTP head's layer on the target's fused kernels (models/fused_layer.py: the q/k/v, o_proj,
+# gate/up + SwiGLU and down_proj GEMMs, the norms' residual adds folded), with fc on the same GEMM: on the
+# H200 (random weights, SmolLM2's shape, context 300, scripts/profile_shape_step.py --drafter mtp) a k = 3
+# proposal took 0.445 ms in 128 kernels. The drafts' bits change (other GEMMs), never a greedy output nor
+# a sampled one's distribution (acceptance reads the probabilities drafted from). SPECDEC_MTP_FAST=1 turns
+# it on (off until measured on the GPU).
+FAST = os.environ.get("SPECDEC_MTP_FAST", "0") == "1"
+
+
+class FastLayer:
+    """A ``DenseDecoderLayer``'s q/k/v and gate/up weights concatenated for the fused GEMMs (copies, made
+    once), and its forward on them: :meth:`DenseDecoderLayer.forward_fused` without the layer's own fused
+    projections (the block's parameters stay separate tensors, as training and saving want them)."""
+
+    def __init__(self, layer):
+        a, m = layer.self_attn, layer.mlp
+        self.qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous()
+        self.sizes = [a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features]
+        self.gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous()
+
+    @staticmethod
+    def eligible(layer) -> bool:
+        """A Llama-family layer without q/k norms, biases, output gate or shard, SwiGLU, at most
+        ``fused_layer.MAX_HIDDEN`` wide (what the fused GEMMs compute)."""
+        from ..models.llama import DenseDecoderLayer
+        if type(layer) is not DenseDecoderLayer:
+            return False
+        a, m = layer.self_attn, layer.mlp
+        return (a.q_norm is None and not a.gated and not hasattr(a, "tp_slices") and not hasattr(m, "tp_slices")
+                and type(a.o_proj) is nn.Linear and type(m.down_proj) is nn.Linear and a.q_proj.bias is None
+                and a.o_proj.bias is None and m.gate_proj.bias is None and m.down_proj.bias is None
+                and type(m).act is fused_layer._silu_act() and layer.config.hidden_size <= fused_layer.MAX_HIDDEN)
+
+    def forward(self, layer, x: torch.Tensor, ctx, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x', delta)``: the layer's output is ``x' + delta`` (the last residual add left to the norm after)."""
+        a, m = layer.self_attn, layer.mlp
+        h = layer.input_layernorm(x)
+        heads = a._shape_heads(*fused_layer.linear(h, self.qkv).split(self.sizes, dim=-1))
+        o = a.attend_heads(heads, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
+        x, h = layer.post_attention_layernorm.add(x, fused_layer.linear(o, a.o_proj.weight))
+        return x, fused_layer.linear(fused_layer.linear(h, self.gate_up, silu=True), m.down_proj.weight)
 
 
 # Sampled proposals (temperature > 0) as one static step like greedy ones (a CUDA graph on CUDA;
@@ -127,11 +176,23 @@ class MTPDrafter:
         # torch.compile the static proposal (set by the engine's ``compile``); compiled proposals are static
         self.compile = False
         self._static: dict = {}  # k, or (k, temperature, top_k, top_p) for a sampled one -> its static step
+        self._fast_layer: FastLayer | None = None  # the layer on the fused kernels (FastLayer), made at first use
+
+    def fast_layer(self) -> "FastLayer | None":
+        """The block's layer on the fused kernels when they apply (SPECDEC_MTP_FAST, CUDA, not compiled),
+        else None."""
+        w = self.block.fc.weight
+        if not (FAST and not self.compile and fused_layer.usable(w) and FastLayer.eligible(self.block.layers[0])):
+            return None
+        if self._fast_layer is None:
+            self._fast_layer = FastLayer(self.block.layers[0])
+        return self._fast_layer
 
     def spawn(self) -> "MTPDrafter":
         """A drafter sharing this block's weights with an empty KV cache (one per sequence of a batch)."""
         d = MTPDrafter(self.block, self.target, self.sample_drafts)
         d.compile = self.compile
+        d._fast_layer = self._fast_layer
         return d
 
     # --- embedding / head (dedicated or the target's) ----------------------------------
@@ -162,7 +223,7 @@ class MTPDrafter:
         t = tokens.shape[0]
         self._ensure(start + t)
         ctx = self.target.step_context(start, t)
-        return self.block(self._embed(tokens), hidden.to(self.target.dtype), ctx, self.cache)
+        return self.block(self._embed(tokens), hidden.to(self.target.dtype), ctx, self.cache, self.fast_layer())
 
     # --- the drafter protocol ---------------------------------------------------------
     @torch.inference_mode()
@@ -277,7 +338,8 @@ class _StaticPropose:
 
     def _compute(self):
         d, tgt, cap = self.d, self.d.target, self.cache.k.shape[1]
-        x = d.block(d._embed(self.tok), self.hid, tgt.static_context(self.start, self.rows, cap), self.cache)
+        fast = d.fast_layer()
+        x = d.block(d._embed(self.tok), self.hid, tgt.static_context(self.start, self.rows, cap), self.cache, fast)
         g = x.index_select(0, (self.n - 1).reshape(1))
         drafts, logits_all, probs = [], [], []
         for j in range(self.k):
@@ -288,7 +350,7 @@ class _StaticPropose:
             probs.append(q)
             if j + 1 < self.k:
                 ctx = tgt.static_context(self.start + self.n + j, 1, cap)
-                g = d.block(d._embed(dj), g, ctx, self.cache)
+                g = d.block(d._embed(dj), g, ctx, self.cache, fast)
         return torch.cat(drafts), torch.cat(logits_all), (torch.cat(probs) if self.params is not None else None)
 
     def __call__(self, toks, hidden, start: int, n: int, gen: torch.Generator | None = None):

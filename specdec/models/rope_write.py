@@ -123,3 +123,72 @@ def rope_write_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
         0, ck.stride(0), ck.stride(1), 0, 0,
         R=r, HALF=r // 2, D=d, **COMPILE_OPTIONS, **pdl.options(q))
     return q_out[0].transpose(0, 1)
+
+
+# A DFlash drafter's step (drafters/dflash_fast.py): each head RMS-normed (Qwen3's q_norm / k_norm),
+# rotated at its position (a row of the cos / sin tables by position, so no per-step tables), queries
+# written out, keys and values stored in the drafter's context buffers. One kernel where the eager ops
+# take ~17 (two norms of three kernels each, two rotations of five, the key/value writes).
+if triton is not None:
+    @triton.jit(do_not_specialize=["T", "H", "Hkv", "eps"])
+    def _norm_rope_kernel(q, k, v, qw, kw, cos, sin, q_out, ck, cv, start, T, H, Hkv, eps,
+                          sqt, sqh, skt, skh, svt, svh, sot, soh, sch, scp,
+                          R: tl.constexpr, HALF: tl.constexpr, D: tl.constexpr, HAS_Q: tl.constexpr,
+                          USE_GDC: tl.constexpr):
+        if USE_GDC:  # models/pdl.py
+            pdl.begin()
+        t, head = tl.program_id(0), tl.program_id(1)
+        nq = H if HAS_Q else 0
+        is_q = head < nq
+        kh = tl.maximum(head - nq, 0)
+        i = tl.arange(0, D)
+        rot = i < R
+        partner = tl.where(i < HALF, i + HALF, i - HALF)
+        p = tl.load(start) + t
+        if is_q:
+            src = q + t * sqt + head * sqh
+            w = qw
+        else:
+            src = k + t * skt + kh * skh
+            w = kw
+        x = tl.load(src + i)
+        f = x.to(tl.float32)
+        inv = 1.0 / tl.sqrt_rn(tl.sum(f * f, 0) / D + eps)
+        xn = (f * inv * tl.load(w + i)).to(x.dtype)  # the RMSNorm, rounded to the model dtype
+        fp = tl.load(src + partner, mask=rot, other=0.0).to(tl.float32)
+        xpn = (fp * inv * tl.load(w + partner, mask=rot, other=0.0)).to(x.dtype)  # the normed partner
+        c = tl.load(cos + p * R + i, mask=rot, other=0.0).to(tl.float32)
+        s = tl.load(sin + p * R + i, mask=rot, other=0.0).to(tl.float32)
+        a = (xn.to(tl.float32) * c).to(x.dtype)
+        b = (xpn.to(tl.float32) * s).to(x.dtype)
+        y = tl.where(rot, (a.to(tl.float32) + b.to(tl.float32)).to(x.dtype), xn)
+        if is_q:
+            tl.store(q_out + t * sot + head * soh + i, y)
+        else:
+            tl.store(ck + kh * sch + p * scp + i, y)
+            tl.store(cv + kh * sch + p * scp + i, tl.load(v + t * svt + kh * svh + i))
+
+
+def norm_rope_write(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, q_scale: torch.Tensor | None,
+                    k_scale: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                    ck: torch.Tensor, cv: torch.Tensor, start: torch.Tensor) -> torch.Tensor | None:
+    """``q [T, H, d]`` (or None), ``k``/``v [T, Hkv, d]`` (``d`` contiguous), the fp32 norm scales
+    ``[d]``, ``cos``/``sin`` tables ``[P, r]`` by position (model dtype), the context buffers ``ck``/``cv
+    [Hkv, L, d]`` (contiguous) and ``start`` (a 0-d int64 device tensor): row ``t`` sits at position
+    ``start + t``. Keys are normed, rotated and stored with the values at their positions; the normed,
+    rotated queries come back as ``[H, T, d]`` (a view of a ``[T, H, d]`` tensor). What the eager
+    ``RMSNorm`` then ``apply_rope`` compute, up to the norm's summation order."""
+    t, hkv, d = k.shape
+    h = 0 if q is None else q.shape[1]
+    r = cos.shape[-1]
+    if d & (d - 1) or r % 2 or r > d or not (ck.is_contiguous() and cv.is_contiguous() and cos.is_contiguous()
+                                             and sin.is_contiguous()) or ck.shape[-1] != d:
+        raise ValueError(f"norm_rope_write: heads of {d}, rotary {r}, buffers {tuple(ck.shape)}")
+    q_out = torch.empty(t, max(h, 1), d, dtype=k.dtype, device=k.device)
+    qq = k if q is None else q
+    _norm_rope_kernel[(t, h + hkv)](
+        qq, k, v, k_scale if q_scale is None else q_scale, k_scale, cos, sin, q_out, ck, cv, start, t, h, hkv, eps,
+        qq.stride(0), qq.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        q_out.stride(0), q_out.stride(1), ck.stride(0), ck.stride(1),
+        R=r, HALF=r // 2, D=d, HAS_Q=q is not None, **COMPILE_OPTIONS, **pdl.options(k))
+    return None if q is None else q_out.transpose(0, 1)
