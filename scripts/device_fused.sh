@@ -19,6 +19,8 @@
 #   (the `combine` mode that measured the since-removed SPECDEC_SPLIT_LAST_COMBINES: at 275368c)
 #   three calls back to back: dfast-shape (carry .whl .dev/h1, drafters out), dfast-real (carry .dev/h2, drafters
 #       out), dfast-drafters (the full tree): SPECDEC_DFLASH_FAST off and on (see each mode below)
+#   one call (carry .whl):  bash scripts/device_fused.sh qknorm
+#       SPECDEC_FUSED_QK_NORM_ROPE: qwen3-8b's step off / on, device_check (random Qwen3.5, Gemma 3) with it on
 #   one call (carry .whl):  [COMPILE=1] bash scripts/device_fused.sh drafter-profile
 #       the DFlash and MTP drafters' steps on the SmolLM2 shape, kernel by kernel, and profile_engine.py's split
 #   one call (carry .whl):  [OLD_FLAGS=...] [ROUNDS="a b"] [TARGETS="llama qwen35"] bash scripts/device_fused.sh final
@@ -141,6 +143,20 @@ dfast-drafters)
         --drafters dflash:$D/dflash mtp:$D/mtp oracle --out $O/dc_fast_smollm2.json 2>&1 | tail -1
     python scripts/device_check.py compare $O/dc_fast_smollm2.json 2>&1 | tail -5
     tar czf $OUT/dfast3.tgz -C $O . ;;
+qknorm)
+    # SPECDEC_FUSED_QK_NORM_ROPE (layers.Attention.attend_normed, off): qwen3-8b's 16-row step at contexts 300 and
+    # 1000 off / on (ab_flags.py), then device_check (random Qwen3.5 and Gemma 3, graphs: both have q/k norms) on
+    pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
+    for c in 300 1000; do
+        timeout 150 python scripts/ab_flags.py --shape qwen3-8b --context $c -n 128 --rounds 4 --no-drafters \
+            --variants fused+direct+pdl+small-tiles fused+direct+pdl+small-tiles+qk-norm-rope --json $OUT/ab_qk_c$c.json 2>&1 | tail -3
+    done
+    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
+    for t in qwen35 gemma3; do
+        SPECDEC_FUSED_QK_NORM_ROPE=1 timeout 120 python scripts/device_check.py run /tmp/dc --target $t --mode graphs \
+            --out $OUT/dc_qk_$t.json 2>&1 | tail -1
+    done
+    python scripts/device_check.py compare $OUT/dc_qk_*.json 2>&1 | tail -12 ;;
 final)
     # the defaults now against the session-19 defaults (OLD_FLAGS), end to end on the shape, alternated;
     # then device_check (random Llama on the fused layers, random Qwen3.5) with the defaults
@@ -168,6 +184,6 @@ serve)
         done
     done ;;
 *)
-    echo "usage: bash scripts/device_fused.sh shape|real|drafters|profile|attn|drafter-profile|dfast-shape|dfast-real|dfast-drafters|final|serve (see the top of this file)" >&2
+    echo "usage: bash scripts/device_fused.sh shape|real|drafters|profile|attn|drafter-profile|dfast-shape|dfast-real|dfast-drafters|qknorm|final|serve (see the top of this file)" >&2
     exit 2 ;;
 esac
