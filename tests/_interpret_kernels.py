@@ -412,7 +412,8 @@ def rope_ptx() -> None:
 
 def pdl_ptx() -> None:
     """models/pdl.py's promise, in the PTX compiled for an H100/H200 (sm_90) with USE_GDC on: every
-    global load and store of the fused layer's GEMM, the fused norm and RoPE + the cache write comes
+    global load and store of the fused layer's GEMM, the fused norm, RoPE + the cache write and the q/k norm +
+    RoPE + write kernel comes
     after ``griddepcontrol.wait`` (so a kernel launched early reads nothing before the one before it has
     finished), and ``launch_dependents`` comes first."""
     import triton
@@ -425,7 +426,10 @@ def pdl_ptx() -> None:
              "norm": (fused_ops._norm_kernel, {"x": "*bf16", "res": "*bf16", "w": "*fp32", "y": "*bf16", "s": "*bf16",
                                                "eps": "fp32"}, {"HAS_RES": True, "BLOCK": 1024}),
              "rope": (rope_write._rope_write_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
-                      | {"slots": "*i64", "pos": "*i64"}, {"R": 64, "HALF": 32, "D": 64})}
+                      | {"slots": "*i64", "pos": "*i64"}, {"R": 64, "HALF": 32, "D": 64}),
+             "norm-rope": (rope_write._norm_rope_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
+                           | {"qw": "*fp32", "kw": "*fp32", "start": "*i64", "eps": "fp32"},
+                           {"R": 64, "HALF": 32, "D": 64, "HAS_Q": True, "BY_ROW": False})}
     for name, (fn, ptrs, const) in cases.items():
         const = {**const, "USE_GDC": True}
         sig = {n: ptrs.get(n, "constexpr" if n in const else "i32") for n in fn.arg_names}
