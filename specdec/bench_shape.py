@@ -6,7 +6,8 @@ One run on one device, for a random-weight target of a published shape (:mod:`sp
   static steps plain and speculative decoding run (``GraphedTarget``: CUDA graphs on CUDA, the same
   steps eagerly elsewhere), the median of ``reps`` after warm-up, at a context of ``context``
   tokens; plus one propose of a random drafter of the published shape where one fits (DFlash:
-  5 layers, block 16; Qwen3.5 shapes also their MTP block);
+  5 layers, block 16, alone and after 16 committed rows, its context write included; Qwen3.5 shapes also
+  their MTP block, Llama-family shapes a head of ``specdec train mtp``'s shape);
 - the bandwidth bound: a device-to-device copy measures bytes/s, and tok/s <= bandwidth / (the
   weight bytes a decode step reads + the KV bytes at the context);
 - with ``contexts``, the decode step and plain decoding's step at each of those contexts, all in one
@@ -169,10 +170,12 @@ def decode_bytes(model, context: int) -> tuple[int, int, int]:
 
 
 def drafter_steps(model, context: int, reps: int) -> dict:
-    """Median ms of one propose of random drafters of the published shapes that fit this target."""
+    """Median ms of one propose of random drafters of the published shapes that fit this target (an MTP
+    block for Qwen3.5 shapes, a head of ``specdec train mtp``'s shape for Llama-family ones); for DFlash
+    also ``step_ms``, the proposal after 16 committed rows (its context write included)."""
     out = {}
     makers = {"dflash (5 layers, block 16)": _dflash}
-    if model.config.model_type.startswith("qwen3_5"):
+    if model.config.model_type.startswith("qwen3_5") or model.config.model_type in ("llama", "qwen3"):
         makers["mtp (1 layer)"] = _mtp
     ids = torch.randint(0, model.config.vocab_size, (context,), generator=torch.Generator().manual_seed(2))
     for label, make in makers.items():
@@ -195,7 +198,15 @@ def _time_drafter(model, make, ids: torch.Tensor, reps: int) -> dict:
     one = ForwardOut(None, fo.hidden[-1:], None if fo.captured is None else fo.captured[-1:])
     setup = (lambda: d.observe(ids[-1:], one)) if needs_observe else None
     ms = _median_ms(lambda: d.propose(int(ids[-1]), k, SamplingParams(), None), model.device, reps, setup=setup)
-    return {"k": k, "ms": ms}
+    if needs_observe:
+        return {"k": k, "ms": ms}
+    # DFlash: a step's proposal writes the context of the rows committed since the last one first; here
+    # 16 (a whole block accepted), observed untimed before each call
+    rows = min(16, ids.numel())
+    block = ForwardOut(None, fo.hidden[-rows:], fo.captured[-rows:])
+    step = _median_ms(lambda: d.propose(int(ids[-1]), k, SamplingParams(), None), model.device, reps,
+                      setup=lambda: d.observe(ids[-rows:], block))
+    return {"k": k, "ms": ms, "step_ms": step}
 
 
 def _dflash(model):
@@ -331,7 +342,8 @@ def format_shape(r: dict) -> str:
              f"{r['bound_tokens_per_s']} tok/s ({r['decode_bytes_per_token'] / 1e9:.3f} GB read per token)",
              "verify ms by k: " + " ".join(f"{k}:{ms}" for k, ms in r["verify_ms"].items())]
     for label, d in r["drafter_ms"].items():
-        lines.append(f"drafter {label}: {d['ms']} ms per propose of {d['k']}")
+        step = f" ({d['step_ms']} ms with the context write of 16 committed rows)" if "step_ms" in d else ""
+        lines.append(f"drafter {label}: {d['ms']} ms per propose of {d['k']}{step}")
     lines.append(f"plain decoding's step ({STEP_ROWS if r['batch_invariant'] else 1} rows): {r['plain_step_ms']} ms")
     for p in r.get("contexts", []):
         lines.append(f"context {p['context']}: decode {p['decode_ms']} ms, {STEP_ROWS}-row step "

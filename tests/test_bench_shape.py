@@ -37,6 +37,8 @@ def test_cli_tiny_writes_every_field(tmp_path, capsys, single_thread):
     assert r["kv_bytes_at_context"] > 0
     assert r["decode_bytes_per_token"] == r["weight_bytes"] - embed + r["kv_bytes_at_context"]
     assert r["drafter_ms"]["dflash (5 layers, block 16)"]["ms"] > 0
+    assert r["drafter_ms"]["dflash (5 layers, block 16)"]["step_ms"] > 0  # the proposal after 16 committed rows
+    assert r["drafter_ms"]["mtp (1 layer)"]["ms"] > 0  # tiny is a Qwen3 shape: a specdec-trained head's
     e = r["oracle_e2e"]
     assert "ORACLE" in e["drafter"] and e["output_equals_plain"] and e["new_tokens"] == 160
     assert abs(e["measured_tau"] - 4) < 1.2, e
