@@ -20,7 +20,8 @@
 #   three calls back to back: dfast-shape (carry .whl .dev/h1, drafters out), dfast-real (carry .dev/h2, drafters
 #       out), dfast-drafters (the full tree): SPECDEC_DFLASH_FAST off and on (see each mode below)
 #   one call (carry .whl):  bash scripts/device_fused.sh qknorm
-#       SPECDEC_FUSED_QK_NORM_ROPE: qwen3-8b's step off / on, device_check (random Qwen3.5, Gemma 3) with it on
+#       SPECDEC_FUSED_QK_NORM_ROPE and SPECDEC_ROPE_TABLE: the steps (qwen3-8b, SmolLM2) and the MTP proposal off /
+#       on, device_check (random Qwen3.5, Gemma 3, Llama) with both on
 #   one call (carry .whl):  [COMPILE=1] bash scripts/device_fused.sh drafter-profile
 #       the DFlash and MTP drafters' steps on the SmolLM2 shape, kernel by kernel, and profile_engine.py's split
 #   one call (carry .whl):  [OLD_FLAGS=...] [ROUNDS="a b"] [TARGETS="llama qwen35"] bash scripts/device_fused.sh final
@@ -144,19 +145,28 @@ dfast-drafters)
     python scripts/device_check.py compare $O/dc_fast_smollm2.json 2>&1 | tail -5
     tar czf $OUT/dfast3.tgz -C $O . ;;
 qknorm)
-    # SPECDEC_FUSED_QK_NORM_ROPE (layers.Attention.attend_normed, off): qwen3-8b's 16-row step at contexts 300 and
-    # 1000 off / on (ab_flags.py), then device_check (random Qwen3.5 and Gemma 3, graphs: both have q/k norms) on
+    # SPECDEC_FUSED_QK_NORM_ROPE (layers.Attention.attend_normed) and SPECDEC_ROPE_TABLE (base.static_context), both
+    # off: qwen3-8b's 16-row step at contexts 300 and 1000 and SmolLM2's at 300 with each and both (ab_flags.py),
+    # the MTP proposal with the table off / on, then device_check (random Qwen3.5 and Gemma 3, graphs: both
+    # have q/k norms; and Llama) with both on
     pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
+    v=fused+direct+pdl+small-tiles
     for c in 300 1000; do
-        timeout 150 python scripts/ab_flags.py --shape qwen3-8b --context $c -n 128 --rounds 4 --no-drafters \
-            --variants fused+direct+pdl+small-tiles fused+direct+pdl+small-tiles+qk-norm-rope --json $OUT/ab_qk_c$c.json 2>&1 | tail -3
+        timeout 200 python scripts/ab_flags.py --shape qwen3-8b --context $c -n 128 --rounds 4 --no-drafters \
+            --variants $v $v+qk-norm-rope $v+rope-table $v+qk-norm-rope+rope-table --json $OUT/ab_qk_c$c.json 2>&1 | tail -5
+    done
+    timeout 120 python scripts/ab_flags.py --shape smollm2-135m --context 300 -n 128 --rounds 4 --no-drafters \
+        --variants $v $v+rope-table --json $OUT/ab_table_smollm2.json 2>&1 | tail -3
+    for f in 0 1; do
+        SPECDEC_ROPE_TABLE=$f timeout 100 python scripts/profile_shape_step.py --shape smollm2-135m --drafter mtp \
+            --context 300 2>/dev/null | grep -E 'propose_ms|propose_kernels"'
     done
     python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
-    for t in qwen35 gemma3; do
-        SPECDEC_FUSED_QK_NORM_ROPE=1 timeout 120 python scripts/device_check.py run /tmp/dc --target $t --mode graphs \
-            --out $OUT/dc_qk_$t.json 2>&1 | tail -1
+    for t in qwen35 gemma3 llama; do
+        SPECDEC_FUSED_QK_NORM_ROPE=1 SPECDEC_ROPE_TABLE=1 timeout 120 python scripts/device_check.py run /tmp/dc \
+            --target $t --mode graphs --out $OUT/dc_qk_$t.json 2>&1 | tail -1
     done
-    python scripts/device_check.py compare $OUT/dc_qk_*.json 2>&1 | tail -12 ;;
+    python scripts/device_check.py compare $OUT/dc_qk_*.json 2>&1 | tail -16 ;;
 final)
     # the defaults now against the session-19 defaults (OLD_FLAGS), end to end on the shape, alternated;
     # then device_check (random Llama on the fused layers, random Qwen3.5) with the defaults

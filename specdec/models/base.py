@@ -28,6 +28,12 @@ from .layers import RMSNorm, RotaryEmbedding, causal_mask, sliding_causal_mask
 # plain norm kernel in the last bit (every path alike, so speculative output still equals plain). Off
 # until measured on the GPU: SPECDEC_FOLD_RESIDUAL=1 turns it on.
 FOLD_RESIDUAL = os.environ.get("SPECDEC_FOLD_RESIDUAL", "0") == "1"
+# A static step's RoPE cos / sin as rows of a table by position (two gathers) instead of computed from the
+# positions (~11 kernels: the angles, cos, sin, the halves' concatenations and casts), and the cache's
+# positions for the mask from a kept arange: ~10 kernels fewer a target step, ~30 an MTP k=3 proposal
+# (three contexts). The same values, bit for bit: the table's rows are the same elementwise functions of the
+# same positions (tests/test_rope_table.py). Off until measured on the GPU: SPECDEC_ROPE_TABLE=1.
+ROPE_TABLE = os.environ.get("SPECDEC_ROPE_TABLE", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -160,10 +166,25 @@ class CausalLM(nn.Module):
     def static_context(self, start: torch.Tensor, t: int, max_len: int) -> StepContext:
         """Context for a CUDA-graph step: ``start`` is a 0-d device tensor, shapes depend on ``t`` only,
         and attention runs over the whole preallocated cache with a mask by position."""
+        if ROPE_TABLE:
+            cos_t, sin_t, slots = self.position_tables(max_len + t)
+            pos = start + slots[:t]
+            cos, sin = cos_t.index_select(0, pos), sin_t.index_select(0, pos)
+            return StepContext(start, t, cos, sin, slots[None, :max_len] <= pos[:, None])
         pos = start + torch.arange(t, device=self.device)
         cos, sin = self.rotary.cos_sin(pos, self.dtype)
         mask = torch.arange(max_len, device=self.device)[None, :] <= pos[:, None]
         return StepContext(start, t, cos, sin, mask)
+
+    def position_tables(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(cos, sin, arange) over at least ``n`` positions (see ROPE_TABLE), grown by doubling. Every table
+        made stays alive with the model: captured graphs read the ones they were captured with."""
+        kept = self.__dict__.setdefault("_position_tables", {}).setdefault((self.device, self.dtype), [])
+        if not kept or kept[-1][2].numel() < n:
+            size = max(n, 2 * kept[-1][2].numel() if kept else 1024)
+            slots = torch.arange(size, device=self.device)
+            kept.append((*self.rotary.cos_sin(slots, self.dtype), slots))
+        return kept[-1]
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: SequenceCache, capture: Sequence[int] = (), logits: str = "all",
