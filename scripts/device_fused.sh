@@ -22,6 +22,8 @@
 #   one call (carry .whl):  bash scripts/device_fused.sh qknorm
 #       SPECDEC_FUSED_QK_NORM_ROPE and SPECDEC_ROPE_TABLE: the steps (qwen3-8b, SmolLM2) and the MTP proposal off /
 #       on, device_check (random Qwen3.5, Gemma 3, Llama) with both on
+#   one call (carry .whl):  bash scripts/device_fused.sh rowexact
+#       SPECDEC_ROW_EXACT: the SmolLM2 shape end to end off / on, device_check (random Llama) with it on
 #   one call (carry .whl):  [COMPILE=1] bash scripts/device_fused.sh drafter-profile
 #       the DFlash and MTP drafters' steps on the SmolLM2 shape, kernel by kernel, and profile_engine.py's split
 #   one call (carry .whl):  [OLD_FLAGS=...] [ROUNDS="a b"] [TARGETS="llama qwen35"] bash scripts/device_fused.sh final
@@ -167,6 +169,21 @@ qknorm)
             --target $t --mode graphs --out $OUT/dc_qk_$t.json 2>&1 | tail -1
     done
     python scripts/device_check.py compare $OUT/dc_qk_*.json 2>&1 | tail -16 ;;
+rowexact)
+    # SPECDEC_ROW_EXACT (base.ROW_EXACT, off): the SmolLM2 shape end to end off / on, alternated (plain decoding's
+    # unpadded 1-row steps, the oracle's), then device_check (random Llama on the fused layers, graphs: the
+    # spoiled oracle at k=3 runs 4-row verify steps against 1-row plain steps, n-gram, DFlash) with it on
+    pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
+    for r in a b; do
+        for f in 0 1; do
+            echo "== row-exact $f $r"; SPECDEC_ROW_EXACT=$f timeout 80 python -m specdec bench --shape smollm2-135m \
+                --context 128 -n 256 --json $OUT/rowexact_shape_$f$r.json 2>&1 | rows 3
+        done
+    done
+    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
+    SPECDEC_ROW_EXACT=1 timeout 150 python scripts/device_check.py run /tmp/dc --target llama --mode graphs \
+        --out $OUT/dc_rowexact_llama.json 2>&1 | tail -1
+    python scripts/device_check.py compare $OUT/dc_rowexact_llama.json 2>&1 | tail -6 ;;
 final)
     # the defaults now against the session-19 defaults (OLD_FLAGS), end to end on the shape, alternated;
     # then device_check (random Llama on the fused layers, random Qwen3.5) with the defaults
@@ -194,6 +211,6 @@ serve)
         done
     done ;;
 *)
-    echo "usage: bash scripts/device_fused.sh shape|real|drafters|profile|attn|drafter-profile|dfast-shape|dfast-real|dfast-drafters|qknorm|final|serve (see the top of this file)" >&2
+    echo "usage: bash scripts/device_fused.sh shape|real|drafters|profile|attn|drafter-profile|dfast-shape|dfast-real|dfast-drafters|qknorm|rowexact|final|serve (see the top of this file)" >&2
     exit 2 ;;
 esac

@@ -166,19 +166,23 @@ class SpeculativeGenerator:
         self.static_prefill = on_cuda and not self.compile
         if drafter is not None and hasattr(drafter, "compile"):
             drafter.compile = self.compile  # drafters with static draft steps compile them too
-        # every step padded to STEP_ROWS rows: identical kernels for decode and verify (see graphs.py)
-        self.pad_to = STEP_ROWS if batch_invariant and self.k + 1 <= STEP_ROWS else None
-        if batch_invariant and self.pad_to is None:
+        # every step padded to STEP_ROWS rows: identical kernels for decode and verify (see graphs.py); a
+        # row-exact target (base.ROW_EXACT) computes a row's bits alike at any row count: unpadded static steps
+        # (its prefill keeps STEP_ROWS-row chunks)
+        self.row_exact = bool(batch_invariant) and not self.compile and target.row_exact()
+        self.pad_to = STEP_ROWS if batch_invariant and self.k + 1 <= STEP_ROWS and not self.row_exact else None
+        if batch_invariant and self.pad_to is None and not self.row_exact:
             warnings.warn(f"{self.k} drafts per step need {self.k + 1}-row verify steps, more than the {STEP_ROWS} rows "
                           "every step is padded to: steps are not padded, and in low precision (bf16) drafted output "
                           f"may differ from plain output at near-ties; use at most {STEP_ROWS - 1} drafts per step "
                           f"(--block-size {STEP_ROWS} or less for DFlash) for exact output", stacklevel=2)
         # steps run as static steps (graphs.py); compiled steps are static steps
-        self.static = self.use_graphs or self.pad_to is not None or self.compile
+        self.static = self.use_graphs or self.pad_to is not None or self.compile or self.row_exact
         # the static prefill's chunk rows (see PREFILL_ROWS); under tensor parallelism the narrow ones,
         # the only ones checked there
-        widen = self.pad_to is not None and limit is None and self.shard is None and PREFILL_ROWS > self.pad_to
-        self.prefill_rows = PREFILL_ROWS if widen else self.pad_to
+        self.chunk_rows = STEP_ROWS if self.row_exact else self.pad_to
+        widen = self.chunk_rows is not None and limit is None and self.shard is None and PREFILL_ROWS > self.chunk_rows
+        self.prefill_rows = PREFILL_ROWS if widen else self.chunk_rows
         self._graphed: GraphedTarget | None = None
         # Under tensor parallelism every rank would queue the same extra step, but that path is
         # checked on the GPU without lookahead only: kept off there.
@@ -348,10 +352,11 @@ class SpeculativeGenerator:
         """The prompt's forward: the last row's logits, every row's hidden state and captured layers.
         Short prompts on CUDA static steps (``static_prefill``: graphs or not, uncompiled) run as padded
         chunks of static steps: ``prefill_rows``-row chunks (one more captured step, see PREFILL_ROWS)
-        and, for a remainder of at most ``pad_to`` tokens, the decode step itself; others as one eager
+        and, for a remainder of at most ``chunk_rows`` tokens (``pad_to``, or 16 for a row-exact
+        target), the decode step's row count; others as one eager
         forward (uncaptured, on the CPU, the chunks cost more than they save). Plain and speculative
         decoding prefill alike, so their outputs stay equal whatever the chunks."""
-        narrow, wide = self.pad_to, self.prefill_rows
+        narrow, wide = self.chunk_rows, self.prefill_rows
         if not self.static_prefill or graphed is None or narrow is None:
             return self.target(prompt, cache, capture=capture, logits="last", snapshots=False)
         n = prompt.numel()

@@ -34,6 +34,14 @@ FOLD_RESIDUAL = os.environ.get("SPECDEC_FOLD_RESIDUAL", "0") == "1"
 # (three contexts). The same values, bit for bit: the table's rows are the same elementwise functions of the
 # same positions (tests/test_rope_table.py). Off until measured on the GPU: SPECDEC_ROPE_TABLE=1.
 ROPE_TABLE = os.environ.get("SPECDEC_ROPE_TABLE", "0") == "1"
+# Steps whose every kernel gives a row the same bits at any row count: a Llama-family model on the fused
+# layers (models/fused_layer.py's 16-row GEMM tiles, fused_ops' per-row norms, the per-row RoPE write, the
+# split attention) with its LM head on the same GEMM (:meth:`CausalLM.raw_logits`). ``generate`` then runs
+# decode and verify steps unpadded (a 1-row plain step, k+1 rows a verify) and still computes every
+# committed position's logits bit for bit alike (:meth:`CausalLM.row_exact`). Predicted on the H200: SmolLM2's
+# plain step 0.958 -> ~0.914 ms (the 1-row step on the shape), n-gram / MTP verify steps of 4 rows instead
+# of 16. Off until measured (and checked by device_check) on the GPU: SPECDEC_ROW_EXACT=1.
+ROW_EXACT = os.environ.get("SPECDEC_ROW_EXACT", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -146,9 +154,17 @@ class CausalLM(nn.Module):
 
     def raw_logits(self, h: torch.Tensor) -> torch.Tensor:
         """``h [T, H]`` through the LM head, before any soft cap: fp32 ``[T, V]`` (on a rank:
-        every rank's vocabulary rows gathered)."""
-        logits = torch.nn.functional.linear(h, self.head_weight()).float()
+        every rank's vocabulary rows gathered). On the fused GEMM for a :meth:`row_exact` model."""
+        w = self.head_weight()
+        if self.row_exact() and fused_layer.usable(h) and w.is_contiguous():
+            return fused_layer.linear(h, w).float()
+        logits = torch.nn.functional.linear(h, w).float()
         return logits if self.shard is None else gather_vocab(logits, self.shard, self.config.vocab_size)
+
+    def row_exact(self) -> bool:
+        """Whether every kernel of this model's CUDA steps gives a row the same bits at any row count
+        (see ROW_EXACT): families with fused layers say so (:class:`~.llama.LlamaForCausalLM`)."""
+        return False
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden ``[T, H]`` -> fp32 logits ``[T, V]``."""

@@ -16,7 +16,7 @@ from ..cache import KVCache
 from ..config import ModelConfig
 from ..errors import ConfigError
 from ..parallel.tp import Shard
-from . import fused_layer
+from . import base, fused_layer
 from .base import CausalLM, StepContext
 from .gguf_names import dense_block_names, gguf_meta
 from .layers import Attention, RMSNorm, SwiGLU
@@ -107,6 +107,13 @@ class LlamaForCausalLM(CausalLM):
         super().fuse_projections()
         for layer in self.layers:  # every layer or none: eligibility depends on the config only
             layer.fused_path = fused_layer.eligible(layer)
+
+    def row_exact(self) -> bool:
+        """With ``base.ROW_EXACT``: every layer on the fused kernels (on CUDA in bf16/fp16), one process."""
+        w = self.embed_tokens.weight
+        return (base.ROW_EXACT and fused_layer.ENABLED and fused_layer.triton is not None and self.shard is None
+                and w.is_cuda and w.dtype in (torch.bfloat16, torch.float16) and bool(self.layers)
+                and all(layer.fused_path for layer in self.layers))
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):

@@ -1,0 +1,47 @@
+"""SPECDEC_ROW_EXACT (models/base.py): a target whose every step kernel gives a row the same bits at any row
+count runs unpadded static steps in ``generate`` (a 1-row plain step, k+1 rows a verify) and keeps 16-row
+prefill chunks. The kernels' row invariance is checked in Triton's interpreter (tests/_interpret_kernels.py
+fused-layer) and on the GPU; here the wiring, on the CPU."""
+
+import torch
+
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine import SpeculativeGenerator
+from specdec.engine.generate import STEP_ROWS
+from specdec.models import base, graphs
+from specdec.shapes import build_shape
+
+
+def test_row_exact_is_off_by_default_and_on_the_cpu(monkeypatch):
+    from tests._engine_util import tiny_llama
+    m = tiny_llama()
+    assert not base.ROW_EXACT and not m.row_exact()
+    monkeypatch.setattr(base, "ROW_EXACT", True)
+    assert not m.row_exact()  # CPU weights: no fused kernels
+    assert not build_shape("tiny", torch.device("cpu"), torch.float32).row_exact()  # a base CausalLM family too
+
+
+def test_row_exact_target_runs_unpadded_steps(monkeypatch):
+    from tests._engine_util import tiny_llama
+    m = tiny_llama(max_pos=256)
+    rows = []
+    call = graphs.GraphedTarget.__call__
+
+    def record(self, ids, rows_=None):
+        out = call(self, ids, rows_)
+        rows.append(rows_ if rows_ is not None else (self.pad_to if self.pad_to and ids.shape[0] <= self.pad_to
+                                                     else ids.shape[0]))
+        return out
+    monkeypatch.setattr(graphs.GraphedTarget, "__call__", record)
+    prompt = torch.randint(0, 90, (21,), generator=torch.Generator().manual_seed(0)).tolist() * 2
+    want = SpeculativeGenerator(m, None, 0, batch_invariant=True).generate(prompt, 30).token_ids
+    assert set(rows) == {STEP_ROWS}  # padded: every step 16 rows
+    monkeypatch.setattr(m, "row_exact", lambda: True, raising=False)
+    for drafter, k in ((None, 0), (NgramDrafter(), 3)):
+        g = SpeculativeGenerator(m, drafter, k, batch_invariant=True)
+        assert g.row_exact and g.pad_to is None and g.chunk_rows == STEP_ROWS and g.static
+        rows.clear()
+        got = g.generate(prompt, 30)
+        assert got.token_ids == want
+        # every step unpadded (on the CPU the prompt is one eager forward: static prefill chunks are CUDA's)
+        assert len(rows) == got.stats.steps and max(rows) <= k + 1 and (k or set(rows) == {1}), rows
