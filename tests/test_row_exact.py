@@ -4,6 +4,7 @@ prefill chunks. The kernels' row invariance is checked in Triton's interpreter (
 fused-layer) and on the GPU; here the wiring, on the CPU."""
 
 import torch
+from _engine_util import tiny_llama
 
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpeculativeGenerator
@@ -12,17 +13,16 @@ from specdec.models import base, graphs
 from specdec.shapes import build_shape
 
 
-def test_row_exact_is_off_by_default_and_on_the_cpu(monkeypatch):
-    from tests._engine_util import tiny_llama
+def test_row_exact_needs_the_flag_and_the_fused_kernels(monkeypatch):
     m = tiny_llama()
-    assert not base.ROW_EXACT and not m.row_exact()
+    monkeypatch.setattr(base, "ROW_EXACT", False)
+    assert not m.row_exact()
     monkeypatch.setattr(base, "ROW_EXACT", True)
     assert not m.row_exact()  # CPU weights: no fused kernels
     assert not build_shape("tiny", torch.device("cpu"), torch.float32).row_exact()  # a base CausalLM family too
 
 
 def test_row_exact_target_runs_unpadded_steps(monkeypatch):
-    from tests._engine_util import tiny_llama
     m = tiny_llama(max_pos=256)
     rows = []
     call = graphs.GraphedTarget.__call__
