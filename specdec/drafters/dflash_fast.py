@@ -17,7 +17,7 @@ in 62: ~0.7 ms a step beside a 16-row verify of ~0.95 ms, in kernels of 2-3 us e
 The math is the eager drafter's (``dflash_model``), its bits are not: the GEMMs and norms sum in other
 orders. Drafts never change a greedy output (the target's verify keeps its own tokens), and a sampled
 proposal returns the probabilities it drew from, so acceptance stays exact whatever the drafter's bits
-(tests compare this path with the eager one within bf16 tolerance, in Triton's interpreter). The
+(tests compare this path with the eager one in fp16 within tolerance, in Triton's interpreter). The
 block's keys and values land in the context buffers at ``start .. start + B - 1``, where the next
 context write overwrites them; the caller keeps ``start + B`` within the buffers.
 
