@@ -158,12 +158,10 @@ class DFlashDrafter:
         """
         self._flush()
         if self.static_steps or self.compile:
-            st = self._static_block(sampled=not params.greedy)
-            if st.fast is not None and self.length + self.block_size > self.kv[0].k.shape[1]:
-                # the fast block writes its keys and values at length .. length + B - 1: grow first
-                self._grow(2 * self.kv[0].k.shape[1])
-                st = self._static_block(sampled=not params.greedy)
-            block = st(int(last_token), self.length)[: max(0, k)]
+            cap = self.kv[0].k.shape[1]
+            if self.length + self.block_size > cap and self.fast_weights() is not None:
+                self._grow(2 * cap)  # the fast block writes its keys and values at length .. length + B - 1
+            block = self._static_block(sampled=not params.greedy)(int(last_token), self.length)[: max(0, k)]
             if params.greedy:
                 return Proposal(block)
             logits = block

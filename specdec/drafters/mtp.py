@@ -96,7 +96,8 @@ class MTPBlock(nn.Module):
         the layer on the fused kernels (:class:`FastLayer`), where they take ``emb``."""
         both = torch.cat([self.pre_fc_norm_embedding(emb), self.pre_fc_norm_hidden(hidden)], dim=-1)
         if fast is not None and fused_layer.usable(both):
-            x, delta = fast.forward(self.layers[0], fused_layer.linear(both, self.fc.weight), ctx, cache)
+            x = fused_layer.linear(both, self.fc.weight)
+            x, delta = self.layers[0].forward_fused(x, None, ctx, cache, fast.weights)
             return self.norm.add(x, delta)[1]
         return self.norm(self.layers[0](self.fc(both), ctx, cache))
 
@@ -114,14 +115,14 @@ FAST = os.environ.get("SPECDEC_MTP_FAST", "1") != "0"
 
 class FastLayer:
     """A ``DenseDecoderLayer``'s q/k/v and gate/up weights concatenated for the fused GEMMs (copies, made
-    once), and its forward on them: :meth:`DenseDecoderLayer.forward_fused` without the layer's own fused
-    projections (the block's parameters stay separate tensors, as training and saving want them)."""
+    once), handed to :meth:`DenseDecoderLayer.forward_fused` in place of the layer's own fused projections
+    (the block's parameters stay separate tensors, as training and saving want them)."""
 
     def __init__(self, layer):
         a, m = layer.self_attn, layer.mlp
-        self.qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous()
-        self.sizes = [a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features]
-        self.gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous()
+        qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous()
+        sizes = [a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features]
+        self.weights = (qkv, sizes, torch.cat([m.gate_proj.weight, m.up_proj.weight]).contiguous())
 
     @staticmethod
     def eligible(layer) -> bool:
@@ -135,15 +136,6 @@ class FastLayer:
                 and type(a.o_proj) is nn.Linear and type(m.down_proj) is nn.Linear and a.q_proj.bias is None
                 and a.o_proj.bias is None and m.gate_proj.bias is None and m.down_proj.bias is None
                 and type(m).act is fused_layer._silu_act() and layer.config.hidden_size <= fused_layer.MAX_HIDDEN)
-
-    def forward(self, layer, x: torch.Tensor, ctx, cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x', delta)``: the layer's output is ``x' + delta`` (the last residual add left to the norm after)."""
-        a, m = layer.self_attn, layer.mlp
-        h = layer.input_layernorm(x)
-        heads = a._shape_heads(*fused_layer.linear(h, self.qkv).split(self.sizes, dim=-1))
-        o = a.attend_heads(heads, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
-        x, h = layer.post_attention_layernorm.add(x, fused_layer.linear(o, a.o_proj.weight))
-        return x, fused_layer.linear(fused_layer.linear(h, self.gate_up, silu=True), m.down_proj.weight)
 
 
 # Sampled proposals (temperature > 0) as one static step like greedy ones (a CUDA graph on CUDA;

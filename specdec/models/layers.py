@@ -473,22 +473,17 @@ class Attention(nn.Module):
         return o if gate is None else o * torch.sigmoid(gate)
 
     def forward(self, x: torch.Tensor, cos, sin, cache: KVCache, start: int, mask: torch.Tensor | None) -> torch.Tensor:
-        if self._norm_rope_fused(x, cos, cache, start):
-            return self.o_proj(self.attend_normed(self._heads(x, norm=False), cos, sin, cache, start, mask))
-        return self.o_proj(self.attend_heads(self._heads(x), cos, sin, cache, start, mask))
-
-    def _norm_rope_fused(self, x: torch.Tensor, cos, cache, start) -> bool:
-        """Whether this call takes :meth:`attend_normed` (FUSED_QK_NORM_ROPE): this class itself (subclasses
-        shape their heads their own way), q/k norms, a CUDA static step of one sequence (a :class:`KVCache`,
-        a 0-d device start), no gradient, not compiling."""
-        if not (FUSED_QK_NORM_ROPE and type(self) is Attention and self.q_norm is not None and x.is_cuda
-                and x.dim() == 2 and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
-            return False
-        d, r = self.head_dim, cos.shape[-1]
-        return (type(cache) is KVCache and isinstance(start, torch.Tensor) and start.dim() == 0
-                and x.dtype in (torch.bfloat16, torch.float16) and cos.dtype == x.dtype and cos.dim() == 2
-                and cos.is_contiguous() and d & (d - 1) == 0 and r % 2 == 0 and r <= d
-                and cache.k.is_contiguous() and cache.v.is_contiguous() and cache.k.shape[-1] == d)
+        if (FUSED_QK_NORM_ROPE and type(self) is Attention and self.q_norm is not None and x.is_cuda
+                and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
+            # (this class itself: subclasses shape their heads their own way) the heads unnormed, then one
+            # kernel for the norms, RoPE and the write where rope_write takes them (a one-sequence static step)
+            q, k, v, gate = self._heads(x, norm=False)
+            if q.dim() == 3 and rope_write.supported(q, k, cos, cache, start):
+                return self.o_proj(self.attend_normed((q, k, v, gate), cos, sin, cache, start, mask))
+            heads = (self.q_norm(q), self.k_norm(k), v, gate)
+        else:
+            heads = self._heads(x)
+        return self.o_proj(self.attend_heads(heads, cos, sin, cache, start, mask))
 
     def attend_normed(self, heads, cos, sin, cache: KVCache, start: torch.Tensor, mask) -> torch.Tensor:
         """:meth:`attend_heads` for heads not yet q/k-normed (``_heads(x, norm=False)``): the norms, RoPE

@@ -64,18 +64,21 @@ class DenseDecoderLayer(nn.Module):
                                                                     ctx.start, ctx.mask))
         return x + self.mlp(h)
 
-    def forward_fused(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: StepContext, cache: KVCache
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_fused(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: StepContext, cache: KVCache,
+                      weights: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward_folded`'s contract with :mod:`~specdec.models.fused_layer`'s GEMMs (CUDA, no
-        gradients; layers for which ``fused_layer.eligible``)."""
+        gradients; layers for which ``fused_layer.eligible``). ``weights``: ``(qkv, qkv sizes, gate_up)``
+        concatenated elsewhere (an MTP head's copies), else the layer's own fused projections."""
         a, mlp = self.self_attn, self.mlp
+        qkv, sizes, gate_up = weights or (a._fused[0], a._fused[2], mlp._fused[0])
         if delta is None:
             h = self.input_layernorm(x)
         else:
             x, h = self.input_layernorm.add(x, delta)
-        o = a.attend_heads(a.split_qkv(fused_layer.linear(h, a._fused[0])), ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
+        heads = a._shape_heads(*fused_layer.linear(h, qkv).split(sizes, dim=-1))
+        o = a.attend_heads(heads, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
         x, h = self.post_attention_layernorm.add(x, fused_layer.linear(o, a.o_proj.weight))
-        return x, fused_layer.linear(fused_layer.linear(h, mlp._fused[0], silu=True), mlp.down_proj.weight)
+        return x, fused_layer.linear(fused_layer.linear(h, gate_up, silu=True), mlp.down_proj.weight)
 
     def forward_folded(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: StepContext, cache: KVCache
                        ) -> tuple[torch.Tensor, torch.Tensor]:
