@@ -138,4 +138,8 @@ def profile_drafter(m, a, dev) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from specdec.errors import SpecdecError
+    try:
+        main()
+    except SpecdecError as e:  # bad input (an unknown shape, ...): one line, no traceback
+        raise SystemExit(f"profile_shape_step.py: {e}")
