@@ -3,6 +3,7 @@ process with the two interleaved per prompt, as `specdec bench` interleaves draf
 processes drift by a few percent on the H200). Real weights on bench prompts (chat template), or a
 random target of a published shape on random prompts. Prints tok/s of each and whether the tokens
 are identical. The lookahead needs static steps (CUDA's default); on the CPU both runs are the plain loop.
+``--chain`` adds a third variant, the lookahead on the greedy-chain steps (``SPECDEC_GREEDY_CHAIN``).
 
     PYTHONPATH=. python scripts/ab_lookahead.py --model M.gguf --dataset gsm8k --prompts 40 -n 128
     PYTHONPATH=. python scripts/ab_lookahead.py --shape qwen3-8b --prompts 4 -n 256
@@ -41,6 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=128, help="random prompt length for --shape (default 128)")
     ap.add_argument("-n", "--new-tokens", type=int, default=128)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--chain", action="store_true",
+                    help="also a third variant, 'chain': the lookahead on the greedy-chain steps (SPECDEC_GREEDY_CHAIN)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.prompts < 1 or a.new_tokens < 1 or a.prompt_len < 1:
@@ -66,17 +69,29 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     dev = model.device
+    from specdec.engine import generate as engine_mod
     gens = {"off": SpeculativeGenerator(model, lookahead=False), "on": SpeculativeGenerator(model, lookahead=True)}
+    if a.chain:
+        gens["chain"] = SpeculativeGenerator(model, lookahead=True)
+    chain_default = engine_mod.GREEDY_CHAIN
+
+    def generate(v, *args, **kw):
+        engine_mod.GREEDY_CHAIN = v == "chain"  # "on" is the lookahead on the plain steps
+        try:
+            return gens[v].generate(*args, **kw)
+        finally:
+            engine_mod.GREEDY_CHAIN = chain_default
     secs = {v: 0.0 for v in gens}
     toks = {v: 0 for v in gens}
     outs = {v: [] for v in gens}
-    for gen in gens.values():
-        gen.generate(prompts[0][:8], 8, eos_ids=eos)  # warm-up: capture, allocator
+    for v in gens:
+        generate(v, prompts[0][:8], 8, eos_ids=eos)  # warm-up: capture, allocator
+    order = list(gens)
     for i, p in enumerate(prompts):
-        for v in (("off", "on") if i % 2 == 0 else ("on", "off")):
+        for v in (order if i % 2 == 0 else order[::-1]):
             _sync(dev)
             t0 = time.perf_counter()
-            r = gens[v].generate(p, a.new_tokens, eos_ids=eos)
+            r = generate(v, p, a.new_tokens, eos_ids=eos)
             _sync(dev)
             secs[v] += time.perf_counter() - t0
             toks[v] += len(r.token_ids)
@@ -86,6 +101,9 @@ def main(argv=None) -> int:
            **{f"{v}_tokens_per_s": round(toks[v] / secs[v], 2) for v in gens},
            "speedup": round((toks["on"] / secs["on"]) / (toks["off"] / secs["off"]), 4),
            "outputs_differing": sum(x != y for x, y in zip(outs["off"], outs["on"]))}
+    if a.chain:
+        rep["chain_speedup_over_on"] = round((toks["chain"] / secs["chain"]) / (toks["on"] / secs["on"]), 4)
+        rep["chain_outputs_differing"] = sum(x != y for x, y in zip(outs["off"], outs["chain"]))
     print(json.dumps(rep))
     if a.json:
         with open(a.json, "w") as f:

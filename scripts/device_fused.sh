@@ -24,6 +24,9 @@
 #       on, device_check (random Qwen3.5, Gemma 3, Llama) with both on
 #   one call (carry .whl):  bash scripts/device_fused.sh rowexact
 #       SPECDEC_ROW_EXACT: the SmolLM2 shape end to end off / on, device_check (random Llama) with it on
+#   one call (carry .whl):  bash scripts/device_fused.sh chain
+#       SPECDEC_GREEDY_CHAIN (with and without SPECDEC_ROW_EXACT): plain decoding end to end off / lookahead / chain
+#       (ab_lookahead.py, SmolLM2 and qwen3-8b shapes), device_check (random Llama, Qwen3.5) with it on
 #   one call (carry .whl):  [COMPILE=1] bash scripts/device_fused.sh drafter-profile
 #       the DFlash and MTP drafters' steps on the SmolLM2 shape, kernel by kernel, and profile_engine.py's split
 #   one call (carry .whl):  [OLD_FLAGS=...] [ROUNDS="a b"] [TARGETS="llama qwen35"] bash scripts/device_fused.sh final
@@ -184,6 +187,25 @@ rowexact)
     SPECDEC_ROW_EXACT=1 timeout 150 python scripts/device_check.py run /tmp/dc --target llama --mode graphs \
         --out $OUT/dc_rowexact_llama.json 2>&1 | tail -1
     python scripts/device_check.py compare $OUT/dc_rowexact_llama.json 2>&1 | tail -6 ;;
+chain)
+    # SPECDEC_GREEDY_CHAIN (engine/generate.py, off): greedy plain decoding on GraphedTarget.greedy_step, the
+    # argmax, next input and position inside the step. ab_lookahead.py (off / lookahead / chain interleaved in one
+    # process, outputs compared) on the SmolLM2 shape with SPECDEC_ROW_EXACT 0 and 1 and on qwen3-8b; then
+    # device_check (random Llama with ROW_EXACT on too, random Qwen3.5) with the chain on: plain output is the
+    # reference every accepted drafter's output is compared with
+    pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
+    for r in 0 1; do
+        echo "== smollm2 row-exact $r"; SPECDEC_ROW_EXACT=$r timeout 90 python scripts/ab_lookahead.py --shape smollm2-135m \
+            --prompts 8 -n 256 --chain --json $OUT/chain_smollm2_rowexact$r.json 2>&1 | tail -1
+    done
+    echo "== qwen3-8b"; timeout 120 python scripts/ab_lookahead.py --shape qwen3-8b --prompts 4 -n 256 --chain \
+        --json $OUT/chain_qwen3_8b.json 2>&1 | tail -1
+    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
+    SPECDEC_GREEDY_CHAIN=1 SPECDEC_ROW_EXACT=1 timeout 150 python scripts/device_check.py run /tmp/dc --target llama \
+        --mode graphs --out $OUT/dc_chain_llama.json 2>&1 | tail -1
+    SPECDEC_GREEDY_CHAIN=1 timeout 150 python scripts/device_check.py run /tmp/dc --target qwen35 \
+        --mode graphs --out $OUT/dc_chain_qwen35.json 2>&1 | tail -1
+    python scripts/device_check.py compare $OUT/dc_chain_*.json 2>&1 | tail -10 ;;
 final)
     # the defaults now against the session-19 defaults (OLD_FLAGS), end to end on the shape, alternated;
     # then device_check (random Llama on the fused layers, random Qwen3.5) with the defaults

@@ -17,9 +17,10 @@ import ab_prefill  # noqa: E402
 def test_lookahead_script_runs(tmp_path, single_thread):
     out = tmp_path / "la.json"
     assert ab_lookahead.main(["--shape", "tiny", "--prompts", "2", "--prompt-len", "12", "-n", "6", "--device", "cpu",
-                              "--json", str(out)]) == 0
+                              "--chain", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["outputs_differing"] == 0 and r["prompts"] == 2 and r["off_tokens_per_s"] > 0 and r["on_tokens_per_s"] > 0
+    assert r["chain_outputs_differing"] == 0 and r["chain_tokens_per_s"] > 0
 
 
 def test_prefill_script_runs(tmp_path, single_thread):

@@ -132,3 +132,46 @@ def test_host_reader_slots():
     assert a.read() == [1, 2, 3] and b.read() == [7, 8]
     c = r.stage(torch.tensor([9]))  # back to the first buffer
     assert c.read() == [9] and c.buf.data_ptr() == a.buf.data_ptr()
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen35"])
+def test_greedy_chain_same_tokens_and_stops(targets, name, monkeypatch):
+    """SPECDEC_GREEDY_CHAIN: the argmax, the next input and the position move inside the step; the
+    tokens, the stops and the cache left behind are the plain loop's."""
+    plain = run(targets[name], False)[0].token_ids
+    monkeypatch.setattr(engine_mod, "GREEDY_CHAIN", True)
+    calls = []
+    graphs_mod = sys.modules["specdec.models.graphs"]
+    real = graphs_mod.GraphedTarget.greedy_step
+    monkeypatch.setattr(graphs_mod.GraphedTarget, "greedy_step", lambda self, seed=None: calls.append(seed) or real(self, seed))
+    got, _, length, chunks = run(targets[name], True)
+    assert got.token_ids == plain and length == len(PROMPT) + N - 1
+    assert [t for c in chunks for t in c] == plain
+    assert len(calls) == N - 1 and calls[0] is not None and all(c is None for c in calls[1:])  # one chain
+    eos = plain[6]
+    ref, _, ref_len, _ = run(targets[name], False, eos_ids=[eos])
+    got, _, length, _ = run(targets[name], True, eos_ids=[eos])
+    assert got.token_ids == ref.token_ids and got.finish_reason == "stop" and length == ref_len
+    sampled = SamplingParams(temperature=1.0, seed=7)
+    n = len(calls)
+    assert run(targets[name], True, params=sampled)[0].token_ids == run(targets[name], False, params=sampled)[0].token_ids
+    assert len(calls) == n  # sampled decoding keeps the plain steps
+
+
+def test_greedy_chain_needs_a_seed_after_other_steps(targets):
+    from specdec.models.graphs import GraphedTarget
+    m = targets["llama"]
+    g = GraphedTarget(m, m.new_cache(64, spare=16), pad_to=16, use_graphs=False)
+    g(torch.tensor(PROMPT[:3]))
+    with pytest.raises(RuntimeError, match="must follow a greedy step"):
+        g.greedy_step()
+    tok = g.greedy_step(torch.tensor([4]))
+    assert g.cache.length == 4 and int(g.start) == 4  # the step moved its own start on
+    ref = GraphedTarget(m, m.new_cache(64, spare=16), pad_to=16, use_graphs=False)
+    ref(torch.tensor(PROMPT[:3]))
+    assert int(tok) == int(ref(torch.tensor([4])).logits[0].argmax())
+    nxt = int(g.greedy_step())
+    assert nxt == int(ref(torch.tensor([int(tok)])).logits[0].argmax()) and g.cache.length == 5
+    g(torch.tensor([nxt]))
+    with pytest.raises(RuntimeError, match="must follow a greedy step"):
+        g.greedy_step()

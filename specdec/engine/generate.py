@@ -116,6 +116,11 @@ STATIC_PREFILL_TOKENS = 512
 # Plain decoding on static steps queues step i+1 before it reads step i's token (lookahead); 0 turns
 # it off (to compare, SPECDEC_PLAIN_LOOKAHEAD=0).
 PLAIN_LOOKAHEAD = os.environ.get("SPECDEC_PLAIN_LOOKAHEAD", "1") != "0"
+# Greedy plain decoding with lookahead on the greedy-chain steps (GraphedTarget.greedy_step): the argmax,
+# the next step's input and its position inside the step, so a token costs the host one replay and one
+# read, not a dozen small launches. The same step and argmax, so the same tokens (tested). Off until
+# measured on the GPU: SPECDEC_GREEDY_CHAIN=1.
+GREEDY_CHAIN = os.environ.get("SPECDEC_GREEDY_CHAIN", "0") == "1"
 
 
 class SpeculativeGenerator:
@@ -310,29 +315,34 @@ class SpeculativeGenerator:
         so the GPU never waits for the host's per-token work (reading, stop checks, streaming, the
         next launch). The steps, their inputs and the generator's draws are those of the loop in
         :meth:`generate`, in the same order, hence the same tokens (tested); once the output ends,
-        the one step queued beyond it is dropped from the cache."""
+        the one step queued beyond it is dropped from the cache. Greedy under ``SPECDEC_GREEDY_CHAIN``,
+        the steps are :meth:`GraphedTarget.greedy_step`'s: the same step and argmax, run inside it."""
         dev = self.target.device
         empty = torch.empty(0, dtype=torch.int64, device=dev)
         reader = HostReader(dev, 2)
         ids = device_ints([last], dev)
+        chain = params.greedy and GREEDY_CHAIN
         queued = len(stopper.ids)  # tokens decided or being computed
         pending = None
         while True:
             staged = None
             if queued < stopper.max_new:
                 t0 = time.perf_counter()
-                out = graphed(ids)
-                if params.greedy:
-                    packed = accept_greedy(empty, out.logits)
+                if chain:  # the step's token (its last element, as in accept_greedy's packing)
+                    packed, ids = graphed.greedy_step(ids), None
                 else:
-                    packed = accept_sampled(empty, None, probs_from_logits(out.logits, params), gen)
-                ids = packed[1:2]
+                    out = graphed(ids)
+                    if params.greedy:
+                        packed = accept_greedy(empty, out.logits)
+                    else:
+                        packed = accept_sampled(empty, None, probs_from_logits(out.logits, params), gen)
+                    ids = packed[1:2]
                 staged = reader.stage(packed)
                 queued += 1
                 stats.verify_s += time.perf_counter() - t0
             if pending is not None:
                 t0 = time.perf_counter()
-                tok = pending.read()[1]
+                tok = pending.read()[-1]
                 stats.verify_s += time.perf_counter() - t0
                 stats.steps += 1
                 stats.accepted.append(0)

@@ -148,6 +148,8 @@ class GraphedTarget:
         self.model, self.cache, self.capture, self.compile = model, cache, tuple(capture), compile
         self.start = torch.zeros((), dtype=torch.int64, device=model.device)
         self.steps: dict[int, _Step] = {}
+        self.greedy_steps: dict[int, _Step] = {}
+        self._chain: int | None = None  # the position the next unseeded greedy_step must start at
         self.max_steps = max(max_steps, pad_to or 0)
         # Batch invariance: run every step of <= pad_to tokens as one pad_to-row step, so a
         # position's logits never depend on how many tokens were verified beside it (cuBLAS and
@@ -167,7 +169,9 @@ class GraphedTarget:
         return tuple(c.version for c in self.linear)
 
     @torch.inference_mode()
-    def _capture(self, t: int) -> _Step:
+    def _capture(self, t: int, greedy: bool = False) -> _Step:
+        """The step of ``t`` rows; ``greedy``: the greedy-chain variant (:meth:`greedy_step`), whose
+        output is its argmax token, written into its own ids for the next replay."""
         m, cache = self.model, self.cache
         ids = torch.zeros(t, dtype=torch.int64, device=m.device)
 
@@ -191,9 +195,22 @@ class GraphedTarget:
                     return ForwardOut(o.logits, o.hidden, None)
                 return ForwardOut(o.logits, o.hidden, o.captured.view(t, len(layers), -1)[:, pick].reshape(t, -1))
 
+        if greedy:
+            layer_step, tok = run, torch.zeros(1, dtype=torch.int64, device=m.device)
+
+            def run():
+                # row 0's argmax (the real token; the others pad), as accept_greedy takes it from the
+                # same logits; it becomes every row of the next step's ids, as the padding would; the
+                # position moves on by one
+                torch.argmax(layer_step().logits[:1], -1, out=tok)
+                ids.copy_(tok.expand(t))
+                self.start.add_(1)
+                return tok
+
+        steps = self.greedy_steps if greedy else self.steps
         if not self.use_graphs:
             step = _Step(None, ids, None, run)
-            self.steps[t] = step
+            steps[t] = step
             return step
         # warm-up writes land at positions cache.length.. which this very step overwrites next
         self.start.fill_(cache.length)
@@ -206,7 +223,7 @@ class GraphedTarget:
         # keep ``run`` alive with the graph: its closure owns tensors the graph reads (the compiled
         # step's ``pick`` indices); freed, their memory is reused and the replay reads garbage
         step = _Step(graph, ids, out, run)
-        self.steps[t] = step
+        steps[t] = step
         return step
 
     @torch.inference_mode()
@@ -222,9 +239,8 @@ class GraphedTarget:
         if rows > self.max_steps or self.cache.length + rows > self.cache.max_len:
             raise RuntimeError(f"static step of {rows} rows at position {self.cache.length} does not fit "
                                f"(max {self.max_steps} rows, cache of {self.cache.max_len})")
-        if self._buffer_versions() != self._versions:  # an eager forward grew the recurrent buffers
-            self.steps.clear()
-            self._versions = self._buffer_versions()
+        self._check_buffers()
+        self._chain = None
         with live_context_attention():  # captured (or run eagerly) with the split attention kernel on CUDA
             step = self.steps.get(rows) or self._capture(rows)
             start = self.cache.reserve(rows)
@@ -239,3 +255,42 @@ class GraphedTarget:
             self.cache.rollback(start + t)
         o = step.out
         return ForwardOut(o.logits[:t], o.hidden[:t].clone(), None if o.captured is None else o.captured[:t].clone())
+
+    def _check_buffers(self) -> None:
+        if self._buffer_versions() != self._versions:  # an eager forward grew the recurrent buffers
+            self.steps.clear()
+            self.greedy_steps.clear()
+            self._chain = None  # a new greedy step's ids hold no token yet
+            self._versions = self._buffer_versions()
+
+    @torch.inference_mode()
+    def greedy_step(self, seed: torch.Tensor | None = None) -> torch.Tensor:
+        """One plain greedy decoding step whose argmax runs inside the step (plain decoding's
+        ``SPECDEC_GREEDY_CHAIN``): its token is the step's output (a 1-element device buffer, valid
+        until the next greedy step) and the next step's input, and the step moves its own start on,
+        so a chain of steps needs no host launch but the replay. ``seed`` (a 1-element device
+        tensor) starts a chain at the cache's length; without it the step continues the previous
+        greedy step's chain (any other step in between breaks it: RuntimeError). The step is the
+        ``pad_to``-row step (1 row unpadded) with row 0 real and the token padding the rest, as
+        ``self(ids)`` runs it, so its logits and token are those of ``self(ids)`` and
+        ``accept_greedy``."""
+        rows = self.pad_to or 1
+        if self.cache.length + rows > self.cache.max_len:
+            raise RuntimeError(f"static step of {rows} rows at position {self.cache.length} does not fit "
+                               f"(cache of {self.cache.max_len})")
+        self._check_buffers()
+        if seed is None and self._chain != self.cache.length:
+            raise RuntimeError("greedy_step without a seed must follow a greedy step")
+        with live_context_attention():
+            step = self.greedy_steps.get(rows) or self._capture(rows, greedy=True)
+            start = self.cache.reserve(rows)
+            if seed is not None:
+                self.start.fill_(start)
+                step.ids.copy_(seed.reshape(1).expand(rows))
+            step.replay()
+        for c in self.linear:
+            c.commit(start, rows, True)
+        if rows > 1:
+            self.cache.rollback(start + 1)
+        self._chain = start + 1
+        return step.out
