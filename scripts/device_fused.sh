@@ -24,7 +24,8 @@
 #       on, device_check (random Qwen3.5, Gemma 3, Llama) with both on
 #   one call (carry .whl):  bash scripts/device_fused.sh rowexact
 #       SPECDEC_ROW_EXACT: the SmolLM2 shape end to end off / on, device_check (random Llama) with it on
-#   one call (carry .whl):  bash scripts/device_fused.sh chain
+#   one call (carry .whl [.dev/h1, drafters out]):  bash scripts/device_fused.sh chain
+#   then (carry .dev/h2, drafters out):  bash scripts/device_fused.sh chain-real   (the real GGUF, device_check on it)
 #       SPECDEC_GREEDY_CHAIN (with and without SPECDEC_ROW_EXACT): plain decoding end to end off / lookahead / chain
 #       (ab_lookahead.py, SmolLM2 and qwen3-8b shapes), device_check (random Llama, Qwen3.5) with it on
 #   one call (carry .whl):  [COMPILE=1] bash scripts/device_fused.sh drafter-profile
@@ -193,6 +194,7 @@ chain)
     # process, outputs compared) on the SmolLM2 shape with SPECDEC_ROW_EXACT 0 and 1 and on qwen3-8b; then
     # device_check (random Llama with ROW_EXACT on too, random Qwen3.5) with the chain on: plain output is the
     # reference every accepted drafter's output is compared with
+    [ -f .dev/h1/p ] && cp .dev/h1/p /tmp/p1  # first half of the GGUF, for chain-real
     pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
     for r in 0 1; do
         echo "== smollm2 row-exact $r"; SPECDEC_ROW_EXACT=$r timeout 90 python scripts/ab_lookahead.py --shape smollm2-135m \
@@ -206,6 +208,19 @@ chain)
     SPECDEC_GREEDY_CHAIN=1 timeout 150 python scripts/device_check.py run /tmp/dc --target qwen35 \
         --mode graphs --out $OUT/dc_chain_qwen35.json 2>&1 | tail -1
     python scripts/device_check.py compare $OUT/dc_chain_*.json 2>&1 | tail -10 ;;
+chain-real)
+    # after `chain` with .dev/h1 carried (carry .dev/h2; drafters out): the real SmolLM2 GGUF, plain decoding off /
+    # lookahead / chain (ab_lookahead.py, GSM8K first 80, -n 128) with SPECDEC_ROW_EXACT 0 and 1, then device_check
+    # on the real weights (8 GSM8K prompts x 256, spoiled oracle, n-gram) with the chain and ROW_EXACT on
+    cat /tmp/p1 .dev/h2/p > $G && md5sum $G
+    for r in 0 1; do
+        echo "== real row-exact $r"; SPECDEC_ROW_EXACT=$r timeout 150 python scripts/ab_lookahead.py --model $G \
+            --dataset gsm8k --prompts 80 -n 128 --chain --json $OUT/chain_real_rowexact$r.json 2>&1 | tail -1
+    done
+    SPECDEC_GREEDY_CHAIN=1 SPECDEC_ROW_EXACT=1 timeout 150 python scripts/device_check.py run /tmp/none --target smollm2 \
+        --model $G --gsm8k specdec/data/bench/gsm8k_test.jsonl --mode graphs --prompts 8 --new-tokens 256 \
+        --drafters oracle ngram --out $OUT/dc_chain_smollm2.json 2>&1 | tail -1
+    python scripts/device_check.py compare $OUT/dc_chain_smollm2.json 2>&1 | tail -5 ;;
 final)
     # the defaults now against the session-19 defaults (OLD_FLAGS), end to end on the shape, alternated;
     # then device_check (random Llama on the fused layers, random Qwen3.5) with the defaults
