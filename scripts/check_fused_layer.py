@@ -3,7 +3,7 @@ SwiGLU epilogue, down) against its torch reference, a row's bits at every row co
 cuBLAS (and fused_ops' silu_mul), optionally every tiling of SWEEP; then a random-weight shape's logits
 with the fused layers on and off.
 
-    PYTHONPATH=. python scripts/check_fused_layer.py [--shape smollm2-135m] [--sweep] [--json out.json]
+    PYTHONPATH=. python scripts/check_fused_layer.py [--shape smollm2-135m] [--sweep] [--head] [--rows 16] [--json out.json]
 
 Prints one line per check (``ok`` / ``FAIL``) and the kernel times (us, CUDA graphs of 50 calls); with
 ``--sweep`` the fastest tilings and the ``SPECDEC_FUSED_LAYER_TILES`` value that selects them. Exits 1
@@ -41,9 +41,11 @@ def graph_us(fn) -> float:
 
 
 SWEEP = [(bn, bk, wp, st) for bn in (16, 32, 64) for bk in (64, 128, 256) for wp in (2, 4) for st in (2, 3, 4)]
+# the LM head (vocab outputs): wider output tiles too
+HEAD_SWEEP = SWEEP + [(bn, bk, wp, st) for bn in (128,) for bk in (64, 128) for wp in (4, 8) for st in (2, 3, 4)]
 
 
-def kernels(hidden: int, inter: int, qkv: int, rows: int, res: dict, sweep: bool = False) -> None:
+def kernels(hidden: int, inter: int, qkv: int, rows: int, res: dict, sweep: bool = False, vocab: int = 0) -> None:
     dev, dt = torch.device("cuda"), torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)
 
@@ -54,6 +56,8 @@ def kernels(hidden: int, inter: int, qkv: int, rows: int, res: dict, sweep: bool
              "o": (x, rnd(hidden, hidden, s=hidden ** -0.5), False),
              "gate_up+silu": (x, rnd(2 * inter, hidden, s=hidden ** -0.5), True),
              "down": (act_in, rnd(hidden, inter, s=inter ** -0.5), False)}
+    if vocab:  # the LM head a row-exact target runs on this kernel (SPECDEC_ROW_EXACT)
+        cases["head"] = (x, rnd(vocab, hidden, s=hidden ** -0.5), False)
     best_tiles = {}
     for name, (inp, w, silu) in cases.items():
         full = fl.linear(inp, w, silu=silu)
@@ -72,7 +76,7 @@ def kernels(hidden: int, inter: int, qkv: int, rows: int, res: dict, sweep: bool
         print(f"  {name}: {rows} rows, triton {fused_us:.2f} us, cuBLAS{' + silu_mul' if silu else ''} {unfused_us:.2f} us", flush=True)
         if sweep:
             times = {}
-            for tile in SWEEP:
+            for tile in (HEAD_SWEEP if name == "head" else SWEEP):
                 try:
                     times[tile] = graph_us(lambda: fl.linear(xi, w, silu=silu, tile=tile))
                 except Exception as e:  # a tiling the compiler refuses (shared memory)
@@ -113,6 +117,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=16, help="rows of the timed calls (default 16)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="also time every tiling of SWEEP at --rows rows")
+    ap.add_argument("--head", action="store_true", help="also the LM head (vocab x hidden), as SPECDEC_ROW_EXACT runs it")
     a = ap.parse_args()
     from specdec.errors import SpecdecError
     from specdec.shapes import shape_config
@@ -126,7 +131,7 @@ def main() -> int:
         return 2
     qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
     res = {"shape": a.shape, "rows": a.rows, "tile": list(fl.TILE)}
-    kernels(c.hidden_size, c.intermediate_size, qkv, a.rows, res, a.sweep)
+    kernels(c.hidden_size, c.intermediate_size, qkv, a.rows, res, a.sweep, c.vocab_size if a.head else 0)
     model_check(a.shape, res)
     res["failed"] = FAILED
     if a.json:
