@@ -249,7 +249,7 @@ class DFlashDrafter:
             x = x * c.input_embedding_scale
         ctx = [(s.k[:, :start], s.v[:, :start]) for s in self.kv]
         h = self.model.block_hidden(x, start, ctx)
-        return self.model.scale_logits(self.target.raw_logits(h[1:]))
+        return self.model.scale_logits(self.target.raw_logits(h[1:], exact=False))
 
     # --- accounting -----------------------------------------------------------------
     def weight_bytes(self) -> int:
@@ -316,7 +316,7 @@ class _StaticBlock:
             h = dflash_fast.block_hidden(d.model, self.fast, x, self.start, self.buffers, self.slots, self.cos, self.sin)
         else:
             h = d.model.block_hidden_static(x, self.start, self.buffers)
-        logits = d.model.scale_logits(d.target.raw_logits(h[1:]))
+        logits = d.model.scale_logits(d.target.raw_logits(h[1:], exact=False))
         return logits if self.logits else logits.argmax(-1)
 
     def reads(self, kv: list[_ContextKV]) -> bool:
@@ -511,7 +511,7 @@ class DFlashSlots:
         ctx = [(k[:n, :, :span], v[:n, :, :span]) for k, v in zip(self.k, self.v)]
         with static_step_attention(self.span_invariant, x.is_cuda):  # a slot's bits: its own inputs only
             h = d.model.block_hidden_slots(x, self.start[:n], ctx)
-        logits = d.model.scale_logits(d.target.raw_logits(h[:, 1:]))  # [S, B-1, V] fp32
+        logits = d.model.scale_logits(d.target.raw_logits(h[:, 1:], exact=False))  # [S, B-1, V] fp32
         return logits.argmax(-1), logits
 
     @torch.inference_mode()

@@ -198,7 +198,7 @@ class MTPDrafter:
         b = self.block
         if b.shared_head is not None:
             return F.linear(g, b.shared_head.head.weight).float()
-        return self.target.head(g)
+        return self.target.head(g, exact=False)  # drafts: cuBLAS, not the row-exact GEMM
 
     def _ensure(self, end: int) -> None:
         """Grow the KV cache (by doubling) to hold positions ``0 .. end-1``."""

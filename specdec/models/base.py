@@ -152,11 +152,12 @@ class CausalLM(nn.Module):
     def head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    def raw_logits(self, h: torch.Tensor) -> torch.Tensor:
+    def raw_logits(self, h: torch.Tensor, exact: bool = True) -> torch.Tensor:
         """``h [T, H]`` through the LM head, before any soft cap: fp32 ``[T, V]`` (on a rank:
-        every rank's vocabulary rows gathered). On the fused GEMM for a :meth:`row_exact` model."""
+        every rank's vocabulary rows gathered). On the fused GEMM for a :meth:`row_exact` model, unless
+        ``exact`` is off (a drafter's logits: only the target's rows must keep their bits)."""
         w = self.head_weight()
-        if self.row_exact() and fused_layer.usable(h) and w.is_contiguous():
+        if exact and self.row_exact() and fused_layer.usable(h) and w.is_contiguous():
             return fused_layer.linear(h, w).float()
         logits = torch.nn.functional.linear(h, w).float()
         return logits if self.shard is None else gather_vocab(logits, self.shard, self.config.vocab_size)
@@ -166,9 +167,9 @@ class CausalLM(nn.Module):
         (see ROW_EXACT): families with fused layers say so (:class:`~.llama.LlamaForCausalLM`)."""
         return False
 
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        """Final-normed hidden ``[T, H]`` -> fp32 logits ``[T, V]``."""
-        logits = self.raw_logits(h)
+    def head(self, h: torch.Tensor, exact: bool = True) -> torch.Tensor:
+        """Final-normed hidden ``[T, H]`` -> fp32 logits ``[T, V]`` (``exact``: see :meth:`raw_logits`)."""
+        logits = self.raw_logits(h, exact)
         if self.final_logit_softcap:
             c = self.final_logit_softcap
             logits = torch.tanh(logits / c) * c
