@@ -45,7 +45,8 @@ SWEEP = [(bn, bk, wp, st) for bn in (16, 32, 64) for bk in (64, 128, 256) for wp
 HEAD_SWEEP = SWEEP + [(bn, bk, wp, st) for bn in (128,) for bk in (64, 128) for wp in (4, 8) for st in (2, 3, 4)]
 
 
-def kernels(hidden: int, inter: int, qkv: int, rows: int, res: dict, sweep: bool = False, vocab: int = 0) -> None:
+def kernels(hidden: int, inter: int, qkv: int, rows: int, res: dict, sweep: bool = False, vocab: int = 0,
+            only: list | None = None) -> None:
     dev, dt = torch.device("cuda"), torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)
 
@@ -60,6 +61,8 @@ def kernels(hidden: int, inter: int, qkv: int, rows: int, res: dict, sweep: bool
         cases["head"] = (x, rnd(vocab, hidden, s=hidden ** -0.5), False)
     best_tiles = {}
     for name, (inp, w, silu) in cases.items():
+        if only and name not in only:
+            continue
         full = fl.linear(inp, w, silu=silu)
         ref = fl.reference(inp, w, silu=silu)
         err = (full.float() - ref.float()).abs().max().item()
@@ -118,6 +121,8 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="also time every tiling of SWEEP at --rows rows")
     ap.add_argument("--head", action="store_true", help="also the LM head (vocab x hidden), as SPECDEC_ROW_EXACT runs it")
+    ap.add_argument("--only", nargs="+", choices=["qkv", "o", "gate_up+silu", "down", "head"],
+                    help="check and time only these weights (default: all)")
     a = ap.parse_args()
     from specdec.errors import SpecdecError
     from specdec.shapes import shape_config
@@ -131,7 +136,7 @@ def main() -> int:
         return 2
     qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
     res = {"shape": a.shape, "rows": a.rows, "tile": list(fl.TILE)}
-    kernels(c.hidden_size, c.intermediate_size, qkv, a.rows, res, a.sweep, c.vocab_size if a.head else 0)
+    kernels(c.hidden_size, c.intermediate_size, qkv, a.rows, res, a.sweep, c.vocab_size if a.head else 0, a.only)
     model_check(a.shape, res)
     res["failed"] = FAILED
     if a.json:
