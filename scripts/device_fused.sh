@@ -24,6 +24,8 @@
 #       on, device_check (random Qwen3.5, Gemma 3, Llama) with both on
 #   one call (carry .whl):  bash scripts/device_fused.sh rowexact
 #       SPECDEC_ROW_EXACT: the SmolLM2 shape end to end off / on, device_check (random Llama) with it on
+#   three calls back to back: re-a (carry .whl), re-b (carry .dev/h1, drafters out), re-c (carry .dev/h2, drafters out):
+#       SPECDEC_ROW_EXACT + SPECDEC_GREEDY_CHAIN off / on, shape and real GGUF with every shipped drafter, device_check
 #   one call (carry .whl [.dev/h1, drafters out]):  bash scripts/device_fused.sh chain
 #   then (carry .dev/h2, drafters out):  bash scripts/device_fused.sh chain-real   (the real GGUF, device_check on it)
 #       SPECDEC_GREEDY_CHAIN (with and without SPECDEC_ROW_EXACT): plain decoding end to end off / lookahead / chain
@@ -221,6 +223,39 @@ chain-real)
         --model $G --gsm8k specdec/data/bench/gsm8k_test.jsonl --mode graphs --prompts 8 --new-tokens 256 \
         --drafters oracle ngram --out $OUT/dc_chain_smollm2.json 2>&1 | tail -1
     python scripts/device_check.py compare $OUT/dc_chain_smollm2.json 2>&1 | tail -5 ;;
+re-a|re-b|re-c)
+    # SPECDEC_ROW_EXACT with SPECDEC_GREEDY_CHAIN, three calls back to back: re-a (the full tree, carry .whl): the shipped
+    # drafters to /tmp/drafters, the SmolLM2 shape end to end off / on alternated, device_check (random Llama) on;
+    # re-b (carry .dev/h1, drafters out): the GGUF's first half; re-c (carry .dev/h2, drafters out): the real GGUF,
+    # plain and every shipped drafter (GSM8K first 80, -n 128, k = 3) off / on, device_check on real weights on
+    O=/tmp/o5; mkdir -p $O
+    case "$1" in
+    re-a)
+        rm -rf /tmp/drafters && cp -r specdec/data/drafters/smollm2_135m_instruct /tmp/drafters
+        pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
+        for r in a b; do
+            for f in 0 1; do
+                echo "== row-exact $f $r"; SPECDEC_ROW_EXACT=$f SPECDEC_GREEDY_CHAIN=$f timeout 80 python -m specdec bench \
+                    --shape smollm2-135m --context 128 -n 256 --json $O/shape_re$f$r.json 2>&1 | grep -E "dflash|mtp|ORACLE|after"
+            done
+        done
+        python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
+        SPECDEC_ROW_EXACT=1 SPECDEC_GREEDY_CHAIN=1 timeout 150 python scripts/device_check.py run /tmp/dc --target llama \
+            --mode graphs --out $O/dc_re_llama.json 2>&1 | tail -1
+        python scripts/device_check.py compare $O/dc_re_llama.json 2>&1 | tail -6 ;;
+    re-b) cp .dev/h1/p /tmp/p1 && ls -la /tmp/p1 ;;
+    re-c)
+        cat /tmp/p1 .dev/h2/p > $G && md5sum $G
+        for f in 0 1; do
+            echo "== row-exact $f"; SPECDEC_ROW_EXACT=$f SPECDEC_GREEDY_CHAIN=$f python -m specdec bench -m $G --dataset gsm8k \
+                --num-prompts 80 -n 128 -k 3 --drafts none dflash dflash+ngram mtp ngram --json $O/e2e_re$f.json 2>&1 | rows 6
+        done
+        SPECDEC_ROW_EXACT=1 SPECDEC_GREEDY_CHAIN=1 timeout 150 python scripts/device_check.py run /tmp/none --target smollm2 \
+            --model $G --gsm8k specdec/data/bench/gsm8k_test.jsonl --mode graphs --prompts 8 --new-tokens 256 \
+            --drafters dflash:/tmp/drafters/dflash mtp:/tmp/drafters/mtp oracle ngram --out $O/dc_re_smollm2.json 2>&1 | tail -1
+        python scripts/device_check.py compare $O/dc_re_smollm2.json 2>&1 | tail -6 ;;
+    esac
+    tar czf $OUT/$1.tgz -C $O . ;;
 final)
     # the defaults now against the session-19 defaults (OLD_FLAGS), end to end on the shape, alternated;
     # then device_check (random Llama on the fused layers, random Qwen3.5) with the defaults
