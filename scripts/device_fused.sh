@@ -19,11 +19,8 @@
 #   (the `combine` mode that measured the since-removed SPECDEC_SPLIT_LAST_COMBINES: at 275368c)
 #   three calls back to back: dfast-shape (carry .whl .dev/h1, drafters out), dfast-real (carry .dev/h2, drafters
 #       out), dfast-drafters (the full tree): SPECDEC_DFLASH_FAST off and on (see each mode below)
-#   one call (carry .whl):  bash scripts/device_fused.sh qknorm
-#       SPECDEC_FUSED_QK_NORM_ROPE and SPECDEC_ROPE_TABLE: the steps (qwen3-8b, SmolLM2) and the MTP proposal off /
-#       on, device_check (random Qwen3.5, Gemma 3, Llama) with both on
-#   one call (carry .whl):  bash scripts/device_fused.sh rowexact
-#       SPECDEC_ROW_EXACT: the SmolLM2 shape end to end off / on, device_check (random Llama) with it on
+#   (the `qknorm` and `rowexact` modes, for SPECDEC_FUSED_QK_NORM_ROPE, the since-removed SPECDEC_ROPE_TABLE and
+#   SPECDEC_ROW_EXACT, run in a shorter form by hand in the session of 2026-12-03 (fourth): at 4cdfa31)
 #   three calls back to back: re-a (carry .whl), re-b (carry .dev/h1, drafters out), re-c (carry .dev/h2, drafters out):
 #       SPECDEC_ROW_EXACT + SPECDEC_GREEDY_CHAIN off / on, shape and real GGUF with every shipped drafter, device_check
 #   one call (carry .whl [.dev/h1, drafters out]):  bash scripts/device_fused.sh chain
@@ -152,44 +149,6 @@ dfast-drafters)
         --drafters dflash:$D/dflash mtp:$D/mtp oracle --out $O/dc_fast_smollm2.json 2>&1 | tail -1
     python scripts/device_check.py compare $O/dc_fast_smollm2.json 2>&1 | tail -5
     tar czf $OUT/dfast3.tgz -C $O . ;;
-qknorm)
-    # SPECDEC_FUSED_QK_NORM_ROPE (layers.Attention.attend_normed) and SPECDEC_ROPE_TABLE (base.static_context), both
-    # off: qwen3-8b's 16-row step at contexts 300 and 1000 and SmolLM2's at 300 with each and both (ab_flags.py),
-    # the MTP proposal with the table off / on, then device_check (random Qwen3.5 and Gemma 3, graphs: both
-    # have q/k norms; and Llama) with both on
-    pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
-    v=fused+direct+pdl+small-tiles
-    for c in 300 1000; do
-        timeout 200 python scripts/ab_flags.py --shape qwen3-8b --context $c -n 128 --rounds 4 --no-drafters \
-            --variants $v $v+qk-norm-rope $v+rope-table $v+qk-norm-rope+rope-table --json $OUT/ab_qk_c$c.json 2>&1 | tail -5
-    done
-    timeout 120 python scripts/ab_flags.py --shape smollm2-135m --context 300 -n 128 --rounds 4 --no-drafters \
-        --variants $v $v+rope-table --json $OUT/ab_table_smollm2.json 2>&1 | tail -3
-    for f in 0 1; do
-        SPECDEC_ROPE_TABLE=$f timeout 100 python scripts/profile_shape_step.py --shape smollm2-135m --drafter mtp \
-            --context 300 2>/dev/null | grep -E 'propose_ms|propose_kernels"'
-    done
-    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
-    for t in qwen35 gemma3 llama; do
-        SPECDEC_FUSED_QK_NORM_ROPE=1 SPECDEC_ROPE_TABLE=1 timeout 120 python scripts/device_check.py run /tmp/dc \
-            --target $t --mode graphs --out $OUT/dc_qk_$t.json 2>&1 | tail -1
-    done
-    python scripts/device_check.py compare $OUT/dc_qk_*.json 2>&1 | tail -16 ;;
-rowexact)
-    # SPECDEC_ROW_EXACT (base.ROW_EXACT, off): the SmolLM2 shape end to end off / on, alternated (plain decoding's
-    # unpadded 1-row steps, the oracle's), then device_check (random Llama on the fused layers, graphs: the
-    # spoiled oracle at k=3 runs 4-row verify steps against 1-row plain steps, n-gram, DFlash) with it on
-    pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
-    for r in a b; do
-        for f in 0 1; do
-            echo "== row-exact $f $r"; SPECDEC_ROW_EXACT=$f timeout 80 python -m specdec bench --shape smollm2-135m \
-                --context 128 -n 256 --json $OUT/rowexact_shape_$f$r.json 2>&1 | rows 3
-        done
-    done
-    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
-    SPECDEC_ROW_EXACT=1 timeout 150 python scripts/device_check.py run /tmp/dc --target llama --mode graphs \
-        --out $OUT/dc_rowexact_llama.json 2>&1 | tail -1
-    python scripts/device_check.py compare $OUT/dc_rowexact_llama.json 2>&1 | tail -6 ;;
 chain)
     # SPECDEC_GREEDY_CHAIN (engine/generate.py, off): greedy plain decoding on GraphedTarget.greedy_step, the
     # argmax, next input and position inside the step. ab_lookahead.py (off / lookahead / chain interleaved in one

@@ -39,8 +39,10 @@ def targets(tmp_path_factory, single_thread):
 PROMPT = [5, 17, 3, 42, 8, 11, 29]
 
 
-def run(model, lookahead, n=N, params=SamplingParams(), monkeypatch=None, **kw):
-    """Generate; return (result, logits of every step run in order, cache length after, streamed chunks)."""
+def run(model, lookahead, n=N, params=SamplingParams(), monkeypatch=None, chain=False, **kw):
+    """Generate; return (result, logits of every step run in order, cache length after, streamed chunks).
+    ``chain``: greedy lookahead on the greedy-chain steps (SPECDEC_GREEDY_CHAIN, the default; off, the plain
+    steps, whose logits accept_greedy sees)."""
     rows, chunks = [], []
     accept = engine_mod.accept_greedy
 
@@ -52,7 +54,11 @@ def run(model, lookahead, n=N, params=SamplingParams(), monkeypatch=None, **kw):
         monkeypatch.setattr(engine_mod, "accept_greedy", recording)
     g = SpeculativeGenerator(model, batch_invariant=True, lookahead=lookahead)
     assert g.lookahead is lookahead
-    res = g.generate(PROMPT, n, params, on_tokens=chunks.append, **kw)
+    before, engine_mod.GREEDY_CHAIN = engine_mod.GREEDY_CHAIN, chain
+    try:
+        res = g.generate(PROMPT, n, params, on_tokens=chunks.append, **kw)
+    finally:
+        engine_mod.GREEDY_CHAIN = before
     if monkeypatch is not None:
         monkeypatch.setattr(engine_mod, "accept_greedy", accept)
     return res, rows, g._graphed.cache.length, chunks
@@ -139,22 +145,23 @@ def test_greedy_chain_same_tokens_and_stops(targets, name, monkeypatch):
     """SPECDEC_GREEDY_CHAIN: the argmax, the next input and the position move inside the step; the
     tokens, the stops and the cache left behind are the plain loop's."""
     plain = run(targets[name], False)[0].token_ids
-    monkeypatch.setattr(engine_mod, "GREEDY_CHAIN", True)
+    assert engine_mod.GREEDY_CHAIN  # the default
     calls = []
     graphs_mod = sys.modules["specdec.models.graphs"]
     real = graphs_mod.GraphedTarget.greedy_step
     monkeypatch.setattr(graphs_mod.GraphedTarget, "greedy_step", lambda self, seed=None: calls.append(seed) or real(self, seed))
-    got, _, length, chunks = run(targets[name], True)
+    got, _, length, chunks = run(targets[name], True, chain=True)
     assert got.token_ids == plain and length == len(PROMPT) + N - 1
     assert [t for c in chunks for t in c] == plain
     assert len(calls) == N - 1 and calls[0] is not None and all(c is None for c in calls[1:])  # one chain
     eos = plain[6]
     ref, _, ref_len, _ = run(targets[name], False, eos_ids=[eos])
-    got, _, length, _ = run(targets[name], True, eos_ids=[eos])
+    got, _, length, _ = run(targets[name], True, eos_ids=[eos], chain=True)
     assert got.token_ids == ref.token_ids and got.finish_reason == "stop" and length == ref_len
     sampled = SamplingParams(temperature=1.0, seed=7)
     n = len(calls)
-    assert run(targets[name], True, params=sampled)[0].token_ids == run(targets[name], False, params=sampled)[0].token_ids
+    assert (run(targets[name], True, params=sampled, chain=True)[0].token_ids
+            == run(targets[name], False, params=sampled)[0].token_ids)
     assert len(calls) == n  # sampled decoding keeps the plain steps
 
 

@@ -28,20 +28,16 @@ from .layers import RMSNorm, RotaryEmbedding, causal_mask, sliding_causal_mask
 # plain norm kernel in the last bit (every path alike, so speculative output still equals plain). Off
 # until measured on the GPU: SPECDEC_FOLD_RESIDUAL=1 turns it on.
 FOLD_RESIDUAL = os.environ.get("SPECDEC_FOLD_RESIDUAL", "0") == "1"
-# A static step's RoPE cos / sin as rows of a table by position (two gathers) instead of computed from the
-# positions (~11 kernels: the angles, cos, sin, the halves' concatenations and casts), and the cache's
-# positions for the mask from a kept arange: ~10 kernels fewer a target step, ~30 an MTP k=3 proposal
-# (three contexts). The same values, bit for bit: the table's rows are the same elementwise functions of the
-# same positions (tests/test_rope_table.py). Off until measured on the GPU: SPECDEC_ROPE_TABLE=1.
-ROPE_TABLE = os.environ.get("SPECDEC_ROPE_TABLE", "0") == "1"
 # Steps whose every kernel gives a row the same bits at any row count: a Llama-family model on the fused
 # layers (models/fused_layer.py's 16-row GEMM tiles, fused_ops' per-row norms, the per-row RoPE write, the
 # split attention) with its LM head on the same GEMM (:meth:`CausalLM.raw_logits`). ``generate`` then runs
 # decode and verify steps unpadded (a 1-row plain step, k+1 rows a verify) and still computes every
-# committed position's logits bit for bit alike (:meth:`CausalLM.row_exact`). Predicted on the H200: SmolLM2's
-# plain step 0.958 -> ~0.914 ms (the 1-row step on the shape), n-gram / MTP verify steps of 4 rows instead
-# of 16. Off until measured (and checked by device_check) on the GPU: SPECDEC_ROW_EXACT=1.
-ROW_EXACT = os.environ.get("SPECDEC_ROW_EXACT", "0") == "1"
+# committed position's logits bit for bit alike (:meth:`CausalLM.row_exact`). Measured on the H200 (real
+# SmolLM2-135M-Instruct, GSM8K first 80, -n 128, one run): plain 920 -> 1,000 tok/s, n-gram 1,296 -> 1,414, MTP
+# k=3 1,566 -> 1,666, DFlash 2,399 -> 2,424; device_check on the real weights with every shipped drafter and
+# on random Llama: 0 outputs differing. Batched steps (forward_batch) keep cuBLAS's head. SPECDEC_ROW_EXACT=0
+# turns it off.
+ROW_EXACT = os.environ.get("SPECDEC_ROW_EXACT", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -183,25 +179,10 @@ class CausalLM(nn.Module):
     def static_context(self, start: torch.Tensor, t: int, max_len: int) -> StepContext:
         """Context for a CUDA-graph step: ``start`` is a 0-d device tensor, shapes depend on ``t`` only,
         and attention runs over the whole preallocated cache with a mask by position."""
-        if ROPE_TABLE:
-            cos_t, sin_t, slots = self.position_tables(max_len + t)
-            pos = start + slots[:t]
-            cos, sin = cos_t.index_select(0, pos), sin_t.index_select(0, pos)
-            return StepContext(start, t, cos, sin, slots[None, :max_len] <= pos[:, None])
         pos = start + torch.arange(t, device=self.device)
         cos, sin = self.rotary.cos_sin(pos, self.dtype)
         mask = torch.arange(max_len, device=self.device)[None, :] <= pos[:, None]
         return StepContext(start, t, cos, sin, mask)
-
-    def position_tables(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(cos, sin, arange) over at least ``n`` positions (see ROPE_TABLE), grown by doubling. Every table
-        made stays alive with the model: captured graphs read the ones they were captured with."""
-        kept = self.__dict__.setdefault("_position_tables", {}).setdefault((self.device, self.dtype), [])
-        if not kept or kept[-1][2].numel() < n:
-            size = max(n, 2 * kept[-1][2].numel() if kept else 1024)
-            slots = torch.arange(size, device=self.device)
-            kept.append((*self.rotary.cos_sin(slots, self.dtype), slots))
-        return kept[-1]
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: SequenceCache, capture: Sequence[int] = (), logits: str = "all",
@@ -288,7 +269,7 @@ class CausalLM(nn.Module):
             raise ValueError("forward_batch: give either last or logits='all', not both")
         out = self._forward_batch(ids, cache, starts, slots, span, capture, last, commit)
         if logits == "all":
-            out.logits = self.head(out.hidden)
+            out.logits = self.head(out.hidden, exact=False)  # many slots' rows: cuBLAS (ROW_EXACT is one sequence's)
         return out
 
     def _forward_batch(self, ids, cache, starts, slots, span, capture, last, commit=None) -> ForwardOut:
