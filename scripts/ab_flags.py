@@ -15,7 +15,7 @@ Variants: ``base`` (every flag off), ``fold`` (SPECDEC_FOLD_RESIDUAL), ``direct`
 ``fused+direct`` (the defaults' target step since the session of 2026-12-03), ``fused+direct+pdl``
 (SPECDEC_PDL too; its L2-prefetch companion, measured no faster, was removed: the code at 0afadd6),
 ``fused+direct+pdl+small-tiles`` (SPECDEC_SPLIT_SMALL_TILES; the defaults since the session of 2026-12-03 (second)),
-``fused+direct+pdl+small-tiles+qk-norm-rope`` (SPECDEC_FUSED_QK_NORM_ROPE), ``all``: each turns its flags on and the others off. The flags are module attributes read as a step
+``all``: each turns its flags on and the others off. The flags are module attributes read as a step
 is built, so a variant's steps are built with them set and the defaults come back after.
 """
 
@@ -32,13 +32,11 @@ import torch
 FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.models.split_attention", "DIRECT"),
          "drafter-split": ("specdec.models.layers", "DRAFTER_SPLIT"),
          "fused-layer": ("specdec.models.fused_layer", "ENABLED"), "pdl": ("specdec.models.pdl", "ENABLED"),
-         "small-tiles": ("specdec.models.split_attention", "SMALL_TILES"),
-         "qk-norm-rope": ("specdec.models.layers", "FUSED_QK_NORM_ROPE")}
+         "small-tiles": ("specdec.models.split_attention", "SMALL_TILES")}
 VARIANTS = {"base": (), "fold": ("fold",), "direct": ("direct",), "drafter-split": ("drafter-split",),
             "fused-layer": ("fused-layer",), "fused+direct": ("fused-layer", "direct"),
             "fused+direct+pdl": ("fused-layer", "direct", "pdl"),
             "fused+direct+pdl+small-tiles": ("fused-layer", "direct", "pdl", "small-tiles"),
-            "fused+direct+pdl+small-tiles+qk-norm-rope": ("fused-layer", "direct", "pdl", "small-tiles", "qk-norm-rope"),
             "all": tuple(FLAGS)}
 
 

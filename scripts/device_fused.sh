@@ -19,7 +19,7 @@
 #   (the `combine` mode that measured the since-removed SPECDEC_SPLIT_LAST_COMBINES: at 275368c)
 #   three calls back to back: dfast-shape (carry .whl .dev/h1, drafters out), dfast-real (carry .dev/h2, drafters
 #       out), dfast-drafters (the full tree): SPECDEC_DFLASH_FAST off and on (see each mode below)
-#   (the `qknorm` and `rowexact` modes, for SPECDEC_FUSED_QK_NORM_ROPE, the since-removed SPECDEC_ROPE_TABLE and
+#   (the `qknorm` and `rowexact` modes, for the since-removed SPECDEC_FUSED_QK_NORM_ROPE and SPECDEC_ROPE_TABLE and
 #   SPECDEC_ROW_EXACT, run in a shorter form by hand in the session of 2026-12-03 (fourth): at 4cdfa31)
 #   three calls back to back: re-a (carry .whl), re-b (carry .dev/h1, drafters out), re-c (carry .dev/h2, drafters out):
 #       SPECDEC_ROW_EXACT + SPECDEC_GREEDY_CHAIN off / on, shape and real GGUF with every shipped drafter, device_check

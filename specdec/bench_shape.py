@@ -298,6 +298,7 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
     model = build_shape(shape, dev, dt, shard=shard)
     use_graphs = cuda_graphs and dev.type == "cuda"
     invariant = dev.type == "cuda" if batch_invariant is None else batch_invariant
+    plain_rows = STEP_ROWS if invariant and not model.row_exact() else 1
     steps, swept = step_costs(model, context, reps, use_graphs, compile, tuple(contexts))
     total, per_token, kv = decode_bytes(model, context)
     bw = bandwidth(dev, copy_bytes, reps)  # far larger than any cache level
@@ -307,24 +308,25 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
         "dtype": str(dt).replace("torch.", ""), "device": str(dev), "cuda_graphs": use_graphs, "compile": compile,
         "params": param_count(model), "weight_bytes": total, "context": context, "reps": reps,
         "decode_ms": steps[1],
-        # the step plain decoding really runs: batch-invariant steps are padded to STEP_ROWS rows
-        "batch_invariant": invariant, "plain_step_ms": steps[STEP_ROWS] if invariant else steps[1],
+        # the step plain decoding really runs: batch-invariant steps are padded to STEP_ROWS rows, a row-exact
+        # target's are not (generate.py)
+        "batch_invariant": invariant, "plain_step_rows": plain_rows, "plain_step_ms": steps[plain_rows],
         "verify_ms": {str(t - 1): ms for t, ms in steps.items() if t > 1},  # keyed by k (k + 1 rows)
         "bandwidth_bytes_per_s": round(bw), "decode_bytes_per_token": per_token, "kv_bytes_at_context": kv,
         "bound_tokens_per_s": round(bw / per_token, 2),
     }
-    report["contexts"] = [_context_point(model, c, swept[c], bw, invariant) for c in sorted(swept)]
+    report["contexts"] = [_context_point(model, c, swept[c], bw, plain_rows) for c in sorted(swept)]
     report["drafter_ms"] = drafter_steps(model, context, reps) if drafters and shard is None and not compile else {}
     report["oracle_e2e"] = end_to_end(model, context, new_tokens, oracle_tau, oracle_k, cuda_graphs, batch_invariant,
                                       compile=compile)
     return report
 
 
-def _context_point(model, context: int, ms: dict, bw: float, invariant: bool) -> dict:
-    """One point of the context sweep: step costs, and plain decoding's step against the bound
-    counted with the KV bytes live at that context."""
+def _context_point(model, context: int, ms: dict, bw: float, plain_rows: int) -> dict:
+    """One point of the context sweep: step costs, and plain decoding's step (``plain_rows`` rows) against the
+    bound counted with the KV bytes live at that context."""
     _, per_token, kv = decode_bytes(model, context)
-    plain = ms[STEP_ROWS] if invariant else ms[1]
+    plain = ms[plain_rows]
     bound = bw / per_token
     return {"context": context, "decode_ms": ms[1], f"step_{STEP_ROWS}_rows_ms": ms[STEP_ROWS], "plain_step_ms": plain,
             "kv_bytes": kv, "decode_bytes_per_token": per_token, "bound_tokens_per_s": round(bound, 2),
@@ -344,7 +346,7 @@ def format_shape(r: dict) -> str:
     for label, d in r["drafter_ms"].items():
         step = f" ({d['step_ms']} ms with the context write of 16 committed rows)" if "step_ms" in d else ""
         lines.append(f"drafter {label}: {d['ms']} ms per propose of {d['k']}{step}")
-    lines.append(f"plain decoding's step ({STEP_ROWS if r['batch_invariant'] else 1} rows): {r['plain_step_ms']} ms")
+    lines.append(f"plain decoding's step ({r['plain_step_rows']} rows): {r['plain_step_ms']} ms")
     for p in r.get("contexts", []):
         lines.append(f"context {p['context']}: decode {p['decode_ms']} ms, {STEP_ROWS}-row step "
                      f"{p[f'step_{STEP_ROWS}_rows_ms']} ms; plain's step = {p['plain_step_tokens_per_s']} tok/s, "

@@ -14,19 +14,18 @@ from specdec.models import base, fused_layer, layers, pdl, split_attention  # no
 
 def _state():
     return (base.FOLD_RESIDUAL, split_attention.DIRECT, layers.DRAFTER_SPLIT, fused_layer.ENABLED, pdl.ENABLED,
-            split_attention.SMALL_TILES, layers.FUSED_QK_NORM_ROPE)
+            split_attention.SMALL_TILES)
 
 
 F, T = False, True
 
 
-@pytest.mark.parametrize("variant, want", [("base", (F, F, F, F, F, F, F)), ("fold", (T, F, F, F, F, F, F)),
-                                           ("direct", (F, T, F, F, F, F, F)), ("drafter-split", (F, F, T, F, F, F, F)),
-                                           ("fused-layer", (F, F, F, T, F, F, F)), ("fused+direct", (F, T, F, T, F, F, F)),
-                                           ("fused+direct+pdl", (F, T, F, T, T, F, F)),
-                                           ("fused+direct+pdl+small-tiles", (F, T, F, T, T, T, F)),
-                                           ("fused+direct+pdl+small-tiles+qk-norm-rope", (F, T, F, T, T, T, T)),
-                                           ("all", (T, T, T, T, T, T, T))])
+@pytest.mark.parametrize("variant, want", [("base", (F, F, F, F, F, F)), ("fold", (T, F, F, F, F, F)),
+                                           ("direct", (F, T, F, F, F, F)), ("drafter-split", (F, F, T, F, F, F)),
+                                           ("fused-layer", (F, F, F, T, F, F)), ("fused+direct", (F, T, F, T, F, F)),
+                                           ("fused+direct+pdl", (F, T, F, T, T, F)),
+                                           ("fused+direct+pdl+small-tiles", (F, T, F, T, T, T)),
+                                           ("all", (T, T, T, T, T, T))])
 def test_flags_set_and_restored(variant, want):
     before = _state()
     with ab_flags.flags(ab_flags.VARIANTS[variant]):

@@ -214,3 +214,24 @@ def test_compiled_shape_bench_times_the_decoding_steps():
     r = run_shape_bench("tiny", device="cpu", reps=1, context=16, new_tokens=8, compile=True, batch_invariant=True)
     assert r["compile"] is True and list(r["verify_ms"]) == ["15"] and r["drafter_ms"] == {}
     assert r["oracle_e2e"]["output_equals_plain"] is True
+
+
+def test_plain_step_rows_follow_the_padding(monkeypatch):
+    """The plain step the report names is the one generate runs: 16 rows when batch-invariant steps are
+    padded, 1 for a row-exact target (SPECDEC_ROW_EXACT) or without the padding."""
+    import specdec.bench_shape as bs
+    real = bs.build_shape
+    exact = [False]
+
+    def build(*a, **kw):
+        m = real(*a, **kw)
+        m.row_exact = lambda: exact[0]
+        return m
+    monkeypatch.setattr(bs, "build_shape", build)
+    kw = dict(device="cpu", reps=1, context=16, new_tokens=4, drafters=False)
+    for invariant, row_exact, rows in ((True, False, 16), (True, True, 1), (False, False, 1)):
+        exact[0] = row_exact
+        r = bs.run_shape_bench("tiny", batch_invariant=invariant, contexts=(24,), **kw)
+        assert r["plain_step_rows"] == rows and r["plain_step_ms"] == (r["decode_ms"] if rows == 1 else r["verify_ms"]["15"])
+        assert r["contexts"][0]["plain_step_ms"] == (r["contexts"][0]["decode_ms"] if rows == 1
+                                                     else r["contexts"][0]["step_16_rows_ms"])

@@ -304,13 +304,6 @@ SPLIT_ATTENTION = os.environ.get("SPECDEC_SPAN_ATTENTION", "split") != "sdpa"
 # RoPE and the KV-cache write of CUDA static steps in one kernel (models/rope_write.py): bitwise the
 # eager ops' results (scripts/check_rope_write.py on the H200); SPECDEC_FUSED_ROPE=0 turns it off
 FUSED_ROPE_WRITE = os.environ.get("SPECDEC_FUSED_ROPE", "1") != "0"
-# A CUDA static step of one sequence with q/k norms (Qwen3, Qwen3.5's full attention): the two norms, RoPE
-# and the cache write in one kernel (rope_write.norm_rope_write) instead of three. Measured on the H200
-# (scripts/ab_flags.py): qwen3-8b's 16-row step 5.23 -> 5.19 ms at context 300, 5.29 -> 5.20 at 1,000 (predicted
-# ~5.15); device_check on random Qwen3.5 and Gemma 3 with it on: 0 outputs differing. The norm runs at
-# fused_ops' warp count, so the bits may equal its; plain and speculative decoding take the same kernel
-# either way. SPECDEC_FUSED_QK_NORM_ROPE=0 turns it off.
-FUSED_QK_NORM_ROPE = os.environ.get("SPECDEC_FUSED_QK_NORM_ROPE", "1") != "0"
 
 
 # A single sequence's static steps (models/graphs.py: generate, bench) attend over the whole
@@ -437,19 +430,18 @@ class Attention(nn.Module):
         q, k, v = q.transpose(-3, -2), k.transpose(-3, -2), v.transpose(-3, -2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, gate
 
-    def _heads(self, x: torch.Tensor, norm: bool = True):
-        """q ``[..., T, H, d]``, k, v ``[..., T, Hkv, d]`` before RoPE (q/k-normed unless ``norm`` is
-        False), and the gate."""
+    def _heads(self, x: torch.Tensor):
+        """q ``[..., T, H, d]``, k, v ``[..., T, Hkv, d]`` before RoPE (q/k-normed), and the gate."""
         if self._fused is not None:
             w, b, sizes = self._fused
-            return self.split_qkv(F.linear(x, w, b), norm)
-        return self._shape_heads(self.q_proj(x), self.k_proj(x), self.v_proj(x), norm)
+            return self.split_qkv(F.linear(x, w, b))
+        return self._shape_heads(self.q_proj(x), self.k_proj(x), self.v_proj(x))
 
-    def split_qkv(self, qkv: torch.Tensor, norm: bool = True):
+    def split_qkv(self, qkv: torch.Tensor):
         """The fused projection's output ``[..., T, sizes]`` -> :meth:`_heads`' outputs."""
-        return self._shape_heads(*qkv.split(self._fused[2], dim=-1), norm)
+        return self._shape_heads(*qkv.split(self._fused[2], dim=-1))
 
-    def _shape_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm: bool = True):
+    def _shape_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         lead = q.shape[:-1]
         gate = None
         if self.gated:
@@ -458,7 +450,7 @@ class Attention(nn.Module):
         q = q.reshape(*lead, self.n_heads, self.head_dim)
         k = k.view(*lead, self.n_kv, self.head_dim)
         v = v.view(*lead, self.n_kv, self.head_dim)
-        if self.q_norm is not None and norm:
+        if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v, gate
 
@@ -474,25 +466,7 @@ class Attention(nn.Module):
         return o if gate is None else o * torch.sigmoid(gate)
 
     def forward(self, x: torch.Tensor, cos, sin, cache: KVCache, start: int, mask: torch.Tensor | None) -> torch.Tensor:
-        if (FUSED_QK_NORM_ROPE and type(self) is Attention and self.q_norm is not None and x.is_cuda
-                and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
-            # (this class itself: subclasses shape their heads their own way) the heads unnormed, then one
-            # kernel for the norms, RoPE and the write where rope_write takes them (a one-sequence static step)
-            q, k, v, gate = self._heads(x, norm=False)
-            if q.dim() == 3 and rope_write.supported(q, k, cos, cache, start):
-                return self.o_proj(self.attend_normed((q, k, v, gate), cos, sin, cache, start, mask))
-            heads = (self.q_norm(q), self.k_norm(k), v, gate)
-        else:
-            heads = self._heads(x)
-        return self.o_proj(self.attend_heads(heads, cos, sin, cache, start, mask))
-
-    def attend_normed(self, heads, cos, sin, cache: KVCache, start: torch.Tensor, mask) -> torch.Tensor:
-        """:meth:`attend_heads` for heads not yet q/k-normed (``_heads(x, norm=False)``): the norms, RoPE
-        and the cache write in one kernel (``rope_write.norm_rope_write``), then attention."""
-        q, k, v, gate = heads
-        q = rope_write.norm_rope_write(q, k, v, self.q_norm.fp32_scale(), self.k_norm.fp32_scale(), self.q_norm.eps,
-                                       cos, sin, cache.k, cache.v, start, by_row=True, num_warps=4)
-        return self.gathered(attend(q, cache.k, cache.v, mask, self.scale), gate)
+        return self.o_proj(self.attend_heads(self._heads(x), cos, sin, cache, start, mask))
 
     def attend_heads(self, heads, cos, sin, cache: KVCache, start, mask: torch.Tensor | None) -> torch.Tensor:
         """:meth:`_heads`' outputs -> the attention output before ``o_proj``, ``[..., T, H*d]`` (gated)."""
