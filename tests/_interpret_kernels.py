@@ -401,7 +401,7 @@ def pdl_ptx() -> None:
                       | {"slots": "*i64", "pos": "*i64"}, {"R": 64, "HALF": 32, "D": 64}),
              "norm-rope": (rope_write._norm_rope_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
                            | {"qw": "*fp32", "kw": "*fp32", "start": "*i64", "eps": "fp32"},
-                           {"R": 64, "HALF": 32, "D": 64, "HAS_Q": True, "BY_ROW": False})}
+                           {"R": 64, "HALF": 32, "D": 64, "HAS_Q": True})}
     for name, (fn, ptrs, const) in cases.items():
         const = {**const, "USE_GDC": True}
         sig = {n: ptrs.get(n, "constexpr" if n in const else "i32") for n in fn.arg_names}

@@ -46,3 +46,28 @@ def test_row_exact_target_runs_unpadded_steps(monkeypatch):
         # plain steps of 1 row, verify steps of k+1 (a shorter last one padded: one captured step); on the CPU
         # the prompt is one eager forward (static prefill chunks are CUDA's)
         assert len(rows) == got.stats.steps and set(rows) == {k + 1}, rows
+
+
+def test_only_the_targets_own_steps_ask_for_the_exact_head(monkeypatch):
+    """The row-exact head (the fused GEMM) is for one sequence's target rows; batched steps (serving,
+    distillation) and drafters ask for cuBLAS's (``exact=False``), whose speed there is what was measured."""
+    m = tiny_llama(max_pos=256)
+    asked = []
+    real = m.raw_logits
+    monkeypatch.setattr(m, "raw_logits", lambda h, exact=True: asked.append(exact) or real(h, exact), raising=False)
+    ids = torch.randint(0, 90, (2, 5), generator=torch.Generator().manual_seed(1))
+    starts = torch.zeros(2, dtype=torch.long)
+    m.forward_batch(ids, None, starts, logits="all")
+    m.forward_batch(ids, None, starts, last=torch.tensor([4, 2]))
+    assert asked == [False, False]
+    asked.clear()
+    SpeculativeGenerator(m, None, 0, batch_invariant=True).generate(list(range(1, 9)), 4)
+    assert asked and all(asked)
+    # a drafter's logits are drafts: DFlash asks for cuBLAS's head, the target's verify steps for the exact one
+    from specdec.drafters.dflash import DFlashDrafter
+    from specdec.train.dflash_batch import new_dflash_config, new_dflash_model
+    cfg = new_dflash_config(m, 1, 4, mask_token_id=m.config.vocab_size - 1)
+    drafter = DFlashDrafter(new_dflash_model(m, cfg, init="random").eval(), m)
+    asked.clear()
+    SpeculativeGenerator(m, drafter, 3, batch_invariant=True).generate(list(range(1, 9)), 8)
+    assert True in asked and False in asked

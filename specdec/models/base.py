@@ -294,7 +294,7 @@ class CausalLM(nn.Module):
         out = self.run_layers(ids, ctx, _Layers(layers), capture, logits="none")
         if last is not None:
             h_last = out.hidden[torch.arange(b, device=self.device), last.to(self.device)]
-            out.logits = self.head(h_last)
+            out.logits = self.head(h_last, exact=False)
         return out
 
     def forward_batch_train(self, ids: torch.Tensor, capture: Sequence[int] = ()) -> ForwardOut:
