@@ -243,6 +243,18 @@ def fused_layer() -> None:
         check(f"fused layer {dtype}: [B, T, K] input", torch.equal(fl.linear(x3, w), fl.linear(x, w).view(1, m, 2 * n)))
 
 
+def _tiny_llama():
+    """A random fp16 Llama of 2 layers (64 wide, 4 / 2 heads), seed 0."""
+    from specdec.models.llama import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(model_type="llama", vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = LlamaForCausalLM(cfg)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    return model.half().eval()
+
+
 def qkv_rope() -> None:
     """fused_layer.qkv_rope_write (SPECDEC_QKV_ROPE: a one-sequence static step's q/k/v GEMM, RoPE and cache
     write in one kernel) against ``linear`` then ``rope_write.rope_write_one``, fp16: the same queries and
@@ -269,14 +281,7 @@ def qkv_rope() -> None:
     # a tiny Llama's static steps on the fused layers (forced on the CPU), the flag off and on: every step's
     # logits the same bits
     from specdec.engine import generate as gen_mod
-    from specdec.models.llama import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    cfg = LlamaConfig(model_type="llama", vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    model = LlamaForCausalLM(cfg)
-    for p in model.parameters():
-        torch.nn.init.normal_(p, std=0.2)
-    model = model.half().eval()
+    model = _tiny_llama()
     model.fuse_projections()
     fl.usable = lambda x: x.dtype == torch.float16 and not torch.is_grad_enabled()  # the CPU, forced
     calls, real, accept = [], fl.qkv_rope_write, gen_mod.accept_greedy
@@ -288,7 +293,7 @@ def qkv_rope() -> None:
         toks = gen_mod.SpeculativeGenerator(model, batch_invariant=True).generate(list(range(3, 12)), 6).token_ids
         runs[on] = (toks, rows)
     gen_mod.accept_greedy = accept
-    check("qkv+rope: the tiny Llama's static steps take it", len(calls) == 5 * cfg.num_hidden_layers, f"({len(calls)} calls)")
+    check("qkv+rope: the tiny Llama's static steps take it", len(calls) == 5 * model.config.num_hidden_layers, f"({len(calls)} calls)")
     check("qkv+rope: every step's logits the same bits, the same tokens", runs[False][0] == runs[True][0]
           and len(runs[True][1]) == 5 and all(torch.equal(a, b) for a, b in zip(runs[False][1], runs[True][1])))
 
@@ -370,14 +375,7 @@ def mtp_fast() -> None:
     from specdec.drafters.mtp_dir import new_mtp_block
     from specdec.engine import SpeculativeGenerator
     from specdec.models import fused_layer
-    from specdec.models.llama import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    cfg = LlamaConfig(model_type="llama", vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    model = LlamaForCausalLM(cfg)
-    for p in model.parameters():
-        torch.nn.init.normal_(p, std=0.2)
-    model = model.half().eval()
+    model = _tiny_llama()
     fused_layer.usable = lambda x: x.dtype == torch.float16 and not torch.is_grad_enabled()  # the CPU, forced
     mtp.FAST = True
     fast = mtp.MTPDrafter(new_mtp_block(model, generator=torch.Generator().manual_seed(1)).half().eval(), model)
