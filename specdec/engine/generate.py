@@ -177,12 +177,13 @@ class SpeculativeGenerator:
         # row-exact target (base.ROW_EXACT) computes a row's bits alike at any row count: unpadded static steps
         # (its prefill keeps STEP_ROWS-row chunks)
         self.row_exact = bool(batch_invariant) and not self.compile and target.row_exact()
-        self.pad_to = STEP_ROWS if batch_invariant and self.k + 1 <= STEP_ROWS and not self.row_exact else None
-        if self.row_exact and self.k > 0:
+        if self.row_exact:
             # verify steps of fewer tokens (the last of an output) padded to the k+1 rows of every other one: one
             # captured step, not one per row count (captured mid-generation, they cost more than they save;
-            # seen on the H200: the oracle at k = 15 0.6x slower unpadded)
-            self.pad_to = self.k + 1
+            # seen on the H200: the oracle at k = 15 0.6x slower unpadded); plain steps of 1 row
+            self.pad_to = self.k + 1 if self.k else None
+        else:
+            self.pad_to = STEP_ROWS if batch_invariant and self.k + 1 <= STEP_ROWS else None
         if batch_invariant and self.pad_to is None and not self.row_exact:
             warnings.warn(f"{self.k} drafts per step need {self.k + 1}-row verify steps, more than the {STEP_ROWS} rows "
                           "every step is padded to: steps are not padded, and in low precision (bf16) drafted output "

@@ -38,6 +38,7 @@ import os
 
 import torch
 
+from ..cache import KVCache
 from ..errors import ConfigError
 from . import pdl
 
@@ -215,7 +216,6 @@ def qkv_rope_supported(h: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, cach
     """Whether :func:`qkv_rope_write` takes this step: the flag, rows ``h [T, K]`` on CUDA in the model
     dtype, a :class:`KVCache` with contiguous ``[Hkv, L, d]`` buffers, the start a 0-d int64 device tensor,
     full rotary ``cos [T, d]`` in the model dtype, ``d`` a power of two, ``w`` the q, k, v heads' rows."""
-    from ..cache import KVCache
     return (QKV_ROPE and usable(h) and h.dim() == 2 and type(cache) is KVCache and isinstance(start, torch.Tensor)
             and start.dim() == 0 and start.dtype == torch.int64 and cos.dim() == 2 and cos.shape == (h.shape[0], d)
             and cos.dtype == h.dtype and cos.is_contiguous() and d & (d - 1) == 0 and d >= 16

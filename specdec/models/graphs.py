@@ -234,12 +234,7 @@ class GraphedTarget:
             rows = self.pad_to if self.pad_to is not None and t <= self.pad_to else t
         elif rows < t:
             raise ValueError(f"a static step of {rows} rows cannot take {t} tokens")
-        # Never fall back to an eager forward mid-generation: its numerics differ. The engine sizes
-        # the cache (spare rows for padding) and the step length so that every step fits.
-        if rows > self.max_steps or self.cache.length + rows > self.cache.max_len:
-            raise RuntimeError(f"static step of {rows} rows at position {self.cache.length} does not fit "
-                               f"(max {self.max_steps} rows, cache of {self.cache.max_len})")
-        self._check_buffers()
+        self._check_fit(rows)
         self._chain = None
         with live_context_attention():  # captured (or run eagerly) with the split attention kernel on CUDA
             step = self.steps.get(rows) or self._capture(rows)
@@ -255,6 +250,14 @@ class GraphedTarget:
             self.cache.rollback(start + t)
         o = step.out
         return ForwardOut(o.logits[:t], o.hidden[:t].clone(), None if o.captured is None else o.captured[:t].clone())
+
+    def _check_fit(self, rows: int) -> None:
+        # Never fall back to an eager forward mid-generation: its numerics differ. The engine sizes
+        # the cache (spare rows for padding) and the step length so that every step fits.
+        if rows > self.max_steps or self.cache.length + rows > self.cache.max_len:
+            raise RuntimeError(f"static step of {rows} rows at position {self.cache.length} does not fit "
+                               f"(max {self.max_steps} rows, cache of {self.cache.max_len})")
+        self._check_buffers()
 
     def _check_buffers(self) -> None:
         if self._buffer_versions() != self._versions:  # an eager forward grew the recurrent buffers
@@ -275,10 +278,7 @@ class GraphedTarget:
         ``self(ids)`` runs it, so its logits and token are those of ``self(ids)`` and
         ``accept_greedy``."""
         rows = self.pad_to or 1
-        if self.cache.length + rows > self.cache.max_len:
-            raise RuntimeError(f"static step of {rows} rows at position {self.cache.length} does not fit "
-                               f"(cache of {self.cache.max_len})")
-        self._check_buffers()
+        self._check_fit(rows)
         if seed is None and self._chain != self.cache.length:
             raise RuntimeError("greedy_step without a seed must follow a greedy step")
         with live_context_attention():
