@@ -346,7 +346,8 @@ def format_shape(r: dict) -> str:
     for label, d in r["drafter_ms"].items():
         step = f" ({d['step_ms']} ms with the context write of 16 committed rows)" if "step_ms" in d else ""
         lines.append(f"drafter {label}: {d['ms']} ms per propose of {d['k']}{step}")
-    lines.append(f"plain decoding's step ({r['plain_step_rows']} rows): {r['plain_step_ms']} ms")
+    n = r["plain_step_rows"]
+    lines.append(f"plain decoding's step ({n} row{'' if n == 1 else 's'}): {r['plain_step_ms']} ms")
     for p in r.get("contexts", []):
         lines.append(f"context {p['context']}: decode {p['decode_ms']} ms, {STEP_ROWS}-row step "
                      f"{p[f'step_{STEP_ROWS}_rows_ms']} ms; plain's step = {p['plain_step_tokens_per_s']} tok/s, "
