@@ -21,8 +21,7 @@
 #       out), dfast-drafters (the full tree): SPECDEC_DFLASH_FAST off and on (see each mode below)
 #   (the `qknorm` and `rowexact` modes, for the since-removed SPECDEC_FUSED_QK_NORM_ROPE and SPECDEC_ROPE_TABLE and
 #   SPECDEC_ROW_EXACT, run in a shorter form by hand in the session of 2026-12-03 (fourth): at 4cdfa31)
-#   one call (carry .whl):  bash scripts/device_fused.sh qkv
-#       SPECDEC_QKV_ROPE: the SmolLM2 shape end to end off / on, device_check (random Llama) with it on
+#   (the `qkv` mode that measured the since-removed SPECDEC_QKV_ROPE: at ae48a51)
 #   three calls back to back: re-a (carry .whl), re-b (carry .dev/h1, drafters out), re-c (carry .dev/h2, drafters out):
 #       SPECDEC_ROW_EXACT + SPECDEC_GREEDY_CHAIN off / on, shape and real GGUF with every shipped drafter, device_check
 #   one call (carry .whl [.dev/h1, drafters out]):  bash scripts/device_fused.sh chain
@@ -184,20 +183,6 @@ chain-real)
         --model $G --gsm8k specdec/data/bench/gsm8k_test.jsonl --mode graphs --prompts 8 --new-tokens 256 \
         --drafters oracle ngram --out $OUT/dc_chain_smollm2.json 2>&1 | tail -1
     python scripts/device_check.py compare $OUT/dc_chain_smollm2.json 2>&1 | tail -5 ;;
-qkv)
-    # SPECDEC_QKV_ROPE (fused_layer.qkv_rope_write, off): the SmolLM2 shape end to end off / on alternated (its 1-row
-    # plain step, decode_ms), then device_check (random Llama, graphs: spoiled oracle, n-gram, DFlash) with it on
-    pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
-    for r in a b; do
-        for f in 0 1; do
-            echo "== qkv-rope $f $r"; SPECDEC_QKV_ROPE=$f timeout 80 python -m specdec bench --shape smollm2-135m \
-                --context 128 -n 256 --json $OUT/qkv_shape_$f$r.json 2>&1 | grep -E "decode step|dflash|mtp|after"
-        done
-    done
-    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
-    SPECDEC_QKV_ROPE=1 timeout 150 python scripts/device_check.py run /tmp/dc --target llama --mode graphs \
-        --out $OUT/dc_qkv_llama.json 2>&1 | tail -1
-    python scripts/device_check.py compare $OUT/dc_qkv_llama.json 2>&1 | tail -6 ;;
 re-a|re-b|re-c)
     # SPECDEC_ROW_EXACT with SPECDEC_GREEDY_CHAIN, three calls back to back: re-a (the full tree, carry .whl): the shipped
     # drafters to /tmp/drafters, the SmolLM2 shape end to end off / on alternated, device_check (random Llama) on;

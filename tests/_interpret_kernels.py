@@ -1,6 +1,6 @@
 """The package's Triton kernels on the CPU, each run by tests/test_triton_interpret.py in a fresh process:
 
-- ``split``, ``delta``, ``linear``, ``rope``, ``fused``, ``fused-layer``, ``qkv-rope``, ``dflash-fast``, ``mtp-fast``: run by
+- ``split``, ``delta``, ``linear``, ``rope``, ``fused``, ``fused-layer``, ``dflash-fast``, ``mtp-fast``: run by
   Triton's interpreter (``TRITON_INTERPRET=1``) against
   their torch references, plus the invariances the split attention kernel promises. The interpreter
   computes with numpy (its bf16 rounding is not the GPU's), so values are compared with a tolerance;
@@ -255,49 +255,6 @@ def _tiny_llama():
     return model.half().eval()
 
 
-def qkv_rope() -> None:
-    """fused_layer.qkv_rope_write (SPECDEC_QKV_ROPE: a one-sequence static step's q/k/v GEMM, RoPE and cache
-    write in one kernel) against ``linear`` then ``rope_write.rope_write_one``, fp16: the same queries and
-    cache entries bit for bit, at a start past 0 and with rows beyond one tile; nothing else written."""
-    from specdec.cache import KVCache
-    from specdec.models import fused_layer as fl
-    from specdec.models.layers import RotaryEmbedding
-    from specdec.models.rope_write import rope_write_one
-    g = torch.Generator().manual_seed(0)
-    for h, hkv, d, t, k in ((4, 2, 16, 3, 40), (3, 1, 32, 19, 200)):
-        x = torch.randn(t, k, generator=g).half()
-        w = (torch.randn((h + 2 * hkv) * d, k, generator=g) * k ** -0.5).half()
-        cos, sin = RotaryEmbedding(d, 10000.0).cos_sin(torch.arange(5, 5 + t), torch.float16)
-        start = torch.tensor(5)
-        want_c, got_c = KVCache(hkv, d, 64, torch.float16, "cpu"), KVCache(hkv, d, 64, torch.float16, "cpu")
-        q, kk, v = fl.linear(x, w).split([h * d, hkv * d, hkv * d], dim=-1)
-        want_q = rope_write_one(q.view(t, h, d), kk.view(t, hkv, d), v.view(t, hkv, d), cos, sin, want_c, start)
-        got_q = fl.qkv_rope_write(x, w, cos, sin, got_c, start, h, hkv)
-        name = f"qkv+rope h={h} hkv={hkv} d={d} t={t}"
-        check(f"{name}: queries equal linear + rope_write's", got_q.shape == want_q.shape and torch.equal(got_q, want_q))
-        check(f"{name}: keys and values equal, nothing else written",
-              torch.equal(got_c.k, want_c.k) and torch.equal(got_c.v, want_c.v) and not got_c.k[:, :5].any()
-              and not got_c.v[:, 5 + t:].any())
-    # a tiny Llama's static steps on the fused layers (forced on the CPU), the flag off and on: every step's
-    # logits the same bits
-    from specdec.engine import generate as gen_mod
-    model = _tiny_llama()
-    model.fuse_projections()
-    fl.usable = lambda x: x.dtype == torch.float16 and not torch.is_grad_enabled()  # the CPU, forced
-    calls, real, accept = [], fl.qkv_rope_write, gen_mod.accept_greedy
-    fl.qkv_rope_write = lambda *a: calls.append(1) or real(*a)
-    runs = {}
-    for on in (False, True):
-        fl.QKV_ROPE, rows = on, []
-        gen_mod.accept_greedy = lambda drafts, logits, rows=rows: rows.append(logits.clone()) or accept(drafts, logits)
-        toks = gen_mod.SpeculativeGenerator(model, batch_invariant=True).generate(list(range(3, 12)), 6).token_ids
-        runs[on] = (toks, rows)
-    gen_mod.accept_greedy = accept
-    check("qkv+rope: the tiny Llama's static steps take it", len(calls) == 5 * model.config.num_hidden_layers, f"({len(calls)} calls)")
-    check("qkv+rope: every step's logits the same bits, the same tokens", runs[False][0] == runs[True][0]
-          and len(runs[True][1]) == 5 and all(torch.equal(a, b) for a, b in zip(runs[False][1], runs[True][1])))
-
-
 def dflash_fast() -> None:
     """drafters/dflash_fast.py (the DFlash drafter's static steps on the fused kernels) against the eager
     drafter, fp16 (the interpreter's bf16 is not the GPU's): the q/k norm + RoPE + write kernel against
@@ -429,15 +386,6 @@ def rope_ptx() -> None:
     check("rope-ptx: the product is rounded (mul.rn.bf16)", "mul.rn.bf16" in ptx)
     check("rope-ptx: then the sum (add.rn.bf16)", "add.rn.bf16" in ptx)
     check("rope-ptx: no FMA", "fma" not in ptx)
-    from specdec.models import fused_layer as fl  # the q/k/v GEMM's RoPE epilogue (SPECDEC_QKV_ROPE), as launched
-    fn = fl._qkv_rope_kernel
-    ptrs = {n: "*bf16" for n in ("x", "w", "cos", "sin", "q_out", "ck", "cv")} | {"start": "*i64"}
-    const = {"BM": 16, "D": 64, "BK": 128, "USE_GDC": False, "PER_LINE": 64, "LINES": 16}
-    sig = {n: ptrs.get(n, "constexpr" if n in const else "i32") for n in fn.arg_names}
-    ptx = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
-                         options={"enable_fp_fusion": False, "num_warps": fl.QKV_ROPE_TILE[1]}).asm["ptx"]
-    check("qkv-rope-ptx: the products rounded, then the sum, no FMA",
-          "mul.rn.bf16" in ptx and "add.rn.bf16" in ptx and "fma" not in ptx)
 
 
 def pdl_ptx() -> None:
@@ -459,9 +407,7 @@ def pdl_ptx() -> None:
                       | {"slots": "*i64", "pos": "*i64"}, {"R": 64, "HALF": 32, "D": 64}),
              "norm-rope": (rope_write._norm_rope_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
                            | {"qw": "*fp32", "kw": "*fp32", "start": "*i64", "eps": "fp32"},
-                           {"R": 64, "HALF": 32, "D": 64, "HAS_Q": True}),
-             "qkv-rope": (fused_layer._qkv_rope_kernel, {n: "*bf16" for n in ("x", "w", "cos", "sin", "q_out", "ck", "cv")}
-                          | {"start": "*i64"}, {"BM": 16, "D": 64, "BK": 128, "PER_LINE": 64, "LINES": 16})}
+                           {"R": 64, "HALF": 32, "D": 64, "HAS_Q": True})}
     for name, (fn, ptrs, const) in cases.items():
         const = {**const, "USE_GDC": True}
         sig = {n: ptrs.get(n, "constexpr" if n in const else "i32") for n in fn.arg_names}
@@ -471,12 +417,11 @@ def pdl_ptx() -> None:
         first_mem = min(i for i in (body.find("ld.global"), body.find("st.global"), body.find("cp.async")) if i >= 0)
         check(f"pdl-ptx {name}: launch_dependents, then wait, then the first global access",
               0 <= body.find("griddepcontrol.launch_dependents") < wait < first_mem)
-        if name in ("gemm", "qkv-rope"):  # weights (which never depend on the kernel before) prefetched before the wait
+        if name == "gemm":  # its weights (which never depend on the kernel before) prefetched before the wait
             check(f"pdl-ptx {name}: the weight rows prefetched into L2 before the wait",
                   0 <= body.find("prefetch.global.L2") < wait)
 
 
 if __name__ == "__main__":
     {"split": split, "delta": delta, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
-     "qkv-rope": qkv_rope,
      "dflash-fast": dflash_fast, "mtp-fast": mtp_fast, "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()

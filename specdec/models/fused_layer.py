@@ -15,10 +15,10 @@ a tiling picked per weight took 2.6 and 3.7 (scripts/check_fused_layer.py --swee
 - down_proj: :func:`linear`, whose output the next layer's add-and-norm kernel adds (the residual add
   folded as ``SPECDEC_FOLD_RESIDUAL`` folds it: one kernel less).
 
-From ~11 kernels a layer to 8 (7 with ``SPECDEC_QKV_ROPE=1``, off until measured: a one-sequence static step's
-q/k/v GEMM with RoPE and the cache write in its epilogue, :func:`qkv_rope_write`). (A version with the norm and the residual add inside the q/k/v and gate/up
-GEMMs, 6.5 kernels a layer, was slower: on the H200 the prologue cost 2.5-4 us a GEMM, more than the
-norm kernel it replaced; BENCHMARKS.md.) Each program computes ``BM = 16`` rows by ``BN`` outputs,
+From ~11 kernels a layer to 8. (A version with RoPE and the cache write in the q/k/v GEMM's epilogue, one
+kernel a layer fewer, was no faster on the H200: ``SPECDEC_QKV_ROPE``, code at ae48a51. A version with the
+norm and the residual add inside the q/k/v and gate/up GEMMs, 6.5 kernels a layer, was slower: on the H200
+the prologue cost 2.5-4 us a GEMM, more than the norm kernel it replaced; BENCHMARKS.md.) Each program computes ``BM = 16`` rows by ``BN`` outputs,
 walking K in ``BK`` blocks in order and accumulating in fp32: a row's bits depend on its own inputs
 and the weight's tiling only (never on the row count, the other rows or the step; a weight's tiling is
 fixed by its shape), so one kernel serves prefill chunks, decode and verify steps and batched steps
@@ -38,7 +38,6 @@ import os
 
 import torch
 
-from ..cache import KVCache
 from ..errors import ConfigError
 from . import pdl
 
@@ -158,90 +157,6 @@ if triton is not None:
         else:
             out = acc.to(y.dtype.element_ty)
         tl.store(y + rm[:, None] * sy + rn[None, :], out, mask=mm[:, None] & mn[None, :])
-
-
-if triton is not None:
-    @triton.jit(do_not_specialize=["M"])
-    def _qkv_rope_kernel(x, w, cos, sin, q_out, ck, cv, start, M, K, H, HKV, sx, sch, scp,
-                         BM: tl.constexpr, D: tl.constexpr, BK: tl.constexpr, USE_GDC: tl.constexpr,
-                         PER_LINE: tl.constexpr, LINES: tl.constexpr):
-        # one program: BM rows by one head's D outputs of the q/k/v GEMM (q heads, then k, then v), then
-        # RoPE (full rotary) on q and k heads, rounded where rope_write rounds, and the cache write
-        pid = tl.program_id(0)
-        num_m = tl.cdiv(M, BM)
-        pid_m, head = pid % num_m, pid // num_m
-        rm = pid_m * BM + tl.arange(0, BM)
-        mm = rm < M
-        i = tl.arange(0, D)
-        rn = head * D + i
-        if USE_GDC:  # models/pdl.py; the head's weight rows into L2 meanwhile, as _kernel does
-            tl.extra.cuda.gdc_launch_dependents()
-            line = tl.minimum(tl.arange(0, LINES) * PER_LINE, K - 1)
-            pdl.to_l2(w + rn[:, None] * K + line[None, :])
-            tl.extra.cuda.gdc_wait()
-        acc = tl.zeros([BM, D], dtype=tl.float32)
-        rk = tl.arange(0, BK)
-        for k0 in range(0, K, BK):
-            kk = k0 + rk
-            a = tl.load(x + rm[:, None] * sx + kk[None, :], mask=mm[:, None] & (kk[None, :] < K), other=0.0)
-            b = tl.load(w + rn[None, :] * K + kk[:, None], mask=kk[:, None] < K, other=0.0)
-            acc = tl.dot(a, b, acc)
-        out = acc.to(q_out.dtype.element_ty)  # what linear() stores
-        p = tl.load(start) + rm
-        if head < H + HKV:
-            # rotate-half's partner of each channel (its other half), by bit moves: the same bits
-            partner = tl.reshape(tl.flip(tl.reshape(out, [BM, 2, D // 2]), 1), [BM, D])
-            c = tl.load(cos + rm[:, None] * D + i[None, :], mask=mm[:, None], other=0.0).to(tl.float32)
-            s = tl.load(sin + rm[:, None] * D + i[None, :], mask=mm[:, None], other=0.0).to(tl.float32)
-            ra = (out.to(tl.float32) * c).to(out.dtype)
-            rb = (partner.to(tl.float32) * s).to(out.dtype)  # sin's first half negated (cos_sin)
-            y = (ra.to(tl.float32) + rb.to(tl.float32)).to(out.dtype)
-            if head < H:
-                tl.store(q_out + rm[:, None] * (H * D) + head * D + i[None, :], y, mask=mm[:, None])
-            else:
-                tl.store(ck + (head - H) * sch + p[:, None] * scp + i[None, :], y, mask=mm[:, None])
-        else:
-            tl.store(cv + (head - H - HKV) * sch + p[:, None] * scp + i[None, :], out, mask=mm[:, None])
-
-
-# SPECDEC_QKV_ROPE=1 (off until measured on the GPU): a one-sequence static step's q/k/v GEMM, RoPE and
-# cache write as one kernel (:func:`qkv_rope_write`) instead of two. Predicted on the H200: SmolLM2's 1-row
-# step -30 kernels, ~-60 us of ~0.89 ms.
-QKV_ROPE = os.environ.get("SPECDEC_QKV_ROPE", "0") == "1"
-QKV_ROPE_TILE = (128, 4, 4)  # (BK, warps, stages): unmeasured
-
-
-def qkv_rope_supported(h: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, cache, start, heads: int,
-                       kv_heads: int, d: int) -> bool:
-    """Whether :func:`qkv_rope_write` takes this step: the flag, rows ``h [T, K]`` on CUDA in the model
-    dtype, a :class:`KVCache` with contiguous ``[Hkv, L, d]`` buffers, the start a 0-d int64 device tensor,
-    full rotary ``cos [T, d]`` in the model dtype, ``d`` a power of two, ``w`` the q, k, v heads' rows."""
-    return (QKV_ROPE and usable(h) and h.dim() == 2 and type(cache) is KVCache and isinstance(start, torch.Tensor)
-            and start.dim() == 0 and start.dtype == torch.int64 and cos.dim() == 2 and cos.shape == (h.shape[0], d)
-            and cos.dtype == h.dtype and cos.is_contiguous() and d & (d - 1) == 0 and d >= 16
-            and w.is_contiguous() and w.shape == ((heads + 2 * kv_heads) * d, h.shape[1])
-            and cache.k.is_contiguous() and cache.v.is_contiguous() and cache.k.shape[-1] == d
-            and cache.k.dtype == h.dtype)
-
-
-def qkv_rope_write(h: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, start: torch.Tensor,
-                   heads: int, kv_heads: int) -> torch.Tensor:
-    """``linear(h, w)`` split into ``heads`` query, ``kv_heads`` key and value heads, RoPE on queries and keys,
-    keys and values written at positions ``start ..`` of ``cache``: the rotated queries ``[H, T, d]`` (a view
-    of a ``[T, H, d]`` tensor), as ``linear`` then ``rope_write.rope_write_one`` give them (the same
-    roundings; see :func:`qkv_rope_supported`)."""
-    x = _rows(h)
-    m, k = x.shape
-    d = cos.shape[-1]
-    q_out = torch.empty(m, heads, d, dtype=h.dtype, device=h.device)
-    bk, warps, stages = QKV_ROPE_TILE
-    if m:
-        _qkv_rope_kernel[(triton.cdiv(m, BM) * (heads + 2 * kv_heads),)](
-            x, w, cos, sin, q_out, cache.k, cache.v, start, m, k, heads, kv_heads, x.stride(0),
-            cache.k.stride(0), cache.k.stride(1), BM=BM, D=d, BK=bk, num_warps=warps, num_stages=stages,
-            enable_fp_fusion=False, PER_LINE=128 // w.element_size(), LINES=_pow2(-(-k // (128 // w.element_size()))),
-            **pdl.options(x))
-    return q_out.transpose(0, 1)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

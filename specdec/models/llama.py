@@ -19,7 +19,7 @@ from ..parallel.tp import Shard
 from . import base, fused_layer
 from .base import CausalLM, StepContext
 from .gguf_names import dense_block_names, gguf_meta
-from .layers import Attention, RMSNorm, SwiGLU, attend
+from .layers import Attention, RMSNorm, SwiGLU
 from .registry import Architecture, register
 
 
@@ -75,12 +75,8 @@ class DenseDecoderLayer(nn.Module):
             h = self.input_layernorm(x)
         else:
             x, h = self.input_layernorm.add(x, delta)
-        if fused_layer.qkv_rope_supported(h, qkv, ctx.cos, cache, ctx.start, a.n_heads, a.n_kv, a.head_dim):
-            q = fused_layer.qkv_rope_write(h, qkv, ctx.cos, ctx.sin, cache, ctx.start, a.n_heads, a.n_kv)
-            o = a.gathered(attend(q, cache.k, cache.v, ctx.mask, a.scale), None)
-        else:
-            heads = a._shape_heads(*fused_layer.linear(h, qkv).split(sizes, dim=-1))
-            o = a.attend_heads(heads, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
+        heads = a._shape_heads(*fused_layer.linear(h, qkv).split(sizes, dim=-1))
+        o = a.attend_heads(heads, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
         x, h = self.post_attention_layernorm.add(x, fused_layer.linear(o, a.o_proj.weight))
         return x, fused_layer.linear(fused_layer.linear(h, gate_up, silu=True), mlp.down_proj.weight)
 
