@@ -22,6 +22,9 @@
 #   (the `qknorm` and `rowexact` modes, for the since-removed SPECDEC_FUSED_QK_NORM_ROPE and SPECDEC_ROPE_TABLE and
 #   SPECDEC_ROW_EXACT, run in a shorter form by hand in the session of 2026-12-03 (fourth): at 4cdfa31)
 #   (the `qkv` mode that measured the since-removed SPECDEC_QKV_ROPE: at ae48a51)
+#   three calls back to back: span-a (carry .whl .dev/h1, drafters out), span-b (carry .dev/h2, drafters out),
+#   span-c (the full tree): SPECDEC_SHORT_SPAN off / on: the shape end to end and plain_gaps.py, device_check
+#       (random Llama), then the real GGUF plain / n-gram and device_check on it, then the shipped drafters
 #   three calls back to back: re-a (carry .whl), re-b (carry .dev/h1, drafters out), re-c (carry .dev/h2, drafters out):
 #       SPECDEC_ROW_EXACT + SPECDEC_GREEDY_CHAIN off / on, shape and real GGUF with every shipped drafter, device_check
 #   one call (carry .whl [.dev/h1, drafters out]):  bash scripts/device_fused.sh chain
@@ -63,6 +66,42 @@ real)
             echo "== $v $r"; $run bench -m $G --dataset gsm8k --num-prompts 40 -n 128 --drafts none ngram -k 3 \
                 --json $OUT/e2e_gsm8k_$v$r.json 2>&1 | rows 6
         done
+    done ;;
+span-a)
+    # SPECDEC_SHORT_SPAN (graphs.py), call 1 of 3: the first GGUF half kept; the SmolLM2 shape end to end off / on
+    # alternated (contexts 128 .. 384 in a 1024-position cache), plain_gaps.py on, device_check (random Llama) on
+    cp .dev/h1/p /tmp/p1 && pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
+    for r in a b; do
+        for f in 0 1; do
+            echo "== short-span $f $r"; SPECDEC_SHORT_SPAN=$f timeout 80 python -m specdec bench --shape smollm2-135m \
+                --context 128 -n 256 --json $OUT/span_shape_$f$r.json 2>&1 | grep -E "dflash|ORACLE|after"
+        done
+    done
+    SPECDEC_SHORT_SPAN=1 timeout 60 python scripts/plain_gaps.py --shape smollm2-135m --context 128 -n 256 \
+        --json $OUT/span_gaps_on.json 2>&1 | grep -E '"(gpu_step_ms|ms_per_token|tok_per_s|tokens_equal.*)"'
+    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
+    SPECDEC_SHORT_SPAN=1 timeout 150 python scripts/device_check.py run /tmp/dc --target llama --mode graphs \
+        --out $OUT/dc_span_llama.json 2>&1 | tail -1
+    python scripts/device_check.py compare $OUT/dc_span_llama.json 2>&1 | tail -6 ;;
+span-b)
+    # call 2 of 3 (carry .dev/h2; drafters out): the GGUF joined; real SmolLM2 plain and n-gram (GSM8K first 80,
+    # -n 128) off / on alternated, then device_check on the real weights (8 GSM8K prompts x 256) with it on
+    cat /tmp/p1 .dev/h2/p > $G && md5sum $G
+    for r in a b; do
+        for f in 0 1; do
+            echo "== short-span $f $r"; SPECDEC_SHORT_SPAN=$f python -m specdec bench -m $G --dataset gsm8k \
+                --num-prompts 80 -n 128 --drafts none ngram -k 3 --json $OUT/span_real_$f$r.json 2>&1 | rows 3
+        done
+    done
+    SPECDEC_SHORT_SPAN=1 timeout 150 python scripts/device_check.py run /tmp/none --target smollm2 --model $G \
+        --gsm8k specdec/data/bench/gsm8k_test.jsonl --mode graphs --prompts 8 --new-tokens 256 \
+        --drafters oracle ngram --out $OUT/dc_span_smollm2.json 2>&1 | tail -1
+    python scripts/device_check.py compare $OUT/dc_span_smollm2.json 2>&1 | tail -5 ;;
+span-c)
+    # call 3 of 3 (the full tree): the shipped DFlash and MTP (GSM8K first 80, -n 128, k = 3) off / on
+    for f in 0 1; do
+        echo "== short-span $f"; SPECDEC_SHORT_SPAN=$f python -m specdec bench -m $G --dataset gsm8k --num-prompts 80 \
+            -n 128 -k 3 --drafts none dflash mtp --json $OUT/span_drafters_$f.json 2>&1 | rows 4
     done ;;
 drafters)
     for s in "gsm8k 80" "humaneval 80"; do

@@ -41,12 +41,14 @@ def test_compiled_steps_give_uncompiled_tokens_and_speculation_equals_plain(targ
     ref = SpeculativeGenerator(m, None, 0, batch_invariant=True).generate(prompt, 24).token_ids
     plain_gen = SpeculativeGenerator(m, None, 0, batch_invariant=True, compile=True)
     plain = plain_gen.generate(prompt, 24).token_ids
-    assert list(plain_gen._graphed.steps) == [16] and _compiled(plain_gen._graphed.steps[16].run)
+    key = (16, plain_gen._graphed.cache.max_len)  # (rows, span)
+    assert sorted(plain_gen._graphed.steps) == [key] and _compiled(plain_gen._graphed.steps[key].run)
     assert plain == ref
     oracle = SpoiledOracle(prompt + plain, VOCAB, spoil=0.3, seed=2)
     spec_gen = SpeculativeGenerator(m, oracle, 4, batch_invariant=True, compile=True)
     spec = spec_gen.generate(prompt, 24)
-    assert list(spec_gen._graphed.steps) == [16] and _compiled(spec_gen._graphed.steps[16].run)
+    key = (16, spec_gen._graphed.cache.max_len)  # (rows, span)
+    assert sorted(spec_gen._graphed.steps) == [key] and _compiled(spec_gen._graphed.steps[key].run)
     assert spec.token_ids == plain
     assert sum(spec.stats.accepted) > 0 and min(spec.stats.accepted) < 4  # accepted, and rolled back
 

@@ -45,10 +45,10 @@ def test_padded_static_steps_make_plain_and_speculative_identical():
     eager = SpeculativeGenerator(m, None, 0, cuda_graphs=False).generate(prompt, 40).token_ids
     plain_gen = SpeculativeGenerator(m, None, 0, batch_invariant=True)
     plain = plain_gen.generate(prompt, 40).token_ids
-    assert list(plain_gen._graphed.steps) == [16]  # one step shape for every decode step
+    assert sorted(plain_gen._graphed.steps) == [(16, plain_gen._graphed.cache.max_len)]  # one step shape for every decode step
     spec_gen = SpeculativeGenerator(m, RandomDrafter(97, seed=3), 3, batch_invariant=True)
     spec = spec_gen.generate(prompt, 40)
-    assert list(spec_gen._graphed.steps) == [16]
+    assert sorted(spec_gen._graphed.steps) == [(16, spec_gen._graphed.cache.max_len)]
     assert plain == eager
     assert spec.token_ids == eager
     assert spec.stats.drafted > 0
@@ -75,10 +75,11 @@ def test_padded_steps_on_hybrid_targets(tmp_path, kind):
     plain = plain_gen.generate(prompt, 24).token_ids
     spec_gen = SpeculativeGenerator(m, RandomDrafter(256, seed=5), 3, batch_invariant=True)
     spec = spec_gen.generate(prompt, 24)
-    assert spec_gen._graphed is not None and list(spec_gen._graphed.steps) == [16]
-    steps = spec_gen._graphed.steps[16]
+    key = (16, spec_gen._graphed.cache.max_len)  # (rows, span)
+    assert spec_gen._graphed is not None and sorted(spec_gen._graphed.steps) == [key]
+    steps = spec_gen._graphed.steps[key]
     again = spec_gen.generate(prompt, 24)  # the cache (and its steps) are reused: reset in place
-    assert again.token_ids == spec.token_ids and spec_gen._graphed.steps[16] is steps
+    assert again.token_ids == spec.token_ids and spec_gen._graphed.steps[key] is steps
     longer = torch.randint(0, 256, (20,)).tolist()
     ref = SpeculativeGenerator(m, None, 0, batch_invariant=False).generate(longer, 8).token_ids
     assert spec_gen.generate(longer, 8).token_ids == ref
@@ -102,10 +103,10 @@ def test_static_steps_recapture_after_buffer_growth(tmp_path):
     g = GraphedTarget(m, cache, max_steps=4, pad_to=None, use_graphs=False)
     m(torch.randint(0, 256, (5,)), cache, snapshots=False)
     g(torch.tensor([1, 2]))
-    first = g.steps[2]
+    first = g.steps[(2, cache.max_len)]
     m(torch.randint(0, 256, (9,)), cache)  # 9 rows > the 4 reserved: the buffers grow
     g(torch.tensor([3, 4]))
-    assert g.steps[2] is not first
+    assert g.steps[(2, cache.max_len)] is not first
 
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])

@@ -21,14 +21,25 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import os
 from typing import Sequence
 
 import torch
 
 from ..cache import KVCache, LinearAttnCache, SequenceCache
 from ..errors import CompileError
+from . import split_attention
 from .base import CausalLM, ForwardOut
 from .layers import live_context_attention
+
+# SPECDEC_SHORT_SPAN=1 (off until measured): a row-exact target's steps (CausalLM.row_exact: every attention on
+# the split kernel) whose rows all lie within the first split_attention.SPLIT positions attend over those
+# positions only, in steps captured for that span: one split, so the split kernel writes the output itself
+# (split_attention.DIRECT) and no combine kernel runs. The kernel gives a row the same bits at any span (it
+# depends on the keys the row sees only), so plain and speculative steps stay equal whichever span each ran.
+# Seen on the H200 (SmolLM2 shape, context 128, 1-row step): 0.894 ms with a 163-position cache (one split)
+# against 1.009 with a 433-position one (two splits and the combine).
+SHORT_SPAN = os.environ.get("SPECDEC_SHORT_SPAN", "0") == "1"
 
 
 def graphable(cache: SequenceCache) -> bool:
@@ -147,9 +158,15 @@ class GraphedTarget:
             raise ValueError("CUDA graphs need a CUDA device")
         self.model, self.cache, self.capture, self.compile = model, cache, tuple(capture), compile
         self.start = torch.zeros((), dtype=torch.int64, device=model.device)
-        self.steps: dict[int, _Step] = {}
-        self.greedy_steps: dict[int, _Step] = {}
+        # captured steps by (rows, span): the positions their attention covers (see SHORT_SPAN)
+        self.steps: dict[tuple[int, int], _Step] = {}
+        self.greedy_steps: dict[tuple[int, int], _Step] = {}
         self._chain: int | None = None  # the position the next unseeded greedy_step must start at
+        self._chain_step: _Step | None = None  # the greedy step that ran last (its token feeds the next)
+        short = split_attention.SPLIT
+        self.short_span = (short if SHORT_SPAN and cache.max_len > short and model.row_exact()
+                           else None)
+        self.spans = (self.short_span, cache.max_len) if self.short_span else (cache.max_len,)
         self.max_steps = max(max_steps, pad_to or 0)
         # Batch invariance: run every step of <= pad_to tokens as one pad_to-row step, so a
         # position's logits never depend on how many tokens were verified beside it (cuBLAS and
@@ -168,11 +185,28 @@ class GraphedTarget:
         # a counter bumped whenever a cache reallocates its buffers (never an id(): ids are recycled)
         return tuple(c.version for c in self.linear)
 
+    def _span(self, rows: int) -> int:
+        """The positions a step of ``rows`` rows at the cache's length attends over (see SHORT_SPAN)."""
+        short = self.short_span
+        return short if short is not None and self.cache.length + rows <= short else self.cache.max_len
+
+    def _step(self, rows: int, greedy: bool = False) -> _Step:
+        """The captured step of ``rows`` rows for the current position's span; a row count's steps are
+        captured for every span at once (never one in the middle of a generation)."""
+        steps = self.greedy_steps if greedy else self.steps
+        span = self._span(rows)
+        if (rows, span) not in steps:
+            for other in self.spans:
+                self._capture(rows, greedy, other)
+        return steps[(rows, span)]
+
     @torch.inference_mode()
-    def _capture(self, t: int, greedy: bool = False) -> _Step:
-        """The step of ``t`` rows; ``greedy``: the greedy-chain variant (:meth:`greedy_step`), whose
-        output is its argmax token, written into its own ids for the next replay."""
+    def _capture(self, t: int, greedy: bool = False, span: int | None = None) -> _Step:
+        """The step of ``t`` rows attending over the first ``span`` positions (default: the whole
+        cache); ``greedy``: the greedy-chain variant (:meth:`greedy_step`), whose output is its argmax
+        token, written into its own ids for the next replay."""
         m, cache = self.model, self.cache
+        span = span or cache.max_len
         ids = torch.zeros(t, dtype=torch.int64, device=m.device)
 
         # Compiled, the step always returns every layer, whatever the drafter reads: inductor fuses
@@ -182,7 +216,7 @@ class GraphedTarget:
         layers = tuple(range(len(m.layers))) if self.compile else self.capture
 
         def step():
-            return m.run_layers(ids, m.static_context(self.start, t, cache.max_len), cache, layers, "all")
+            return m.run_layers(ids, m.static_context(self.start, t, span), cache, layers, "all")
 
         run = maybe_compile(step, self.compile)
         if self.compile:
@@ -210,7 +244,7 @@ class GraphedTarget:
         steps = self.greedy_steps if greedy else self.steps
         if not self.use_graphs:
             step = _Step(None, ids, None, run)
-            steps[t] = step
+            steps[(t, span)] = step
             return step
         # warm-up writes land at positions cache.length.. which this very step overwrites next
         self.start.fill_(cache.length)
@@ -223,7 +257,7 @@ class GraphedTarget:
         # keep ``run`` alive with the graph: its closure owns tensors the graph reads (the compiled
         # step's ``pick`` indices); freed, their memory is reused and the replay reads garbage
         step = _Step(graph, ids, out, run)
-        steps[t] = step
+        steps[(t, span)] = step
         return step
 
     @torch.inference_mode()
@@ -237,7 +271,7 @@ class GraphedTarget:
         self._check_fit(rows)
         self._chain = None
         with live_context_attention():  # captured (or run eagerly) with the split attention kernel on CUDA
-            step = self.steps.get(rows) or self._capture(rows)
+            step = self._step(rows)
             start = self.cache.reserve(rows)
             self.start.fill_(start)
             step.ids[:t].copy_(ids)
@@ -263,7 +297,7 @@ class GraphedTarget:
         if self._buffer_versions() != self._versions:  # an eager forward grew the recurrent buffers
             self.steps.clear()
             self.greedy_steps.clear()
-            self._chain = None  # a new greedy step's ids hold no token yet
+            self._chain = self._chain_step = None  # a new greedy step's ids hold no token yet
             self._versions = self._buffer_versions()
 
     @torch.inference_mode()
@@ -282,12 +316,15 @@ class GraphedTarget:
         if seed is None and self._chain != self.cache.length:
             raise RuntimeError("greedy_step without a seed must follow a greedy step")
         with live_context_attention():
-            step = self.greedy_steps.get(rows) or self._capture(rows, greedy=True)
+            step = self._step(rows, greedy=True)
             start = self.cache.reserve(rows)
             if seed is not None:
                 self.start.fill_(start)
                 step.ids.copy_(seed.reshape(1).expand(rows))
+            elif step is not self._chain_step:  # the chain moves to another span's step: hand its token over
+                step.ids.copy_(self._chain_step.out.reshape(1).expand(rows))
             step.replay()
+        self._chain_step = step
         for c in self.linear:
             c.commit(start, rows, True)
         if rows > 1:

@@ -181,6 +181,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         o = _attend_live(q, k, v, mask, scale)
         if o is not None:
             return o
+    if mask is not None and mask.shape[-1] != k.shape[-2]:
+        raise RuntimeError(f"attention over {k.shape[-2]} keys with a mask of {mask.shape[-1]}: a step over part of "
+                           "the cache needs the split kernel (graphs.SHORT_SPAN)")
     single = q.dim() == 3
     if single:
         q, k, v = q[None], k[None], v[None]
@@ -338,9 +341,10 @@ def _attend_live(q, k, v, mask, scale: float) -> torch.Tensor | None:
     """:func:`attend` of one sequence (``[H, T, d]``, a ``[T, S]`` mask) by the split kernel as a
     batch of one, or None where the kernel does not take the inputs (batched steps choose theirs
     by :func:`span_invariant_attention`)."""
-    if q.dim() != 3 or mask.dim() != 2 or mask.shape[-1] != k.shape[-2]:
+    if q.dim() != 3 or mask.dim() != 2 or mask.shape[-1] > k.shape[-2]:
         return None
-    q, k, v, mask = q[None], k[None], v[None], mask.view(1, 1, *mask.shape)
+    span = mask.shape[-1]  # a step over the first positions only (graphs.SHORT_SPAN): the keys past it unseen
+    q, k, v, mask = q[None], k[None, :, :span], v[None, :, :span], mask.view(1, 1, *mask.shape)
     if not split_attention.supported(q, k, mask):
         return None
     return split_attention.split_attention(q, k, v, mask, scale)[0]

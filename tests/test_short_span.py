@@ -1,0 +1,116 @@
+"""SPECDEC_SHORT_SPAN (models/graphs.py): a row-exact target's static steps within the first
+``split_attention.SPLIT`` positions attend over those only (one split: no combine kernel on CUDA). The
+split kernel gives a row the same bits at any span; here, on the CPU, its torch form stands in for it
+(``split_kernel_stand_in``) and the wiring is checked: which steps take which span, the greedy chain
+crossing from one span's step to the other's, and outputs equal to the steps over the whole cache."""
+
+import pytest
+import torch
+from _engine_util import split_kernel_stand_in, tiny_llama
+
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine import SpeculativeGenerator
+from specdec.engine import generate as engine_mod
+from specdec.models import graphs, layers, split_attention
+from specdec.models.graphs import GraphedTarget
+
+SPLIT = split_attention.SPLIT
+# a prompt that ends 12 positions short of the first split's end: the outputs cross it
+PROMPT = torch.randint(1, 90, (SPLIT - 12,), generator=torch.Generator().manual_seed(3)).tolist()
+N = 30
+
+
+@pytest.fixture
+def model(monkeypatch):
+    m = tiny_llama(max_pos=1024)
+    monkeypatch.setattr(m, "row_exact", lambda: True, raising=False)  # CPU weights: forced
+    return m
+
+
+def generate(m, drafter=None, k=0, lookahead=False, chain=False):
+    """(tokens and every verify step's logits, in order; the generator's GraphedTarget)."""
+    g = SpeculativeGenerator(m, drafter, k, batch_invariant=True, lookahead=lookahead)
+    rows, accept = [], engine_mod.accept_greedy
+    before, engine_mod.GREEDY_CHAIN = engine_mod.GREEDY_CHAIN, chain
+    engine_mod.accept_greedy = lambda drafts, logits: rows.append(logits.clone()) or accept(drafts, logits)
+    try:
+        return (g.generate(PROMPT, N).token_ids, rows), g._graphed
+    finally:
+        engine_mod.GREEDY_CHAIN, engine_mod.accept_greedy = before, accept
+
+
+@pytest.mark.parametrize("case", ["plain", "ngram", "chain"])
+def test_short_span_steps_give_the_whole_cache_steps_tokens(model, monkeypatch, case):
+    split_kernel_stand_in(monkeypatch)
+    spans = []  # (rows, keys) of each static step's attention
+    monkeypatch.setattr(split_attention, "split_attention",
+                        lambda q, k_, v, mask, scale: spans.append((q.shape[2], k_.shape[2])) or
+                        split_attention.split_attention_reference(q, k_, v, mask, scale))
+    drafter, k = (NgramDrafter(), 3) if case == "ngram" else (None, 0)
+    want, ref = generate(model, drafter, k, lookahead=case == "chain", chain=case == "chain")
+    assert ref.spans == (ref.cache.max_len,) and ref.short_span is None  # off by default
+    assert spans and {s for _, s in spans} == {ref.cache.max_len}  # every static step over the whole cache
+    spans.clear()
+    monkeypatch.setattr(graphs, "SHORT_SPAN", True)
+    got, g = generate(model, NgramDrafter() if drafter else None, k, lookahead=case == "chain", chain=case == "chain")
+    assert got[0] == want[0]  # the tokens; and each step's logits, bit for bit (the chain's argmax is inside its steps)
+    assert len(got[1]) == len(want[1]) and all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+    assert (len(got[1]) == 0) == (case == "chain")
+    assert g.spans == (SPLIT, g.cache.max_len) and g.cache.max_len > SPLIT
+    steps = g.greedy_steps if case == "chain" else g.steps
+    assert {span for (_, span) in steps} == {SPLIT, g.cache.max_len}  # both captured for each row count
+    # the steps before the split's end attended over it, those past it over the whole cache
+    assert {s for _, s in spans} == {SPLIT, g.cache.max_len}
+    assert spans[-1][1] == g.cache.max_len and len(PROMPT) + N > SPLIT
+
+
+def test_the_chain_hands_its_token_to_the_other_spans_step(model, monkeypatch):
+    """Greedy-chain steps from below the split's end to past it: each token the argmax of a step over
+    the whole cache from the same prefix (the other span's step gets the token the last one wrote); the
+    plain steps' logits there the same bits."""
+    split_kernel_stand_in(monkeypatch)
+    monkeypatch.setattr(graphs, "SHORT_SPAN", True)
+    m = model
+    g = GraphedTarget(m, m.new_cache(SPLIT + 40, spare=16), use_graphs=False)
+    assert g.short_span == SPLIT
+    monkeypatch.setattr(graphs, "SHORT_SPAN", False)
+    ref2 = GraphedTarget(m, m.new_cache(SPLIT + 40, spare=16), use_graphs=False)
+    assert ref2.short_span is None
+    for t in (g, ref2):
+        with torch.inference_mode():
+            m(torch.tensor(PROMPT), t.cache, logits="none", snapshots=False)
+    tok = torch.tensor([PROMPT[-1]])
+    got, want = [], []
+    for i in range(20):
+        got.append(int(g.greedy_step(tok if i == 0 else None)))
+    last = PROMPT[-1]
+    for _ in range(20):
+        last = int(ref2(torch.tensor([last])).logits[0].argmax())
+        want.append(last)
+    assert got == want and g.cache.length == len(PROMPT) + 20 > SPLIT
+    monkeypatch.setattr(graphs, "SHORT_SPAN", True)
+    short = GraphedTarget(m, m.new_cache(SPLIT + 40, spare=16), use_graphs=False)
+    with torch.inference_mode():
+        m(torch.tensor(PROMPT), short.cache, logits="none", snapshots=False)
+        ref2.cache.rollback(len(PROMPT))
+    for tok in [PROMPT[-1]] + want:
+        a, b = short(torch.tensor([tok])), ref2(torch.tensor([tok]))
+        assert torch.equal(a.logits, b.logits) and torch.equal(a.hidden, b.hidden)
+    assert {span for _, span in short.steps} == {SPLIT, short.cache.max_len}
+    assert set(g.greedy_steps) == {(1, SPLIT), (1, g.cache.max_len)}
+
+
+def test_only_row_exact_targets_over_long_caches_take_short_spans(monkeypatch):
+    monkeypatch.setattr(graphs, "SHORT_SPAN", True)
+    m = tiny_llama(max_pos=1024)
+    assert GraphedTarget(m, m.new_cache(600, spare=16), use_graphs=False).short_span is None  # not row-exact
+    monkeypatch.setattr(m, "row_exact", lambda: True, raising=False)
+    assert GraphedTarget(m, m.new_cache(SPLIT - 20, spare=16), use_graphs=False).short_span is None  # one split
+    assert GraphedTarget(m, m.new_cache(600, spare=16), use_graphs=False).short_span == SPLIT
+
+
+def test_a_narrower_mask_needs_the_split_kernel():
+    q, k = torch.randn(4, 2, 8), torch.randn(2, 10, 8)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    with layers.live_context_attention(), pytest.raises(RuntimeError, match="split kernel"):
+        layers.attend(q, k, k, mask, 0.3)
