@@ -110,15 +110,20 @@ def step_costs(model, context: int, reps: int, use_graphs: bool, compile: bool =
     """Median ms of static steps of 1 .. MAX_K + 1 rows at position ``context`` (rolled back after
     each); compiled (each shape compiles for seconds to minutes), only the 1-row and the padded
     STEP_ROWS-row steps that decoding runs. ``sweep``: also the 1-row and STEP_ROWS-row steps at
-    each of these contexts. One cache, sized for the largest context, serves every point (the
-    steps attend over all of it, masked: their cost should follow the live context only); it is
+    each of these contexts. One cache, sized for the largest context as decoding sizes its cache,
+    serves every point (the steps attend over all of it, masked: their cost should follow the live
+    context only); it is
     filled in ascending order, each point's prompt extending the last (a recurrent cache cannot
     roll back further than its last forward). Returns ``(costs at context, {ctx: costs})``."""
+    from .engine.generate import cache_positions
     from .models.graphs import GraphedTarget
 
     dev = model.device
     points = sorted(set(sweep) | {context})
-    cache = model.new_cache(points[-1] + MAX_K + 2, spare=MAX_K + 1)
+    # sized as decoding sizes it (its attention then runs the kernels decoding runs: the split attention's
+    # splits follow the cache's size)
+    cache = model.new_cache(max(cache_positions(points[-1] + MAX_K + 2, model.max_context), points[-1] + MAX_K + 2),
+                            spare=MAX_K + 1)
     g = torch.Generator().manual_seed(1)
     steps = GraphedTarget(model, cache, (), max_steps=MAX_K + 1, use_graphs=use_graphs, compile=compile)
     main, by_context = {}, {}

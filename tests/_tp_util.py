@@ -154,7 +154,8 @@ def compiled_generate_on_rank(shard, path: str, drafts: list[str], prompts: list
     for spec in drafts:
         llm = LLM(path, draft=spec, shard=shard, num_draft_tokens=3, compile=True, batch_invariant=True)
         out[spec] = [llm.generate(p, n).token_ids for p in prompts]
-        step = llm.engine._graphed.steps[16].run
+        graphed = llm.engine._graphed
+        step = graphed.steps[(16, graphed.cache.max_len)].run  # (rows, span)
         out[spec + " compiled"] = hasattr(step, "__wrapped__")  # maybe_compile's wrapper
     return out
 

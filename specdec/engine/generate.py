@@ -125,6 +125,12 @@ PLAIN_LOOKAHEAD = os.environ.get("SPECDEC_PLAIN_LOOKAHEAD", "1") != "0"
 GREEDY_CHAIN = os.environ.get("SPECDEC_GREEDY_CHAIN", "1") != "0"
 
 
+def cache_positions(need: int, max_context: int) -> int:
+    """The positions of a one-sequence decoding cache for ``need`` (reused across generations, so at
+    least 1,024; a power of two; at most the model's context)."""
+    return min(max_context, max(1024, 1 << (need - 1).bit_length()))
+
+
 class SpeculativeGenerator:
     """Runs the loop for a target and an optional drafter (``num_draft_tokens`` per step)."""
 
@@ -211,7 +217,7 @@ class SpeculativeGenerator:
         # the widest step: verify steps, or the static prefill's chunks
         rows = max(self.k + 1, (self.prefill_rows or 0) if self.static_prefill else 0)
         spare = max(self.pad_to or 0, rows)  # rows only padding / unfinished verify rows occupy
-        size = min(tgt.max_context, max(1024, 1 << (need - 1).bit_length()))
+        size = cache_positions(need, tgt.max_context)
         g = self._graphed
         if (g is not None and g.cache.max_len >= min(tgt.max_context, need) + spare and g.capture == capture
                 and g.max_steps >= rows):
