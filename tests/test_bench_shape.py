@@ -53,7 +53,7 @@ def test_cli_tiny_writes_every_field(tmp_path, capsys, single_thread):
 
 def test_context_sweep_shares_one_cache(tmp_path, capsys, single_thread, monkeypatch):
     """``--contexts``: the decode and plain decoding's steps at each context, timed in one cache
-    sized for the largest, with the bound counted with the KV bytes live at each point."""
+    sized for the largest as decoding sizes its cache, with the bound counted with the KV bytes live at each point."""
     from specdec import bench_shape
     from specdec.models import base
 
@@ -66,7 +66,8 @@ def test_context_sweep_shares_one_cache(tmp_path, capsys, single_thread, monkeyp
                         "300,64", "--reps", "2", "-n", "20", "--json", str(path))
     assert rc == 0, err
     r = json.loads(path.read_text())
-    assert sizes[0] == 300 + MAX_K + 2  # the step costs' one cache, for every point
+    from specdec.engine.generate import cache_positions
+    assert sizes[0] == cache_positions(300 + MAX_K + 2, 1 << 20) == 1024  # the step costs' one cache, for every point
     pts = r["contexts"]
     assert [p["context"] for p in pts] == [64, 300]
     model = build_shape("tiny", torch.device("cpu"), torch.float32)
