@@ -1,4 +1,4 @@
-"""SPECDEC_SHORT_SPAN (models/graphs.py): a row-exact target's static steps within the first
+"""SPECDEC_SHORT_SPAN (models/graphs.py, on by default): a row-exact target's static steps within the first
 ``split_attention.SPLIT`` positions attend over those only (one split: no combine kernel on CUDA). The
 split kernel gives a row the same bits at any span; here, on the CPU, its torch form stands in for it
 (``split_kernel_stand_in``) and the wiring is checked: which steps take which span, the greedy chain
@@ -47,8 +47,10 @@ def test_short_span_steps_give_the_whole_cache_steps_tokens(model, monkeypatch, 
                         lambda q, k_, v, mask, scale: spans.append((q.shape[2], k_.shape[2])) or
                         split_attention.split_attention_reference(q, k_, v, mask, scale))
     drafter, k = (NgramDrafter(), 3) if case == "ngram" else (None, 0)
+    assert graphs.SHORT_SPAN  # the default
+    monkeypatch.setattr(graphs, "SHORT_SPAN", False)
     want, ref = generate(model, drafter, k, lookahead=case == "chain", chain=case == "chain")
-    assert ref.spans == (ref.cache.max_len,) and ref.short_span is None  # off by default
+    assert ref.spans == (ref.cache.max_len,) and ref.short_span is None
     assert spans and {s for _, s in spans} == {ref.cache.max_len}  # every static step over the whole cache
     spans.clear()
     monkeypatch.setattr(graphs, "SHORT_SPAN", True)
@@ -101,12 +103,13 @@ def test_the_chain_hands_its_token_to_the_other_spans_step(model, monkeypatch):
 
 
 def test_only_row_exact_targets_over_long_caches_take_short_spans(monkeypatch):
-    monkeypatch.setattr(graphs, "SHORT_SPAN", True)
     m = tiny_llama(max_pos=1024)
     assert GraphedTarget(m, m.new_cache(600, spare=16), use_graphs=False).short_span is None  # not row-exact
     monkeypatch.setattr(m, "row_exact", lambda: True, raising=False)
     assert GraphedTarget(m, m.new_cache(SPLIT - 20, spare=16), use_graphs=False).short_span is None  # one split
     assert GraphedTarget(m, m.new_cache(600, spare=16), use_graphs=False).short_span == SPLIT
+    monkeypatch.setattr(graphs, "SHORT_SPAN", False)  # SPECDEC_SHORT_SPAN=0
+    assert GraphedTarget(m, m.new_cache(600, spare=16), use_graphs=False).short_span is None
 
 
 def test_a_narrower_mask_needs_the_split_kernel():

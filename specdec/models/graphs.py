@@ -32,14 +32,14 @@ from . import split_attention
 from .base import CausalLM, ForwardOut
 from .layers import live_context_attention
 
-# SPECDEC_SHORT_SPAN=1 (off until measured): a row-exact target's steps (CausalLM.row_exact: every attention on
-# the split kernel) whose rows all lie within the first split_attention.SPLIT positions attend over those
-# positions only, in steps captured for that span: one split, so the split kernel writes the output itself
-# (split_attention.DIRECT) and no combine kernel runs. The kernel gives a row the same bits at any span (it
-# depends on the keys the row sees only), so plain and speculative steps stay equal whichever span each ran.
-# Seen on the H200 (SmolLM2 shape, context 128, 1-row step): 0.894 ms with a 163-position cache (one split)
-# against 1.009 with a 433-position one (two splits and the combine).
-SHORT_SPAN = os.environ.get("SPECDEC_SHORT_SPAN", "0") == "1"
+# A row-exact target's steps (CausalLM.row_exact: every attention on the split kernel) whose rows all lie within
+# the first split_attention.SPLIT positions attend over those positions only, in steps captured for that span:
+# one split, so the split kernel writes the output itself (split_attention.DIRECT) and no combine kernel runs.
+# The kernel gives a row the same bits at any span (it depends on the keys the row sees only), so plain and
+# speculative steps stay equal whichever span each ran. On the H200 (9d33038, real SmolLM2 GGUF, GSM8K first 80,
+# -n 128, alternated): plain 1,003 / 1,001 -> 1,137 / 1,140 tok/s, DFlash 2,395 -> 2,669, MTP 1,629 -> 1,792;
+# every output equal to plain (BENCHMARKS.md). SPECDEC_SHORT_SPAN=0 turns it off.
+SHORT_SPAN = os.environ.get("SPECDEC_SHORT_SPAN", "1") != "0"
 
 
 def graphable(cache: SequenceCache) -> bool:
