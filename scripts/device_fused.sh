@@ -22,6 +22,9 @@
 #   (the `qknorm` and `rowexact` modes, for the since-removed SPECDEC_FUSED_QK_NORM_ROPE and SPECDEC_ROPE_TABLE and
 #   SPECDEC_ROW_EXACT, run in a shorter form by hand in the session of 2026-12-03 (fourth): at 4cdfa31)
 #   (the `qkv` mode that measured the since-removed SPECDEC_QKV_ROPE: at ae48a51)
+#   three calls back to back: matrix-1 (the full tree, carry .whl), matrix-2 (carry .dev/h1, drafters out), matrix-3
+#       (carry .dev/h2, drafters out): issue 9's sets with today's defaults: GSM8K first 100, HumanEval 164, MT-Bench
+#       80 first turns; plain, DFlash, DFlash + n-gram, MTP k=3, n-gram k=3; T=0, -n 128
 #   three calls back to back: span-a (carry .whl .dev/h1, drafters out), span-b (carry .dev/h2, drafters out),
 #   span-c (the full tree): SPECDEC_SHORT_SPAN off / on: the shape end to end and plain_gaps.py, device_check
 #       (random Llama), then the real GGUF plain / n-gram and device_check on it, then the shipped drafters
@@ -66,6 +69,19 @@ real)
             echo "== $v $r"; $run bench -m $G --dataset gsm8k --num-prompts 40 -n 128 --drafts none ngram -k 3 \
                 --json $OUT/e2e_gsm8k_$v$r.json 2>&1 | rows 6
         done
+    done ;;
+matrix-1)
+    pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
+    rm -rf /tmp/drafters && cp -r specdec/data/drafters/smollm2_135m_instruct /tmp/drafters && ls /tmp/drafters ;;
+matrix-2)
+    cp .dev/h1/p /tmp/p1 && ls -la /tmp/p1 ;;
+matrix-3)
+    cat /tmp/p1 .dev/h2/p > $G && md5sum $G
+    for s in "gsm8k 100" "humaneval 164" "mt_bench 80 --max-turns 1"; do
+        set -- $s
+        echo "== $1"; timeout 170 python -m specdec bench -m $G --dataset $1 --num-prompts $2 ${3:-} ${4:-} -n 128 -k 3 \
+            --drafts none dflash:/tmp/drafters/dflash dflash:/tmp/drafters/dflash+ngram mtp:/tmp/drafters/mtp ngram \
+            --json $OUT/matrix_$1.json 2>&1 | rows 6
     done ;;
 span-a)
     # SPECDEC_SHORT_SPAN (graphs.py), call 1 of 3: the first GGUF half kept; the SmolLM2 shape end to end off / on

@@ -28,7 +28,7 @@ import torch
 
 from ..cache import KVCache, LinearAttnCache, SequenceCache
 from ..errors import CompileError
-from . import split_attention
+from . import layers, split_attention
 from .base import CausalLM, ForwardOut
 from .layers import live_context_attention
 
@@ -40,6 +40,12 @@ from .layers import live_context_attention
 # -n 128, alternated): plain 1,003 / 1,001 -> 1,137 / 1,140 tok/s, DFlash 2,395 -> 2,669, MTP 1,629 -> 1,792;
 # every output equal to plain (BENCHMARKS.md). SPECDEC_SHORT_SPAN=0 turns it off.
 SHORT_SPAN = os.environ.get("SPECDEC_SHORT_SPAN", "1") != "0"
+
+
+def split_kernel_attends(model: CausalLM) -> bool:
+    """Whether ``model``'s static steps attend on the split kernel (CUDA with Triton, the split attention
+    on): the one attention whose bits do not depend on the span (tests stand its torch form in)."""
+    return model.device.type == "cuda" and split_attention.triton is not None and layers.SPLIT_ATTENTION
 
 
 def graphable(cache: SequenceCache) -> bool:
@@ -165,7 +171,7 @@ class GraphedTarget:
         self._chain_step: _Step | None = None  # the greedy step that ran last (its token feeds the next)
         short = split_attention.SPLIT
         self.short_span = (short if SHORT_SPAN and cache.max_len > short and model.row_exact()
-                           else None)
+                           and split_kernel_attends(model) else None)
         self.spans = (self.short_span, cache.max_len) if self.short_span else (cache.max_len,)
         self.max_steps = max(max_steps, pad_to or 0)
         # Batch invariance: run every step of <= pad_to tokens as one pad_to-row step, so a
