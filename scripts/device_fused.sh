@@ -22,6 +22,9 @@
 #   (the `qknorm` and `rowexact` modes, for the since-removed SPECDEC_FUSED_QK_NORM_ROPE and SPECDEC_ROPE_TABLE and
 #   SPECDEC_ROW_EXACT, run in a shorter form by hand in the session of 2026-12-03 (fourth): at 4cdfa31)
 #   (the `qkv` mode that measured the since-removed SPECDEC_QKV_ROPE: at ae48a51)
+#   one call (carry .whl):  bash scripts/device_fused.sh split512
+#       SPECDEC_SPLIT_KEYS 256 / 512: the SmolLM2 shape end to end alternated, plain_gaps.py, the step costs at long
+#       contexts (qwen3-8b shape, 4k and 16k), device_check (random Llama) at 512
 #   three calls back to back: matrix-1 (the full tree, carry .whl), matrix-2 (carry .dev/h1, drafters out), matrix-3
 #       (carry .dev/h2, drafters out): issue 9's sets with today's defaults: GSM8K first 100, HumanEval 164, MT-Bench
 #       80 first turns; plain, DFlash, DFlash + n-gram, MTP k=3, n-gram k=3; T=0, -n 128
@@ -70,6 +73,27 @@ real)
                 --json $OUT/e2e_gsm8k_$v$r.json 2>&1 | rows 6
         done
     done ;;
+split512)
+    # SPECDEC_SPLIT_KEYS=512 (built, unmeasured): one split, hence no combine, up to position 512 (SHORT_SPAN's steps
+    # and DIRECT). Predicted: the SmolLM2 shape plain (positions 128..384) ~1,070 -> ~1,150 tok/s; qwen3-8b's step
+    # at 16k a few % slower (half the split programs, each walking twice the keys)
+    pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
+    for r in a b; do
+        for v in 256 512; do
+            echo "== split $v $r"; SPECDEC_SPLIT_KEYS=$v timeout 80 python -m specdec bench --shape smollm2-135m \
+                --context 128 -n 256 --json $OUT/split_shape_$v$r.json 2>&1 | grep -E "decode step|dflash|ORACLE|after"
+        done
+    done
+    SPECDEC_SPLIT_KEYS=512 timeout 60 python scripts/plain_gaps.py --shape smollm2-135m --context 128 -n 256 \
+        --json $OUT/split512_gaps.json 2>&1 | grep -E '"(gpu_step_ms|ms_per_token|tok_per_s)"|"[0-9]+": '
+    for v in 256 512; do
+        echo "== qwen3-8b split $v"; SPECDEC_SPLIT_KEYS=$v timeout 120 python -m specdec bench --shape qwen3-8b \
+            --context 128 --contexts 4096,16384 -n 16 --json $OUT/split_qwen3_$v.json 2>&1 | grep -E "^context|decode step"
+    done
+    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
+    SPECDEC_SPLIT_KEYS=512 timeout 150 python scripts/device_check.py run /tmp/dc --target llama --mode graphs \
+        --out $OUT/dc_split512_llama.json 2>&1 | tail -1
+    python scripts/device_check.py compare $OUT/dc_split512_llama.json 2>&1 | tail -6 ;;
 matrix-1)
     pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
     rm -rf /tmp/drafters && cp -r specdec/data/drafters/smollm2_135m_instruct /tmp/drafters && ls /tmp/drafters ;;

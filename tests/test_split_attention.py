@@ -135,3 +135,19 @@ def test_split_attention_under_torch_compile(monkeypatch):
     got = torch.compile(lambda *a: sa.split_attention(*a) * 2, fullgraph=True, backend="aot_eager")(q, k, v, mask, 0.25)
     assert len(calls) >= 2  # the op really ran, compiled
     assert torch.equal(got, want * 2)
+
+
+def test_split_keys_from_the_environment():
+    """SPECDEC_SPLIT_KEYS: 256 (default), 512 or 1024 keys a split; anything else a one-line error naming it."""
+    import subprocess
+
+    from specdec.models import split_attention
+
+    def run(value):
+        env = {**os.environ, "SPECDEC_SPLIT_KEYS": value}
+        return subprocess.run([sys.executable, "-c", "from specdec.models import split_attention as s; print(s.SPLIT)"],
+                              env=env, capture_output=True, text=True)
+    assert split_attention.SPLIT == 256 or "SPECDEC_SPLIT_KEYS" in os.environ
+    assert run("512").stdout.strip() == "512"
+    bad = run("300")
+    assert bad.returncode != 0 and "SPECDEC_SPLIT_KEYS='300': want 256, 512 or 1024" in bad.stderr

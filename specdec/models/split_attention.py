@@ -34,6 +34,7 @@ import os
 
 import torch
 
+from ..errors import ConfigError
 from . import pdl
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
@@ -42,7 +43,19 @@ try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
-SPLIT = 256  # keys per program, at fixed absolute offsets
+
+def _split_keys() -> int:
+    """``SPECDEC_SPLIT_KEYS`` (default 256; 512 and 1,024 built for measuring, unmeasured): keys per split. A
+    split's keys are walked by one program; a span of one split needs no combine kernel (DIRECT, and
+    graphs.SHORT_SPAN's steps within the first split). Every attention of a process takes the same value,
+    so plain and speculative decoding stay equal at any of them (their bits differ from one value to another)."""
+    raw = os.environ.get("SPECDEC_SPLIT_KEYS", "256")
+    if raw.strip() not in ("256", "512", "1024"):
+        raise ConfigError(f"SPECDEC_SPLIT_KEYS={raw!r}: want 256, 512 or 1024 (keys per split of the split attention)")
+    return int(raw)
+
+
+SPLIT = _split_keys()  # keys per program, at fixed absolute offsets
 COMBINE = 16  # splits the combine sums at once (chunks at fixed multiples)
 # A span of one split (at most SPLIT keys): the split kernel divides and writes the output itself, with
 # no combine launch. The same bits: the combine of one split adds it, weighed exp(0) = 1, to zeros and
