@@ -6,7 +6,8 @@ published shape, one sequence, CUDA only. Four measures of the same 1-row greedy
   each replay: the GPU's time a step (by context) and the gap between one step's end and the next's start;
 - ``staged``: the same, each step's token staged to the host (``HostReader``) and read one step behind,
   as ``SpeculativeGenerator``'s lookahead reads it;
-- ``generate``: ``SpeculativeGenerator.generate`` itself (tok/s after its prefill);
+- ``generate``: ``SpeculativeGenerator.generate`` itself (tok/s after its prefill; on CUDA its prompt runs as
+  static chunks, not the one eager forward of the others, so random weights may decode other tokens);
 - ``fixed``: the step replayed at one position (rolled back each time), back to back: its cost at each
   context without the chain.
 
@@ -95,14 +96,13 @@ def main(argv=None) -> int:
 
     chain(False)  # capture
     report["gpu"] = chain(False)[1]
-    toks, report["staged"] = chain(True)
+    report["staged"] = chain(True)[1]
     gen.generate(prompt[:8].tolist(), 8)
     torch.cuda.synchronize()
     r = gen.generate(prompt.tolist(), n, SamplingParams())
     decode_s = r.stats.total_s - r.stats.prefill_s
     report["generate"] = {"ms_per_token": round(1e3 * decode_s / (len(r.token_ids) - 1), 4),
-                          "tok_per_s": round((len(r.token_ids) - 1) / decode_s, 2),
-                          "tokens_equal_the_chain's": r.token_ids[1:] == toks[:n - 1]}
+                          "tok_per_s": round((len(r.token_ids) - 1) / decode_s, 2)}
     fixed = {}
     with torch.inference_mode():
         for c in sorted({a.context, a.context + n // 2, a.context + n}):
