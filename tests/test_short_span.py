@@ -114,6 +114,7 @@ def test_only_row_exact_targets_over_long_caches_take_short_spans(monkeypatch):
     monkeypatch.setattr(m, "row_exact", lambda: True, raising=False)
     assert GraphedTarget(m, m.new_cache(SPLIT - 20, spare=16), use_graphs=False).short_span is None  # one split
     assert GraphedTarget(m, m.new_cache(600, spare=16), use_graphs=False).short_span == SPLIT
+    assert GraphedTarget(m, m.new_cache(600, spare=16), use_graphs=False, compile=True).short_span is None
     monkeypatch.setattr(graphs, "SHORT_SPAN", False)  # SPECDEC_SHORT_SPAN=0
     assert GraphedTarget(m, m.new_cache(600, spare=16), use_graphs=False).short_span is None
 

@@ -170,7 +170,8 @@ class GraphedTarget:
         self._chain: int | None = None  # the position the next unseeded greedy_step must start at
         self._chain_step: _Step | None = None  # the greedy step that ran last (its token feeds the next)
         short = split_attention.SPLIT
-        self.short_span = (short if SHORT_SPAN and cache.max_len > short and model.row_exact()
+        # (not compiled: each span would compile its own steps, and the generator runs no row-exact steps then)
+        self.short_span = (short if SHORT_SPAN and not compile and cache.max_len > short and model.row_exact()
                            and split_kernel_attends(model) else None)
         self.spans = (self.short_span, cache.max_len) if self.short_span else (cache.max_len,)
         self.max_steps = max(max_steps, pad_to or 0)
