@@ -122,8 +122,8 @@ def step_costs(model, context: int, reps: int, use_graphs: bool, compile: bool =
     points = sorted(set(sweep) | {context})
     # sized as decoding sizes it (its attention then runs the kernels decoding runs: the split attention's
     # splits follow the cache's size)
-    cache = model.new_cache(max(cache_positions(points[-1] + MAX_K + 2, model.max_context), points[-1] + MAX_K + 2),
-                            spare=MAX_K + 1)
+    need = points[-1] + MAX_K + 2
+    cache = model.new_cache(max(cache_positions(need, model.max_context), need), spare=MAX_K + 1)
     g = torch.Generator().manual_seed(1)
     steps = GraphedTarget(model, cache, (), max_steps=MAX_K + 1, use_graphs=use_graphs, compile=compile)
     main, by_context = {}, {}

@@ -208,12 +208,11 @@ class GraphedTarget:
         return steps[(rows, span)]
 
     @torch.inference_mode()
-    def _capture(self, t: int, greedy: bool = False, span: int | None = None) -> _Step:
-        """The step of ``t`` rows attending over the first ``span`` positions (default: the whole
-        cache); ``greedy``: the greedy-chain variant (:meth:`greedy_step`), whose output is its argmax
-        token, written into its own ids for the next replay."""
+    def _capture(self, t: int, greedy: bool, span: int) -> _Step:
+        """The step of ``t`` rows attending over the first ``span`` positions; ``greedy``: the greedy-chain
+        variant (:meth:`greedy_step`), whose output is its argmax token, written into its own ids for the
+        next replay."""
         m, cache = self.model, self.cache
-        span = span or cache.max_len
         ids = torch.zeros(t, dtype=torch.int64, device=m.device)
 
         # Compiled, the step always returns every layer, whatever the drafter reads: inductor fuses
