@@ -24,7 +24,8 @@
 #   (the `qkv` mode that measured the since-removed SPECDEC_QKV_ROPE: at ae48a51)
 #   one call (carry .whl):  bash scripts/device_fused.sh split512
 #       SPECDEC_SPLIT_KEYS 256 / 512: the SmolLM2 shape end to end alternated, plain_gaps.py, the step costs at long
-#       contexts (qwen3-8b shape, 4k and 16k), device_check (random Llama) at 512
+#       contexts (qwen3-8b shape, 4k and 16k), device_check (random Llama) at 512, then the qwen3-8b shape's 16-row
+#       step kernel by kernel; every JSON in one split512.tgz
 #   three calls back to back: matrix-1 (the full tree, carry .whl), matrix-2 (carry .dev/h1, drafters out), matrix-3
 #       (carry .dev/h2, drafters out): issue 9's sets with today's defaults: GSM8K first 100, HumanEval 164, MT-Bench
 #       80 first turns; plain, DFlash, DFlash + n-gram, MTP k=3, n-gram k=3; T=0, -n 128
@@ -96,7 +97,9 @@ split512)
     python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
     SPECDEC_SPLIT_KEYS=512 timeout 150 python scripts/device_check.py run /tmp/dc --target llama --mode graphs \
         --out $OUT/dc_split512_llama.json 2>&1 | tail -1
-    python scripts/device_check.py compare $OUT/dc_split512_llama.json 2>&1 | tail -6 ;;
+    python scripts/device_check.py compare $OUT/dc_split512_llama.json 2>&1 | tail -6
+    timeout 90 python scripts/profile_shape_step.py --shape qwen3-8b --rows 16 --context 512 > $OUT/profile_qwen3_rows16.json 2>&1
+    (cd $OUT && tar czf split512.tgz *.json && rm -f *.json) ;;
 matrix-1)
     pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
     rm -rf /tmp/drafters && cp -r specdec/data/drafters/smollm2_135m_instruct /tmp/drafters && ls /tmp/drafters ;;
