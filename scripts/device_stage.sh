@@ -11,7 +11,7 @@
 # is above 0, the MTP head (--init shipped, K=3, lr 3e-4, --minutes MTP_MIN) side by side on the one GPU;
 # then `specdec bench` (T=0, -n 128) of the shipped and the new drafters on GSM8K (first 100), HumanEval
 # (first 100) and MT-Bench first turns (80), one process per set. SPLITAB=1 then also runs
-# SPECDEC_SPLIT_KEYS 256 / 512 alternated on the real GGUF (GSM8K 80, MT-Bench 80 x 2 turns; plain and the
+# SPECDEC_SPLIT_KEYS 256 / 512 alternated on the real GGUF (MT-Bench 80 x 2 turns; plain and the
 # shipped DFlash) and device_check on it with 512.
 # A machine left idle for more than ~30 s between calls goes back, and the job with it (session of
 # 2026-12-02 (sixth) lost 14 training minutes so): each `wait` therefore brings back what exists so
@@ -78,7 +78,7 @@ job)
     if [ "$splitab" = 1 ]; then
         for r in a b; do
             for v in 256 512; do
-                for s in "gsm8k 80 1" "mt_bench 80 2"; do
+                for s in "mt_bench 80 2"; do
                     set -- $s
                     SPECDEC_SPLIT_KEYS=$v sd bench -m $G --dataset $1 --num-prompts $2 --max-turns $3 -n 128 -k 3 \
                         --drafts none dflash:/tmp/drafters/dflash --json $W/split_$1_$v$r.json > $W/split_$1_$v$r.log 2>&1
