@@ -1,7 +1,7 @@
 """The split attention kernel's fixed constants, swept on the GPU (each choice gives other bits, so the
-shipped ones are one fixed choice, never picked per shape): SPLIT (keys a program), the keys of an
+shipped ones are one fixed choice per head size, never picked per shape): the keys a program (a split), the keys of an
 inner block and the warps (``_tile``; query tile 64 rows), timed as the static steps run it (CUDA
-graph) for the shapes and contexts of the issue-10 table, with the KV bytes the live context reads
+graph) for the shapes and contexts of the issue-10 table (the keys a split: ``split_keys``, by head size), with the KV bytes the live context reads
 and the bandwidth that implies. A sweep for choosing the constants, not a check: scripts/check_split_attention.py checks.
 
     python scripts/sweep_split_attention.py [--json F]
@@ -39,13 +39,13 @@ DECODE = [  # name, heads, kv heads, d, rows, span, live context
 
 
 def decode(path: str | None) -> None:
-    shipped = (sa.SPLIT, sa._tile)
+    shipped = (sa.split_keys, sa._tile)
     rows = []
     for split, bm, block, warps in itertools.product((256, 512), (16, 32, 64), (64, 128), (2, 4, 8)):
         for name, h, hkv, d, t, span, ctx in DECODE:
             if (warps == 8) != (bm == 64) and warps != 4 or (split > 256 and span <= 256):
                 continue  # 2 or 4 warps for the small tiles, 4 or 8 for 64 rows; one split either way up to 256
-            sa.SPLIT = split
+            sa.split_keys = lambda d, s=split: s
             sa._tile = lambda d, m=bm, n=block, w=warps: (m, n, w)
             layers = [inputs(1, h, hkv, d, t, span, [ctx - t], seed=i) for i in range(30)]
             row = {"split": split, "bm": bm, "block": block, "warps": warps, "case": name}
@@ -56,7 +56,7 @@ def decode(path: str | None) -> None:
                 row["error"] = f"{type(e).__name__}: {str(e)[:80]}"
             rows.append(row)
             print(json.dumps(row), flush=True)
-    sa.SPLIT, sa._tile = shipped
+    sa.split_keys, sa._tile = shipped
     if path:
         json.dump(rows, open(path, "w"), indent=1)
 
@@ -70,12 +70,12 @@ def main() -> None:
         raise SystemExit("sweep_split_attention: needs CUDA (a GPU run; tests/_interpret_kernels.py split checks the kernel on the CPU)")
     if a.decode:
         return decode(a.json)
-    shipped = (sa.SPLIT, sa._tile)
+    shipped = (sa.split_keys, sa._tile)
     rows = []
     for split, block, warps in itertools.product((128, 256, 512), (32, 64, 128), (4, 8)):
         if block > split:
             continue
-        sa.SPLIT = split
+        sa.split_keys = lambda d, s=split: s
         sa._tile = lambda d, n=block, w=warps: (64 if d <= 128 else 32, n, w)
         for name, h, hkv, d, t, span, ctx in CASES:
             q, k, v, mask = inputs(1, h, hkv, d, t, span, [ctx - t])
@@ -88,7 +88,7 @@ def main() -> None:
                    "GB_s": round(kv / us / 1e3, 1) if isinstance(us, float) else None}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    sa.SPLIT, sa._tile = shipped
+    sa.split_keys, sa._tile = shipped
     if a.json:
         json.dump(rows, open(a.json, "w"), indent=1)
 

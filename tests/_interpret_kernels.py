@@ -76,7 +76,7 @@ def _kernel(q, k, v, mask, scale):
 def split() -> None:
     """Against the reference; a row's bits with dead keys and splits appended (past COMBINE splits
     too), and alone against within a step of several rows."""
-    many = sa.SPLIT * (sa.COMBINE + 2)  # more splits than one combine chunk
+    many = sa.split_keys(16) * (sa.COMBINE + 2)  # more splits than one combine chunk
     cases = [("smollm2 heads", (2, 9, 3, 64, 5, 700, [3, 690])),
              ("qwen3-8b heads", (1, 32, 8, 128, 2, 300, [200])),
              ("qwen3.5 heads (d 256)", (1, 16, 4, 256, 2, 300, [150])),
@@ -98,7 +98,7 @@ def split() -> None:
     saved = sa.DIRECT
     try:
         for name, (b, h, hkv, d, t, span, starts) in [("smollm2 heads", (2, 9, 3, 64, 4, 200, [3, 190])),
-                                                         ("qwen3-8b heads", (1, 32, 8, 128, 3, sa.SPLIT, [250])),
+                                                         ("qwen3-8b heads", (1, 32, 8, 128, 3, sa.split_keys(128), [250])),
                                                          ("qwen3.5 heads (d 256)", (1, 16, 4, 256, 2, 200, [140]))]:
             q, k, v, mask = _attn_case(b, h, hkv, d, t, span, starts)
             scale = d ** -0.5
@@ -107,7 +107,7 @@ def split() -> None:
             sa.DIRECT = True
             one = _kernel(q, k, v, mask, scale)
             check(f"split one split, {name}: the direct launch has the combine's bits", torch.equal(one, two))
-            check(f"split one split, {name}: one split, then two", span <= sa.SPLIT < 2 * span)
+            check(f"split one split, {name}: one split, then two", span <= sa.split_keys(d) < 2 * span)
             k2, v2 = torch.cat([k, torch.randn_like(k)], 2), torch.cat([v, torch.randn_like(v)], 2)
             mask2 = torch.cat([mask, torch.zeros_like(mask)], -1)  # two splits: the combine runs
             check(f"split one split, {name}: equals the two-split launch", torch.equal(one, _kernel(q, k2, v2, mask2, scale)))

@@ -1,5 +1,5 @@
 """SPECDEC_SHORT_SPAN (models/graphs.py, on by default): a row-exact target's static steps within the first
-``split_attention.SPLIT`` positions attend over those only (one split: no combine kernel on CUDA). The
+``split_attention.split_keys`` positions attend over those only (one split: no combine kernel on CUDA). The
 split kernel gives a row the same bits at any span; here, on the CPU, its torch form stands in for it
 (``split_kernel_stand_in``) and the wiring is checked: which steps take which span, the greedy chain
 crossing from one span's step to the other's, and outputs equal to the steps over the whole cache."""
@@ -14,7 +14,7 @@ from specdec.engine import generate as engine_mod
 from specdec.models import graphs, layers, split_attention
 from specdec.models.graphs import GraphedTarget
 
-SPLIT = split_attention.SPLIT
+SPLIT = split_attention.split_keys(8)  # tiny_llama: 32 features over 4 heads
 # a prompt that ends 12 positions short of the first split's end: the outputs cross it
 PROMPT = torch.randint(1, 90, (SPLIT - 12,), generator=torch.Generator().manual_seed(3)).tolist()
 N = 30

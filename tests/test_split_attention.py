@@ -68,8 +68,8 @@ def test_reference_rows_ignore_masked_keys_appended():
 def test_reference_combines_many_splits_in_chunks():
     """Past COMBINE splits (here 18 and 36) the combine sums its chunks in order: rows in the first and
     the last chunk equal SDPA, a window's dead leading splits and appended dead ones change no bit."""
-    from specdec.models.split_attention import COMBINE, SPLIT
-    span = SPLIT * (COMBINE + 2) - 100
+    from specdec.models.split_attention import COMBINE, split_keys
+    span = split_keys(8) * (COMBINE + 2) - 100
     q, k, v, mask = _case(2, 4, 2, 3, span, 8, [span - 3, 40])
     pos = torch.tensor([span - 3, 40])[:, None] + torch.arange(3)[None, :]
     window = mask & (torch.arange(span)[None, None, :] > pos[:, :, None] - 700)[:, None]
@@ -137,17 +137,21 @@ def test_split_attention_under_torch_compile(monkeypatch):
     assert torch.equal(got, want * 2)
 
 
-def test_split_keys_from_the_environment():
-    """SPECDEC_SPLIT_KEYS: 256 (default), 512 or 1024 keys a split; anything else a one-line error naming it."""
+def test_split_keys_by_head_size_and_from_the_environment():
+    """Keys a split: 512 for heads of 128 features, 256 for the others; SPECDEC_SPLIT_KEYS (256, 512 or 1024) sets
+    one value for every head size; anything else is a one-line error naming it."""
     import subprocess
 
     from specdec.models import split_attention
 
     def run(value):
         env = {**os.environ, "SPECDEC_SPLIT_KEYS": value}
-        return subprocess.run([sys.executable, "-c", "from specdec.models import split_attention as s; print(s.SPLIT)"],
+        return subprocess.run([sys.executable, "-c", "from specdec.models import split_attention as s; "
+                               "print(s.split_keys(64), s.split_keys(128), s.split_keys(256))"],
                               env=env, capture_output=True, text=True)
-    assert split_attention.SPLIT == 256 or "SPECDEC_SPLIT_KEYS" in os.environ
-    assert run("512").stdout.strip() == "512"
+    if "SPECDEC_SPLIT_KEYS" not in os.environ:
+        assert [split_attention.split_keys(d) for d in (16, 64, 128, 256)] == [256, 256, 512, 256]
+    assert run("512").stdout.split() == ["512"] * 3
+    assert run("256").stdout.split() == ["256"] * 3
     bad = run("300")
     assert bad.returncode != 0 and "SPECDEC_SPLIT_KEYS='300': want 256, 512 or 1024" in bad.stderr

@@ -33,8 +33,8 @@ from .base import CausalLM, ForwardOut
 from .layers import live_context_attention
 
 # A row-exact target's steps (CausalLM.row_exact: every attention on the split kernel) whose rows all lie within
-# the first split_attention.SPLIT positions attend over those positions only, in steps captured for that span:
-# one split, so the split kernel writes the output itself (split_attention.DIRECT) and no combine kernel runs.
+# the first split (split_attention.split_keys of the head size) attend over those positions only, in steps
+# captured for that span: one split, so the split kernel writes the output itself (split_attention.DIRECT) and no combine kernel runs.
 # The kernel gives a row the same bits at any span (it depends on the keys the row sees only), so plain and
 # speculative steps stay equal whichever span each ran. On the H200 (9d33038, real SmolLM2 GGUF, GSM8K first 80,
 # -n 128, alternated): plain 1,003 / 1,001 -> 1,137 / 1,140 tok/s, DFlash 2,395 -> 2,669, MTP 1,629 -> 1,792;
@@ -169,9 +169,10 @@ class GraphedTarget:
         self.greedy_steps: dict[tuple[int, int], _Step] = {}
         self._chain: int | None = None  # the position the next unseeded greedy_step must start at
         self._chain_step: _Step | None = None  # the greedy step that ran last (its token feeds the next)
-        short = split_attention.SPLIT
+        dims = {c.k.shape[-1] for c in cache.layers if isinstance(c, KVCache)}
+        short = split_attention.split_keys(dims.pop()) if len(dims) == 1 else None
         # (not compiled: each span would compile its own steps, and the generator runs no row-exact steps then)
-        self.short_span = (short if SHORT_SPAN and not compile and cache.max_len > short and model.row_exact()
+        self.short_span = (short if short and SHORT_SPAN and not compile and cache.max_len > short and model.row_exact()
                            and split_kernel_attends(model) else None)
         self.spans = (self.short_span, cache.max_len) if self.short_span else (cache.max_len,)
         self.max_steps = max(max_steps, pad_to or 0)

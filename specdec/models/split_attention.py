@@ -7,7 +7,7 @@ span, but it walks the keys of a (sequence, head) in one program: on the H200 a 
 calls took 17 us each at span 256, and a 1-slot step cost 2.81 ms at span 256 against 9.49 ms at 4096
 (BENCHMARKS.md, session 3).
 
-Here the keys are cut into splits of ``SPLIT`` positions at fixed absolute offsets, one program per
+Here the keys are cut into splits of :func:`split_keys` positions at fixed absolute offsets, one program per
 (sequence, KV head, query tile, split): it walks its split in blocks of keys (:func:`_tile`) with the
 online softmax (fp32), skipping a block where no query sees a key, and writes its partial max, sum
 and output. A second kernel combines a row's splits: their maximum first, then their sums rescaled
@@ -44,20 +44,33 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 
-def _split_keys() -> int:
-    """``SPECDEC_SPLIT_KEYS`` (default 256; 512 and 1,024 built for measuring, unmeasured): keys per split. A
-    split's keys are walked by one program; a span of one split needs no combine kernel (DIRECT, and
-    graphs.SHORT_SPAN's steps within the first split). Every attention of a process takes the same value,
-    so plain and speculative decoding stay equal at any of them (their bits differ from one value to another)."""
-    raw = os.environ.get("SPECDEC_SPLIT_KEYS", "256")
+def _split_keys_env() -> int | None:
+    """``SPECDEC_SPLIT_KEYS`` (256, 512 or 1,024; unset: :func:`split_keys`' choice by head size)."""
+    raw = os.environ.get("SPECDEC_SPLIT_KEYS")
+    if raw is None:
+        return None
     if raw.strip() not in ("256", "512", "1024"):
         raise ConfigError(f"SPECDEC_SPLIT_KEYS={raw!r}: want 256, 512 or 1024 (keys per split of the split attention)")
     return int(raw)
 
 
-SPLIT = _split_keys()  # keys per program, at fixed absolute offsets
+_SPLIT_ENV = _split_keys_env()
+
+
+def split_keys(d: int) -> int:
+    """Keys per split (walked by one program, at fixed absolute offsets) for heads of ``d`` features: 512 for
+    d = 128, 256 otherwise; ``SPECDEC_SPLIT_KEYS`` sets one value for every head size. A span of one split
+    needs no combine kernel (DIRECT, and graphs.SHORT_SPAN's steps within the first split). Every attention
+    of a model takes the same value, so plain and speculative decoding stay equal at any of them (their bits
+    differ from one value to another). Measured on the H200 (BENCHMARKS.md, session of 2026-12-03 (sixth)):
+    512 keys made the qwen3-8b shape's (d = 128) decode step 4-7 % faster at contexts 128-16k in a 16k cache
+    (half the partial states to combine), and the real SmolLM2 (d = 64) 2 % slower on MT-Bench's two turns
+    (one program walks 512 keys one block after the other; the one-split span past 256 gained nothing)."""
+    return _SPLIT_ENV or (512 if d == 128 else 256)
+
+
 COMBINE = 16  # splits the combine sums at once (chunks at fixed multiples)
-# A span of one split (at most SPLIT keys): the split kernel divides and writes the output itself, with
+# A span of one split (at most split_keys(d) keys): the split kernel divides and writes the output itself, with
 # no combine launch. The same bits: the combine of one split adds it, weighed exp(0) = 1, to zeros and
 # divides as the split kernel then does (the interpreter test appends dead keys to a one-split span and
 # compares). On the H200 a SmolLM2 16-row step over a 244-position cache went 1.33 -> 1.19 ms, and
@@ -228,7 +241,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     g = h // hkv
     bm, bn, warps = _tile(d)
     rows = g * t
-    n_m, n_s = -(-rows // bm), -(-s // SPLIT)
+    split = split_keys(d)
+    n_m, n_s = -(-rows // bm), -(-s // split)
     direct = DIRECT and n_s == 1
     # the partial states (a direct launch writes none: one-element stand-ins)
     m_out = torch.empty(1 if direct else b * hkv * n_m * n_s * bm, dtype=torch.float32, device=q.device)
@@ -242,7 +256,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), mask.stride(0), mask.stride(2), mask.stride(3),
         o, o.stride(0), o.stride(1), o.stride(2),
-        G=g, BM=bm, BN=bn, SPLIT=SPLIT, D=d, DIRECT=direct, num_warps=warps, **pdl.options(q))
+        G=g, BM=bm, BN=bn, SPLIT=split, D=d, DIRECT=direct, num_warps=warps, **pdl.options(q))
     if direct:
         return out
     rb, db = 16, min(d, 32)
@@ -253,13 +267,14 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 
 
 def split_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                              scale: float, split: int = SPLIT, block: int | None = None, chunk: int = COMBINE) -> torch.Tensor:
+                              scale: float, split: int | None = None, block: int | None = None, chunk: int = COMBINE) -> torch.Tensor:
     """:func:`split_attention`'s algorithm in torch ops, fp32 throughout (any device and dtype):
     blocks of ``block`` keys (default: the kernel's for the head size) at fixed offsets with the
     online softmax, a block no query of the sequence sees skipped, the partial states of each
-    ``split`` keys combined as the kernel does (the maximum, then the rescaled sums ``chunk``
-    splits at a time, chunks in order)."""
+    ``split`` keys (default :func:`split_keys`) combined as the kernel does (the maximum, then the rescaled
+    sums ``chunk`` splits at a time, chunks in order)."""
     b, h, t, d = q.shape
+    split = split or split_keys(d)
     block = block or _tile(d)[1]
     hkv, s = k.shape[1], k.shape[2]
     g = h // hkv
