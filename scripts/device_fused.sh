@@ -83,9 +83,10 @@ real)
         done
     done ;;
 split512)
-    # SPECDEC_SPLIT_KEYS=512 (built, unmeasured): one split, hence no combine, up to position 512 (SHORT_SPAN's steps
-    # and DIRECT). Predicted: the SmolLM2 shape plain (positions 128..384) ~1,070 -> ~1,150 tok/s; qwen3-8b's step
-    # at 16k a few % slower (half the split programs, each walking twice the keys)
+    # SPECDEC_SPLIT_KEYS=512: one split, hence no combine, up to position 512 (SHORT_SPAN's steps and DIRECT).
+    # Predicted: the SmolLM2 shape plain (positions 128..384) ~1,070 -> ~1,150 tok/s; qwen3-8b's step at 16k a few %
+    # slower. Seen (session of 2026-12-03 (sixth)): SmolLM2 +0.3 %, qwen3-8b 4-8 % faster; so now 512 for heads of
+    # 128 only (split_attention.split_keys). Run at ed81773 or later, "256" and "512" name SPECDEC_SPLIT_KEYS values.
     pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl 2>/dev/null
     ab_shape SPECDEC_SPLIT_KEYS "256 512" split_shape
     SPECDEC_SPLIT_KEYS=512 timeout 60 python scripts/plain_gaps.py --shape smollm2-135m --context 128 -n 256 \
