@@ -26,7 +26,7 @@ part1)
     cp .dev/h1/p /tmp/p1 && pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl && ls -la /tmp/p1 ;;
 start)
     cat /tmp/p1 .dev/h2/p > $G && md5sum $G
-    rm -rf /tmp/repo $W && mkdir -p /tmp/repo $W && cp -r specdec scripts pyproject.toml /tmp/repo/
+    rm -rf /tmp/repo $W && mkdir -p /tmp/repo $W && cp -r specdec scripts tests pyproject.toml /tmp/repo/  # tests: device_check imports its helpers
     setsid nohup bash scripts/device_stage.sh job "$2" "$3" "$4" "${5:-0}" > $W/job.log 2>&1 < /dev/null &
     sleep 20; cat $W/job.log ;;
 drafters)
