@@ -34,7 +34,8 @@ from .layers import live_context_attention
 
 # A row-exact target's steps (CausalLM.row_exact: every attention on the split kernel) whose rows all lie within
 # the first split (split_attention.split_keys of the head size) attend over those positions only, in steps
-# captured for that span: one split, so the split kernel writes the output itself (split_attention.DIRECT) and no combine kernel runs.
+# captured for that span: one split, so the split kernel writes the output itself (split_attention.DIRECT) and
+# no combine kernel runs.
 # The kernel gives a row the same bits at any span (it depends on the keys the row sees only), so plain and
 # speculative steps stay equal whichever span each ran. On the H200 (9d33038, real SmolLM2 GGUF, GSM8K first 80,
 # -n 128, alternated): plain 1,003 / 1,001 -> 1,137 / 1,140 tok/s, DFlash 2,395 -> 2,669, MTP 1,629 -> 1,792;

@@ -63,7 +63,7 @@ def split_keys(d: int) -> int:
     needs no combine kernel (DIRECT, and graphs.SHORT_SPAN's steps within the first split). Every attention
     of a model takes the same value, so plain and speculative decoding stay equal at any of them (their bits
     differ from one value to another). Measured on the H200 (BENCHMARKS.md, session of 2026-12-03 (sixth)):
-    512 keys made the qwen3-8b shape's (d = 128) decode step 4-7 % faster at contexts 128-16k in a 16k cache
+    512 keys made the qwen3-8b shape's (d = 128) decode step 4-9 % faster at contexts 128-16k in a 16k cache
     (half the partial states to combine), and the real SmolLM2 (d = 64) 2 % slower on MT-Bench's two turns
     (one program walks 512 keys one block after the other; the one-split span past 256 gained nothing)."""
     return _SPLIT_ENV or (512 if d == 128 else 256)
