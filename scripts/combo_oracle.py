@@ -112,7 +112,8 @@ def main() -> None:
         print(f"{name:32s} tau {r['tau']:.3f}  DFlash forwards on {100 * r['dflash_share']:.0f} % of steps")
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"dataset": a.dataset, "prompts": a.num_prompts, "new_tokens": a.new_tokens, "rules": report}, fh, indent=1)
+            json.dump({"dataset": a.dataset, "prompts": a.num_prompts, "new_tokens": a.new_tokens, "rules": report}, fh,
+                      indent=1)
 
 
 if __name__ == "__main__":

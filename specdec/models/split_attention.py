@@ -267,7 +267,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 
 
 def split_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                              scale: float, split: int | None = None, block: int | None = None, chunk: int = COMBINE) -> torch.Tensor:
+                              scale: float, split: int | None = None, block: int | None = None,
+                              chunk: int = COMBINE) -> torch.Tensor:
     """:func:`split_attention`'s algorithm in torch ops, fp32 throughout (any device and dtype):
     blocks of ``block`` keys (default: the kernel's for the head size) at fixed offsets with the
     online softmax, a block no query of the sequence sees skipped, the partial states of each
