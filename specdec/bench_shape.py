@@ -7,7 +7,8 @@ One run on one device, for a random-weight target of a published shape (:mod:`sp
   steps eagerly elsewhere), the median of ``reps`` after warm-up, at a context of ``context``
   tokens; plus one propose of a random drafter of the published shape where one fits (DFlash:
   5 layers, block 16, alone and after 16 committed rows, its context write included; Qwen3.5 shapes also
-  their MTP block, Llama-family shapes a head of ``specdec train mtp``'s shape);
+  their MTP block, Llama-family shapes a head of ``specdec train mtp``'s shape); with ``wide_rows``,
+  steps of more rows too (``wide_ms``: what verifying a tree of drafts in one step would cost);
 - the bandwidth bound: a device-to-device copy measures bytes/s, and tok/s <= bandwidth / (the
   weight bytes a decode step reads + the KV bytes at the context);
 - with ``contexts``, the decode step and plain decoding's step at each of those contexts, all in one
@@ -40,6 +41,7 @@ from .sampling import SamplingParams
 from .shapes import build_shape, param_count, shape_config
 
 MAX_K = 16
+MAX_WIDE = 256  # --wide-rows: the most rows a timed step may have
 
 
 def _sync(dev: torch.device) -> None:
@@ -106,9 +108,10 @@ class OracleDrafter:
 
 
 def step_costs(model, context: int, reps: int, use_graphs: bool, compile: bool = False,
-               sweep: tuple[int, ...] = ()) -> tuple[dict, dict]:
+               sweep: tuple[int, ...] = (), wide: tuple[int, ...] = ()) -> tuple[dict, dict]:
     """Median ms of static steps of 1 .. MAX_K + 1 rows at position ``context`` (rolled back after
-    each); compiled (each shape compiles for seconds to minutes), only the 1-row and the padded
+    each), and of ``wide`` rows (more than MAX_K + 1: what verifying a tree of drafts would cost);
+    compiled (each shape compiles for seconds to minutes), only the 1-row and the padded
     STEP_ROWS-row steps that decoding runs. ``sweep``: also the 1-row and STEP_ROWS-row steps at
     each of these contexts. One cache, sized for the largest context as decoding sizes its cache,
     serves every point (the steps attend over all of it, masked: their cost should follow the live
@@ -122,16 +125,17 @@ def step_costs(model, context: int, reps: int, use_graphs: bool, compile: bool =
     points = sorted(set(sweep) | {context})
     # sized as decoding sizes it (its attention then runs the kernels decoding runs: the split attention's
     # splits follow the cache's size)
-    need = points[-1] + MAX_K + 2
-    cache = model.new_cache(max(cache_positions(need, model.max_context), need), spare=MAX_K + 1)
+    most = max((MAX_K + 1, *wide))
+    need = points[-1] + most + 1
+    cache = model.new_cache(max(cache_positions(need, model.max_context), need), spare=most)
     g = torch.Generator().manual_seed(1)
-    steps = GraphedTarget(model, cache, (), max_steps=MAX_K + 1, use_graphs=use_graphs, compile=compile)
+    steps = GraphedTarget(model, cache, (), max_steps=most, use_graphs=use_graphs, compile=compile)
     main, by_context = {}, {}
     for c in points:
         with torch.inference_mode():  # the prompt up to c, appended to the last point's (no per-position snapshots)
             ids = torch.randint(0, model.config.vocab_size, (c - cache.length,), generator=g).to(dev)
             model(ids, cache, logits="last", snapshots=False)
-        rows = (1, STEP_ROWS) if compile or c != context else range(1, MAX_K + 2)
+        rows = (1, STEP_ROWS) if compile or c != context else (*range(1, MAX_K + 2), *sorted(set(wide)))
         out = {}
         for t in rows:
             ids = torch.randint(0, model.config.vocab_size, (t,), generator=g).to(dev)
@@ -283,18 +287,28 @@ def end_to_end(model, prompt_len: int, new_tokens: int, tau: float, k: int, cuda
 def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, reps: int = 20,
                     new_tokens: int = 128, oracle_tau: float = 6.5, oracle_k: int = 15, cuda_graphs: bool = True,
                     batch_invariant: bool | None = None, drafters: bool = True, copy_bytes: int = 256 << 20,
-                    shard=None, compile: bool = False, contexts: tuple[int, ...] = ()) -> dict:
+                    shard=None, compile: bool = False, contexts: tuple[int, ...] = (),
+                    wide_rows: tuple[int, ...] = ()) -> dict:
     """The whole shape benchmark as one JSON-able dict (see the module docstring). ``shard``: run
     as one tensor-parallel rank (every rank runs the same bench; weights and bytes are per rank,
-    the drafters' own steps are not timed)."""
+    the drafters' own steps are not timed). ``wide_rows``: also time steps of that many rows
+    (``wide_ms``)."""
     if reps < 1 or context < 1 or new_tokens < 1 or oracle_k < 1:
         raise ConfigError("--reps, --context, -n and --oracle-k must be >= 1")
+    for n in wide_rows:
+        if not MAX_K + 1 < n <= MAX_WIDE:
+            raise ConfigError(f"--wide-rows: {n} must lie in {MAX_K + 2}..{MAX_WIDE} (steps up to {MAX_K + 1} rows "
+                              "are always timed)")
+    if wide_rows and compile:
+        raise ConfigError("--wide-rows cannot be used with --compile (each step shape would compile its own code)")
     oracle_spoil(oracle_tau, oracle_k)  # a bad tau fails before building anything
     limit = shape_config(shape)[1].max_position_embeddings
     for c in contexts:
         if not 1 <= c <= limit - (MAX_K + 2):
             raise ConfigError(f"--contexts: {c} must lie in 1..{limit - (MAX_K + 2)} (shape {shape}'s {limit} positions, "
                               f"less {MAX_K + 2} step rows)")
+    if wide_rows and context + max(wide_rows) + 1 > limit:
+        raise ConfigError(f"--context {context} + --wide-rows {max(wide_rows)} exceeds shape {shape}'s {limit} positions")
     if context + new_tokens + 2 * (MAX_K + 1) > limit:
         raise ConfigError(f"--context {context} + -n {new_tokens} (+ {2 * (MAX_K + 1)} step rows) exceeds shape "
                           f"{shape}'s {limit} positions")
@@ -304,7 +318,7 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
     use_graphs = cuda_graphs and dev.type == "cuda"
     invariant = dev.type == "cuda" if batch_invariant is None else batch_invariant
     plain_rows = STEP_ROWS if invariant and not model.row_exact() else 1
-    steps, swept = step_costs(model, context, reps, use_graphs, compile, tuple(contexts))
+    steps, swept = step_costs(model, context, reps, use_graphs, compile, tuple(contexts), tuple(wide_rows))
     total, per_token, kv = decode_bytes(model, context)
     bw = bandwidth(dev, copy_bytes, reps)  # far larger than any cache level
     report = {
@@ -316,7 +330,8 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
         # the step plain decoding really runs: batch-invariant steps are padded to STEP_ROWS rows, a row-exact
         # target's are not (generate.py)
         "batch_invariant": invariant, "plain_step_rows": plain_rows, "plain_step_ms": steps[plain_rows],
-        "verify_ms": {str(t - 1): ms for t, ms in steps.items() if t > 1},  # keyed by k (k + 1 rows)
+        "verify_ms": {str(t - 1): ms for t, ms in steps.items() if 1 < t <= MAX_K + 1},  # keyed by k (k + 1 rows)
+        "wide_ms": {str(t): ms for t, ms in steps.items() if t > MAX_K + 1},  # keyed by rows
         "bandwidth_bytes_per_s": round(bw), "decode_bytes_per_token": per_token, "kv_bytes_at_context": kv,
         "bound_tokens_per_s": round(bw / per_token, 2),
     }
@@ -348,6 +363,8 @@ def format_shape(r: dict) -> str:
              f"decode step {r['decode_ms']} ms | bandwidth {r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s -> bound "
              f"{r['bound_tokens_per_s']} tok/s ({r['decode_bytes_per_token'] / 1e9:.3f} GB read per token)",
              "verify ms by k: " + " ".join(f"{k}:{ms}" for k, ms in r["verify_ms"].items())]
+    if r.get("wide_ms"):
+        lines.append("wide steps ms by rows: " + " ".join(f"{n}:{ms}" for n, ms in r["wide_ms"].items()))
     for label, d in r["drafter_ms"].items():
         step = f" ({d['step_ms']} ms with the context write of 16 committed rows)" if "step_ms" in d else ""
         lines.append(f"drafter {label}: {d['ms']} ms per propose of {d['k']}{step}")

@@ -170,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--contexts", type=_int_list, default=(), metavar="N,N,...", help="--shape: also time the decode "
                    "step and plain decoding's step at each of these contexts (e.g. 128,4096,16384), all in one cache "
                    "sized for the largest, against the bound counted with the KV bytes live at each")
+    b.add_argument("--wide-rows", type=_int_list, default=(), metavar="N,N,...", help="--shape: also time steps "
+                   "of these many rows at the context (18 to 256, e.g. 32,48,64: what verifying a tree of drafts in "
+                   "one step would cost; steps up to 17 rows are always timed)")
     b.add_argument("--reps", type=int, default=20, help="--shape: timed repetitions per step (median; default 20)")
     b.add_argument("--oracle-tau", type=float, default=6.5, help="--shape: mean tokens per step of the oracle "
                    "drafter (default 6.5)")
@@ -461,7 +464,7 @@ def cmd_bench(args) -> int:
     if args.shape is not None:
         return cmd_bench_shape(args)
     for flag, v in (("--plot", args.plot), ("--context", args.context != 512), ("--contexts", args.contexts),
-                    ("--reps", args.reps != 20),
+                    ("--wide-rows", args.wide_rows), ("--reps", args.reps != 20),
                     ("--oracle-tau", args.oracle_tau != 6.5), ("--oracle-k", args.oracle_k != 15)):
         if v:
             raise RequestError(f"{flag} belongs to --shape runs")
@@ -517,7 +520,7 @@ def _bench_shape(shard, args) -> int:
     report = run_shape_bench(args.shape, device=args.device, dtype=args.dtype, context=args.context, reps=args.reps,
                              new_tokens=args.max_new_tokens, oracle_tau=args.oracle_tau, oracle_k=args.oracle_k,
                              cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant, shard=shard,
-                             compile=args.compile, contexts=args.contexts)
+                             compile=args.compile, contexts=args.contexts, wide_rows=args.wide_rows)
     if shard is not None and shard.rank != 0:
         return 0
     print(format_shape(report))

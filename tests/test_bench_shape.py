@@ -51,6 +51,26 @@ def test_cli_tiny_writes_every_field(tmp_path, capsys, single_thread):
         assert e[f"{kind}_decode_tokens_per_s"] >= 0.999 * e[f"{kind}_tokens_per_s"] * (n - 1) / n, (kind, e)
 
 
+def test_wide_rows_are_timed_beside_the_verify_steps(tmp_path, capsys, single_thread, monkeypatch):
+    """``--wide-rows``: steps of more rows than a verify (a tree of drafts), timed at the context in the same
+    cache, reported apart from ``verify_ms``."""
+    from specdec.models import graphs
+
+    seen = []
+    call = graphs.GraphedTarget.__call__
+    monkeypatch.setattr(graphs.GraphedTarget, "__call__", lambda self, ids, *a, **kw: seen.append(ids.numel())
+                        or call(self, ids, *a, **kw))
+    path = tmp_path / "shape.json"
+    rc, out, err = _run(capsys, "bench", "--shape", "tiny", "--device", "cpu", "--context", "32", "--wide-rows",
+                        "48,32", "--reps", "2", "-n", "20", "--json", str(path))
+    assert rc == 0, err
+    r = json.loads(path.read_text())
+    assert list(r["wide_ms"]) == ["32", "48"] and all(v > 0 for v in r["wide_ms"].values())
+    assert list(r["verify_ms"]) == [str(k) for k in range(1, MAX_K + 1)]
+    assert {32, 48} <= set(seen)  # steps of those many rows really ran
+    assert f"wide steps ms by rows: 32:{r['wide_ms']['32']} 48:{r['wide_ms']['48']}" in out
+
+
 def test_context_sweep_shares_one_cache(tmp_path, capsys, single_thread, monkeypatch):
     """``--contexts``: the decode and plain decoding's steps at each context, timed in one cache
     sized for the largest as decoding sizes its cache, with the bound counted with the KV bytes live at each point."""
@@ -154,6 +174,11 @@ def test_too_big_is_refused_before_allocating():
     (["--shape", "qwen3.5-35b-a3b", "--device", "cpu", "--dtype", "float32"], "do not fit"),
     (["--model", "/nonexistent/m.gguf", "--oracle-tau", "3"], "--oracle-tau belongs to --shape runs"),
     (["--shape", "tiny", "--contexts", "64,5000"], "--contexts: 5000 must lie in 1..4078"),
+    (["--shape", "tiny", "--wide-rows", "32,17"], "--wide-rows: 17 must lie in 18..256"),
+    (["--shape", "tiny", "--wide-rows", "300"], "--wide-rows: 300 must lie in 18..256"),
+    (["--shape", "tiny", "--context", "4000", "--wide-rows", "128"], "--wide-rows 128 exceeds shape tiny's 4096"),
+    (["--shape", "tiny", "--wide-rows", "32", "--compile"], "--wide-rows cannot be used with --compile"),
+    (["--model", "/nonexistent/m.gguf", "--wide-rows", "32"], "--wide-rows belongs to --shape runs"),
 ])
 def test_one_line_errors(capsys, argv, culprit):
     rc, out, err = _run(capsys, "bench", *argv)
