@@ -80,10 +80,14 @@ def split() -> None:
     cases = [("smollm2 heads", (2, 9, 3, 64, 5, 700, [3, 690])),
              ("qwen3-8b heads", (1, 32, 8, 128, 2, 300, [200])),
              ("qwen3.5 heads (d 256)", (1, 16, 4, 256, 2, 300, [150])),
+             # heads of 128 take 512-key splits (split_keys): three of them, the combine, and a window across them
+             ("heads of 128, three splits", (1, 8, 4, 128, 2, 1300, [1200])),
+             ("heads of 128, three splits, window", (1, 8, 4, 128, 2, 1300, [1200])),
              ("chunks", (2, 4, 2, 16, 3, many, [many - 3, 40])),
              ("window", (2, 4, 2, 16, 4, many, [many - 4, 1000]))]
+    check("split heads of 128: three splits in a span of 1300", 2 * sa.split_keys(128) < 1300 <= 3 * sa.split_keys(128))
     for name, (b, h, hkv, d, t, span, starts) in cases:
-        q, k, v, mask = _attn_case(b, h, hkv, d, t, span, starts, window=700 if name == "window" else 0)
+        q, k, v, mask = _attn_case(b, h, hkv, d, t, span, starts, window=700 if "window" in name else 0)
         scale = d ** -0.5
         got = _kernel(q, k, v, mask, scale)
         ref = sa.split_attention_reference(q, k, v, mask, scale)
