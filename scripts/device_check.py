@@ -36,12 +36,12 @@ from specdec.loading import load_model  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402
 
 VOCAB = 32000
-TARGETS = {"llama": 12, "qwen35": 8, "qwen35moe": 8, "gemma3": 12}
+TARGETS = {"llama": 12, "qwen3": 12, "qwen35": 8, "qwen35moe": 8, "gemma3": 12}
 
 
 def build(root: str) -> None:
     from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM,
-                              Qwen3_5MoeTextConfig, Qwen3_5TextConfig)
+                              Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM)
     from _dflash_util import write_drafter
     from _qwen35_util import read_tensors, write_tensors
 
@@ -62,6 +62,10 @@ def build(root: str) -> None:
     LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=h, intermediate_size=2816, num_hidden_layers=12,
                                  num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096)
                      ).save_pretrained(os.path.join(root, "llama"))
+    # Qwen3 (q/k norms, heads of 128): its layers take cuBLAS and the residual fold, not the fused layer
+    Qwen3ForCausalLM(Qwen3Config(vocab_size=VOCAB, hidden_size=h, intermediate_size=2816, num_hidden_layers=12,
+                                 num_attention_heads=16, num_key_value_heads=4, head_dim=128,
+                                 max_position_embeddings=4096)).save_pretrained(os.path.join(root, "qwen3"))
     text = dict(vocab_size=VOCAB, hidden_size=h, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
                 head_dim=128, linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
                 linear_num_key_heads=8, linear_num_value_heads=16, max_position_embeddings=4096,
