@@ -126,6 +126,11 @@ class LinearAttnCache:
         self.conv = torch.zeros(kernel - 1, conv_channels, dtype=dtype, device=device)
         self.states = torch.zeros(1, n_heads, key_dim, value_dim, dtype=torch.float32, device=device)
         self.cur_t = torch.zeros((), dtype=torch.int64, device=device)
+        self._taps = torch.arange(kernel - 1, device=device)  # live_window's row offsets
+        # a static step's real rows, set by its runner before each replay (GraphedTarget shares one
+        # tensor among its caches); the fused step computes no states past them. Eager steps: all rows.
+        self.all_rows_t = torch.full((), 1 << 30, dtype=torch.int64, device=device)
+        self.live_rows_t = self.all_rows_t
         self.cur = 0  # live positions of the last forward
         self.base = 0  # cache length before the last forward
         self.length = 0
@@ -149,6 +154,10 @@ class LinearAttnCache:
         """Copies of the live window and state selected on the device by ``cur_t`` (graph-safe)."""
         idx = self.cur_t + torch.arange(self.kernel - 1, device=self.conv.device)
         return self.conv.index_select(0, idx), self.states.index_select(0, self.cur_t.reshape(1))[0]
+
+    def live_window(self) -> torch.Tensor:
+        """A copy of the live conv window, selected on the device by ``cur_t`` (graph-safe)."""
+        return self.conv.index_select(0, self.cur_t + self._taps)
 
     def keeps_snapshots(self, t: int) -> bool:
         """Whether a forward of ``t`` positions keeps the state after each of them."""

@@ -136,6 +136,82 @@ def delta() -> None:
     check("delta: outputs and per-position states equal the torch recurrence", err < 1e-4, f"(max diff {err:.2e})")
 
 
+def delta_step() -> None:
+    """deltanet.GatedDeltaNet.step_fused (delta_kernel's conv_gates, recurrent_into_cache and gated_norm)
+    against the layer's torch form on the same cache: outputs, the conv inputs and the per-position
+    states the cache keeps, from a live state that is not the cache's row 0 (a rolled-back verify
+    step); a row's bits in a 5-row step equal its bits as a 1-row step."""
+    from types import SimpleNamespace
+
+    from specdec.models.deltanet import GatedDeltaNet
+    torch.manual_seed(0)
+    hidden, hk, hv, dk, dv, ks = 32, 2, 4, 16, 16, 4
+    layer = GatedDeltaNet(hidden, hk, hv, dk, dv, ks, 1e-6).half()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+        layer.A_log.copy_(torch.rand(hv) - 1)  # g = -exp(A_log) * softplus(.): gates of a trained layer's size
+        layer.dt_bias.copy_(torch.randn(hv) * 3 - 1)  # softplus on both sides of 0 and past its threshold
+    x0, x1 = (torch.randn(n, hidden).half() for n in (3, 5))
+
+    def run(fused: bool, xs, rollback_to=None):
+        cache = layer.make_cache(torch.float16, "cpu", snapshot_tokens=8)
+        outs, pos = [], 0
+        for i, x in enumerate(xs):
+            t = x.shape[0]
+            cache.reserve_rows(t)
+            with torch.no_grad():
+                if fused:
+                    outs.append(layer.step_fused(x, cache))
+                    cache.commit(pos, t, True)
+                else:
+                    outs.append(layer(x, SimpleNamespace(start=pos, snapshots=True), cache))
+            pos += t
+            if i == 0 and rollback_to is not None:
+                cache.rollback(rollback_to)
+                pos = rollback_to
+        return outs, cache
+
+    ref, ref_cache = run(False, [x0, x1], rollback_to=2)
+    out, cache = run(True, [x0, x1], rollback_to=2)
+    err = max((a.float() - b.float()).abs().max().item() for a, b in zip(out, ref))
+    scale = max(b.float().abs().max().item() for b in ref)
+    check("delta-step: outputs equal the torch form's (one fp16 step at the largest)", err <= scale / 512,
+          f"(max diff {err:.2e}, scale {scale:.2e})")
+    # the gates alone, in fp32, against the layer's conv and gates
+    from specdec.models import delta_kernel
+    with torch.no_grad():
+        window = torch.randn(ks - 1, layer.conv_dim).half()
+        proj = layer.in_proj_qkv(x1)
+        mixed, full = layer.conv(window, proj)
+        want = layer.gates(mixed, x1)
+        conv_buf = torch.zeros(ks - 1 + 5, layer.conv_dim).half()
+        got = delta_kernel.conv_gates(proj, window, layer.conv_weight_fp32(), layer.in_proj_b(x1), layer.in_proj_a(x1),
+                                      layer.A_log, layer.dt_bias, conv_buf, hk, hv, dk, dv)
+    r = hv // hk
+    got = (got[0].repeat_interleave(r, dim=1), got[1].repeat_interleave(r, dim=1), *got[2:])
+    gerr = max((a - b).abs().max().item() / max(b.abs().max().item(), 1e-6) for a, b in zip(got, want))
+    check("delta-step: q, k, v, g, beta equal the layer's conv and gates", gerr < 1e-5, f"(max relative diff {gerr:.2e})")
+    check("delta-step: the conv inputs written", torch.equal(conv_buf, full))
+    # a static step's padding rows (past ``live``): zero outputs, no states; the live rows as before
+    q, k, v, g, beta = (x.float() for x in got[:5])
+    q, k = q[:, ::r].contiguous(), k[:, ::r].contiguous()
+    full_states = torch.randn(6, hv, dk, dv)
+    part_states = full_states.clone()
+    cur = torch.tensor(3)
+    o_all = delta_kernel.recurrent_into_cache(q, k, v, g, beta, full_states, cur, torch.tensor(1 << 30))
+    o_two = delta_kernel.recurrent_into_cache(q, k, v, g, beta, part_states, cur, torch.tensor(2))
+    check("delta-step: the live rows of a padded step as unpadded, its padding rows zero and stateless",
+          torch.equal(o_two[:2], o_all[:2]) and not o_two[2:].any() and torch.equal(part_states[:3], full_states[:3])
+          and not torch.equal(part_states[3:], full_states[3:]))
+    serr = (cache.states[:6] - ref_cache.states[:6]).abs().max().item()
+    check("delta-step: the state before the step and after each position, in the cache", serr < 2e-3,
+          f"(max diff {serr:.2e})")
+    check("delta-step: the conv inputs in the cache", torch.equal(cache.conv[:ks - 1 + 5], ref_cache.conv[:ks - 1 + 5]))
+    alone, _ = run(True, [x0, x1[:1]], rollback_to=2)
+    check("delta-step: a row's bits in a 5-row step equal its bits alone", torch.equal(alone[1][0], out[1][0]))
+
+
 def linear() -> None:
     """The row-count-invariant GEMM against F.linear, and a row's bits at every row count."""
     from specdec.models.invariant_linear import config_for, run_kernel
@@ -427,5 +503,5 @@ def pdl_ptx() -> None:
 
 
 if __name__ == "__main__":
-    {"split": split, "delta": delta, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
+    {"split": split, "delta": delta, "delta-step": delta_step, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
      "dflash-fast": dflash_fast, "mtp-fast": mtp_fast, "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()

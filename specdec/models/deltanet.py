@@ -20,6 +20,8 @@ carried across forwards by :class:`~specdec.cache.LinearAttnCache`.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -66,6 +68,12 @@ def recurrent_step_form(q, k, v, g, beta, state):
     if use_fused_kernel and delta_kernel.available(k):
         return delta_kernel.recurrent_gated_delta_fused(q, k, v, g, beta, state)
     return recurrent_gated_delta(q, k, v, g, beta, state)
+
+
+# On CUDA, decode and verify steps (forwards that keep snapshots) run the mixer as three fused kernels
+# (delta_kernel.conv_gates, recurrent_into_cache, gated_norm) instead of ~60 torch ops. SPECDEC_DELTA_FUSED=0
+# gives the torch form back.
+FUSED_STEP = os.environ.get("SPECDEC_DELTA_FUSED", "1") != "0"
 
 
 # Longest stretch handed to one chunked pass: bounds its [H, T/C, C, C] temporaries.
@@ -258,6 +266,11 @@ class GatedDeltaNet(nn.Module):
         keep = ctx.snapshots and cache.keeps_snapshots(t)
         if keep:
             cache.reserve_rows(t)
+        if keep and FUSED_STEP and delta_kernel.step_kernels_available(x, self.dk, self.dv):
+            o = self.step_fused(x, cache, static)
+            if not static:
+                cache.commit(start, t, keep)
+            return o
         window, state0 = cache.live_static() if static else (cache.conv_window(), cache.state())
         mixed, full = self.conv(window, self.in_proj_qkv(x))
         q, k, v, g, beta = self.gates(mixed, x)
@@ -271,6 +284,27 @@ class GatedDeltaNet(nn.Module):
         if not static:
             cache.commit(start, t, keep)
         return self.finish(o, x)
+
+    def step_fused(self, x: torch.Tensor, cache: LinearAttnCache, static: bool = False) -> torch.Tensor:
+        """A snapshot step (decode, verify) on :mod:`delta_kernel`'s step kernels: the same values as
+        the torch form up to rounding, written into ``cache`` as :meth:`LinearAttnCache.write` would
+        (the state before the step at row 0, the state after each position, the conv inputs).
+        ``static``: a static step, whose real rows (the rest pad it) ``cache.live_rows_t`` holds."""
+        q, k, v, g, beta = delta_kernel.conv_gates(
+            self.in_proj_qkv(x), cache.live_window(), self.conv_weight_fp32(), self.in_proj_b(x), self.in_proj_a(x),
+            self.A_log, self.dt_bias, cache.conv, self.hk, self.hv, self.dk, self.dv)
+        live = cache.live_rows_t if static else cache.all_rows_t
+        o = delta_kernel.recurrent_into_cache(q, k, v, g, beta, cache.states, cache.cur_t, live)
+        return self.out_proj(delta_kernel.gated_norm(o, self.in_proj_z(x), self.norm.weight, self.norm.eps))
+
+    def conv_weight_fp32(self) -> torch.Tensor:
+        """``conv1d.weight`` as ``[C, K]`` fp32, remade when the weight changes (another tensor or version)."""
+        w = self.conv1d.weight
+        key = (w.data_ptr(), w._version, w.device)
+        if getattr(self, "_conv_w_key", None) != key:
+            self._conv_w = w.detach()[:, 0].float().contiguous()
+            self._conv_w_key = key
+        return self._conv_w
 
     def forward_batch(self, x: torch.Tensor, ctx, cache) -> torch.Tensor:
         """Rows ``x [b, T, hidden]``, row ``r`` continuing its slot's sequence (``ctx.start``, a

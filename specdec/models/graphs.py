@@ -183,7 +183,10 @@ class GraphedTarget:
         # speculative decoding then compute bit-identical rows, also in bf16.
         self.pad_to = pad_to
         self.linear = [c for c in cache.layers if isinstance(c, LinearAttnCache)]
+        # the real rows of the step being replayed (the padding rows after them need no recurrent states)
+        self.live = torch.full((), self.max_steps, dtype=torch.int64, device=model.device)
         for c in self.linear:
+            c.live_rows_t = self.live
             if self.max_steps > c.snapshot_tokens:
                 raise ValueError(f"static steps of {self.max_steps} rows exceed the linear-attention caches' "
                                  f"{c.snapshot_tokens} snapshot rows")
@@ -283,6 +286,8 @@ class GraphedTarget:
             start = self.cache.reserve(rows)
             self.start.fill_(start)
             step.ids[:t].copy_(ids)
+            if self.linear:
+                self.live.fill_(t)
             if rows > t:
                 step.ids[t:] = ids[-1]  # padding rows: any token; their cache entries are dropped below
             step.replay()
@@ -331,6 +336,8 @@ class GraphedTarget:
                 step.ids.copy_(seed.reshape(1).expand(rows))
             elif step is not self._chain_step:  # the chain moves to another span's step: hand its token over
                 step.ids.copy_(self._chain_step.out.reshape(1).expand(rows))
+            if self.linear:
+                self.live.fill_(1)
             step.replay()
         self._chain_step = step
         for c in self.linear:
