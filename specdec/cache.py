@@ -127,10 +127,7 @@ class LinearAttnCache:
         self.states = torch.zeros(1, n_heads, key_dim, value_dim, dtype=torch.float32, device=device)
         self.cur_t = torch.zeros((), dtype=torch.int64, device=device)
         self._taps = torch.arange(kernel - 1, device=device)  # live_window's row offsets
-        # a static step's real rows, set by its runner before each replay (GraphedTarget shares one
-        # tensor among its caches); the fused step computes no states past them. Eager steps: all rows.
-        self.all_rows_t = torch.full((), 1 << 30, dtype=torch.int64, device=device)
-        self.live_rows_t = self.all_rows_t
+        self.all_rows_t = torch.full((), 1 << 30, dtype=torch.int64, device=device)  # "every row is real"
         self.cur = 0  # live positions of the last forward
         self.base = 0  # cache length before the last forward
         self.length = 0

@@ -165,7 +165,7 @@ def delta_step() -> None:
                     outs.append(layer.step_fused(x, cache))
                     cache.commit(pos, t, True)
                 else:
-                    outs.append(layer(x, SimpleNamespace(start=pos, snapshots=True), cache))
+                    outs.append(layer(x, SimpleNamespace(start=pos, snapshots=True, live=None), cache))
             pos += t
             if i == 0 and rollback_to is not None:
                 cache.rollback(rollback_to)
@@ -210,6 +210,37 @@ def delta_step() -> None:
     check("delta-step: the conv inputs in the cache", torch.equal(cache.conv[:ks - 1 + 5], ref_cache.conv[:ks - 1 + 5]))
     alone, _ = run(True, [x0, x1[:1]], rollback_to=2)
     check("delta-step: a row's bits in a 5-row step equal its bits alone", torch.equal(alone[1][0], out[1][0]))
+
+
+def experts() -> None:
+    """models/expert_kernel.py (one GEMV a (row, expert) pair) against the torch gather form: each pair's
+    output, a row's bits at every row count and beside other rows, and a static step's padding rows
+    (past ``live``) zero."""
+    from specdec.models import expert_kernel
+    from specdec.models.moe import Experts
+    torch.manual_seed(0)
+    e, hidden, inter, t, k = 6, 300, 40, 5, 2  # hidden past one BK block and not a multiple of it
+    ex = Experts(e, hidden, inter).half()
+    with torch.no_grad():
+        ex.gate_up_proj.copy_(torch.randn_like(ex.gate_up_proj) * 0.1)
+        ex.down_proj.copy_(torch.randn_like(ex.down_proj) * 0.1)
+        x = torch.randn(t, hidden).half()
+        idx = torch.randint(0, e, (t, k))
+        got = expert_kernel.pairs(x, idx, ex.gate_up_proj, ex.down_proj)
+        # the gather form in fp32, rounded where the fp16 torch form rounds
+        gu = torch.einsum("tkoh,th->tko", ex.gate_up_proj[idx].float(), x.float())
+        gate, up = gu.half().float().chunk(2, dim=-1)
+        a = torch.nn.functional.silu(gate).half().float()
+        hmid = (a * up).half().float()
+        want = torch.einsum("tkhi,tki->tkh", ex.down_proj[idx].float(), hmid).half()
+        diff = (got.float() - want.float()).abs()
+        ulps = (diff / (want.float().abs() * 2 ** -10 + 1e-4)).max().item()  # in fp16 steps of each value
+        check("experts: each pair's output equals the gather form's (within one fp16 step)", ulps <= 1.0,
+              f"(max diff {diff.max().item():.2e}, {ulps:.2f} steps)")
+        alone = torch.cat([expert_kernel.pairs(x[i:i + 1], idx[i:i + 1], ex.gate_up_proj, ex.down_proj) for i in range(t)])
+        check("experts: a row's bits alone equal its bits beside the others", torch.equal(alone, got))
+        part = expert_kernel.pairs(x, idx, ex.gate_up_proj, ex.down_proj, torch.tensor(2))
+        check("experts: the live rows as before, the padding rows zero", torch.equal(part[:2], got[:2]) and not part[2:].any())
 
 
 def linear() -> None:
@@ -503,5 +534,5 @@ def pdl_ptx() -> None:
 
 
 if __name__ == "__main__":
-    {"split": split, "delta": delta, "delta-step": delta_step, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
+    {"split": split, "delta": delta, "delta-step": delta_step, "experts": experts, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
      "dflash-fast": dflash_fast, "mtp-fast": mtp_fast, "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()

@@ -52,6 +52,10 @@ class StepContext:
     # Recurrent (linear-attention) caches keep the state after every position, so the forward can
     # be rolled back (decode and verify steps). A prefill needs none and runs the chunked form.
     snapshots: bool = True
+    # A static step's real rows (a 0-d int64 device tensor; the rows after them pad the step), set by
+    # its runner before each replay; None: every row is real. Kernels may skip padding rows' work
+    # (the Gated DeltaNet's states, routed experts), their outputs then zero.
+    live: torch.Tensor | None = None
 
 
 @dataclass

@@ -267,7 +267,7 @@ class GatedDeltaNet(nn.Module):
         if keep:
             cache.reserve_rows(t)
         if keep and FUSED_STEP and delta_kernel.step_kernels_available(x, self.dk, self.dv):
-            o = self.step_fused(x, cache, static)
+            o = self.step_fused(x, cache, ctx.live)
             if not static:
                 cache.commit(start, t, keep)
             return o
@@ -285,15 +285,15 @@ class GatedDeltaNet(nn.Module):
             cache.commit(start, t, keep)
         return self.finish(o, x)
 
-    def step_fused(self, x: torch.Tensor, cache: LinearAttnCache, static: bool = False) -> torch.Tensor:
+    def step_fused(self, x: torch.Tensor, cache: LinearAttnCache, live: torch.Tensor | None = None) -> torch.Tensor:
         """A snapshot step (decode, verify) on :mod:`delta_kernel`'s step kernels: the same values as
         the torch form up to rounding, written into ``cache`` as :meth:`LinearAttnCache.write` would
         (the state before the step at row 0, the state after each position, the conv inputs).
-        ``static``: a static step, whose real rows (the rest pad it) ``cache.live_rows_t`` holds."""
+        ``live``: a static step's real rows (``StepContext.live``; the rest pad it), None: all."""
         q, k, v, g, beta = delta_kernel.conv_gates(
             self.in_proj_qkv(x), cache.live_window(), self.conv_weight_fp32(), self.in_proj_b(x), self.in_proj_a(x),
             self.A_log, self.dt_bias, cache.conv, self.hk, self.hv, self.dk, self.dv)
-        live = cache.live_rows_t if static else cache.all_rows_t
+        live = cache.all_rows_t if live is None else live
         o = delta_kernel.recurrent_into_cache(q, k, v, g, beta, cache.states, cache.cur_t, live)
         return self.out_proj(delta_kernel.gated_norm(o, self.in_proj_z(x), self.norm.weight, self.norm.eps))
 

@@ -159,7 +159,7 @@ class Gemma3ForCausalLM(WindowedCausalLM):
 
     def _local(self, ctx: StepContext, pos: torch.Tensor, local_mask) -> Gemma3StepContext:
         cos, sin = self.local_rotary.cos_sin(pos, self.dtype)
-        return Gemma3StepContext(ctx.start, ctx.length, ctx.cos, ctx.sin, ctx.mask, ctx.snapshots, cos, sin, local_mask)
+        return Gemma3StepContext(ctx.start, ctx.length, ctx.cos, ctx.sin, ctx.mask, ctx.snapshots, ctx.live, cos, sin, local_mask)
 
 
 

@@ -261,7 +261,7 @@ class Gemma4ForCausalLM(WindowedCausalLM):
         cos = sin = None
         if self.local_rotary is not None:
             cos, sin = self.local_rotary.cos_sin(pos, self.dtype)
-        return Gemma4StepContext(ctx.start, ctx.length, ctx.cos, ctx.sin, ctx.mask, ctx.snapshots, cos, sin, local_mask)
+        return Gemma4StepContext(ctx.start, ctx.length, ctx.cos, ctx.sin, ctx.mask, ctx.snapshots, ctx.live, cos, sin, local_mask)
 
 
 

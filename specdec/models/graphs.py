@@ -19,6 +19,7 @@ first call, i.e. in :func:`capture`'s warm-up.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import os
@@ -183,10 +184,9 @@ class GraphedTarget:
         # speculative decoding then compute bit-identical rows, also in bf16.
         self.pad_to = pad_to
         self.linear = [c for c in cache.layers if isinstance(c, LinearAttnCache)]
-        # the real rows of the step being replayed (the padding rows after them need no recurrent states)
+        # the real rows of the step being replayed (StepContext.live: kernels skip the padding rows' work)
         self.live = torch.full((), self.max_steps, dtype=torch.int64, device=model.device)
         for c in self.linear:
-            c.live_rows_t = self.live
             if self.max_steps > c.snapshot_tokens:
                 raise ValueError(f"static steps of {self.max_steps} rows exceed the linear-attention caches' "
                                  f"{c.snapshot_tokens} snapshot rows")
@@ -227,7 +227,8 @@ class GraphedTarget:
         layers = tuple(range(len(m.layers))) if self.compile else self.capture
 
         def step():
-            return m.run_layers(ids, m.static_context(self.start, t, span), cache, layers, "all")
+            ctx = dataclasses.replace(m.static_context(self.start, t, span), live=self.live)
+            return m.run_layers(ids, ctx, cache, layers, "all")
 
         run = maybe_compile(step, self.compile)
         if self.compile:
@@ -286,8 +287,7 @@ class GraphedTarget:
             start = self.cache.reserve(rows)
             self.start.fill_(start)
             step.ids[:t].copy_(ids)
-            if self.linear:
-                self.live.fill_(t)
+            self.live.fill_(t)
             if rows > t:
                 step.ids[t:] = ids[-1]  # padding rows: any token; their cache entries are dropped below
             step.replay()
@@ -336,8 +336,7 @@ class GraphedTarget:
                 step.ids.copy_(seed.reshape(1).expand(rows))
             elif step is not self._chain_step:  # the chain moves to another span's step: hand its token over
                 step.ids.copy_(self._chain_step.out.reshape(1).expand(rows))
-            if self.linear:
-                self.live.fill_(1)
+            self.live.fill_(1)
             step.replay()
         self._chain_step = step
         for c in self.linear:

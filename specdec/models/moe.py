@@ -36,6 +36,7 @@ from torch import nn
 from ..errors import CheckpointError, ConfigError
 from ..parallel.tp import Shard, even_split
 from ..weights.source import TensorSource
+from . import expert_kernel
 from .layers import SwiGLU
 from .source_view import SourceView, ViewTensor, derived, passthrough
 
@@ -67,16 +68,22 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(local, 2 * inter, hidden))
         self.down_proj = nn.Parameter(torch.empty(local, hidden, inter))
 
-    def forward(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """``x [T, H]``, chosen experts ``idx [T, k]`` with ``weights [T, k]`` -> ``[T, H]``."""
-        out = self.partial(x, idx, weights)
+    def forward(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor,
+                live: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [T, H]``, chosen experts ``idx [T, k]`` with ``weights [T, k]`` -> ``[T, H]``. ``live``: a
+        static step's real rows (``StepContext.live``), whose padding rows the expert kernel skips."""
+        out = self.partial(x, idx, weights, live)
         return out if self.shard is None else self.shard.all_reduce(out)
 
-    def partial(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def partial(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor,
+                live: torch.Tensor | None = None) -> torch.Tensor:
         """This rank's share of :meth:`forward` (all of it without a shard): the pairs whose
         expert it holds, ``[T, H]``, not yet summed over ranks."""
         t, k = idx.shape
         if t <= self.gather_max_rows or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            if self.rows is None and expert_kernel.usable(x, self.act):  # one GEMV a pair, in place (CUDA)
+                y = expert_kernel.pairs(x, idx, self.gate_up_proj, self.down_proj, live)
+                return (y * weights[..., None]).sum(1)
             mine = None
             if self.rows is not None:  # other ranks' pairs: computed with local expert 0, then dropped
                 idx = idx - self.rows.start
@@ -150,12 +157,13 @@ class SparseMoeBlock(nn.Module):
         top, idx = torch.topk(probs, self.top_k, dim=-1)
         return idx, (top / top.sum(-1, keepdim=True)).to(x.dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, live: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [T, H]`` (or batched ``[b, T, H]``); ``live``: a static step's real rows (see :class:`Experts`)."""
         if x.dim() > 2:  # batched steps [b, T, H]: tokens are independent, route them flattened
             return self.forward(x.reshape(-1, x.shape[-1])).view(x.shape)
         idx, w = self.route(x)
         if self.shard is None:
-            out = self.experts(x, idx, w)
+            out = self.experts(x, idx, w, live)
             if self.shared_expert is not None:
                 out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
             return out

@@ -122,6 +122,11 @@ def _mlp(c: Qwen35Config, moe: bool, shard: Shard | None = None) -> nn.Module:
     return SwiGLU(c.hidden_size, c.intermediate_size, shard=shard)
 
 
+def _ffn(mlp: nn.Module, h: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    """A layer's FFN; routed experts also get the step's real rows (``ctx.live``: padding rows skipped)."""
+    return mlp(h, ctx.live) if isinstance(mlp, SparseMoeBlock) else mlp(h)
+
+
 class FullAttentionDecoderLayer(nn.Module):
     """Gated full attention + FFN with HF names ``input_layernorm``, ``self_attn.*``,
     ``post_attention_layernorm``, ``mlp.*`` (SwiGLU, or :class:`SparseMoeBlock` when ``moe``).
@@ -147,7 +152,7 @@ class FullAttentionDecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
         x, h = self.post_attention_layernorm.add(x, self.self_attn(self.input_layernorm(x), ctx.cos, ctx.sin, cache,
                                                                     ctx.start, ctx.mask))
-        return x + self.mlp(h)
+        return x + _ffn(self.mlp, h, ctx)
 
 
 class LinearAttentionDecoderLayer(nn.Module):
@@ -168,7 +173,7 @@ class LinearAttentionDecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: StepContext, cache: LinearAttnCache) -> torch.Tensor:
         x, h = self.post_attention_layernorm.add(x, self.linear_attn(self.input_layernorm(x), ctx, cache))
-        return x + self.mlp(h)
+        return x + _ffn(self.mlp, h, ctx)
 
 
 class Qwen35ForCausalLM(CausalLM):
