@@ -117,7 +117,9 @@ def step_costs(model, context: int, reps: int, use_graphs: bool, compile: bool =
     serves every point (the steps attend over all of it, masked: their cost should follow the live
     context only); it is
     filled in ascending order, each point's prompt extending the last (a recurrent cache cannot
-    roll back further than its last forward). Returns ``(costs at context, {ctx: costs})``."""
+    roll back further than its last forward). Returns ``(costs at context, {ctx: costs}, {ctx: ms})``,
+    and plain decoding's padded step at each point: STEP_ROWS rows of which one is real (kernels
+    that follow a static step's real rows, ``StepContext.live``, skip the others' work)."""
     from .engine.generate import cache_positions
     from .models.graphs import GraphedTarget
 
@@ -130,7 +132,7 @@ def step_costs(model, context: int, reps: int, use_graphs: bool, compile: bool =
     cache = model.new_cache(max(cache_positions(need, model.max_context), need), spare=most)
     g = torch.Generator().manual_seed(1)
     steps = GraphedTarget(model, cache, (), max_steps=most, use_graphs=use_graphs, compile=compile)
-    main, by_context = {}, {}
+    main, by_context, padded = {}, {}, {}
     for c in points:
         with torch.inference_mode():  # the prompt up to c, appended to the last point's (no per-position snapshots)
             ids = torch.randint(0, model.config.vocab_size, (c - cache.length,), generator=g).to(dev)
@@ -144,11 +146,17 @@ def step_costs(model, context: int, reps: int, use_graphs: bool, compile: bool =
                 steps(ids)
                 cache.rollback(c)
             out[t] = _median_ms(one, dev, reps)
+        one_real = ids[:1]
+
+        def plain_step():
+            steps(one_real, rows=STEP_ROWS)
+            cache.rollback(c)
+        padded[c] = _median_ms(plain_step, dev, reps)
         if c == context:
             main = out
         if c in sweep:
             by_context[c] = {t: out[t] for t in (1, STEP_ROWS)}
-    return main, by_context
+    return main, by_context, padded
 
 
 def bandwidth(dev: torch.device, nbytes: int, reps: int) -> float:
@@ -318,7 +326,8 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
     use_graphs = cuda_graphs and dev.type == "cuda"
     invariant = dev.type == "cuda" if batch_invariant is None else batch_invariant
     plain_rows = STEP_ROWS if invariant and not model.row_exact() else 1
-    steps, swept = step_costs(model, context, reps, use_graphs, compile, tuple(contexts), tuple(wide_rows))
+    steps, swept, padded = step_costs(model, context, reps, use_graphs, compile, tuple(contexts), tuple(wide_rows))
+    plain_ms = padded if plain_rows > 1 else {c: ms[1] for c, ms in [(context, steps), *swept.items()]}
     total, per_token, kv = decode_bytes(model, context)
     bw = bandwidth(dev, copy_bytes, reps)  # far larger than any cache level
     report = {
@@ -327,26 +336,27 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
         "dtype": str(dt).replace("torch.", ""), "device": str(dev), "cuda_graphs": use_graphs, "compile": compile,
         "params": param_count(model), "weight_bytes": total, "context": context, "reps": reps,
         "decode_ms": steps[1],
-        # the step plain decoding really runs: batch-invariant steps are padded to STEP_ROWS rows, a row-exact
-        # target's are not (generate.py)
-        "batch_invariant": invariant, "plain_step_rows": plain_rows, "plain_step_ms": steps[plain_rows],
+        # the step plain decoding really runs: batch-invariant steps are padded to STEP_ROWS rows (one of them
+        # real), a row-exact target's are not (generate.py)
+        "batch_invariant": invariant, "plain_step_rows": plain_rows, "plain_step_ms": plain_ms[context],
+        "padded_one_real_ms": padded[context],  # a STEP_ROWS-row step with one real row (the rest pad it)
         "verify_ms": {str(t - 1): ms for t, ms in steps.items() if 1 < t <= MAX_K + 1},  # keyed by k (k + 1 rows)
         "wide_ms": {str(t): ms for t, ms in steps.items() if t > MAX_K + 1},  # keyed by rows
         "bandwidth_bytes_per_s": round(bw), "decode_bytes_per_token": per_token, "kv_bytes_at_context": kv,
         "bound_tokens_per_s": round(bw / per_token, 2),
     }
-    report["contexts"] = [_context_point(model, c, swept[c], bw, plain_rows) for c in sorted(swept)]
+    report["contexts"] = [{**_context_point(model, c, swept[c], bw, plain_ms[c]), "padded_one_real_ms": padded[c]}
+                          for c in sorted(swept)]
     report["drafter_ms"] = drafter_steps(model, context, reps) if drafters and shard is None and not compile else {}
     report["oracle_e2e"] = end_to_end(model, context, new_tokens, oracle_tau, oracle_k, cuda_graphs, batch_invariant,
                                       compile=compile)
     return report
 
 
-def _context_point(model, context: int, ms: dict, bw: float, plain_rows: int) -> dict:
-    """One point of the context sweep: step costs, and plain decoding's step (``plain_rows`` rows) against the
+def _context_point(model, context: int, ms: dict, bw: float, plain: float) -> dict:
+    """One point of the context sweep: step costs, and plain decoding's step (``plain`` ms) against the
     bound counted with the KV bytes live at that context."""
     _, per_token, kv = decode_bytes(model, context)
-    plain = ms[plain_rows]
     bound = bw / per_token
     return {"context": context, "decode_ms": ms[1], f"step_{STEP_ROWS}_rows_ms": ms[STEP_ROWS], "plain_step_ms": plain,
             "kv_bytes": kv, "decode_bytes_per_token": per_token, "bound_tokens_per_s": round(bound, 2),
@@ -369,7 +379,7 @@ def format_shape(r: dict) -> str:
         step = f" ({d['step_ms']} ms with the context write of 16 committed rows)" if "step_ms" in d else ""
         lines.append(f"drafter {label}: {d['ms']} ms per propose of {d['k']}{step}")
     n = r["plain_step_rows"]
-    lines.append(f"plain decoding's step ({n} row{'' if n == 1 else 's'}): {r['plain_step_ms']} ms")
+    lines.append(f"plain decoding's step ({n} row{'' if n == 1 else 's, one real'}): {r['plain_step_ms']} ms")
     for p in r.get("contexts", []):
         lines.append(f"context {p['context']}: decode {p['decode_ms']} ms, {STEP_ROWS}-row step "
                      f"{p[f'step_{STEP_ROWS}_rows_ms']} ms; plain's step = {p['plain_step_tokens_per_s']} tok/s, "

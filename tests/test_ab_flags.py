@@ -25,8 +25,8 @@ F, T = False, True
                                            ("fused-layer", (F, F, F, T, F, F)), ("fused+direct", (F, T, F, T, F, F)),
                                            ("fused+direct+pdl", (F, T, F, T, T, F)),
                                            ("fused+direct+pdl+small-tiles", (F, T, F, T, T, T)),
-                                           ("all", (T, T, T, T, T, T)), ("defaults", (F, T, T, T, T, T)),
-                                           ("defaults+fold", (T, T, T, T, T, T))])
+                                           ("all", (T, T, T, T, T, T)), ("defaults", (T, T, T, T, T, T)),
+                                           ("defaults-fold", (F, T, T, T, T, T))])
 def test_flags_set_and_restored(variant, want):
     before = _state()
     with ab_flags.flags(ab_flags.VARIANTS[variant]):
@@ -39,7 +39,7 @@ def test_flags_set_and_restored(variant, want):
 
 def test_defaults_variant_is_what_ships():
     """``defaults`` must be the package's own defaults (read from the modules' environment switches), so
-    ``defaults+fold`` asks the fold's question against what users run."""
+    ``defaults-fold`` asks the fold's question against what users run."""
     switches = ("SPECDEC_FOLD_RESIDUAL", "SPECDEC_SPLIT_DIRECT", "SPECDEC_DRAFTER_SPLIT", "SPECDEC_FUSED_LAYER",
                 "SPECDEC_PDL", "SPECDEC_SPLIT_SMALL_TILES")
     if any(s in os.environ for s in switches):
