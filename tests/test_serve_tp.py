@@ -28,6 +28,18 @@ START_S = 120.0  # a server must be up within this (three processes import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(specdec.__file__)))
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_as_in_a_terminal():
+    """The servers get Ctrl-C as a terminal's foreground job does. A test run started in the background
+    by a non-interactive shell ignores SIGINT, and a child inherits an ignored signal (never a handler):
+    the server would then never see the Ctrl-C these tests send. A handler here starts them with the default."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("serve_tp") / "tiny.gguf")
