@@ -29,43 +29,14 @@ def available(k: torch.Tensor) -> bool:
     return triton is not None and k.is_cuda and dk & (dk - 1) == 0
 
 
-if triton is not None:
-    @triton.jit
-    def _recurrent_kernel(q, k, v, g, beta, s0, out, states, T, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                          BV: tl.constexpr):
-        h = tl.program_id(0)
-        vb = tl.program_id(1)
-        rk = tl.arange(0, DK)
-        rv = vb * BV + tl.arange(0, BV)
-        vmask = rv < DV
-        smask = vmask[None, :]
-        s = tl.load(s0 + h * DK * DV + rk[:, None] * DV + rv[None, :], mask=smask, other=0.0)
-        for t in range(0, T):
-            row = t * H + h
-            kt = tl.load(k + row * DK + rk)
-            qt = tl.load(q + row * DK + rk)
-            vt = tl.load(v + row * DV + rv, mask=vmask, other=0.0)
-            gt = tl.load(g + row)
-            bt = tl.load(beta + row)
-            s = s * tl.exp(gt)
-            pred = tl.sum(s * kt[:, None], axis=0)  # S^T k
-            u = bt * (vt - pred)
-            s = s + kt[:, None] * u[None, :]
-            o = tl.sum(s * qt[:, None], axis=0)
-            tl.store(out + row * DV + rv, o, mask=vmask)
-            tl.store(states + row * DK * DV + rk[:, None] * DV + rv[None, :], s, mask=smask)
-
-
 def recurrent_gated_delta_fused(q, k, v, g, beta, state):
     """Same contract as :func:`~specdec.models.deltanet.recurrent_gated_delta` (position-major fp32
-    inputs) -> (out ``[T, H, dv]``, states ``[T, H, dk, dv]``); only where :func:`available`."""
+    inputs) -> (out ``[T, H, dv]``, states ``[T, H, dk, dv]``); only where :func:`available`. The step
+    step kernel below, reading ``state`` and writing a buffer of its own."""
     t, h, dk = k.shape
-    dv = v.shape[-1]
-    q, k, v, g, beta, state = (x.contiguous() for x in (q, k, v, g, beta, state))
-    out = torch.empty(t, h, dv, dtype=torch.float32, device=q.device)
-    states = torch.empty(t, h, dk, dv, dtype=torch.float32, device=q.device)
-    bv = min(32, triton.next_power_of_2(dv))
-    _recurrent_kernel[(h, triton.cdiv(dv, bv))](q, k, v, g, beta, state, out, states, t, H=h, DK=dk, DV=dv, BV=bv)
+    states = torch.empty(t, h, dk, v.shape[-1], dtype=torch.float32, device=q.device)
+    out = _recurrence(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
+                      state.contiguous(), None, states, None)
     return out, states
 
 
@@ -138,8 +109,10 @@ if triton is not None:
                 tl.store(k + (t * HK + j - HK) * DK + r, y, mask=m)
 
     @triton.jit
-    def _recurrent_cache_kernel(q, k, v, g, beta, states, cur, live, out, T, H, REP, DK: tl.constexpr,
-                                DV: tl.constexpr, BV: tl.constexpr):
+    def _recurrent_cache_kernel(q, k, v, g, beta, s0, cur, states, live, out, T, H, REP, CACHE: tl.constexpr,
+                                DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
+        # CACHE: s0 is the cache's buffer, the live state at row cur; row 0 gets it, row 1 + t the state
+        # after position t, for the first live rows. Else s0 is the state and row t the state after t.
         h = tl.program_id(0)
         vb = tl.program_id(1)
         hk = h // REP  # the key head this value head reads
@@ -150,9 +123,13 @@ if triton is not None:
         smask = vmask[None, :]
         one = H * DK * DV  # one state, all heads
         tile = h * DK * DV + rk[:, None] * DV + rv[None, :]
-        s = tl.load(states + tl.load(cur) * one + tile, mask=smask, other=0.0)
-        tl.store(states + tile, s, mask=smask)  # the state before the step (this program's slice only)
-        n = tl.minimum(tl.load(live), T)  # rows past the live ones pad the step: zero outputs, no states
+        if CACHE:
+            s = tl.load(s0 + tl.load(cur) * one + tile, mask=smask, other=0.0)
+            tl.store(states + tile, s, mask=smask)  # the state before the step (this program's slice only)
+            n = tl.minimum(tl.load(live), T)  # rows past the live ones pad the step: zero outputs, no states
+        else:
+            s = tl.load(s0 + tile, mask=smask, other=0.0)
+            n = T
         for t in range(0, n):
             row = t * H + h
             kt = tl.load(k + (t * hkn + hk) * DK + rk)
@@ -166,7 +143,7 @@ if triton is not None:
             s = s + kt[:, None] * u[None, :]
             o = tl.sum(s * qt[:, None], axis=0)
             tl.store(out + row * DV + rv, o, mask=vmask)
-            tl.store(states + (1 + t) * one + tile, s, mask=smask)
+            tl.store(states + (CACHE + t) * one + tile, s, mask=smask)
         for t in range(n, T):
             tl.store(out + (t * H + h) * DV + rv, tl.zeros([BV], dtype=tl.float32), mask=vmask)
 
@@ -206,11 +183,17 @@ def recurrent_into_cache(q, k, v, g, beta, states, cur, live):
     and row ``1 + t`` the state after position ``t``, for the first ``live`` rows (a 0-d int64 device
     tensor: a static step's real rows; the padding rows after them get zero outputs and no states). ``q, k [T, Hk, dk]`` (each key head serves
     ``Hv / Hk`` consecutive value heads), ``v [T, Hv, dv]``, ``g, beta [T, Hv]`` -> out ``[T, Hv, dv]`` fp32."""
+    return _recurrence(q, k, v, g, beta, states, cur, states, live)
+
+
+def _recurrence(q, k, v, g, beta, s0, cur, states, live):
     t, hkn, dk = k.shape
     h, dv = v.shape[1], v.shape[2]
     out = torch.empty(t, h, dv, dtype=torch.float32, device=q.device)
     bv = min(32, triton.next_power_of_2(dv))
-    _recurrent_cache_kernel[(h, triton.cdiv(dv, bv))](q, k, v, g, beta, states, cur, live, out, t, h, h // hkn,
+    cache = cur is not None
+    _recurrent_cache_kernel[(h, triton.cdiv(dv, bv))](q, k, v, g, beta, s0, cur if cache else s0, states,
+                                                      live if cache else s0, out, t, h, h // hkn, CACHE=cache,
                                                       DK=dk, DV=dv, BV=bv)
     return out
 
