@@ -81,7 +81,9 @@ class Experts(nn.Module):
         expert it holds, ``[T, H]``, not yet summed over ranks."""
         t, k = idx.shape
         if t <= self.gather_max_rows or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-            if self.rows is None and expert_kernel.usable(x, self.act):  # one GEMV a pair, in place (CUDA)
+            # one GEMV a pair, in place (CUDA): up to one pair an expert (a single sequence's steps); a batch
+            # of many more pairs would read experts many times over, where the dense form reads each once
+            if self.rows is None and t * k <= self.gate_up_proj.shape[0] and expert_kernel.usable(x, self.act):
                 y = expert_kernel.pairs(x, idx, self.gate_up_proj, self.down_proj, live)
                 return (y * weights[..., None]).sum(1)
             mine = None
