@@ -1,4 +1,5 @@
-"""A fused CUDA kernel (Triton) for the recurrent Gated DeltaNet form of decode and verify steps.
+"""Fused CUDA kernels (Triton) for the Gated DeltaNet's decode and verify steps: the recurrence, and
+(below) the whole mixer's step on the layer's cache.
 
 The torch recurrence (:func:`specdec.models.deltanet.recurrent_gated_delta`) launches about six
 tiny kernels per position and layer; in a 16-row verify step that is ~100 launches per layer,
@@ -31,7 +32,7 @@ def available(k: torch.Tensor) -> bool:
 
 def recurrent_gated_delta_fused(q, k, v, g, beta, state):
     """Same contract as :func:`~specdec.models.deltanet.recurrent_gated_delta` (position-major fp32
-    inputs) -> (out ``[T, H, dv]``, states ``[T, H, dk, dv]``); only where :func:`available`. The step
+    inputs) -> (out ``[T, H, dv]``, states ``[T, H, dk, dv]``); only where :func:`available`. The
     step kernel below, reading ``state`` and writing a buffer of its own."""
     t, h, dk = k.shape
     states = torch.empty(t, h, dk, v.shape[-1], dtype=torch.float32, device=q.device)
