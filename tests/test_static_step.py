@@ -224,3 +224,28 @@ def test_captures_hold_the_garbage_collector_off():
         assert not gc.isenabled()  # a collector the caller turned off stays off
     finally:
         gc.enable()
+
+
+def test_static_steps_tell_the_layers_their_real_rows():
+    """StepContext.live (what the DeltaNet recurrence and the expert kernel skip padding rows by) holds
+    each replay's real rows: 1 for a plain padded step and the greedy chain, k + 1 for a verify; eager
+    forwards carry none."""
+    from specdec.models.graphs import GraphedTarget
+
+    m = _tiny_llama()
+    seen = []
+    real_run = m.run_layers
+
+    def spy(ids, ctx, *a, **kw):
+        seen.append(None if ctx.live is None else (int(ctx.live), ids.shape[0]))
+        return real_run(ids, ctx, *a, **kw)
+    m.run_layers = spy
+    cache = m.new_cache(64, spare=16)
+    m(torch.randint(0, 97, (9,)), cache)
+    assert seen == [None]
+    steps = GraphedTarget(m, cache, pad_to=16, use_graphs=False)
+    steps(torch.tensor([5]))
+    steps(torch.tensor([5, 6, 7, 8]))
+    steps.greedy_step(torch.tensor([3]))
+    steps.greedy_step()
+    assert seen[1:] == [(1, 16), (4, 16), (1, 16), (1, 16)]
