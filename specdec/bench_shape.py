@@ -108,7 +108,7 @@ class OracleDrafter:
 
 
 def step_costs(model, context: int, reps: int, use_graphs: bool, compile: bool = False,
-               sweep: tuple[int, ...] = (), wide: tuple[int, ...] = ()) -> tuple[dict, dict]:
+               sweep: tuple[int, ...] = (), wide: tuple[int, ...] = ()) -> tuple[dict, dict, dict]:
     """Median ms of static steps of 1 .. MAX_K + 1 rows at position ``context`` (rolled back after
     each), and of ``wide`` rows (more than MAX_K + 1: what verifying a tree of drafts would cost);
     compiled (each shape compiles for seconds to minutes), only the 1-row and the padded
@@ -118,8 +118,8 @@ def step_costs(model, context: int, reps: int, use_graphs: bool, compile: bool =
     context only); it is
     filled in ascending order, each point's prompt extending the last (a recurrent cache cannot
     roll back further than its last forward). Returns ``(costs at context, {ctx: costs}, {ctx: ms})``,
-    and plain decoding's padded step at each point: STEP_ROWS rows of which one is real (kernels
-    that follow a static step's real rows, ``StepContext.live``, skip the others' work)."""
+    the last being plain decoding's padded step at each point: STEP_ROWS rows of which one is real
+    (kernels that follow a static step's real rows, ``StepContext.live``, skip the others' work)."""
     from .engine.generate import cache_positions
     from .models.graphs import GraphedTarget
 

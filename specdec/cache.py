@@ -127,7 +127,6 @@ class LinearAttnCache:
         self.states = torch.zeros(1, n_heads, key_dim, value_dim, dtype=torch.float32, device=device)
         self.cur_t = torch.zeros((), dtype=torch.int64, device=device)
         self._taps = torch.arange(kernel - 1, device=device)  # live_window's row offsets
-        self.all_rows_t = torch.full((), 1 << 30, dtype=torch.int64, device=device)  # "every row is real"
         self.cur = 0  # live positions of the last forward
         self.base = 0  # cache length before the last forward
         self.length = 0
@@ -149,8 +148,7 @@ class LinearAttnCache:
 
     def live_static(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the live window and state selected on the device by ``cur_t`` (graph-safe)."""
-        idx = self.cur_t + torch.arange(self.kernel - 1, device=self.conv.device)
-        return self.conv.index_select(0, idx), self.states.index_select(0, self.cur_t.reshape(1))[0]
+        return self.live_window(), self.states.index_select(0, self.cur_t.reshape(1))[0]
 
     def live_window(self) -> torch.Tensor:
         """A copy of the live conv window, selected on the device by ``cur_t`` (graph-safe)."""

@@ -111,9 +111,10 @@ if triton is not None:
 
     @triton.jit
     def _recurrent_cache_kernel(q, k, v, g, beta, s0, cur, states, live, out, T, H, REP, CACHE: tl.constexpr,
-                                DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
+                                LIVE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
         # CACHE: s0 is the cache's buffer, the live state at row cur; row 0 gets it, row 1 + t the state
-        # after position t, for the first live rows. Else s0 is the state and row t the state after t.
+        # after position t. Else s0 is the state and row t the state after t. LIVE: only the first live rows
+        # (the rest pad a static step: zero outputs, no states).
         h = tl.program_id(0)
         vb = tl.program_id(1)
         hk = h // REP  # the key head this value head reads
@@ -127,9 +128,11 @@ if triton is not None:
         if CACHE:
             s = tl.load(s0 + tl.load(cur) * one + tile, mask=smask, other=0.0)
             tl.store(states + tile, s, mask=smask)  # the state before the step (this program's slice only)
-            n = tl.minimum(tl.load(live), T)  # rows past the live ones pad the step: zero outputs, no states
         else:
             s = tl.load(s0 + tile, mask=smask, other=0.0)
+        if LIVE:
+            n = tl.minimum(tl.load(live), T)
+        else:
             n = T
         for t in range(0, n):
             row = t * H + h
@@ -182,8 +185,9 @@ def recurrent_into_cache(q, k, v, g, beta, states, cur, live):
     """The recurrence of one step on the cache: ``states [R+1, Hv, dk, dv]`` (fp32, the cache's
     buffer) holds the live state at row ``cur`` (a 0-d int64 device tensor); row 0 gets that state
     and row ``1 + t`` the state after position ``t``, for the first ``live`` rows (a 0-d int64 device
-    tensor: a static step's real rows; the padding rows after them get zero outputs and no states). ``q, k [T, Hk, dk]`` (each key head serves
-    ``Hv / Hk`` consecutive value heads), ``v [T, Hv, dv]``, ``g, beta [T, Hv]`` -> out ``[T, Hv, dv]`` fp32."""
+    tensor: a static step's real rows; the padding rows after them get zero outputs and no states; None:
+    every row). ``q, k [T, Hk, dk]`` (each key head serves ``Hv / Hk`` consecutive value heads),
+    ``v [T, Hv, dv]``, ``g, beta [T, Hv]`` -> out ``[T, Hv, dv]`` fp32."""
     return _recurrence(q, k, v, g, beta, states, cur, states, live)
 
 
@@ -192,10 +196,10 @@ def _recurrence(q, k, v, g, beta, s0, cur, states, live):
     h, dv = v.shape[1], v.shape[2]
     out = torch.empty(t, h, dv, dtype=torch.float32, device=q.device)
     bv = min(32, triton.next_power_of_2(dv))
-    cache = cur is not None
+    cache, has_live = cur is not None, live is not None
     _recurrent_cache_kernel[(h, triton.cdiv(dv, bv))](q, k, v, g, beta, s0, cur if cache else s0, states,
-                                                      live if cache else s0, out, t, h, h // hkn, CACHE=cache,
-                                                      DK=dk, DV=dv, BV=bv)
+                                                      live if has_live else s0, out, t, h, h // hkn, CACHE=cache,
+                                                      LIVE=has_live, DK=dk, DV=dv, BV=bv)
     return out
 
 

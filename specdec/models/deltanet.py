@@ -30,6 +30,7 @@ from ..cache import BatchLinearCache, LinearAttnCache
 from ..errors import ConfigError
 from ..parallel.tp import Blocks, Shard, Slice, row_parallel
 from . import delta_kernel
+from .layers import derived_weight
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -293,18 +294,12 @@ class GatedDeltaNet(nn.Module):
         q, k, v, g, beta = delta_kernel.conv_gates(
             self.in_proj_qkv(x), cache.live_window(), self.conv_weight_fp32(), self.in_proj_b(x), self.in_proj_a(x),
             self.A_log, self.dt_bias, cache.conv, self.hk, self.hv, self.dk, self.dv)
-        live = cache.all_rows_t if live is None else live
         o = delta_kernel.recurrent_into_cache(q, k, v, g, beta, cache.states, cache.cur_t, live)
         return self.out_proj(delta_kernel.gated_norm(o, self.in_proj_z(x), self.norm.weight, self.norm.eps))
 
     def conv_weight_fp32(self) -> torch.Tensor:
-        """``conv1d.weight`` as ``[C, K]`` fp32, remade when the weight changes (another tensor or version)."""
-        w = self.conv1d.weight
-        key = (w.data_ptr(), w._version, w.device)
-        if getattr(self, "_conv_w_key", None) != key:
-            self._conv_w = w.detach()[:, 0].float().contiguous()
-            self._conv_w_key = key
-        return self._conv_w
+        """``conv1d.weight`` as ``[C, K]`` fp32, remade when the weight changes (``layers.derived_weight``)."""
+        return derived_weight(self, "_conv_w", self.conv1d.weight, lambda w: w[:, 0].float().contiguous())
 
     def forward_batch(self, x: torch.Tensor, ctx, cache) -> torch.Tensor:
         """Rows ``x [b, T, hidden]``, row ``r`` continuing its slot's sequence (``ctx.start``, a

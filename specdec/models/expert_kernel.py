@@ -40,13 +40,21 @@ def usable(x: torch.Tensor, act) -> bool:
 
 if triton is not None:
     @triton.jit
-    def _gate_up_kernel(x, idx, w, h, live, K, H, INTER, BN: tl.constexpr, BK: tl.constexpr):
+    def _pads(t, live, LIVE: tl.constexpr):
+        # whether row t pads a static step (at or past its live rows); no row does without LIVE
+        if LIVE:
+            return t >= tl.load(live)
+        else:
+            return t < 0
+
+    @triton.jit
+    def _gate_up_kernel(x, idx, w, h, live, K, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         p = tl.program_id(0)
         nb = tl.program_id(1)
         t = p // K
         rn = nb * BN + tl.arange(0, BN)
         nm = rn < INTER
-        if t >= tl.load(live):
+        if _pads(t, live, LIVE):
             tl.store(h + p * INTER + rn, tl.zeros([BN], dtype=tl.float32).to(h.dtype.element_ty), mask=nm)
         else:
             e = tl.load(idx + p).to(tl.int64)
@@ -68,13 +76,13 @@ if triton is not None:
             tl.store(h + p * INTER + rn, (a * acc_u.to(dt).to(tl.float32)).to(dt), mask=nm)
 
     @triton.jit
-    def _down_kernel(hin, idx, w, y, live, K, H, INTER, BN: tl.constexpr, BK: tl.constexpr):
+    def _down_kernel(hin, idx, w, y, live, K, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         p = tl.program_id(0)
         nb = tl.program_id(1)
         t = p // K
         rn = nb * BN + tl.arange(0, BN)
         nm = rn < H
-        if t >= tl.load(live):
+        if _pads(t, live, LIVE):
             tl.store(y + p * H + rn, tl.zeros([BN], dtype=tl.float32).to(y.dtype.element_ty), mask=nm)
         else:
             e = tl.load(idx + p).to(tl.int64)
@@ -98,10 +106,12 @@ def pairs(x: torch.Tensor, idx: torch.Tensor, gate_up: torch.Tensor, down: torch
     e, two_i, hidden = gate_up.shape
     inter = two_i // 2
     x, idx = x.contiguous(), idx.contiguous()
-    if live is None:
-        live = torch.full((), t, dtype=torch.int64, device=x.device)
+    has_live = live is not None
+    live = live if has_live else idx  # a stand-in pointer, never read without LIVE
     h = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
-    _gate_up_kernel[(t * k, triton.cdiv(inter, BN))](x, idx, gate_up, h, live, k, hidden, inter, BN=BN, BK=BK)
+    _gate_up_kernel[(t * k, triton.cdiv(inter, BN))](x, idx, gate_up, h, live, k, hidden, inter, LIVE=has_live,
+                                                     BN=BN, BK=BK)
     y = torch.empty(t * k, hidden, dtype=x.dtype, device=x.device)
-    _down_kernel[(t * k, triton.cdiv(hidden, BN))](h, idx, down, y, live, k, hidden, inter, BN=BN, BK=BK)
+    _down_kernel[(t * k, triton.cdiv(hidden, BN))](h, idx, down, y, live, k, hidden, inter, LIVE=has_live,
+                                                   BN=BN, BK=BK)
     return y.view(t, k, hidden)

@@ -184,8 +184,10 @@ class GraphedTarget:
         # speculative decoding then compute bit-identical rows, also in bf16.
         self.pad_to = pad_to
         self.linear = [c for c in cache.layers if isinstance(c, LinearAttnCache)]
-        # the real rows of the step being replayed (StepContext.live: kernels skip the padding rows' work)
+        # the real rows of the step being replayed (StepContext.live: kernels skip the padding rows' work);
+        # _live_rows mirrors it on the host, so a step writes it only when it changes (not once a decode step)
         self.live = torch.full((), self.max_steps, dtype=torch.int64, device=model.device)
+        self._live_rows = self.max_steps
         for c in self.linear:
             if self.max_steps > c.snapshot_tokens:
                 raise ValueError(f"static steps of {self.max_steps} rows exceed the linear-attention caches' "
@@ -287,7 +289,7 @@ class GraphedTarget:
             start = self.cache.reserve(rows)
             self.start.fill_(start)
             step.ids[:t].copy_(ids)
-            self.live.fill_(t)
+            self._set_live(t)
             if rows > t:
                 step.ids[t:] = ids[-1]  # padding rows: any token; their cache entries are dropped below
             step.replay()
@@ -297,6 +299,11 @@ class GraphedTarget:
             self.cache.rollback(start + t)
         o = step.out
         return ForwardOut(o.logits[:t], o.hidden[:t].clone(), None if o.captured is None else o.captured[:t].clone())
+
+    def _set_live(self, rows: int) -> None:
+        if rows != self._live_rows:
+            self.live.fill_(rows)
+            self._live_rows = rows
 
     def _check_fit(self, rows: int) -> None:
         # Never fall back to an eager forward mid-generation: its numerics differ. The engine sizes
@@ -336,7 +343,7 @@ class GraphedTarget:
                 step.ids.copy_(seed.reshape(1).expand(rows))
             elif step is not self._chain_step:  # the chain moves to another span's step: hand its token over
                 step.ids.copy_(self._chain_step.out.reshape(1).expand(rows))
-            self.live.fill_(1)
+            self._set_live(1)
             step.replay()
         self._chain_step = step
         for c in self.linear:

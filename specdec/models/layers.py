@@ -21,6 +21,20 @@ from ..parallel.tp import Shard, even_split, row_parallel, split_heads
 from . import fused_ops, rope_write, split_attention
 
 
+def derived_weight(owner: nn.Module, name: str, w: torch.Tensor, make) -> torch.Tensor:
+    """``make(w.detach())``, kept on ``owner`` under ``name`` and remade whenever ``w`` changes: another
+    tensor, storage or version (in-place writes through ``.data`` bypass the version: assign a new tensor).
+    An inference tensor keeps no version counter: nothing is cached then."""
+    try:
+        key = (id(w), w.data_ptr(), w._version)
+    except RuntimeError:
+        return make(w.detach())
+    kept = owner.__dict__.get(name)
+    if kept is None or kept[0] != key:
+        kept = owner.__dict__[name] = (key, make(w.detach()))
+    return kept[1]
+
+
 class RMSNorm(nn.Module):
     """RMSNorm with fp32 statistics. ``zero_centered`` scales by ``1 + w`` (Qwen3.5, Gemma).
 
@@ -34,8 +48,6 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim))
         self.eps = eps
         self.zero_centered = zero_centered
-        self._scale: torch.Tensor | None = None  # the fp32 scale of the weight version in _scale_key
-        self._scale_key: tuple | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         training = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
@@ -58,18 +70,8 @@ class RMSNorm(nn.Module):
     def fp32_scale(self) -> torch.Tensor:
         """``w`` (or ``1 + w``) in fp32, remade whenever the weight changes: another tensor, storage
         or version (in-place writes through ``.data`` bypass the version: assign a new tensor)."""
-        w = self.weight
-        try:
-            key = (id(w), w.data_ptr(), w._version)
-        except RuntimeError:  # an inference tensor keeps no version counter: nothing is cached
-            key = None
-        if key is None or key != self._scale_key:
-            scale = w.detach().float()
-            scale = 1.0 + scale if self.zero_centered else scale
-            if key is None:
-                return scale
-            self._scale, self._scale_key = scale, key
-        return self._scale
+        return derived_weight(self, "_scale", self.weight,
+                              lambda w: 1.0 + w.float() if self.zero_centered else w.float())
 
 
 if hasattr(F, "rms_norm"):
