@@ -16,7 +16,9 @@ Variants: ``base`` (every flag off), ``fold`` (SPECDEC_FOLD_RESIDUAL), ``direct`
 (SPECDEC_PDL too; its L2-prefetch companion, measured no faster, was removed: the code at 0afadd6),
 ``fused+direct+pdl+small-tiles`` (SPECDEC_SPLIT_SMALL_TILES; the defaults since the session of 2026-12-03 (second)),
 ``all``; ``defaults`` (every flag the package turns on by default: all of them since the session of
-2026-12-03 (seventh)) and ``defaults-fold`` (the fold off): each turns its flags on and the others off. The flags are module attributes read as a step
+2026-12-03 (seventh)) and ``defaults-<flag>`` (one flag off: ``defaults-fold``, ``defaults-delta-proj``
+(SPECDEC_DELTA_PROJ: a Gated DeltaNet's in-projections as one GEMM; hybrid shapes only), ...): each turns
+its flags on and the others off. The flags are module attributes read as a step
 is built, so a variant's steps are built with them set and the defaults come back after.
 """
 
@@ -33,14 +35,16 @@ import torch
 FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.models.split_attention", "DIRECT"),
          "drafter-split": ("specdec.models.layers", "DRAFTER_SPLIT"),
          "fused-layer": ("specdec.models.fused_layer", "ENABLED"), "pdl": ("specdec.models.pdl", "ENABLED"),
-         "small-tiles": ("specdec.models.split_attention", "SMALL_TILES")}
+         "small-tiles": ("specdec.models.split_attention", "SMALL_TILES"),
+         "delta-proj": ("specdec.models.deltanet", "FUSED_PROJ")}
 VARIANTS = {"base": (), "fold": ("fold",), "direct": ("direct",), "drafter-split": ("drafter-split",),
             "fused-layer": ("fused-layer",), "fused+direct": ("fused-layer", "direct"),
             "fused+direct+pdl": ("fused-layer", "direct", "pdl"),
             "fused+direct+pdl+small-tiles": ("fused-layer", "direct", "pdl", "small-tiles"),
             "all": tuple(FLAGS)}
 VARIANTS["defaults"] = tuple(FLAGS)  # what ships today: every flag on
-VARIANTS["defaults-fold"] = tuple(n for n in FLAGS if n != "fold")  # the fold's question against what ships
+for _n in FLAGS:  # each flag's question against what ships: defaults-fold, defaults-delta-proj, ...
+    VARIANTS[f"defaults-{_n}"] = tuple(n for n in FLAGS if n != _n)
 
 
 @contextlib.contextmanager

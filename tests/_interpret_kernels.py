@@ -152,6 +152,7 @@ def delta_step() -> None:
             p.copy_(torch.randn_like(p) * 0.3)
         layer.A_log.copy_(torch.rand(hv) - 1)  # g = -exp(A_log) * softplus(.): gates of a trained layer's size
         layer.dt_bias.copy_(torch.randn(hv) * 3 - 1)  # softplus on both sides of 0 and past its threshold
+    layer.fuse()  # one in-projection GEMM: the kernels read its outputs as column slices (strided rows)
     x0, x1 = (torch.randn(n, hidden).half() for n in (3, 5))
 
     def run(fused: bool, xs, rollback_to=None):
@@ -162,7 +163,7 @@ def delta_step() -> None:
             cache.reserve_rows(t)
             with torch.no_grad():
                 if fused:
-                    outs.append(layer.step_fused(x, cache))
+                    outs.append(layer.step_fused(*layer.project(x), cache))
                     cache.commit(pos, t, True)
                 else:
                     outs.append(layer(x, SimpleNamespace(start=pos, snapshots=True, live=None), cache))
@@ -182,11 +183,11 @@ def delta_step() -> None:
     from specdec.models import delta_kernel
     with torch.no_grad():
         window = torch.randn(ks - 1, layer.conv_dim).half()
-        proj = layer.in_proj_qkv(x1)
+        proj, _, b1, a1 = layer.project(x1)
         mixed, full = layer.conv(window, proj)
-        want = layer.gates(mixed, x1)
+        want = layer.gates(mixed, b1, a1)
         conv_buf = torch.zeros(ks - 1 + 5, layer.conv_dim).half()
-        got = delta_kernel.conv_gates(proj, window, layer.conv_weight_fp32(), layer.in_proj_b(x1), layer.in_proj_a(x1),
+        got = delta_kernel.conv_gates(proj, window, layer.conv_weight_fp32(), b1, a1,
                                       layer.A_log, layer.dt_bias, conv_buf, hk, hv, dk, dv)
     r = hv // hk
     got = (got[0].repeat_interleave(r, dim=1), got[1].repeat_interleave(r, dim=1), *got[2:])

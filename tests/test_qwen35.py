@@ -70,6 +70,28 @@ def test_hf_parity_logits_and_greedy(ckpt, loaded, kind):
     assert our_greedy(model, ids, 32) == hf_greedy(ref_model, ids, 32)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_deltanet_projections(loaded, kind, monkeypatch):
+    """Loading fuses each Gated DeltaNet's four in-projections into one weight whose slices are the
+    named parameters (no second copy), and its one GEMM gives what the four give (SPECDEC_DELTA_PROJ=0)."""
+    model = loaded[kind]
+    layers = [m for m in model.modules() if isinstance(m, GatedDeltaNet)]
+    assert layers
+    x = torch.randn(7, model.config.hidden_size)
+    for m in layers:
+        w = m._fused[0]
+        lins = (m.in_proj_qkv, m.in_proj_z, m.in_proj_b, m.in_proj_a)
+        assert w.shape[0] == sum(lin.out_features for lin in lins)
+        assert all(lin.weight.untyped_storage().data_ptr() == w.untyped_storage().data_ptr() for lin in lins)
+        with torch.no_grad():
+            fused = m.project(x)
+            monkeypatch.setattr(deltanet, "FUSED_PROJ", False)
+            apart = m.project(x)
+            monkeypatch.setattr(deltanet, "FUSED_PROJ", True)
+        assert [tuple(t.shape) for t in fused] == [tuple(t.shape) for t in apart]
+        assert all(_rel(f, a) < 1e-6 for f, a in zip(fused, apart))
+
+
 def test_checkpoint_mtp_tensors_stay_out_of_the_target(ckpt):
     _, path = ckpt["moe"]
     lm = load_model(str(path), device="cpu", dtype="float32", tokenizer=False)

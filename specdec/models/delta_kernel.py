@@ -71,7 +71,7 @@ if triton is not None:
         return tl.where(a > 20.0, a, lp)
 
     @triton.jit
-    def _conv_gates_kernel(proj, win, w, bo, ao, a_log, dt_bias, conv, q, k, v, g, beta, C, HK, HV, scale,
+    def _conv_gates_kernel(proj, win, w, bo, ao, a_log, dt_bias, conv, q, k, v, g, beta, C, PS, BS, AS, HK, HV, scale,
                            DK: tl.constexpr, DV: tl.constexpr, KS: tl.constexpr, BLOCK: tl.constexpr):
         t = tl.program_id(0)
         j = tl.program_id(1)  # segment: q heads, then k heads, then v heads
@@ -85,20 +85,20 @@ if triton is not None:
         for i in tl.static_range(KS):  # full = [window (KS-1 rows) | proj]; output row t reads full[t .. t+KS-1]
             row = t + i
             xw = tl.load(win + row * C + ch, mask=m & (row < KS - 1), other=0.0)
-            xp = tl.load(proj + (row - (KS - 1)) * C + ch, mask=m & (row >= KS - 1), other=0.0)
+            xp = tl.load(proj + (row - (KS - 1)) * PS + ch, mask=m & (row >= KS - 1), other=0.0)
             wi = tl.load(w + ch * KS + i, mask=m, other=0.0)
             acc += (xw.to(tl.float32) + xp.to(tl.float32)) * wi
         out = (acc * tl.sigmoid(acc)).to(proj.dtype.element_ty).to(tl.float32)  # silu, rounded as the layer's dtype
         # the conv inputs kept for rollback: the window (row t = 0's programs) and this row
-        tl.store(conv + (KS - 1 + t) * C + ch, tl.load(proj + t * C + ch, mask=m), mask=m)
+        tl.store(conv + (KS - 1 + t) * C + ch, tl.load(proj + t * PS + ch, mask=m), mask=m)
         if t == 0:
             for i in tl.static_range(KS - 1):
                 tl.store(conv + i * C + ch, tl.load(win + i * C + ch, mask=m), mask=m)
         if is_v:
             hv = j - 2 * HK
             tl.store(v + (t * HV + hv) * DV + r, out, mask=m)
-            bt = tl.load(bo + t * HV + hv).to(tl.float32)
-            at = tl.load(ao + t * HV + hv).to(tl.float32) + tl.load(dt_bias + hv).to(tl.float32)
+            bt = tl.load(bo + t * BS + hv).to(tl.float32)
+            at = tl.load(ao + t * AS + hv).to(tl.float32) + tl.load(dt_bias + hv).to(tl.float32)
             tl.store(beta + t * HV + hv, tl.sigmoid(bt))
             tl.store(g + t * HV + hv, -tl.exp(tl.load(a_log + hv).to(tl.float32)) * _softplus(at))
         else:
@@ -152,7 +152,7 @@ if triton is not None:
             tl.store(out + (t * H + h) * DV + rv, tl.zeros([BV], dtype=tl.float32), mask=vmask)
 
     @triton.jit
-    def _gated_norm_kernel(o, z, w, y, HV, eps, DV: tl.constexpr):
+    def _gated_norm_kernel(o, z, w, y, HV, ZS, eps, DV: tl.constexpr):
         t = tl.program_id(0)
         h = tl.program_id(1)
         r = tl.arange(0, DV)
@@ -161,22 +161,26 @@ if triton is not None:
         var = tl.sum(xf * xf, axis=0) / DV
         n = (xf * (1.0 / tl.sqrt(var + eps))).to(y.dtype.element_ty).to(tl.float32)
         n = (n * tl.load(w + r).to(tl.float32)).to(y.dtype.element_ty).to(tl.float32)
-        zf = tl.load(z + base + r).to(tl.float32)
+        zf = tl.load(z + t * ZS + h * DV + r).to(tl.float32)
         tl.store(y + base + r, (n * (zf * tl.sigmoid(zf))).to(y.dtype.element_ty))
 
 
 def conv_gates(proj, window, conv_w, b_out, a_out, a_log, dt_bias, conv_cache, hk: int, hv: int, dk: int, dv: int):
     """One step's conv (+SiLU) and gates. ``proj [T, C]`` (``in_proj_qkv``'s output), ``window
-    [K-1, C]`` (a copy of the live window), ``conv_w [C, K]`` fp32, ``b_out, a_out [T, Hv]``.
+    [K-1, C]`` (a copy of the live window), ``conv_w [C, K]`` fp32, ``b_out, a_out [T, Hv]``
+    (``proj``, ``b_out`` and ``a_out`` may be column slices of one fused projection: rows strided).
     Writes the window and ``proj`` into ``conv_cache`` rows ``0 .. K-2+T`` and returns fp32 ``q, k
     [T, Hk, dk]`` (l2-normalised, ``q`` scaled by ``dk ** -0.5``), ``v [T, Hv, dv]``, ``g, beta [T, Hv]``."""
     t, c = proj.shape
     ks = conv_w.shape[1]
+    for name, x in (("proj", proj), ("b_out", b_out), ("a_out", a_out)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"conv_gates: {name}'s columns must be contiguous")
     f32 = dict(dtype=torch.float32, device=proj.device)
     q, k = torch.empty(t, hk, dk, **f32), torch.empty(t, hk, dk, **f32)
     v, g, beta = torch.empty(t, hv, dv, **f32), torch.empty(t, hv, **f32), torch.empty(t, hv, **f32)
     _conv_gates_kernel[(t, 2 * hk + hv)](proj, window, conv_w, b_out, a_out, a_log, dt_bias, conv_cache, q, k, v, g, beta,
-                                         c, hk, hv, dk ** -0.5, DK=dk, DV=dv, KS=ks,
+                                         c, proj.stride(0), b_out.stride(0), a_out.stride(0), hk, hv, dk ** -0.5, DK=dk, DV=dv, KS=ks,
                                          BLOCK=triton.next_power_of_2(max(dk, dv)))
     return q, k, v, g, beta
 
@@ -204,8 +208,10 @@ def _recurrence(q, k, v, g, beta, s0, cur, states, live):
 
 
 def gated_norm(o, z, weight, eps: float):
-    """``GatedRMSNorm``: ``o [T, Hv, dv]`` fp32, ``z [T, Hv * dv]`` (model dtype) -> ``[T, Hv * dv]``."""
+    """``GatedRMSNorm``: ``o [T, Hv, dv]`` fp32, ``z [T, Hv * dv]`` (model dtype; rows may be strided) -> ``[T, Hv * dv]``."""
     t, hv, dv = o.shape
+    if z.stride(-1) != 1:
+        raise ValueError("gated_norm: z's columns must be contiguous")
     y = torch.empty(t, hv * dv, dtype=z.dtype, device=z.device)
-    _gated_norm_kernel[(t, hv)](o, z, weight, y, hv, eps, DV=dv)
+    _gated_norm_kernel[(t, hv)](o, z, weight, y, hv, z.stride(0), eps, DV=dv)
     return y

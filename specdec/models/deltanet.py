@@ -30,7 +30,7 @@ from ..cache import BatchLinearCache, LinearAttnCache
 from ..errors import ConfigError
 from ..parallel.tp import Blocks, Shard, Slice, row_parallel
 from . import delta_kernel
-from .layers import derived_weight
+from .layers import derived_weight, fuse_linears
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -75,6 +75,10 @@ def recurrent_step_form(q, k, v, g, beta, state):
 # (delta_kernel.conv_gates, recurrent_into_cache, gated_norm) instead of ~60 torch ops. SPECDEC_DELTA_FUSED=0
 # gives the torch form back.
 FUSED_STEP = os.environ.get("SPECDEC_DELTA_FUSED", "1") != "0"
+
+# The four in-projections (qkv, z, b, a) read the same input: once fused (GatedDeltaNet.fuse, at load),
+# one GEMM computes them. SPECDEC_DELTA_PROJ=0 runs the four GEMMs on the same (view) weights.
+FUSED_PROJ = os.environ.get("SPECDEC_DELTA_PROJ", "1") != "0"
 
 
 # Longest stretch handed to one chunked pass: bounds its [H, T/C, C, C] temporaries.
@@ -206,6 +210,21 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.empty(n_v_heads))
         self.norm = GatedRMSNorm(v_dim, eps)
         self.out_proj = row_parallel(n_v_heads * v_dim, hidden, False, shard)
+        self._fused: tuple | None = None  # (weight, None, sizes) once fuse() ran
+
+    def fuse(self) -> None:
+        """The four in-projections as one weight (:func:`~specdec.models.layers.fuse_linears`); call
+        after loading."""
+        if self._fused is None:
+            self._fused = fuse_linears(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x [..., hidden]`` -> ``in_proj_qkv, in_proj_z, in_proj_b, in_proj_a`` of it: one GEMM once
+        fused (column slices of its output), else four."""
+        if self._fused is not None and FUSED_PROJ:
+            w, _, sizes = self._fused
+            return F.linear(x, w).split(sizes, dim=-1)
+        return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
 
     def make_cache(self, dtype: torch.dtype, device, snapshot_tokens: int = 32) -> LinearAttnCache:
         return LinearAttnCache(self.conv_dim, self.kernel, self.hv, self.dk, self.dv, dtype, device, snapshot_tokens)
@@ -226,8 +245,8 @@ class GatedDeltaNet(nn.Module):
         out = (taps * self.conv1d.weight[:, 0].float()).sum(-1)
         return F.silu(out).to(x.dtype), full
 
-    def gates(self, mixed: torch.Tensor, x: torch.Tensor):
-        """Conv outputs ``mixed [..., C]`` and the layer input ``x [..., hidden]`` -> fp32
+    def gates(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor):
+        """Conv outputs ``mixed [..., C]`` and the ``in_proj_b, in_proj_a`` outputs ``[..., Hv]`` -> fp32
         ``q, k [..., Hv, dk]`` (normalised, key heads repeated per value head), ``v [..., Hv, dv]``,
         ``g, beta [..., Hv]``."""
         lead = mixed.shape[:-1]
@@ -240,15 +259,16 @@ class GatedDeltaNet(nn.Module):
         if self.hv != self.hk:
             r = self.hv // self.hk
             q, k = q.repeat_interleave(r, dim=-2), k.repeat_interleave(r, dim=-2)
-        beta = torch.sigmoid(self.in_proj_b(x).float())
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        beta = torch.sigmoid(b.float())
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         return q, k, v, g, beta
 
-    def finish(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Recurrence output ``o [..., Hv, dv]`` (fp32) -> gated norm -> ``out_proj``: ``[..., hidden]``."""
-        lead = x.shape[:-1]
-        z = self.in_proj_z(x).view(*lead, self.hv, self.dv)
-        return self.out_proj(self.norm(o.to(x.dtype), z).reshape(*lead, -1))
+    def finish(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Recurrence output ``o [..., Hv, dv]`` (fp32) and the gate ``z [..., Hv * dv]`` (``in_proj_z``'s
+        output) -> gated norm -> ``out_proj``: ``[..., hidden]``."""
+        lead = z.shape[:-1]
+        z = z.unflatten(-1, (self.hv, self.dv))
+        return self.out_proj(self.norm(o.to(z.dtype), z).reshape(*lead, -1))
 
     def forward(self, x: torch.Tensor, ctx, cache: LinearAttnCache) -> torch.Tensor:
         """``ctx.start``: an int (eager), or a 0-d device tensor in a static (CUDA-graph) step, where
@@ -267,14 +287,15 @@ class GatedDeltaNet(nn.Module):
         keep = ctx.snapshots and cache.keeps_snapshots(t)
         if keep:
             cache.reserve_rows(t)
+        proj, z, b, a = self.project(x)
         if keep and FUSED_STEP and delta_kernel.step_kernels_available(x, self.dk, self.dv):
-            o = self.step_fused(x, cache, ctx.live)
+            o = self.step_fused(proj, z, b, a, cache, ctx.live)
             if not static:
                 cache.commit(start, t, keep)
             return o
         window, state0 = cache.live_static() if static else (cache.conv_window(), cache.state())
-        mixed, full = self.conv(window, self.in_proj_qkv(x))
-        q, k, v, g, beta = self.gates(mixed, x)
+        mixed, full = self.conv(window, proj)
+        q, k, v, g, beta = self.gates(mixed, b, a)
         if keep or t == 1:
             o, states = recurrent_step_form(q.contiguous(), k.contiguous(), v.contiguous(), g, beta, state0)
         else:
@@ -284,18 +305,20 @@ class GatedDeltaNet(nn.Module):
         cache.write(full, states if keep else states[-1:], state0, keep)
         if not static:
             cache.commit(start, t, keep)
-        return self.finish(o, x)
+        return self.finish(o, z)
 
-    def step_fused(self, x: torch.Tensor, cache: LinearAttnCache, live: torch.Tensor | None = None) -> torch.Tensor:
-        """A snapshot step (decode, verify) on :mod:`delta_kernel`'s step kernels: the same values as
+    def step_fused(self, proj: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, cache: LinearAttnCache,
+                   live: torch.Tensor | None = None) -> torch.Tensor:
+        """A snapshot step (decode, verify) on :mod:`delta_kernel`'s step kernels, from the step's
+        in-projections (:meth:`project`): the same values as
         the torch form up to rounding, written into ``cache`` as :meth:`LinearAttnCache.write` would
         (the state before the step at row 0, the state after each position, the conv inputs).
         ``live``: a static step's real rows (``StepContext.live``; the rest pad it), None: all."""
         q, k, v, g, beta = delta_kernel.conv_gates(
-            self.in_proj_qkv(x), cache.live_window(), self.conv_weight_fp32(), self.in_proj_b(x), self.in_proj_a(x),
+            proj, cache.live_window(), self.conv_weight_fp32(), b, a,
             self.A_log, self.dt_bias, cache.conv, self.hk, self.hv, self.dk, self.dv)
         o = delta_kernel.recurrent_into_cache(q, k, v, g, beta, cache.states, cache.cur_t, live)
-        return self.out_proj(delta_kernel.gated_norm(o, self.in_proj_z(x), self.norm.weight, self.norm.eps))
+        return self.out_proj(delta_kernel.gated_norm(o, z, self.norm.weight, self.norm.eps))
 
     def conv_weight_fp32(self) -> torch.Tensor:
         """``conv1d.weight`` as ``[C, K]`` fp32, remade when the weight changes (``layers.derived_weight``)."""
@@ -318,15 +341,16 @@ class GatedDeltaNet(nn.Module):
             state0 = x.new_zeros(b, self.hv, self.dk, self.dv, dtype=torch.float32)
         else:
             window, state0 = cache.read(w)
-        mixed, full = self.conv(window, self.in_proj_qkv(x))
-        q, k, v, g, beta = self.gates(mixed, x)  # [b, T, Hv, ...]
+        proj, z, bo, ao = self.project(x)
+        mixed, full = self.conv(window, proj)
+        q, k, v, g, beta = self.gates(mixed, bo, ao)  # [b, T, Hv, ...]
         heads = b * self.hv
         if w is not None and w.commit is None:
             pm = [y.transpose(0, 1).reshape(t, heads, *y.shape[3:]).contiguous() for y in (q, k, v, g, beta)]
             o, states = recurrent_step_form(*pm, state0.reshape(heads, self.dk, self.dv))  # position-major
             o = o.view(t, b, self.hv, self.dv).transpose(0, 1)
             cache.stage(w, full, states.view(t, b, self.hv, self.dk, self.dv).transpose(0, 1), state0)
-            return self.finish(o, x)
+            return self.finish(o, z)
         if w is not None:
             real = (torch.arange(t, device=x.device)[None, :] < w.commit[:, None])[..., None]  # [b, T, 1]
             g, beta = g * real, beta * real
@@ -334,4 +358,4 @@ class GatedDeltaNet(nn.Module):
         o, s = chunked_gated_delta(*hm, state0.reshape(heads, self.dk, self.dv), self.chunk_size)
         if w is not None:
             cache.store(w, full, s[-1].view(b, self.hv, self.dk, self.dv))
-        return self.finish(o.view(b, self.hv, t, self.dv).transpose(1, 2), x)
+        return self.finish(o.view(b, self.hv, t, self.dv).transpose(1, 2), z)
