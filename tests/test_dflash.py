@@ -522,13 +522,16 @@ PARAMS = SamplingParams(temperature=0.9, top_k=5)
 PROMPT = [1, 4, 2]
 
 
-@pytest.mark.parametrize("static", [False, True])
-def test_sampling_follows_target_distribution(small_vocab, static):
-    """``static``: drafts sampled from the static block's logits (as on CUDA; uncaptured here)."""
+@pytest.mark.parametrize("static, vocab", [(False, None), (True, None), (True, [0, 2, 3])])
+def test_sampling_follows_target_distribution(small_vocab, static, vocab):
+    """``static``: drafts sampled from the static block's logits (as on CUDA; uncaptured here).
+    ``vocab``: drafts from a draft vocabulary of 3 of the 6 tokens (q is 0 off it)."""
     loaded, dpath, v = small_vocab
     exact = _exact_joint(loaded.model, PROMPT, PARAMS, v)
     drafter = load_dflash_drafter(dpath, loaded)
     drafter.static_steps = static
+    if vocab is not None:
+        drafter.use_draft_vocab(vocab)
     counts = _joint_counts(loaded.model, drafter, PROMPT, PARAMS, 800, v)
     stat, df, pval = pooled_chi2(counts, exact)
     assert pval > ALPHA, f"chi2={stat:.1f} df={df} p={pval:.2e}"

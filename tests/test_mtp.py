@@ -100,18 +100,21 @@ def small_vocab(tmp_path_factory):
                       tokenizer=False)
 
 
-@pytest.mark.parametrize("case", ["sampled", "static sampled", "argmax", "broken"])
+@pytest.mark.parametrize("case", ["sampled", "static sampled", "argmax", "broken", "draft vocab", "static draft vocab"])
 def test_mtp_sampling_lossless(small_vocab, case, monkeypatch):
     """Tokens 1-3 (1 from the prefill, 2-3 verified MTP drafts) follow the target's distribution:
     chi-square p-value above 1e-4 (a 1e-4 false-positive rate per check). "sampled": drafts
     sampled from the MTP's own distribution with their probs; "static sampled": the same from the
     static proposal step (inverse-CDF draws inside it; uncaptured on the CPU); "argmax": argmax
-    drafts with probs=None; "broken": a wrong residual rule must fail the same check (the test has power)."""
+    drafts with probs=None; "broken": a wrong residual rule must fail the same check (the test has power);
+    "draft vocab": drafts from 4 of the 8 tokens only (their q is 0 off them: the residual carries the rest)."""
     import specdec.engine.generate as engine_generate
 
     lm = small_vocab
     drafter = load_mtp_drafter(lm, sample_drafts=case != "argmax")
-    if case == "static sampled":
+    if case.endswith("draft vocab"):
+        drafter.use_draft_vocab([0, 2, 3, 5])
+    if case.startswith("static"):
         drafter.static_steps = drafter.static_sampling = True
         calls = []
         orig = drafter._propose_static
@@ -120,11 +123,11 @@ def test_mtp_sampling_lossless(small_vocab, case, monkeypatch):
         monkeypatch.setattr(engine_generate, "accept_sampled", resample_from_p_broken)
     params = SamplingParams(temperature=1.0, top_k=3)
     # static: a prompt of k + 1 tokens, so that the first proposal's catch-up fits the static step too
-    prompt = _prompt(3 if case == "static sampled" else 6, 9, lm.model.config.vocab_size)
+    prompt = _prompt(3 if case.startswith("static") else 6, 9, lm.model.config.vocab_size)
     exact = _exact_joint(lm.model, prompt, params)
     counts = _joint_counts(lm.model, drafter, prompt, params,
-                           n={"sampled": 300, "static sampled": 300, "argmax": 250, "broken": 200}[case])
-    if case == "static sampled":
+                           n={"sampled": 300, "static sampled": 300, "argmax": 250, "broken": 200}.get(case, 300))
+    if case.startswith("static"):
         assert len(calls) >= 300 and all(p is not None and not p.greedy for p in calls), "the static sampled step did not draft"
     assert set(counts) <= set(exact), "a token outside the target's top-k was emitted"
     keys = sorted(exact)

@@ -101,6 +101,21 @@ class DFlashDrafter:
         self._static: _StaticBlock | None = None
         self._sampled: _StaticBlock | None = None
         self._fast_w: dflash_fast.FastWeights | None = None  # the fast steps' weight layout (dflash_fast)
+        self.vocab = None  # a DraftVocab: drafts from its tokens only (use_draft_vocab)
+
+    def use_draft_vocab(self, ids, source: str = "draft vocabulary") -> None:
+        """Draft only tokens of ``ids`` (:class:`~.draft_vocab.DraftVocab`: the target's head, their rows)."""
+        from .draft_vocab import DraftVocab
+        self.vocab = DraftVocab(ids, self.target.head_weight(), self.target.config.vocab_size, source)
+        self._static = self._sampled = None  # steps captured with the whole head
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The block's final hidden rows -> fp32 draft logits ``[..., V]``: the target's head (raw:
+        z-lab applies the drafter's own multiplier and soft cap, never the target's), over the draft
+        vocabulary's rows when there is one (``-inf`` off it)."""
+        if self.vocab is not None:
+            return self.vocab.logits(h, self.model.scale_logits)
+        return self.model.scale_logits(self.target.raw_logits(h, exact=False))
 
     def fast_weights(self) -> "dflash_fast.FastWeights | None":
         """The weights of :mod:`.dflash_fast`'s steps when this drafter's static steps take them (made
@@ -121,6 +136,7 @@ class DFlashDrafter:
         d = DFlashDrafter(self.model, self.target, self.block_size, self.path)
         d.compile = self.compile
         d._fast_w = self._fast_w
+        d.vocab = self.vocab
         return d
 
     # --- the drafter protocol -----------------------------------------------------
@@ -242,14 +258,14 @@ class DFlashDrafter:
         # input_embedding_scale, not through the target's embedding: a Gemma target's sqrt(hidden)
         # (its ``embed``) is not applied, a Gemma drafter carries its scale in its config. So
         # ``embed_tokens`` (the raw table module: a rank's rows gathered under tensor parallelism),
-        # never ``embed``. Likewise ``raw_logits``, never ``head``: the target's soft cap is not
+        # never ``embed``. Likewise the logits (:meth:`logits`): the target's soft cap is not
         # applied, the drafter's own is (scale_logits), once.
         x = self.target.embed_tokens(ids).to(self.model.fc.weight.dtype)
         if c.input_embedding_scale != 1.0:
             x = x * c.input_embedding_scale
         ctx = [(s.k[:, :start], s.v[:, :start]) for s in self.kv]
         h = self.model.block_hidden(x, start, ctx)
-        return self.model.scale_logits(self.target.raw_logits(h[1:], exact=False))
+        return self.logits(h[1:])
 
     # --- accounting -----------------------------------------------------------------
     def weight_bytes(self) -> int:
@@ -316,7 +332,7 @@ class _StaticBlock:
             h = dflash_fast.block_hidden(d.model, self.fast, x, self.start, self.buffers, self.slots, self.cos, self.sin)
         else:
             h = d.model.block_hidden_static(x, self.start, self.buffers)
-        logits = d.model.scale_logits(d.target.raw_logits(h[1:], exact=False))
+        logits = d.logits(h[1:])
         return logits if self.logits else logits.argmax(-1)
 
     def reads(self, kv: list[_ContextKV]) -> bool:
@@ -511,7 +527,7 @@ class DFlashSlots:
         ctx = [(k[:n, :, :span], v[:n, :, :span]) for k, v in zip(self.k, self.v)]
         with static_step_attention(self.span_invariant, x.is_cuda):  # a slot's bits: its own inputs only
             h = d.model.block_hidden_slots(x, self.start[:n], ctx)
-        logits = d.model.scale_logits(d.target.raw_logits(h[:, 1:], exact=False))  # [S, B-1, V] fp32
+        logits = d.logits(h[:, 1:])  # [S, B-1, V] fp32
         return logits.argmax(-1), logits
 
     @torch.inference_mode()

@@ -55,10 +55,22 @@ def resolve_spec(spec, loaded, serving: bool = False):
     return spec
 
 
-def make_drafter(spec, loaded, *, block_size: int | None = None):
-    """``loaded`` is the target's :class:`~specdec.loading.LoadedModel`. Returns a drafter or None."""
+def make_drafter(spec, loaded, *, block_size: int | None = None, draft_vocab: str | None = None):
+    """``loaded`` is the target's :class:`~specdec.loading.LoadedModel`. Returns a drafter or None.
+    ``draft_vocab``: a draft-vocabulary file (:mod:`.draft_vocab`) for an MTP or DFlash drafter."""
     check_spec(spec, block_size)
     spec = resolve_spec(spec, loaded)  # auto may pick none: block_size is then moot
+    if draft_vocab is not None:
+        from .draft_vocab import load_token_ids
+        ids = load_token_ids(draft_vocab, loaded.model.config.vocab_size)  # a bad file fails before the drafter loads
+        d = make_drafter(spec, loaded, block_size=block_size)
+        model_drafter = getattr(d, "base", d)  # NgramFirst drafts with its model drafter
+        if not hasattr(model_drafter, "use_draft_vocab"):
+            name = spec if isinstance(spec, str) else "none" if spec is None else type(d).__name__
+            raise ConfigError(f"--draft-vocab applies to MTP and DFlash drafters (mtp, dflash, ... +ngram), "
+                              f"not to '{name}'")
+        model_drafter.use_draft_vocab(ids, f"draft vocabulary {draft_vocab}")
+        return d
     if spec is None or spec == "none":
         return None
     if not isinstance(spec, str):

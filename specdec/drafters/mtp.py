@@ -171,6 +171,15 @@ class MTPDrafter:
         self.compile = False
         self._static: dict = {}  # k, or (k, temperature, top_k, top_p) for a sampled one -> its static step
         self._fast_layer: FastLayer | None = None  # the layer on the fused kernels (FastLayer), made at first use
+        self.vocab = None  # a DraftVocab: drafts from its tokens only (use_draft_vocab)
+
+    def use_draft_vocab(self, ids, source: str = "draft vocabulary") -> None:
+        """Draft only tokens of ``ids`` (:class:`~.draft_vocab.DraftVocab`: the head reads their rows)."""
+        from .draft_vocab import DraftVocab
+        b = self.block
+        w = b.shared_head.head.weight if b.shared_head is not None else self.target.head_weight()
+        self.vocab = DraftVocab(ids, w, self.target.config.vocab_size, source)
+        self._static = {}  # steps captured with the whole head
 
     def fast_layer(self) -> "FastLayer | None":
         """The block's layer on the fused kernels when they apply (SPECDEC_MTP_FAST, CUDA, not compiled),
@@ -187,6 +196,7 @@ class MTPDrafter:
         d = MTPDrafter(self.block, self.target, self.sample_drafts)
         d.compile = self.compile
         d._fast_layer = self._fast_layer
+        d.vocab = self.vocab
         return d
 
     # --- embedding / head (dedicated or the target's) ----------------------------------
@@ -196,6 +206,8 @@ class MTPDrafter:
 
     def _head(self, g: torch.Tensor) -> torch.Tensor:
         b = self.block
+        if self.vocab is not None:  # the subset's rows; the target's soft cap unless the head is the block's own
+            return self.vocab.logits(g, None if b.shared_head is not None else self.target.soft_cap)
         if b.shared_head is not None:
             return F.linear(g, b.shared_head.head.weight).float()
         return self.target.head(g, exact=False)  # drafts: cuBLAS, not the row-exact GEMM

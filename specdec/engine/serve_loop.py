@@ -155,7 +155,7 @@ class EngineLoop(SlotWork):
                  block_size: int | None = None, max_context: int | None = None, controller: bool = True,
                  static_steps: bool | None = None, exact: bool | None = None, span_buckets: bool | None = None,
                  all_slots_drafter: bool | None = None, slot_buckets: bool | None = None,
-                 invariant_gemm: bool | None = None):
+                 invariant_gemm: bool | None = None, draft_vocab: str | None = None):
         model: CausalLM = getattr(loaded, "model", loaded)
         if not model.batched:
             arch = getattr(getattr(loaded, "arch", None), "name", None) or model.config.model_type
@@ -166,7 +166,7 @@ class EngineLoop(SlotWork):
             if type(v) is not int or v < lo:
                 raise ConfigError(f"{name} must be an integer >= {lo}, got {v!r}")
         self.model, self.max_slots, self.max_queue = model, max_slots, max_queue
-        self.draft_name, self._spawn, proto = self._drafters(draft, loaded, block_size)
+        self.draft_name, self._spawn, proto = self._drafters(draft, loaded, block_size, draft_vocab)
         self._slot_drafters: dict[int, object] = {}  # slot -> its drafter, kept across requests
         self._reuse_drafters = proto is not None and self._spawn == getattr(proto, "spawn", None)
         if proto is None:
@@ -269,7 +269,7 @@ class EngineLoop(SlotWork):
                                  "drafted_total"), 0)
 
     @staticmethod
-    def _drafters(draft, loaded, block_size):
+    def _drafters(draft, loaded, block_size, draft_vocab=None):
         """(name, per-slot factory or None, one instance to read settings from or None)."""
         # auto: the DFlash drafter shipped for the target on CUDA, else none (generate's auto adds the
         # history lookup, which here would draft slot by slot). On the H200 (BENCHMARKS.md) the shipped
@@ -285,7 +285,7 @@ class EngineLoop(SlotWork):
                 raise ConfigError("block_size applies to drafter specs, not to a drafter factory")
             proto = draft()
             return getattr(proto, "name", "custom"), draft, proto
-        proto = make_drafter(draft, loaded, block_size=block_size)
+        proto = make_drafter(draft, loaded, block_size=block_size, draft_vocab=draft_vocab)
         if not callable(getattr(proto, "spawn", None)):
             raise ConfigError(f"drafter {type(proto).__name__} has no spawn(): the serving loop needs one "
                               "drafter instance per slot (or pass a factory)")

@@ -172,7 +172,10 @@ class CausalLM(nn.Module):
 
     def head(self, h: torch.Tensor, exact: bool = True) -> torch.Tensor:
         """Final-normed hidden ``[T, H]`` -> fp32 logits ``[T, V]`` (``exact``: see :meth:`raw_logits`)."""
-        logits = self.raw_logits(h, exact)
+        return self.soft_cap(self.raw_logits(h, exact))
+
+    def soft_cap(self, logits: torch.Tensor) -> torch.Tensor:
+        """The final logit soft cap (Gemma's ``c * tanh(x / c)``), where the model has one."""
         if self.final_logit_softcap:
             c = self.final_logit_softcap
             logits = torch.tanh(logits / c) * c

@@ -69,7 +69,8 @@ def _serve(shard, args) -> int:
     loaded = load_model(path, args.device if shard is None else shard.device, args.dtype, shard=shard)
     engine = EngineLoop(loaded, args.draft, max_slots=args.max_slots, max_queue=args.max_queue,
                         num_draft_tokens=args.num_draft_tokens, block_size=args.block_size,
-                        max_context=args.max_context, static_steps=False if args.no_cuda_graphs else None,
+                        draft_vocab=args.draft_vocab, max_context=args.max_context,
+                        static_steps=False if args.no_cuda_graphs else None,
                         exact=False if args.no_exact_batching else None,
                         span_buckets=False if args.no_span_buckets or args.no_cuda_graphs else None)
     t0 = time.perf_counter()

@@ -1,0 +1,125 @@
+"""Draft vocabularies (``--draft-vocab``, :mod:`specdec.drafters.draft_vocab`): the subset's logits,
+the file formats and their errors, and MTP and DFlash drafting only the subset's tokens with the
+output of plain decoding (greedy; the sampled checks are in test_mtp.py and test_dflash.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _dflash_util import write_drafter  # noqa: E402
+from _engine_util import build_llama, plain_generate  # noqa: E402
+from _mtp_util import build_qwen35  # noqa: E402
+
+from specdec import LLM  # noqa: E402
+from specdec.cli import main  # noqa: E402
+from specdec.drafters.draft_vocab import DraftVocab, load_token_ids, token_counts_vocab  # noqa: E402
+from specdec.errors import ConfigError  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def test_subset_logits_and_the_rest_minus_infinity():
+    g = torch.Generator().manual_seed(0)
+    w, h = torch.randn(20, 8, generator=g), torch.randn(2, 3, 8, generator=g)
+    ids = [11, 3, 7]
+    v = DraftVocab(ids, w, 20)
+    full = F.linear(h, w)
+    got = v.logits(h)
+    assert got.shape == (2, 3, 20) and got.dtype == torch.float32
+    assert torch.allclose(got[..., ids], full[..., ids])
+    off = [t for t in range(20) if t not in ids]
+    assert torch.isinf(got[..., off]).all() and (got[..., off] < 0).all()
+    capped = v.logits(h, lambda x: torch.tanh(x / 2) * 2)  # a soft cap on the subset only: the rest stays -inf
+    assert torch.allclose(capped[..., ids], torch.tanh(full[..., ids] / 2) * 2)
+    assert torch.isinf(capped[..., off]).all()
+    with pytest.raises(ConfigError, match="rows"):  # a rank's shard of the head
+        DraftVocab(ids, w[:10], 20)
+
+
+def test_files_and_their_errors(tmp_path):
+    def put(name, data):
+        p = tmp_path / name
+        if name.endswith(".pt"):
+            torch.save(data, p)
+        else:
+            p.write_text(data if isinstance(data, str) else json.dumps(data))
+        return str(p)
+
+    assert load_token_ids(put("a.json", [5, 1, 3]), 10) == [5, 1, 3]
+    assert load_token_ids(put("b.json", {"token_ids": [2, 4]}), 10) == [2, 4]
+    assert load_token_ids(put("c.pt", torch.tensor([7, 0])), 10) == [7, 0]
+    assert load_token_ids(put("d.pt", [1, 9]), 10) == [1, 9]
+    bad = {"missing.json": None, "e.json": "[1, 2", "f.json": [], "g.json": [1, 10], "h.json": [1, 1],
+           "i.json": [1.5], "j.pt": torch.tensor([1.0]), "k.json": {"ids": [1]}, "l.json": [True]}
+    for name, data in bad.items():
+        path = str(tmp_path / name) if data is None else put(name, data)
+        with pytest.raises(ConfigError, match=name.replace(".", r"\.")) as e:
+            load_token_ids(path, 10)
+        assert "\n" not in str(e.value)
+
+
+def test_most_counted_tokens():
+    counts = torch.tensor([5, 0, 9, 9, 1, 0])
+    assert token_counts_vocab(counts, 3) == [0, 2, 3]  # 9, 9, 5 (ties by id), returned sorted
+    assert token_counts_vocab(counts, 3, always=[5]) == [2, 3, 5]
+    assert token_counts_vocab(counts, 1, always=[1, 5]) == [1, 5]
+
+
+def _drafted(res) -> set[int]:
+    return {t for s in res.stats.trace for t in s["draft"]}
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_mtp_drafts_only_the_subset_and_output_is_plain(tmp_path, static):
+    path = build_qwen35(tmp_path / "q35", moe=False, seed=2)
+    lm = LLM(path, draft="mtp", num_draft_tokens=3, device="cpu")
+    vocab = lm.model.config.vocab_size
+    prompt = torch.randint(vocab, (12,), generator=torch.Generator().manual_seed(4)).tolist()
+    want = plain_generate(lm.model, prompt, 40).token_ids
+    full = lm.generate(prompt, max_new_tokens=40, trace=True)
+    keep = sorted(set(range(0, vocab, 3)) | set(want[:20]))  # a third of the tokens, and some the target emits
+    lm.drafter.use_draft_vocab(keep)
+    lm.drafter.static_steps = static
+    res = lm.generate(prompt, max_new_tokens=40, trace=True)
+    assert res.token_ids == want == full.token_ids
+    assert _drafted(res) <= set(keep) and not _drafted(full) <= set(keep)  # the full head drafts off the subset
+    assert sum(res.stats.accepted) > 0
+
+
+def test_dflash_and_ngram_first_draft_only_the_subset(tmp_path):
+    target = build_llama(tmp_path / "llama", vocab=64, hidden=32, layers=4)
+    dpath, _ = write_drafter(tmp_path / "dflash", hidden=32, num_target_layers=4, target_layer_ids=(1, 2), block_size=4)
+    keep = list(range(0, 64, 2))
+    vfile = tmp_path / "vocab.json"
+    vfile.write_text(json.dumps(keep))
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3]
+    plain = LLM(target, device="cpu").generate(prompt, max_new_tokens=32)
+    for draft in (f"dflash:{dpath}", f"dflash:{dpath}+ngram"):
+        full = LLM(target, draft=draft, device="cpu").generate(prompt, max_new_tokens=32, trace=True)
+        lm = LLM(target, draft=draft, device="cpu", draft_vocab=str(vfile))
+        res = lm.generate(prompt, max_new_tokens=32, trace=True)
+        assert res.token_ids == plain.token_ids == full.token_ids, draft
+        model_drafter = getattr(lm.drafter, "base", lm.drafter)
+        assert len(model_drafter.vocab) == len(keep)
+        if "+ngram" not in draft:  # the history lookup proposes what it finds, in the subset or not
+            assert _drafted(res) <= set(keep) and not _drafted(full) <= set(keep), draft
+
+
+def test_cli_refuses_a_draft_vocab_without_a_model_drafter(tmp_path, capsys):
+    target = build_llama(tmp_path / "llama", vocab=64, hidden=32, layers=4)
+    vfile = tmp_path / "vocab.json"
+    vfile.write_text("[1, 2, 3]")
+    for draft, vocab, msg in (("ngram", str(vfile), "applies to MTP and DFlash drafters"),
+                              ("none", str(vfile), "not to 'none'"),
+                              ("dflash:/nowhere", str(tmp_path / "nope.json"), "nope.json: no such file")):
+        rc = main(["generate", "-m", target, "--device", "cpu", "--draft", draft, "--draft-vocab", vocab, "-p", "hi"])
+        err = capsys.readouterr().err
+        assert rc == 2 and msg in err and "Traceback" not in err, (draft, err)
