@@ -3,6 +3,7 @@
 #   bash scripts/device_hybrid.sh            # the steps, kernels on against off; device_check
 #   bash scripts/device_hybrid.sh ab FLAG    # scripts/ab_flags.py defaults against defaults-FLAG on both
 #                                            # shapes (one process each), device_check, bench qwen3.5-9b
+#   bash scripts/device_hybrid.sh vocab N    # specdec bench --shape on both shapes with --draft-vocab N
 # What the session of 2026-12-03 (seventh) measured, again, at the tree sent: the qwen3.5-9b and
 # qwen3.5-35b-a3b shapes (specdec bench --shape, context 512) with the defaults and with the step kernels
 # off (SPECDEC_DELTA_FUSED=0 SPECDEC_EXPERT_KERNEL=0), alternated; device_check on random Qwen3.5 dense and
@@ -25,6 +26,14 @@ check() {  # device_check on the random hybrid targets: graphs and eager, then t
     done
     python scripts/device_check.py compare $W/dc_*.json
 }
+if [ "${1:-}" = vocab ]; then
+    python -m specdec bench --shape qwen3.5-9b --context 512 --draft-vocab $2 --json $W/q35_9b_vocab$2.json 2>&1 \
+        | grep -E "decode step|drafter|plain decoding's step|after the"
+    timeout 300 python -m specdec bench --shape qwen3.5-35b-a3b --context 512 --reps 5 --draft-vocab $2 \
+        --json $W/q35_35b_vocab$2.json 2>&1 | grep -E "decode step|drafter|plain decoding's step|after the"
+    (cd $W && tar czf $OUT/hybrid.tgz *.json)
+    exit 0
+fi
 if [ "${1:-}" = ab ]; then
     python scripts/ab_flags.py --shape qwen3.5-9b --context 512 --rounds 5 --no-drafters \
         --variants defaults defaults-$2 --json $W/ab_q35_9b_$2.json 2>&1 | grep -v "^round"
