@@ -396,7 +396,7 @@ def test_cli_serve_builds_engine_and_runs_uvicorn(monkeypatch, tmp_path, flags):
                    "--port", "0", "--api-key", "k", "--max-context", "64"] + flags)
     assert rc == 0
     assert built == {"loaded": loaded, "draft": "ngram", "max_slots": 3, "max_queue": 5, "num_draft_tokens": 4,
-                     "block_size": None, "max_context": 64, "static_steps": None,
+                     "block_size": None, "draft_vocab": None, "max_context": 64, "static_steps": None,
                      "exact": False if "--no-exact-batching" in flags else None,
                      "span_buckets": False if "--no-span-buckets" in flags else None}
     assert ran["host"] == "127.0.0.1" and ran["port"] == 0 and warmed == [1]
