@@ -3,7 +3,8 @@
 #   bash scripts/device_hybrid.sh            # the steps, kernels on against off; device_check
 #   bash scripts/device_hybrid.sh ab FLAG    # scripts/ab_flags.py defaults against defaults-FLAG on both
 #                                            # shapes (one process each), device_check, bench qwen3.5-9b
-#   bash scripts/device_hybrid.sh vocab N    # specdec bench --shape on both shapes with --draft-vocab N
+#   bash scripts/device_hybrid.sh vocab N M  # specdec bench --shape on both shapes with --draft-vocab N, and on
+#                                            # smollm2-135m with --draft-vocab M
 # What the session of 2026-12-03 (seventh) measured, again, at the tree sent: the qwen3.5-9b and
 # qwen3.5-35b-a3b shapes (specdec bench --shape, context 512) with the defaults and with the step kernels
 # off (SPECDEC_DELTA_FUSED=0 SPECDEC_EXPERT_KERNEL=0), alternated; device_check on random Qwen3.5 dense and
@@ -31,6 +32,8 @@ if [ "${1:-}" = vocab ]; then
         | grep -E "decode step|drafter|plain decoding's step|after the"
     timeout 300 python -m specdec bench --shape qwen3.5-35b-a3b --context 512 --reps 5 --draft-vocab $2 \
         --json $W/q35_35b_vocab$2.json 2>&1 | grep -E "decode step|drafter|plain decoding's step|after the"
+    python -m specdec bench --shape smollm2-135m --context 300 --draft-vocab $3 --json $W/smollm2_vocab$3.json 2>&1 \
+        | grep -E "decode step|drafter|plain decoding's step|after the"
     (cd $W && tar czf $OUT/hybrid.tgz *.json)
     exit 0
 fi

@@ -38,9 +38,11 @@ DRAFT_HELP = ("auto (the default) = dflash+ngram on CUDA where a DFlash drafter 
               "does not pay yet, and for other targets; " + SPEC_HELP)
 
 
-DRAFT_VOCAB_HELP = ("draft only these tokens (a JSON list of token ids, or a .pt tensor: SGLang's hot-token map): "
-                    "an MTP or DFlash drafter's LM head then reads those rows only, not the whole vocabulary's. "
-                    "Output is unchanged; tau drops where the right token is off the list")
+DRAFT_VOCAB_HELP = ("draft only these tokens (a JSON list of token ids, or a .pt tensor: SGLang's hot-token map) "
+                    "and the prompt's: an MTP or DFlash drafter's LM head then reads those rows only, not the whole "
+                    "vocabulary's. Output is unchanged; tau drops where the right token is on neither list. "
+                    "Default: the drafter directory's draft_vocab.json where it has one (specdec train writes it; "
+                    "the shipped SmolLM2 drafters have one), else the whole vocabulary; 'none': the whole vocabulary")
 
 
 def _model_args(p: argparse.ArgumentParser, draft: bool = True, sweep: bool = False) -> None:
@@ -58,7 +60,7 @@ def _model_args(p: argparse.ArgumentParser, draft: bool = True, sweep: bool = Fa
                    "checkpoint's); drafts per step = block size - 1" + ("; several values run each DFlash drafter "
                    "once per value" if sweep else ""))
     if draft:
-        p.add_argument("--draft-vocab", default=None, metavar="FILE", help=DRAFT_VOCAB_HELP)
+        p.add_argument("--draft-vocab", default=None, metavar="FILE|none", help=DRAFT_VOCAB_HELP)
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode/verify steps eagerly instead of "
                    "replaying them as CUDA graphs (used on CUDA by default)")
     p.add_argument("--compile", action="store_true", help="compile each static decode/verify/draft step with "
@@ -159,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: none ngram; 'none' is always added as the baseline)")
     b.add_argument("--draft", action="append", default=None, dest="draft_extra", metavar="DRAFT",
                    help="one more configuration to compare (repeatable; added to --drafts)")
-    b.add_argument("--draft-vocab", default=None, metavar="FILE|N", help=DRAFT_VOCAB_HELP + " (for every MTP and "
+    b.add_argument("--draft-vocab", default=None, metavar="FILE|none|N", help=DRAFT_VOCAB_HELP + " (for every MTP and "
                    "DFlash configuration). With --shape: a number N, the drafters' heads over N of the vocabulary's "
                    "rows (random weights: which rows does not matter)")
     b.add_argument("--dataset", default="gsm8k", help="gsm8k | humaneval | mt_bench | path.jsonl (default gsm8k)")
@@ -212,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-new-tokens", type=int, default=256, help="reply length cap for distillation (default 256)")
     t.add_argument("--temperature", type=float, default=0.0, help="distillation temperature (default 0 = greedy)")
     t.add_argument("--slots", type=int, default=256, help="sequences per batched generation step (default 256)")
+    t.add_argument("--draft-vocab-size", type=int, default=16384, help="write draft_vocab.json beside the drafter: "
+                   "the N tokens its training replies use most (generate and serve then draft from them and the "
+                   "prompt's tokens; --draft-vocab none turns it off); 0 = none (default 16384)")
     t.add_argument("--data-cache", default="~/.cache/specdec/distill", help="where replies are cached")
     t.add_argument("--distill-only", action="store_true", help="make (or check) the cached replies, then stop")
     t.add_argument("--epochs", type=float, default=6.0, help="passes over the data (default 6)")
@@ -259,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="drafts per step at most for mtp and ngram "
                    "(default 4)")
     s.add_argument("--block-size", type=int, default=None, help="DFlash block size (default: the checkpoint's)")
-    s.add_argument("--draft-vocab", default=None, metavar="FILE", help=DRAFT_VOCAB_HELP)
+    s.add_argument("--draft-vocab", default=None, metavar="FILE|none", help=DRAFT_VOCAB_HELP)
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
     s.add_argument("--max-slots", type=int, default=8, help="requests generated together (default 8)")
@@ -341,7 +346,7 @@ def _check_model_args(args, drafts: list[str]) -> list[str]:
                 path = None  # reported when the model is opened
         drafts = [auto_spec(path, device.type) if d == "auto" else d for d in drafts]
     vocab_file = getattr(args, "draft_vocab", None)
-    if vocab_file is not None:
+    if vocab_file not in (None, "none"):
         if not any(d.startswith(("mtp", "dflash")) for d in drafts):
             raise ConfigError(f"--draft-vocab applies to MTP and DFlash drafters (mtp, dflash, ... +ngram), not to "
                               f"{', '.join(repr(d) for d in drafts)} (--draft auto decodes plainly on the CPU and for "

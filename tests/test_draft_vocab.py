@@ -20,7 +20,8 @@ from _mtp_util import build_qwen35  # noqa: E402
 
 from specdec import LLM  # noqa: E402
 from specdec.cli import main  # noqa: E402
-from specdec.drafters.draft_vocab import DraftVocab, load_token_ids, token_counts_vocab  # noqa: E402
+from specdec.drafters import draft_vocab  # noqa: E402
+from specdec.drafters.draft_vocab import DraftVocab, PromptPart, load_token_ids, token_counts_vocab  # noqa: E402
 from specdec.errors import ConfigError  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -42,6 +43,35 @@ def test_subset_logits_and_the_rest_minus_infinity():
     assert torch.isinf(capped[..., off]).all()
     with pytest.raises(ConfigError, match="rows"):  # a rank's shard of the head
         DraftVocab(ids, w[:10], 20)
+
+
+def test_prompt_part():
+    """A request's prompt tokens off the subset: the last distinct ones, at most PROMPT_TOKENS, in fixed
+    buffers refilled in place; their logits as the head's, the other tokens' -inf."""
+    g = torch.Generator().manual_seed(1)
+    w, h = torch.randn(30, 8, generator=g), torch.randn(4, 8, generator=g)
+    v = DraftVocab([0, 1, 2], w, 30, prompt_tokens=3)
+    part = v.prompt_part(torch.tensor([5, 1, 9, 5, 7, 2, 8, 7]))
+    assert part.ids.tolist() == [7, 8, 5] and torch.equal(part.rows, w[[7, 8, 5]])  # 9 is the 4th: dropped
+    got, full = v.logits(h, part=part), F.linear(h, w)
+    on = [0, 1, 2, 5, 7, 8]
+    assert torch.allclose(got[:, on], full[:, on]) and got.shape == (4, 30)
+    assert torch.isinf(got[:, [t for t in range(30) if t not in on]]).all()
+    same = v.prompt_part(torch.tensor([3, 0]), part)
+    assert same is part and part.ids.tolist() == [3, 30, 30] and not part.rows[1:].any()  # unused: id V, zero rows
+    assert torch.isinf(v.logits(h, part=part)[:, [5, 7, 8]]).all()
+    assert DraftVocab([0], w, 30, prompt_tokens=0).prompt_part(torch.tensor([4])) is None
+    # one part per slot (DFlashSlots): row s of h [S, R, H] takes slot s's tokens, as a part of its own would
+    slots = PromptPart(v, 3, slots=2)
+    v.prompt_part(torch.tensor([9, 4]), slots.slot(0))
+    v.prompt_part(torch.tensor([6]), slots.slot(1))
+    hs = torch.randn(2, 5, 8, generator=g)
+    both = v.logits(hs, part=slots.first(2))
+    for s_, toks in enumerate(([9, 4], [6])):
+        alone = v.logits(hs[s_], part=v.prompt_part(torch.tensor(toks)))
+        assert torch.equal(torch.isinf(both[s_]), torch.isinf(alone)) and torch.allclose(both[s_], alone)
+    with pytest.raises(ConfigError, match="distinct"):
+        DraftVocab([1, 1], w, 30)
 
 
 def test_files_and_their_errors(tmp_path):
@@ -78,7 +108,7 @@ def _drafted(res) -> set[int]:
 
 
 @pytest.mark.parametrize("static", [False, True])
-def test_mtp_drafts_only_the_subset_and_output_is_plain(tmp_path, static):
+def test_mtp_drafts_only_the_subset_and_output_is_plain(tmp_path, static, monkeypatch):
     path = build_qwen35(tmp_path / "q35", moe=False, seed=2)
     lm = LLM(path, draft="mtp", num_draft_tokens=3, device="cpu")
     vocab = lm.model.config.vocab_size
@@ -86,12 +116,16 @@ def test_mtp_drafts_only_the_subset_and_output_is_plain(tmp_path, static):
     want = plain_generate(lm.model, prompt, 40).token_ids
     full = lm.generate(prompt, max_new_tokens=40, trace=True)
     keep = sorted(set(range(0, vocab, 3)) | set(want[:20]))  # a third of the tokens, and some the target emits
-    lm.drafter.use_draft_vocab(keep)
     lm.drafter.static_steps = static
-    res = lm.generate(prompt, max_new_tokens=40, trace=True)
-    assert res.token_ids == want == full.token_ids
-    assert _drafted(res) <= set(keep) and not _drafted(full) <= set(keep)  # the full head drafts off the subset
-    assert sum(res.stats.accepted) > 0
+    for prompt_tokens in (0, 1024):  # the subset alone; the subset and the prompt's tokens
+        monkeypatch.setattr(draft_vocab, "PROMPT_TOKENS", prompt_tokens)
+        lm.drafter.use_draft_vocab(keep)
+        res = lm.generate(prompt, max_new_tokens=40, trace=True)
+        assert res.token_ids == want == full.token_ids
+        allowed = set(keep) | (set(prompt) if prompt_tokens else set())
+        assert _drafted(res) <= allowed and not _drafted(full) <= allowed  # the full head drafts off the subset
+        assert sum(res.stats.accepted) > 0
+    assert not _drafted(res) <= set(keep)  # prompt tokens drafted
 
 
 def test_dflash_and_ngram_first_draft_only_the_subset(tmp_path):
@@ -110,7 +144,8 @@ def test_dflash_and_ngram_first_draft_only_the_subset(tmp_path):
         model_drafter = getattr(lm.drafter, "base", lm.drafter)
         assert len(model_drafter.vocab) == len(keep)
         if "+ngram" not in draft:  # the history lookup proposes what it finds, in the subset or not
-            assert _drafted(res) <= set(keep) and not _drafted(full) <= set(keep), draft
+            allowed = set(keep) | set(prompt)
+            assert _drafted(res) <= allowed and not _drafted(full) <= allowed, draft
 
 
 def test_cli_refuses_a_draft_vocab_without_a_model_drafter(tmp_path, capsys):

@@ -235,6 +235,34 @@ def test_static_real_dflash_matches_single_sequence(setup, all_slots):
         assert done.stats["accepted_per_step"] == res.stats.accepted
 
 
+@pytest.mark.parametrize("all_slots", [False, True], ids=["per-slot", "all-slots"])
+def test_draft_vocab_served_as_alone(setup, all_slots, tmp_path):
+    """With a draft vocabulary (a third of the tokens, plus each request's prompt tokens: per slot in
+    DFlashSlots) every request drafts and accepts as served alone, with plain output."""
+    import json
+
+    loaded, dflash = setup
+    vfile = tmp_path / "vocab.json"
+    vfile.write_text(json.dumps(list(range(0, VOCAB, 3))))
+    reqs = _requests(5, seed=4)
+    engine = EngineLoop(loaded, f"dflash:{dflash}", max_slots=3, num_draft_tokens=3, controller=False,
+                        static_steps=True, all_slots_drafter=all_slots, draft_vocab=str(vfile))
+    assert (engine._all_slots is not None) == all_slots
+    got = _serve(engine, reqs)
+    if all_slots:  # the slots' prompt tokens off the vocabulary, written at begin
+        assert (engine._all_slots.parts.ids < VOCAB).any()
+    full = []
+    for r, (toks, done) in zip(reqs, got):
+        alone = make_drafter(f"dflash:{dflash}", loaded, draft_vocab=str(vfile))
+        res = SpeculativeGenerator(loaded.model, alone, 3).generate(r.prompt_ids, r.max_new_tokens)
+        assert toks == res.token_ids == _reference(loaded.model, r)
+        assert done.stats["accepted_per_step"] == res.stats.accepted
+        whole = SpeculativeGenerator(loaded.model, make_drafter(f"dflash:{dflash}", loaded), 3).generate(
+            r.prompt_ids, r.max_new_tokens)
+        full.append(whole.stats.accepted == res.stats.accepted)
+    assert not all(full)  # the vocabulary changed some drafts: the check above can see a slot's part go missing
+
+
 def test_all_slots_greedy_block_equals_the_proposals(setup):
     """propose_greedy (the loop's one-tensor path for greedy rows) gives each row the drafts
     propose gives it, zero past the row's own k, for rows of different k and slots in any order."""

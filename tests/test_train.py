@@ -57,8 +57,14 @@ def _lossless(target, spec, prompts):
 @pytest.mark.parametrize("kind", ["dflash", "mtp"])
 def test_train_lowers_loss_and_writes_a_lossless_drafter(kind, target, prompts, tmp_path, capsys):
     out = str(tmp_path / kind)
-    rc, stdout, err = _train(capsys, target, prompts, out, str(tmp_path / "cache"), kind, "--epochs", "8")
+    rc, stdout, err = _train(capsys, target, prompts, out, str(tmp_path / "cache"), kind, "--epochs", "8",
+                             "--draft-vocab-size", "40")
     assert rc == 0, err
+    vocab = json.load(open(os.path.join(out, "draft_vocab.json")))["token_ids"]  # the replies' 40 commonest tokens
+    assert len(vocab) == 40 and vocab == sorted(set(vocab))
+    llm = LLM(target, draft=f"{kind}:{out}", device="cpu")  # used by default; --draft-vocab none: the whole head
+    assert len(llm.drafter.vocab) == 40
+    assert LLM(target, draft=f"{kind}:{out}", device="cpu", draft_vocab="none").drafter.vocab is None
     info = json.load(open(os.path.join(out, "training.json")))
     assert info["last_epoch_loss"] < 0.8 * info["first_epoch_loss"], info
     assert info["command"].startswith(f"specdec train {kind} --target ")

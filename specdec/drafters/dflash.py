@@ -27,6 +27,7 @@ from ..weights.safetensors_io import SafetensorsSource
 from .base import Proposal
 from . import dflash_fast
 from .dflash_model import DFlashConfig, DFlashDraftModel
+from .draft_vocab import PromptPart
 
 
 class _ContextKV:
@@ -102,19 +103,22 @@ class DFlashDrafter:
         self._sampled: _StaticBlock | None = None
         self._fast_w: dflash_fast.FastWeights | None = None  # the fast steps' weight layout (dflash_fast)
         self.vocab = None  # a DraftVocab: drafts from its tokens only (use_draft_vocab)
+        self._part = None  # the vocabulary's PromptPart: this request's prompt tokens off it (begin; not DFlashSlots)
 
     def use_draft_vocab(self, ids, source: str = "draft vocabulary") -> None:
         """Draft only tokens of ``ids`` (:class:`~.draft_vocab.DraftVocab`: the target's head, their rows)."""
         from .draft_vocab import DraftVocab
         self.vocab = DraftVocab(ids, self.target.head_weight(), self.target.config.vocab_size, source)
+        self._part = None
         self._static = self._sampled = None  # steps captured with the whole head
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
+    def logits(self, h: torch.Tensor, part=None) -> torch.Tensor:
         """The block's final hidden rows -> fp32 draft logits ``[..., V]``: the target's head (raw:
         z-lab applies the drafter's own multiplier and soft cap, never the target's), over the draft
-        vocabulary's rows when there is one (``-inf`` off it)."""
+        vocabulary's rows when there is one (``-inf`` off it) and this request's prompt tokens (``part``:
+        :class:`DFlashSlots`' slots' instead)."""
         if self.vocab is not None:
-            return self.vocab.logits(h, self.model.scale_logits)
+            return self.vocab.logits(h, self.model.scale_logits, self._part if part is None else part)
         return self.model.scale_logits(self.target.raw_logits(h, exact=False))
 
     def fast_weights(self) -> "dflash_fast.FastWeights | None":
@@ -153,6 +157,8 @@ class DFlashDrafter:
             self.kv = [_ContextKV(c.num_key_value_heads, c.head_dim, cap, w.dtype, w.device)
                        for _ in range(c.num_hidden_layers)]
         self.length, self._written, self._pending = 0, 0, []
+        if self.vocab is not None:  # refilled in place: captured blocks keep reading it
+            self._part = self.vocab.prompt_part(prompt_ids, self._part)
         self._append(out, int(prompt_ids.numel()))
         self._flush()
 
@@ -438,6 +444,10 @@ class DFlashSlots:
         self.ids = torch.full((slots, self.block), c.mask_token_id, dtype=torch.int64, device=dev)
         self.start = torch.zeros(slots, dtype=torch.int64, device=dev)
         self.use_graphs = dev.type == "cuda"
+        # each slot's prompt tokens off the draft vocabulary (refilled in place at begin), if there is one
+        vocab = d.vocab
+        self.parts = (PromptPart(vocab, vocab.prompt_tokens, slots) if vocab is not None and vocab.prompt_tokens
+                      else None)
         self._observe_graphs: dict[int, object] = {}  # rows -> the context-write step's graph
         self._blocks: dict[tuple[int, int], tuple] = {}  # (rows, span) -> (graph, outputs)
 
@@ -459,6 +469,8 @@ class DFlashSlots:
         self.lengths[s] = n
         self.pending.pop(s, None)
         (self.sampled.add if sampled else self.sampled.discard)(s)
+        if self.parts is not None:
+            self.d.vocab.prompt_part(prompt_ids, self.parts.slot(s))
 
     def drop(self, s: int) -> None:
         """Slot ``s``'s request ended: nothing of it is read again."""
@@ -527,7 +539,7 @@ class DFlashSlots:
         ctx = [(k[:n, :, :span], v[:n, :, :span]) for k, v in zip(self.k, self.v)]
         with static_step_attention(self.span_invariant, x.is_cuda):  # a slot's bits: its own inputs only
             h = d.model.block_hidden_slots(x, self.start[:n], ctx)
-        logits = d.logits(h[:, 1:])  # [S, B-1, V] fp32
+        logits = d.logits(h[:, 1:], None if self.parts is None else self.parts.first(n))  # [S, B-1, V] fp32
         return logits.argmax(-1), logits
 
     @torch.inference_mode()

@@ -11,7 +11,11 @@ Importing this module is cheap (no torch): the CLI reads :data:`SPECS` and check
 
 from __future__ import annotations
 
+import os
+
 from ..errors import ConfigError
+
+VOCAB_FILE = "draft_vocab.json"  # a drafter directory's draft vocabulary, used unless --draft-vocab says otherwise
 
 SPECS = "auto | none | ngram | mtp | mtp:PATH | dflash | dflash:PATH | any of the last four +ngram"
 SUFFIX = "+ngram"
@@ -57,13 +61,15 @@ def resolve_spec(spec, loaded, serving: bool = False):
 
 def make_drafter(spec, loaded, *, block_size: int | None = None, draft_vocab: str | None = None):
     """``loaded`` is the target's :class:`~specdec.loading.LoadedModel`. Returns a drafter or None.
-    ``draft_vocab``: a draft-vocabulary file (:mod:`.draft_vocab`) for an MTP or DFlash drafter."""
+    ``draft_vocab``: a draft-vocabulary file (:mod:`.draft_vocab`) for an MTP or DFlash drafter;
+    None: the drafter directory's ``draft_vocab.json`` where it has one (``specdec train`` writes it),
+    else the whole vocabulary; ``"none"``: the whole vocabulary."""
     check_spec(spec, block_size)
     spec = resolve_spec(spec, loaded)  # auto may pick none: block_size is then moot
-    if draft_vocab is not None:
+    if draft_vocab not in (None, "none"):
         from .draft_vocab import load_token_ids
         ids = load_token_ids(draft_vocab, loaded.model.config.vocab_size)  # a bad file fails before the drafter loads
-        d = make_drafter(spec, loaded, block_size=block_size)
+        d = _make(spec, loaded, block_size)
         model_drafter = getattr(d, "base", d)  # NgramFirst drafts with its model drafter
         if not hasattr(model_drafter, "use_draft_vocab"):
             name = spec if isinstance(spec, str) else "none" if spec is None else type(d).__name__
@@ -71,13 +77,26 @@ def make_drafter(spec, loaded, *, block_size: int | None = None, draft_vocab: st
                               f"not to '{name}'")
         model_drafter.use_draft_vocab(ids, f"draft vocabulary {draft_vocab}")
         return d
+    d = _make(spec, loaded, block_size)
+    model_drafter = getattr(d, "base", d)
+    folder = getattr(model_drafter, "path", "") if isinstance(spec, str) else ""  # a drafter directory's own list
+    if draft_vocab is None and folder and os.path.isfile(os.path.join(folder, VOCAB_FILE)):
+        from .draft_vocab import load_token_ids
+        shipped = os.path.join(folder, VOCAB_FILE)
+        model_drafter.use_draft_vocab(load_token_ids(shipped, loaded.model.config.vocab_size),
+                                      f"draft vocabulary {shipped}")
+    return d
+
+
+def _make(spec, loaded, block_size):
+    """:func:`make_drafter` without draft vocabularies."""
     if spec is None or spec == "none":
         return None
     if not isinstance(spec, str):
         return spec  # already a drafter object
     if spec.endswith(SUFFIX):
         from .combined import NgramFirst
-        return NgramFirst(make_drafter(spec[: -len(SUFFIX)], loaded, block_size=block_size))
+        return NgramFirst(_make(spec[: -len(SUFFIX)], loaded, block_size))
     if spec == "dflash":
         from .shipped import shipped_dir
         spec = "dflash:" + shipped_dir("dflash", loaded.path)

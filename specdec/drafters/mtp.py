@@ -172,6 +172,8 @@ class MTPDrafter:
         self._static: dict = {}  # k, or (k, temperature, top_k, top_p) for a sampled one -> its static step
         self._fast_layer: FastLayer | None = None  # the layer on the fused kernels (FastLayer), made at first use
         self.vocab = None  # a DraftVocab: drafts from its tokens only (use_draft_vocab)
+        self.path = ""  # the directory of a trained head (mtp_dir); "" for the target's own block
+        self._part = None  # the vocabulary's PromptPart: this request's prompt tokens off it (begin)
 
     def use_draft_vocab(self, ids, source: str = "draft vocabulary") -> None:
         """Draft only tokens of ``ids`` (:class:`~.draft_vocab.DraftVocab`: the head reads their rows)."""
@@ -179,6 +181,7 @@ class MTPDrafter:
         b = self.block
         w = b.shared_head.head.weight if b.shared_head is not None else self.target.head_weight()
         self.vocab = DraftVocab(ids, w, self.target.config.vocab_size, source)
+        self._part = None
         self._static = {}  # steps captured with the whole head
 
     def fast_layer(self) -> "FastLayer | None":
@@ -207,7 +210,7 @@ class MTPDrafter:
     def _head(self, g: torch.Tensor) -> torch.Tensor:
         b = self.block
         if self.vocab is not None:  # the subset's rows; the target's soft cap unless the head is the block's own
-            return self.vocab.logits(g, None if b.shared_head is not None else self.target.soft_cap)
+            return self.vocab.logits(g, None if b.shared_head is not None else self.target.soft_cap, self._part)
         if b.shared_head is not None:
             return F.linear(g, b.shared_head.head.weight).float()
         return self.target.head(g, exact=False)  # drafts: cuBLAS, not the row-exact GEMM
@@ -235,6 +238,8 @@ class MTPDrafter:
     @torch.inference_mode()
     def begin(self, prompt_ids: torch.Tensor, out: ForwardOut) -> None:
         ids = prompt_ids.to(self.target.device).reshape(-1)
+        if self.vocab is not None:  # refilled in place: captured proposals keep reading it
+            self._part = self.vocab.prompt_part(ids, self._part)
         self.length = 0  # the cache is kept when large enough: rows past the length are masked by position
         self._ensure(ids.numel() + 1024)  # room for the reply: each new cache means a new graph capture
         self._pending_h = [out.hidden[:-1]]

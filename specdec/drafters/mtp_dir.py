@@ -201,4 +201,6 @@ def load_mtp_dir(path: str, loaded, sample_drafts: bool = True) -> MTPDrafter:
     names = {n: n for n in block.state_dict()}
     load_into(block, src, names, dtype=target.dtype, device=target.device, desc="loading MTP head")
     block.eval()
-    return MTPDrafter(block, target, sample_drafts=sample_drafts)
+    d = MTPDrafter(block, target, sample_drafts=sample_drafts)
+    d.path = path  # its draft_vocab.json, if any, is found here (drafters.factory)
+    return d

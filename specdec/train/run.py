@@ -8,6 +8,10 @@ import random
 import shlex
 import sys
 
+import torch
+
+from ..drafters.draft_vocab import token_counts_vocab
+from ..drafters.factory import VOCAB_FILE
 from ..errors import ConfigError
 from .data import distill, read_prompts
 from .trainer import Stopped, TrainConfig, train
@@ -23,7 +27,8 @@ def check_args(a) -> None:
     for name, v, lo in (("--batch-tokens", a.batch_tokens, 1),
                         ("--max-new-tokens", a.max_new_tokens, 1), ("--slots", a.slots, 1),
                         ("--eval-prompts", a.eval_prompts, 0), ("--eval-tokens", a.eval_tokens, 1),
-                        ("--temperature", a.temperature, 0), ("--warmup", a.warmup, 0)):
+                        ("--temperature", a.temperature, 0), ("--warmup", a.warmup, 0),
+                        ("--draft-vocab-size", a.draft_vocab_size, 0)):
         if not v >= lo:
             raise ConfigError(f"{name} must be >= {lo:g}, got {v}")
     if a.warmup >= 1:
@@ -97,5 +102,25 @@ def run_train(a, argv: list[str] | None = None) -> int:
     except Stopped as e:
         print(f"specdec train: {e}", file=sys.stderr)
         return 3
+    if a.draft_vocab_size:
+        write_draft_vocab(os.path.join(a.out, VOCAB_FILE), data, loaded.model.config.vocab_size, a.draft_vocab_size,
+                          tok.eos_ids)
     print(json.dumps({"out": a.out, **{k: summary[k] for k in ("steps", "seconds", "last_epoch_loss", "held_out_tau")}}))
     return 0
+
+
+def write_draft_vocab(path: str, data, vocab_size: int, size: int, always=()) -> list[int] | None:
+    """The drafter's draft vocabulary (:mod:`specdec.drafters.draft_vocab`): the ``size`` tokens its
+    training replies use most, ties and the never-used by id (BPE ids run roughly from frequent to
+    rare), the stop tokens always; written atomically. None when ``size`` covers the vocabulary."""
+    if size >= vocab_size:
+        return None
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for r in data.replies:
+        counts += torch.bincount(torch.tensor(r, dtype=torch.int64), minlength=vocab_size)[:vocab_size]
+    ids = token_counts_vocab(counts, size, [t for t in always if 0 <= t < vocab_size])
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump({"token_ids": ids, "made_from": f"{int(counts.sum())} reply tokens of the training data"}, fh)
+    os.replace(tmp, path)
+    return ids
