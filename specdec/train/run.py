@@ -93,6 +93,8 @@ def run_train(a, argv: list[str] | None = None) -> int:
                       eval_prompts=eval_ids, eval_tokens=a.eval_tokens)
     argv = getattr(a, "argv", None) if argv is None else argv
     command = "specdec " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
+    vocab = draft_vocab_json(data, loaded.model.config.vocab_size, a.draft_vocab_size, tok.eos_ids)
+    task.extra_files = {VOCAB_FILE: vocab} if vocab else {}  # written with the drafter, in its directory
     task.provenance = {"command": command, "target": os.path.basename(target_path),
                        "prompts": [os.path.basename(p) for p in (a.prompts or DEFAULT_PROMPTS)],
                        "train_prompts": len(texts), "held_out_prompts": len(held), "max_new_tokens": a.max_new_tokens,
@@ -102,25 +104,18 @@ def run_train(a, argv: list[str] | None = None) -> int:
     except Stopped as e:
         print(f"specdec train: {e}", file=sys.stderr)
         return 3
-    if a.draft_vocab_size:
-        write_draft_vocab(os.path.join(a.out, VOCAB_FILE), data, loaded.model.config.vocab_size, a.draft_vocab_size,
-                          tok.eos_ids)
     print(json.dumps({"out": a.out, **{k: summary[k] for k in ("steps", "seconds", "last_epoch_loss", "held_out_tau")}}))
     return 0
 
 
-def write_draft_vocab(path: str, data, vocab_size: int, size: int, always=()) -> list[int] | None:
-    """The drafter's draft vocabulary (:mod:`specdec.drafters.draft_vocab`): the ``size`` tokens its
+def draft_vocab_json(data, vocab_size: int, size: int, always=()) -> str | None:
+    """The drafter's ``draft_vocab.json`` (:mod:`specdec.drafters.draft_vocab`): the ``size`` tokens its
     training replies use most, ties and the never-used by id (BPE ids run roughly from frequent to
-    rare), the stop tokens always; written atomically. None when ``size`` covers the vocabulary."""
-    if size >= vocab_size:
+    rare), the stop tokens always. None when ``size`` is 0 or covers the vocabulary."""
+    if not 0 < size < vocab_size:
         return None
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     for r in data.replies:
         counts += torch.bincount(torch.tensor(r, dtype=torch.int64), minlength=vocab_size)[:vocab_size]
     ids = token_counts_vocab(counts, size, [t for t in always if 0 <= t < vocab_size])
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"token_ids": ids, "made_from": f"{int(counts.sum())} reply tokens of the training data"}, fh)
-    os.replace(tmp, path)
-    return ids
+    return json.dumps({"token_ids": ids, "made_from": f"{int(counts.sum())} reply tokens of the training data"}) + "\n"

@@ -34,6 +34,7 @@ class _Task:
     capture: tuple[int, ...] = ()
     show: tuple[str, ...] = ()
     provenance: dict = {}
+    extra_files: dict = {}  # more files written into the drafter directory (run.py: draft_vocab.json)
 
     def parameters(self):
         return self.module.parameters()
@@ -52,7 +53,8 @@ class _Task:
         lines = [f"# {self.kind} drafter trained by `specdec train`", ""]
         for k, v in info.items():
             lines.append(f"- **{k}**: {v if not isinstance(v, (dict, list)) else json.dumps(v)}")
-        return {"TRAINING.md": "\n".join(lines) + "\n", "training.json": json.dumps(info, indent=2) + "\n"}
+        return {"TRAINING.md": "\n".join(lines) + "\n", "training.json": json.dumps(info, indent=2) + "\n",
+                **self.extra_files}
 
 
 class DFlashTask(_Task):
