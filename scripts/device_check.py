@@ -7,7 +7,8 @@
 
 Targets (random, transformers 5.x, hidden 1024): Llama (12 layers), Qwen3.5 dense and Qwen3.5 MoE
 (8 layers, every 4th full attention, 32 experts top-4 + shared; both with a random MTP block),
-each with a random 2-layer DFlash drafter of block 16, and Gemma 3 (12 layers, window 64). Drafters: ``ngram``, ``mtp`` (K=3),
+each with a random 2-layer DFlash drafter of block 16, and Gemma 3 (12 layers, window 64). Drafters: ``ngram``, ``mtp`` (K=3;
+``mtp-vocab``, ``dflash-vocab``: over a draft vocabulary of every other token id and the prompt's),
 ``dflash`` (block 16) and ``oracle``: the target's own plain greedy continuation with each draft
 spoiled (a wrong id) with probability 0.3, so most drafts are accepted and every spoiled one
 forces a rollback. Random drafters are almost never accepted (tau ~1) and would leave rollback
@@ -166,11 +167,14 @@ def run(a) -> None:
             gen = SpeculativeGenerator(loaded.model, SpoiledOracle([], loaded.model.config.vocab_size), 3, cuda_graphs=graphs)
             record("oracle", gen, lambda i: SpoiledOracle(ps[i] + plain[i], loaded.model.config.vocab_size, seed=i))
             continue
-        if spec == "dflash" and (a.model or a.target == "gemma3"):
+        kind = spec.removesuffix("-vocab")  # X-vocab: drafter X over a draft vocabulary of every other token id
+        if kind == "dflash" and (a.model or a.target == "gemma3"):
             continue
-        if spec == "mtp" and not a.model and not a.target.startswith("qwen35"):
+        if kind == "mtp" and not a.model and not a.target.startswith("qwen35"):
             continue
-        d = make_drafter(f"dflash:{os.path.join(a.dir, a.target + '-dflash')}" if spec == "dflash" else spec, loaded)
+        d = make_drafter(f"dflash:{os.path.join(a.dir, a.target + '-dflash')}" if kind == "dflash" else kind, loaded)
+        if spec.endswith("-vocab"):
+            d.use_draft_vocab(range(0, loaded.model.config.vocab_size, 2))
         k = d.block_size - 1 if getattr(d, "block_size", None) else 3
         record(spec, SpeculativeGenerator(loaded.model, d, k, cuda_graphs=graphs))
     json.dump(rows, open(a.out, "w"))
@@ -271,7 +275,8 @@ def main() -> None:
     r.add_argument("--model", default=None, help="real weights (HF dir or GGUF) instead of DIR/TARGET")
     r.add_argument("--gsm8k", default=None, help="gsm8k .jsonl: chat prompts instead of random ids")
     r.add_argument("--mode", choices=["graphs", "eager"], required=True)
-    r.add_argument("--drafters", nargs="+", default=["oracle", "ngram", "mtp", "dflash"])
+    r.add_argument("--drafters", nargs="+", default=["oracle", "ngram", "mtp", "dflash"],
+                   help="also mtp-vocab, dflash-vocab: over a draft vocabulary (every other id, and the prompt's)")
     r.add_argument("--prompts", type=int, default=4)
     r.add_argument("--new-tokens", type=int, default=256)
     r.add_argument("--out", required=True)
