@@ -94,8 +94,10 @@ class LLM:
     ``compile``: compile each static decode/verify/draft step with torch.compile (inductor) before
     it is captured (and where steps run uncaptured, e.g. on the CPU, run the compiled step): fewer,
     fused kernels per step, at the cost of compile time on each step shape's first use.
-    ``draft_vocab``: a file of the token ids an MTP or DFlash drafter may draft (its LM head reads
-    their rows only: :mod:`specdec.drafters.draft_vocab`); output is unchanged.
+    ``draft_vocab``: a file of the token ids an MTP or DFlash drafter may draft besides the prompt's (its
+    LM head reads their rows only: :mod:`specdec.drafters.draft_vocab`); output is unchanged. None: the
+    drafter directory's ``draft_vocab.json`` where it has one (the shipped drafters do); ``"none"``: the
+    whole vocabulary.
     ``shard``: inside a tensor-parallel rank (a :class:`specdec.parallel.Shard` handed out by
     :func:`specdec.parallel.launch.run_parallel`), the target is that rank's part, on its device;
     every rank must make the same calls (drafters run replicated).

@@ -275,9 +275,11 @@ class DFlashDrafter:
 
     # --- accounting -----------------------------------------------------------------
     def weight_bytes(self) -> int:
-        """The drafter's weights, and the fast steps' copies of them once made (:mod:`.dflash_fast`)."""
+        """The drafter's weights, the fast steps' copies of them once made (:mod:`.dflash_fast`) and its draft
+        vocabulary's head rows."""
         own = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return own + (self._fast_w.nbytes() if self._fast_w is not None else 0)
+        vocab = self.vocab.nbytes() if self.vocab is not None else 0
+        return own + vocab + (self._fast_w.nbytes() if self._fast_w is not None else 0)
 
     def cache_bytes(self) -> int:
         return sum(s.nbytes() for s in self.kv)

@@ -120,6 +120,10 @@ class DraftVocab:
     def __len__(self) -> int:
         return self.ids.numel()
 
+    def nbytes(self) -> int:
+        """The copied head rows (a request's prompt part adds ``prompt_tokens`` rows)."""
+        return self.rows.numel() * self.rows.element_size()
+
     @torch.no_grad()
     def prompt_part(self, prompt_ids: torch.Tensor, part: PromptPart | None = None) -> PromptPart | None:
         """The prompt's tokens off the vocabulary (the last ``prompt_tokens`` distinct ones) written
