@@ -96,8 +96,23 @@ def describe_dflash(path: str) -> dict:
         "layer_types": {t: list(c.layer_types).count(t) for t in dict.fromkeys(c.layer_types)},
         "tensors": len(infos), "storage_types": _count_types(infos),
         "weight_bytes": nbytes,
-        "shares": "embedding and LM head of the target",
+        "shares": "embedding and LM head of the target", **_draft_vocab(path),
     }
+
+
+def _draft_vocab(path: str) -> dict:
+    """A drafter directory's draft vocabulary, when it has one (:mod:`specdec.drafters.draft_vocab`)."""
+    from .drafters.factory import VOCAB_FILE
+
+    f = os.path.join(path, VOCAB_FILE)
+    if not os.path.isfile(f):
+        return {}
+    try:
+        raw = read_json(f)
+        n = len(raw["token_ids"] if isinstance(raw, dict) else raw)
+    except Exception:  # noqa: BLE001 - info describes; loading the drafter names the fault
+        return {"draft_vocab": f"{VOCAB_FILE} (unreadable)"}
+    return {"draft_vocab": f"{n} tokens and the prompt's ({VOCAB_FILE}; used unless --draft-vocab none)"}
 
 
 def describe_mtp(path: str) -> dict:
@@ -111,7 +126,7 @@ def describe_mtp(path: str) -> dict:
         "path": path, "format": "hf", "kind": "MTP drafter (use as --draft mtp:PATH)",
         **{f: d.get(f) for f in FIT_FIELDS if f in d}, "num_draft_steps_trained": d.get("num_draft_steps_trained"),
         "tensors": len(infos), "storage_types": _count_types(infos), "weight_bytes": nbytes,
-        "shares": "embedding and LM head of the target",
+        "shares": "embedding and LM head of the target", **_draft_vocab(path),
     }
 
 

@@ -158,3 +158,14 @@ def test_cli_refuses_a_draft_vocab_without_a_model_drafter(tmp_path, capsys):
         rc = main(["generate", "-m", target, "--device", "cpu", "--draft", draft, "--draft-vocab", vocab, "-p", "hi"])
         err = capsys.readouterr().err
         assert rc == 2 and msg in err and "Traceback" not in err, (draft, err)
+
+
+def test_info_names_a_drafter_directorys_vocabulary(tmp_path, capsys):
+    target = build_llama(tmp_path / "llama", vocab=64, hidden=32, layers=4)
+    dpath, _ = write_drafter(tmp_path / "dflash", hidden=32, num_target_layers=4, target_layer_ids=(1, 2), block_size=4)
+    assert main(["info", str(dpath), "--json"]) == 0 and "draft_vocab" not in json.loads(capsys.readouterr().out)
+    (tmp_path / "dflash" / "draft_vocab.json").write_text(json.dumps({"token_ids": [1, 5, 9]}))
+    assert main(["info", str(dpath), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["draft_vocab"].startswith("3 tokens and the prompt's")
+    lm = LLM(target, draft=f"dflash:{dpath}", device="cpu")  # and the drafter takes it by default
+    assert lm.drafter.vocab.ids.tolist() == [1, 5, 9]
