@@ -22,7 +22,7 @@ def _run(capsys, *argv):
 def test_cli_tiny_writes_every_field(tmp_path, capsys, single_thread):
     path = tmp_path / "shape.json"
     rc, out, err = _run(capsys, "bench", "--shape", "tiny", "--device", "cpu", "--context", "32", "--reps", "3",
-                        "-n", "160", "--oracle-tau", "4", "--json", str(path))
+                        "-n", "160", "--oracle-tau", "4", "--draft-vocab", "100", "--json", str(path))
     assert rc == 0, err
     assert "ORACLE" in out
     r = json.loads(path.read_text())
@@ -39,6 +39,12 @@ def test_cli_tiny_writes_every_field(tmp_path, capsys, single_thread):
     assert r["drafter_ms"]["dflash (5 layers, block 16)"]["ms"] > 0
     assert r["drafter_ms"]["dflash (5 layers, block 16)"]["step_ms"] > 0  # the proposal after 16 committed rows
     assert r["drafter_ms"]["mtp (1 layer)"]["ms"] > 0  # tiny is a Qwen3 shape: a specdec-trained head's
+    for label in ("dflash (5 layers, block 16)", "mtp (1 layer)"):  # each again over 100 vocabulary rows
+        whole, part = r["drafter_ms"][label], r["drafter_ms"][f"{label}, draft vocab 100"]
+        assert part["ms"] > 0 and part["k"] == whole["k"]
+        for d in (whole, part):  # (verify of k + propose) / decode
+            want = (r["verify_ms"][str(d["k"])] + d.get("step_ms", d["ms"])) / r["decode_ms"]
+            assert abs(d["step_ratio"] - want) < 2e-3 and f"= {d['step_ratio']}x a decode step" in out
     e = r["oracle_e2e"]
     assert "ORACLE" in e["drafter"] and e["output_equals_plain"] and e["new_tokens"] == 160
     assert abs(e["measured_tau"] - 4) < 1.2, e
@@ -179,6 +185,8 @@ def test_too_big_is_refused_before_allocating():
     (["--shape", "tiny", "--context", "4000", "--wide-rows", "128"], "--wide-rows 128 exceeds shape tiny's 4096"),
     (["--shape", "tiny", "--wide-rows", "32", "--compile"], "--wide-rows cannot be used with --compile"),
     (["--model", "/nonexistent/m.gguf", "--wide-rows", "32"], "--wide-rows belongs to --shape runs"),
+    (["--shape", "tiny", "--draft-vocab", "hot.json"], "--draft-vocab with --shape is a number of vocabulary rows"),
+    (["--shape", "tiny", "--draft-vocab", "513"], "--draft-vocab: 513 must lie in 1..512"),
 ])
 def test_one_line_errors(capsys, argv, culprit):
     rc, out, err = _run(capsys, "bench", *argv)
