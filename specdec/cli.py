@@ -218,7 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "the N tokens its training replies use most (generate and serve then draft from them and the "
                    "prompt's tokens; --draft-vocab none turns it off); 0 = none (default 16384)")
     t.add_argument("--data-cache", default="~/.cache/specdec/distill", help="where replies are cached")
-    t.add_argument("--distill-only", action="store_true", help="make (or check) the cached replies, then stop")
+    t.add_argument("--distill-only", action="store_true", help="make (or check) the cached replies and write "
+                   "OUT/draft_vocab.json from them (see --draft-vocab-size), then stop: a draft vocabulary for a "
+                   "target's own MTP block (generate --draft mtp --draft-vocab OUT/draft_vocab.json)")
     t.add_argument("--epochs", type=float, default=6.0, help="passes over the data (default 6)")
     t.add_argument("--lr", type=float, default=6e-4, help="peak AdamW learning rate (default 6e-4)")
     t.add_argument("--warmup", type=float, default=0.04, help="warm-up fraction of the steps (default 0.04); "

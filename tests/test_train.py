@@ -146,8 +146,10 @@ def test_bad_prompt_record_names_file_and_line(target, tmp_path, capsys):
 
 def test_reply_cache_serves_any_split_and_a_new_output_folder(target, prompts, tmp_path, capsys):
     cache = str(tmp_path / "cache")
-    rc, _, err = _train(capsys, target, prompts, str(tmp_path / "a"), cache, "mtp", "--distill-only")
+    rc, _, err = _train(capsys, target, prompts, str(tmp_path / "a"), cache, "mtp", "--distill-only",
+                        "--draft-vocab-size", "30")
     assert rc == 0 and "distilled 38 replies" in err
+    assert len(json.load(open(tmp_path / "a" / "draft_vocab.json"))["token_ids"]) == 30  # the replies' vocabulary alone
     # another held-out split and fewer prompts: every reply is already cached
     rc, _, err = _train(capsys, target, prompts, str(tmp_path / "b"), cache, "mtp", "--distill-only",
                         "--eval-prompts", "5", "--max-prompts", "20")

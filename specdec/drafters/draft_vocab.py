@@ -58,7 +58,7 @@ def load_token_ids(path: str, vocab_size: int) -> list[int]:
 
 def token_counts_vocab(counts: torch.Tensor, size: int, always: list[int] = ()) -> list[int]:
     """The ``size`` most counted token ids (``counts [V]``; ties by id), the ``always`` ones included."""
-    order = sorted(range(counts.numel()), key=lambda t: (-int(counts[t]), t))
+    order = torch.sort(-counts.to(torch.int64), stable=True).indices.tolist()  # a stable sort: ties by id
     chosen = list(dict.fromkeys([int(t) for t in always] + order))[:max(size, len(always))]
     return sorted(chosen)
 

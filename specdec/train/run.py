@@ -83,7 +83,15 @@ def run_train(a, argv: list[str] | None = None) -> int:
     data = distill(loaded, texts, max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed,
                    slots=a.slots, cache_dir=cache_dir, chat=not a.no_chat)
     print(f"data: {len(data.prompts)} prompts, {data.reply_tokens} reply tokens (cache {cache_dir})", file=sys.stderr)
-    if a.distill_only:
+    if a.distill_only:  # the replies' draft vocabulary alone (e.g. for a target's own MTP block: --draft-vocab FILE)
+        vocab = draft_vocab_json(data, loaded.model.config.vocab_size, a.draft_vocab_size, tok.eos_ids)
+        if vocab:
+            os.makedirs(a.out, exist_ok=True)
+            path = os.path.join(a.out, VOCAB_FILE)
+            with open(path + ".tmp", "w", encoding="utf-8") as fh:
+                fh.write(vocab)
+            os.replace(path + ".tmp", path)
+            print(f"draft vocabulary: {path}", file=sys.stderr)
         return 0
     eval_ids = [tok.encode(t, add_special=True) if a.no_chat else
                 tok.encode(tok.apply_chat_template([{"role": "user", "content": t}]), add_special=False) for t in held]
