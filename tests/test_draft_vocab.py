@@ -169,3 +169,17 @@ def test_info_names_a_drafter_directorys_vocabulary(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["draft_vocab"].startswith("3 tokens and the prompt's")
     lm = LLM(target, draft=f"dflash:{dpath}", device="cpu")  # and the drafter takes it by default
     assert lm.drafter.vocab.ids.tolist() == [1, 5, 9]
+
+
+def test_a_tensor_parallel_rank_drafts_over_the_whole_head(tmp_path, monkeypatch):
+    """A rank's LM head is its shard: a directory's list is not used there (an explicit one is refused)."""
+    from specdec.drafters.factory import make_drafter
+    from specdec.loading import load_model
+
+    target = build_llama(tmp_path / "llama", vocab=64, hidden=32, layers=4)
+    dpath, _ = write_drafter(tmp_path / "dflash", hidden=32, num_target_layers=4, target_layer_ids=(1, 2), block_size=4)
+    (tmp_path / "dflash" / "draft_vocab.json").write_text("[1, 5, 9]")
+    loaded = load_model(target, "cpu", tokenizer=False)
+    assert make_drafter(f"dflash:{dpath}", loaded).vocab is not None
+    monkeypatch.setattr(loaded.model, "shard", object())  # as on a rank
+    assert make_drafter(f"dflash:{dpath}", loaded).vocab is None

@@ -62,8 +62,8 @@ def resolve_spec(spec, loaded, serving: bool = False):
 def make_drafter(spec, loaded, *, block_size: int | None = None, draft_vocab: str | None = None):
     """``loaded`` is the target's :class:`~specdec.loading.LoadedModel`. Returns a drafter or None.
     ``draft_vocab``: a draft-vocabulary file (:mod:`.draft_vocab`) for an MTP or DFlash drafter;
-    None: the drafter directory's ``draft_vocab.json`` where it has one (``specdec train`` writes it),
-    else the whole vocabulary; ``"none"``: the whole vocabulary."""
+    None: the drafter directory's ``draft_vocab.json`` where it has one (``specdec train`` writes it) and
+    the target is not a tensor-parallel rank, else the whole vocabulary; ``"none"``: the whole vocabulary."""
     check_spec(spec, block_size)
     spec = resolve_spec(spec, loaded)  # auto may pick none: block_size is then moot
     if draft_vocab not in (None, "none"):
@@ -80,7 +80,8 @@ def make_drafter(spec, loaded, *, block_size: int | None = None, draft_vocab: st
     d = _make(spec, loaded, block_size)
     model_drafter = getattr(d, "base", d)
     folder = getattr(model_drafter, "path", "") if isinstance(spec, str) else ""  # a drafter directory's own list
-    if draft_vocab is None and folder and os.path.isfile(os.path.join(folder, VOCAB_FILE)):
+    sharded = getattr(getattr(loaded, "model", None), "shard", None) is not None  # a rank's head: no subset of it
+    if draft_vocab is None and folder and not sharded and os.path.isfile(os.path.join(folder, VOCAB_FILE)):
         from .draft_vocab import load_token_ids
         shipped = os.path.join(folder, VOCAB_FILE)
         model_drafter.use_draft_vocab(load_token_ids(shipped, loaded.model.config.vocab_size),
