@@ -78,7 +78,8 @@ class LLM:
     default). ``draft``: ``None``/``"none"``, ``"ngram"``, ``"mtp"`` (the target's own MTP block,
     else the MTP head shipped for it), ``"mtp:PATH"`` (a trained MTP head directory), ``"dflash"``
     (the DFlash drafter shipped for the target), ``"dflash:PATH"``, ``"auto"`` (the shipped DFlash
-    drafter with history lookup first, ``dflash+ngram``, on CUDA, else none; the CLI's default), any model drafter spec + ``"+ngram"``
+    drafter with history lookup first, ``dflash+ngram``, on CUDA; the shipped MTP head so,
+    ``mtp+ngram``, on the CPU; else none; the CLI's default), any model drafter spec + ``"+ngram"``
     (``"dflash+ngram"``: history lookup first, the model drafter where the history has no match)
     or a drafter object.
     ``device``: ``"cpu"``, ``"cuda"`` or None (CUDA when present). ``dtype``: ``"float32"``,

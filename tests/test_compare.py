@@ -82,8 +82,7 @@ def test_greedy_mismatch_is_loud_and_exits_1(gguf_path, capsys, monkeypatch):
 
 
 def test_compare_without_a_drafter_is_refused_before_loading(capsys):
-    for extra, why in (([], "--draft auto decodes plainly here (on the CPU, or for a target without a shipped "
-                            "drafter)"),
+    for extra, why in (([], "--draft auto decodes plainly here (no drafter is shipped for this target)"),
                        (["--draft", "none"], "--compare needs a drafter to compare with plain decoding")):
         rc, out, err = _run(capsys, "generate", "-m", "/nonexistent/model.gguf", "-p", "x", "--compare", *extra)
         assert rc == 2 and out == ""

@@ -1,7 +1,8 @@
 """Build a drafter from a user-facing spec: ``none``, ``ngram``, ``mtp`` (the target's own MTP
 block, or else the MTP head shipped for it), ``mtp:PATH`` (a trained MTP head directory),
 ``dflash`` (the DFlash drafter shipped for the target), ``dflash:PATH``, ``auto`` (the shipped
-DFlash drafter with history lookup first where it pays, else none: :mod:`.shipped`), and any model drafter spec followed by
+DFlash drafter with history lookup first on CUDA, the shipped MTP head so on the CPU, else none:
+:mod:`.shipped`), and any model drafter spec followed by
 ``+ngram`` (``dflash+ngram``, ``mtp:PATH+ngram``, ...): history lookup first, the model drafter
 where the history has no match (:mod:`.combined`).
 
@@ -52,7 +53,7 @@ def check_spec(spec, block_size: int | None = None) -> None:
 
 def resolve_spec(spec, loaded, serving: bool = False):
     """``auto`` made concrete for this target and device (``dflash+ngram``, for the serving loop
-    ``dflash``, or ``none``: :func:`~.shipped.auto_spec`); other specs as given."""
+    ``dflash``; ``mtp+ngram`` on the CPU; or ``none``: :func:`~.shipped.auto_spec`); other specs as given."""
     if spec == "auto":
         from .shipped import auto_spec
         return auto_spec(getattr(loaded, "path", None), getattr(loaded, "model", loaded).device.type, serving)

@@ -17,10 +17,12 @@ from ..errors import ConfigError
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "drafters")
 
-# Where ``auto`` picks the shipped DFlash drafter. On the CPU (fp32) a 16-row verify plus the
-# drafter's block costs more than the ~2.6 tokens a step it gains on 2 cores (BENCHMARKS.md), so
-# ``auto`` decodes plainly there.
+# Where ``auto`` picks the shipped DFlash drafter. On the CPU (fp32, 2 cores) ``auto`` is the shipped MTP
+# head behind the history lookup instead (one sequence): with their draft vocabularies (session of
+# 2026-12-03 (eighth), BENCHMARKS.md) ``mtp+ngram`` ran 1.56x / 1.35x / 1.06x plain on GSM8K / HumanEval /
+# MT-Bench, ``dflash+ngram`` 1.47x / 1.25x / 1.04x; without them neither paid there.
 AUTO_DEVICES = ("cuda",)
+CPU_AUTO = "mtp+ngram"
 
 
 @functools.lru_cache(maxsize=None)
@@ -69,7 +71,12 @@ def auto_spec(target_path: str | None, device_type: str, serving: bool = False) 
     pays (:data:`AUTO_DEVICES`), ``dflash+ngram`` for one sequence (history lookup first: on the H200,
     cf0fdd2 with the stage-6 drafter, 2.14x / 1.96x / 1.26x plain on GSM8K / HumanEval / MT-Bench against
     1.98x / 1.38x / 1.08x for ``dflash`` alone, BENCHMARKS.md) and ``dflash`` for the serving loop (``serving``: there
-    the combination drafts slot by slot, not in one all-slots step, and is not measured); else ``none``."""
-    if device_type in AUTO_DEVICES and "dflash" in shipped_for(target_path):
+    the combination drafts slot by slot, not in one all-slots step, and is not measured); on the CPU
+    :data:`CPU_AUTO` for one sequence where an MTP head is shipped (the serving loop: not measured, none);
+    else ``none``."""
+    shipped = shipped_for(target_path)
+    if device_type in AUTO_DEVICES and "dflash" in shipped:
         return "dflash" if serving else "dflash+ngram"
+    if device_type == "cpu" and not serving and "mtp" in shipped:
+        return CPU_AUTO
     return "none"
