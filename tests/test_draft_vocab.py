@@ -62,7 +62,7 @@ def test_prompt_part():
     assert torch.isinf(v.logits(h, part=part)[:, [5, 7, 8]]).all()
     assert DraftVocab([0], w, 30, prompt_tokens=0).prompt_part(torch.tensor([4])) is None
     # one part per slot (DFlashSlots): row s of h [S, R, H] takes slot s's tokens, as a part of its own would
-    slots = PromptPart(v, 3, slots=2)
+    slots = PromptPart.empty(v, 3, slots=2)
     v.prompt_part(torch.tensor([9, 4]), slots.slot(0))
     v.prompt_part(torch.tensor([6]), slots.slot(1))
     hs = torch.randn(2, 5, 8, generator=g)

@@ -448,7 +448,7 @@ class DFlashSlots:
         self.use_graphs = dev.type == "cuda"
         # each slot's prompt tokens off the draft vocabulary (refilled in place at begin), if there is one
         vocab = d.vocab
-        self.parts = (PromptPart(vocab, vocab.prompt_tokens, slots) if vocab is not None and vocab.prompt_tokens
+        self.parts = (PromptPart.empty(vocab, vocab.prompt_tokens, slots) if vocab is not None and vocab.prompt_tokens
                       else None)
         self._observe_graphs: dict[int, object] = {}  # rows -> the context-write step's graph
         self._blocks: dict[tuple[int, int], tuple] = {}  # (rows, span) -> (graph, outputs)

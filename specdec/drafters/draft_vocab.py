@@ -74,24 +74,23 @@ class PromptPart:
     """A request's prompt tokens off a :class:`DraftVocab`: ``ids [P]`` and their head rows ``[P, H]``,
     fixed-size buffers refilled in place for each request (captured steps keep reading them); unused
     entries hold the id ``V`` (one past the vocabulary: :meth:`DraftVocab.logits` writes them to a
-    column it drops) and zero rows. ``slots``: one part per sequence of a batch (``ids [slots, P]``,
-    ``rows [slots, P, H]``; :meth:`slot` is one of them, :meth:`first` the first ``n``)."""
+    column it drops) and zero rows. One part per sequence of a batch: ``ids [slots, P]``, ``rows
+    [slots, P, H]`` (:meth:`slot` is one of them, :meth:`first` the first ``n``)."""
 
-    def __init__(self, vocab: "DraftVocab", capacity: int, slots: int | None = None):
+    def __init__(self, ids: torch.Tensor, rows: torch.Tensor):
+        self.ids, self.rows = ids, rows
+
+    @classmethod
+    def empty(cls, vocab: "DraftVocab", capacity: int, slots: int | None = None) -> "PromptPart":
         lead = () if slots is None else (slots,)
-        self.ids = torch.full((*lead, capacity), vocab.vocab_size, dtype=torch.int64, device=vocab.ids.device)
-        self.rows = vocab.rows.new_zeros(*lead, capacity, vocab.rows.shape[1])
-
-    def _view(self, ids: torch.Tensor, rows: torch.Tensor) -> "PromptPart":
-        part = PromptPart.__new__(PromptPart)
-        part.ids, part.rows = ids, rows
-        return part
+        return cls(torch.full((*lead, capacity), vocab.vocab_size, dtype=torch.int64, device=vocab.ids.device),
+                   vocab.rows.new_zeros(*lead, capacity, vocab.rows.shape[1]))
 
     def slot(self, s: int) -> "PromptPart":
-        return self._view(self.ids[s], self.rows[s])
+        return PromptPart(self.ids[s], self.rows[s])
 
     def first(self, n: int) -> "PromptPart":
-        return self._view(self.ids[:n], self.rows[:n])
+        return PromptPart(self.ids[:n], self.rows[:n])
 
 
 class DraftVocab:
@@ -130,7 +129,7 @@ class DraftVocab:
         into ``part`` (made when None); None when ``prompt_tokens`` is 0."""
         if not self.prompt_tokens:
             return None
-        part = part or PromptPart(self, self.prompt_tokens)
+        part = part or PromptPart.empty(self, self.prompt_tokens)
         ids = prompt_ids.reshape(-1).to(self.ids.device)
         new = ids[~self._in[ids]].flip(0)  # the last ones first
         if new.numel():

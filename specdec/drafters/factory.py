@@ -67,26 +67,24 @@ def make_drafter(spec, loaded, *, block_size: int | None = None, draft_vocab: st
     the target is not a tensor-parallel rank, else the whole vocabulary; ``"none"``: the whole vocabulary."""
     check_spec(spec, block_size)
     spec = resolve_spec(spec, loaded)  # auto may pick none: block_size is then moot
-    if draft_vocab not in (None, "none"):
-        from .draft_vocab import load_token_ids
-        ids = load_token_ids(draft_vocab, loaded.model.config.vocab_size)  # a bad file fails before the drafter loads
-        d = _make(spec, loaded, block_size)
-        model_drafter = getattr(d, "base", d)  # NgramFirst drafts with its model drafter
-        if not hasattr(model_drafter, "use_draft_vocab"):
-            name = spec if isinstance(spec, str) else "none" if spec is None else type(d).__name__
-            raise ConfigError(f"--draft-vocab applies to MTP and DFlash drafters (mtp, dflash, ... +ngram), "
-                              f"not to '{name}'")
-        model_drafter.use_draft_vocab(ids, f"draft vocabulary {draft_vocab}")
-        return d
+    from .draft_vocab import load_token_ids
+
+    target = getattr(loaded, "model", loaded)  # a LoadedModel, or (the serving loop's callers) the model itself
+    vocab_size = target.config.vocab_size
+    explicit = draft_vocab not in (None, "none")
+    ids = load_token_ids(draft_vocab, vocab_size) if explicit else None  # a bad file fails before the drafter loads
     d = _make(spec, loaded, block_size)
-    model_drafter = getattr(d, "base", d)
+    model_drafter = getattr(d, "base", d)  # NgramFirst drafts with its model drafter
+    if explicit and not hasattr(model_drafter, "use_draft_vocab"):
+        name = spec if isinstance(spec, str) else "none" if spec is None else type(d).__name__
+        raise ConfigError(f"--draft-vocab applies to MTP and DFlash drafters (mtp, dflash, ... +ngram), not to '{name}'")
     folder = getattr(model_drafter, "path", "") if isinstance(spec, str) else ""  # a drafter directory's own list
-    sharded = getattr(getattr(loaded, "model", None), "shard", None) is not None  # a rank's head: no subset of it
+    sharded = getattr(target, "shard", None) is not None  # a rank's head is its shard: no subset of it
     if draft_vocab is None and folder and not sharded and os.path.isfile(os.path.join(folder, VOCAB_FILE)):
-        from .draft_vocab import load_token_ids
-        shipped = os.path.join(folder, VOCAB_FILE)
-        model_drafter.use_draft_vocab(load_token_ids(shipped, loaded.model.config.vocab_size),
-                                      f"draft vocabulary {shipped}")
+        draft_vocab = os.path.join(folder, VOCAB_FILE)
+        ids = load_token_ids(draft_vocab, vocab_size)
+    if ids is not None:
+        model_drafter.use_draft_vocab(ids, f"draft vocabulary {draft_vocab}")
     return d
 
 
