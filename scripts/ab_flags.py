@@ -17,8 +17,10 @@ Variants: ``base`` (every flag off), ``fold`` (SPECDEC_FOLD_RESIDUAL), ``direct`
 ``fused+direct+pdl+small-tiles`` (SPECDEC_SPLIT_SMALL_TILES; the defaults since the session of 2026-12-03 (second)),
 ``all``; ``defaults`` (every flag the package turns on by default: all of them since the session of
 2026-12-03 (seventh)) and ``defaults-<flag>`` (one flag off: ``defaults-fold``, ``defaults-delta-proj``
-(SPECDEC_DELTA_PROJ: a Gated DeltaNet's in-projections as one GEMM; hybrid shapes only), ...): each turns
-its flags on and the others off. The flags are module attributes read as a step
+(SPECDEC_DELTA_PROJ: a Gated DeltaNet's in-projections as one GEMM; hybrid shapes only), ``defaults-fused-moe``
+(SPECDEC_FUSED_MOE: a MoE block's step in three kernels; MoE shapes only), ...): each turns
+its flags on and the others off; ``defaults+split64`` (128, 256, 512): the defaults with SPECDEC_SPLIT_KEYS at
+that value. The flags are module attributes read as a step
 is built, so a variant's steps are built with them set and the defaults come back after.
 """
 
@@ -36,7 +38,10 @@ FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.m
          "drafter-split": ("specdec.models.layers", "DRAFTER_SPLIT"),
          "fused-layer": ("specdec.models.fused_layer", "ENABLED"), "pdl": ("specdec.models.pdl", "ENABLED"),
          "small-tiles": ("specdec.models.split_attention", "SMALL_TILES"),
-         "delta-proj": ("specdec.models.deltanet", "FUSED_PROJ")}
+         "delta-proj": ("specdec.models.deltanet", "FUSED_PROJ"),
+         "fused-moe": ("specdec.models.expert_kernel", "FUSED_MOE")}
+# settings other than on/off, each on top of the defaults: defaults+split64 (SPECDEC_SPLIT_KEYS=64), ...
+SETTINGS = {f"split{n}": ("specdec.models.split_attention", "_SPLIT_ENV", n) for n in (64, 128, 256, 512)}
 VARIANTS = {"base": (), "fold": ("fold",), "direct": ("direct",), "drafter-split": ("drafter-split",),
             "fused-layer": ("fused-layer",), "fused+direct": ("fused-layer", "direct"),
             "fused+direct+pdl": ("fused-layer", "direct", "pdl"),
@@ -45,6 +50,8 @@ VARIANTS = {"base": (), "fold": ("fold",), "direct": ("direct",), "drafter-split
 VARIANTS["defaults"] = tuple(FLAGS)  # what ships today: every flag on
 for _n in FLAGS:  # each flag's question against what ships: defaults-fold, defaults-delta-proj, ...
     VARIANTS[f"defaults-{_n}"] = tuple(n for n in FLAGS if n != _n)
+for _n in SETTINGS:
+    VARIANTS[f"defaults+{_n}"] = tuple(FLAGS) + (_n,)
 
 
 @contextlib.contextmanager
@@ -56,6 +63,12 @@ def flags(names):
             mod = importlib.import_module(FLAGS[n][0])
             saved.append((mod, FLAGS[n][1], getattr(mod, FLAGS[n][1])))
             setattr(mod, FLAGS[n][1], n in names)
+        for n in names:
+            if n in SETTINGS:
+                modname, attr, value = SETTINGS[n]
+                mod = importlib.import_module(modname)
+                saved.append((mod, attr, getattr(mod, attr)))
+                setattr(mod, attr, value)
         yield
     finally:
         for mod, attr, value in saved:

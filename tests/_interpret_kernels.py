@@ -103,7 +103,7 @@ def split() -> None:
     try:
         for name, (b, h, hkv, d, t, span, starts) in [("smollm2 heads", (2, 9, 3, 64, 4, 200, [3, 190])),
                                                          ("qwen3-8b heads", (1, 32, 8, 128, 3, sa.split_keys(128), [250])),
-                                                         ("qwen3.5 heads (d 256)", (1, 16, 4, 256, 2, 200, [140]))]:
+                                                         ("qwen3.5 heads (d 256)", (1, 16, 4, 256, 2, sa.split_keys(256), [40]))]:
             q, k, v, mask = _attn_case(b, h, hkv, d, t, span, starts)
             scale = d ** -0.5
             sa.DIRECT = False
@@ -242,6 +242,35 @@ def experts() -> None:
         check("experts: a row's bits alone equal its bits beside the others", torch.equal(alone, got))
         part = expert_kernel.pairs(x, idx, ex.gate_up_proj, ex.down_proj, torch.tensor(2))
         check("experts: the live rows as before, the padding rows zero", torch.equal(part[:2], got[:2]) and not part[2:].any())
+
+
+def moe() -> None:
+    """models/expert_kernel.py's whole MoE step (routing, the pairs with the shared expert, the weighted sum)
+    against its torch form (moe_reference): the output, a row's bits alone and beside others, and a static
+    step's padding rows (past ``live``) zero; with and without a shared expert."""
+    from specdec.models import expert_kernel
+    torch.manual_seed(0)
+    e, hidden, inter, t, k = 6, 300, 40, 5, 2  # hidden past one BK block and not a multiple of it
+    gate_up = (torch.randn(e, 2 * inter, hidden) * 0.1).half()
+    down = (torch.randn(e, hidden, inter) * 0.1).half()
+    shared = ((torch.randn(2 * inter, hidden) * 0.1).half(), (torch.randn(hidden, inter) * 0.1).half(),
+              (torch.randn(hidden) * 0.1).half())
+    x = torch.randn(t, hidden).half()
+    logits = torch.randn(t, e).half()
+    tiles = ((16, 128, 4), (8, 32, 4))  # past one BK block of the intermediate too
+    for name, sh in (("shared expert", shared), ("no shared expert", None)):
+        got = expert_kernel.moe(x, logits, k, gate_up, down, sh, tiles=tiles)
+        want = expert_kernel.moe_reference(x, logits, k, gate_up, down, sh)
+        diff = (got.float() - want.float()).abs()
+        ulps = (diff / (want.float().abs() * 2 ** -10 + 1e-3)).max().item()
+        check(f"moe ({name}): the output equals the torch form's (within two fp16 steps)", ulps <= 2.0,
+              f"(max diff {diff.max().item():.2e}, {ulps:.2f} steps)")
+        alone = torch.cat([expert_kernel.moe(x[i:i + 1], logits[i:i + 1], k, gate_up, down, sh, tiles=tiles)
+                           for i in range(t)])
+        check(f"moe ({name}): a row's bits alone equal its bits beside the others", torch.equal(alone, got))
+        part = expert_kernel.moe(x, logits, k, gate_up, down, sh, torch.tensor(2), tiles=tiles)
+        check(f"moe ({name}): the live rows as before, the padding rows zero",
+              torch.equal(part[:2], got[:2]) and not part[2:].any())
 
 
 def linear() -> None:
@@ -535,5 +564,5 @@ def pdl_ptx() -> None:
 
 
 if __name__ == "__main__":
-    {"split": split, "delta": delta, "delta-step": delta_step, "experts": experts, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
+    {"split": split, "delta": delta, "delta-step": delta_step, "experts": experts, "moe": moe, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
      "dflash-fast": dflash_fast, "mtp-fast": mtp_fast, "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()

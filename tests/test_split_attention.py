@@ -138,8 +138,9 @@ def test_split_attention_under_torch_compile(monkeypatch):
 
 
 def test_split_keys_by_head_size_and_from_the_environment():
-    """Keys a split: 512 for heads of 128 features, 256 for the others; SPECDEC_SPLIT_KEYS (256, 512 or 1024) sets
-    one value for every head size; anything else is a one-line error naming it."""
+    """Keys a split: 512 for heads of 128 features, 64 for heads of 256, 256 for the others; SPECDEC_SPLIT_KEYS
+    (64, 128, 256, 512 or 1024) sets one value for every head size, raised to the tile's block of keys (128 up to
+    128 features); anything else is a one-line error naming it."""
     import subprocess
 
     from specdec.models import split_attention
@@ -150,8 +151,9 @@ def test_split_keys_by_head_size_and_from_the_environment():
                                "print(s.split_keys(64), s.split_keys(128), s.split_keys(256))"],
                               env=env, capture_output=True, text=True)
     if "SPECDEC_SPLIT_KEYS" not in os.environ:
-        assert [split_attention.split_keys(d) for d in (16, 64, 128, 256)] == [256, 256, 512, 256]
+        assert [split_attention.split_keys(d) for d in (16, 64, 128, 256)] == [256, 256, 512, 64]
     assert run("512").stdout.split() == ["512"] * 3
     assert run("256").stdout.split() == ["256"] * 3
+    assert run("64").stdout.split() == ["128", "128", "64"]
     bad = run("300")
-    assert bad.returncode != 0 and "SPECDEC_SPLIT_KEYS='300': want 256, 512 or 1024" in bad.stderr
+    assert bad.returncode != 0 and "SPECDEC_SPLIT_KEYS='300': want 64, 128, 256, 512 or 1024" in bad.stderr

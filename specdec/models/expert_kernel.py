@@ -11,6 +11,24 @@ decoding's, one real row) ran the dense form: 23.4 ms against 7.4 ms for a 1-row
   form's roundings (gate and up rounded to the model dtype, the activation rounded, the product rounded);
 - ``_down_kernel``: program ``(pair, block of BN hidden channels)``: the pair's down projection.
 
+:func:`moe` runs a whole routed-plus-shared MoE block's static step in three kernels after the router's
+GEMM (issue 10; on the H200 the qwen3.5-35b-a3b shape's block took ~20 kernels a layer: softmax, top-k as
+two kernels, renormalisation, the pairs, their weighted sum, the shared expert's GEMMs, its gate's GEMV and
+sigmoid, the products and the sum):
+
+- ``_route_kernel``: program ``row``: the fp32 softmax of the router's logits, the top k (largest first,
+  the lowest id among equal values), renormalised over them and rounded to the model dtype, and the
+  shared expert's gate ``sigmoid(x . w_gate)`` (its logit rounded to the model dtype, as ``F.linear``
+  rounds it) as the row's weight number k;
+- ``_gate_up_kernel`` over k + 1 pairs a row, the shared expert the last pair (its fused gate/up weight);
+- ``_combine_kernel``: program ``(row, block of BN hidden channels)``: every pair's down projection of the
+  row, each rounded to the model dtype, times its weight (rounded), summed in pair order in fp32 and
+  rounded once: the block's output, with no ``[T, k, H]`` intermediate.
+
+Its bits differ from the torch forms' (other roundings and sum orders) but depend on the row's input
+alone, so plain and speculative decoding, which both run it, stay equal. ``SPECDEC_FUSED_MOE=0`` keeps the
+routing, the weighted sum and the shared expert in torch ops around :func:`pairs`.
+
 A pair's bits depend on its row and its expert only: never on the other rows, their experts or the
 row count (per-row invariance, whatever the step's shape). Rows at or past ``live`` (a static step's
 padding, :class:`~specdec.models.base.StepContext`) read no weights and give zeros.
@@ -30,7 +48,13 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 ENABLED = os.environ.get("SPECDEC_EXPERT_KERNEL", "1") != "0"
+FUSED_MOE = os.environ.get("SPECDEC_FUSED_MOE", "1") != "0"
 BN, BK = 16, 256  # rows of a weight and features of the input a program step holds
+# moe()'s tiles, (BN, BK, warps) of the gate/up and of the combine kernels: fixed per build (a row's bits
+# depend on them), the fastest of scripts/sweep_moe_kernel.py's 36 each on the H200 (qwen3.5-35b-a3b's
+# block, one row: 41.0 and 40.7 us a layer against 46.8 with (8, 256, 4) for both; BENCHMARKS.md)
+GATE_UP_TILE = (4, 512, 2)
+COMBINE_TILE = (4, 512, 8)
 
 
 def usable(x: torch.Tensor, act) -> bool:
@@ -48,17 +72,24 @@ if triton is not None:
             return t < 0
 
     @triton.jit
-    def _gate_up_kernel(x, idx, w, h, live, K, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    def _gate_up_kernel(x, idx, w, sw, h, live, K, P, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr,
+                        BK: tl.constexpr):
+        # program (pair p of row p // P, block of BN intermediate channels); pair number K of a row (P = K + 1)
+        # is the shared expert, whose fused gate/up weight is sw
         p = tl.program_id(0)
         nb = tl.program_id(1)
-        t = p // K
+        t = p // P
+        j = p % P
         rn = nb * BN + tl.arange(0, BN)
         nm = rn < INTER
         if _pads(t, live, LIVE):
             tl.store(h + p * INTER + rn, tl.zeros([BN], dtype=tl.float32).to(h.dtype.element_ty), mask=nm)
         else:
-            e = tl.load(idx + p).to(tl.int64)
-            base = w + e * (2 * INTER) * H
+            if j < K:
+                e = tl.load(idx + t * K + j).to(tl.int64)
+                base = w + e * (2 * INTER) * H
+            else:
+                base = sw + 0
             acc_g = tl.zeros([BN], dtype=tl.float32)
             acc_u = tl.zeros([BN], dtype=tl.float32)
             for k0 in range(0, H, BK):
@@ -96,6 +127,77 @@ if triton is not None:
                 acc += tl.sum(wd.to(tl.float32) * hv[None, :], axis=1)
             tl.store(y + p * H + rn, acc.to(y.dtype.element_ty), mask=nm)
 
+    @triton.jit
+    def _route_kernel(logits, x, sg, idx, wts, live, E, H, P, LIVE: tl.constexpr, SHARED: tl.constexpr,
+                      K: tl.constexpr, KB: tl.constexpr, BE: tl.constexpr, BH: tl.constexpr):
+        # program row t: the top K of the softmax of its E logits, renormalised, and (SHARED) the shared
+        # expert's gate as weight number K; a padding row routes to expert 0 with weight 0
+        t = tl.program_id(0)
+        rk = tl.arange(0, KB)
+        dt = wts.dtype.element_ty
+        if _pads(t, live, LIVE):
+            tl.store(idx + t * K + rk, tl.zeros([KB], dtype=tl.int32), mask=rk < K)
+            tl.store(wts + t * P + rk, tl.zeros([KB], dtype=tl.float32).to(dt), mask=rk < P)
+        else:
+            re = tl.arange(0, BE)
+            em = re < E
+            lg = tl.load(logits + t * E + re, mask=em, other=float("-inf")).to(tl.float32)
+            ex = tl.exp(lg - tl.max(lg, 0))
+            prob = ex / tl.sum(ex, 0)
+            left = tl.where(em, prob, -1.0)  # probabilities not taken yet (never negative)
+            top = tl.zeros([KB], dtype=tl.float32)
+            ids = tl.zeros([KB], dtype=tl.int32)
+            for i in tl.static_range(K):
+                best = tl.max(left, 0)
+                at = tl.min(tl.where(left == best, re, BE), 0)  # the lowest id among equal values
+                top = tl.where(rk == i, best, top)
+                ids = tl.where(rk == i, at, ids)
+                left = tl.where(re == at, -1.0, left)
+            tl.store(idx + t * K + rk, ids, mask=rk < K)
+            wk = (top / tl.sum(top, 0)).to(dt)
+            if SHARED:
+                acc = tl.zeros([BH], dtype=tl.float32)
+                for h0 in range(0, H, BH):
+                    rh = h0 + tl.arange(0, BH)
+                    hm = rh < H
+                    acc += tl.load(x + t * H + rh, mask=hm, other=0.0).to(tl.float32) * \
+                        tl.load(sg + rh, mask=hm, other=0.0).to(tl.float32)
+                gl = tl.sum(acc, 0).to(dt).to(tl.float32)
+                gate = tl.sigmoid(gl).to(dt)
+                wk = tl.where(rk == K, gate, wk)
+            tl.store(wts + t * P + rk, wk, mask=rk < P)
+
+    @triton.jit
+    def _combine_kernel(hin, idx, wts, w, sw, y, live, K, P, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr,
+                        BK: tl.constexpr):
+        # program (row t, block of BN hidden channels): the row's pairs' down projections, each rounded,
+        # times its weight (rounded), summed in pair order in fp32; pair K (P = K + 1) the shared expert
+        t = tl.program_id(0)
+        nb = tl.program_id(1)
+        rn = nb * BN + tl.arange(0, BN)
+        nm = rn < H
+        dt = y.dtype.element_ty
+        if _pads(t, live, LIVE):
+            tl.store(y + t * H + rn, tl.zeros([BN], dtype=tl.float32).to(dt), mask=nm)
+        else:
+            tot = tl.zeros([BN], dtype=tl.float32)
+            for j in range(0, P):
+                if j < K:
+                    e = tl.load(idx + t * K + j).to(tl.int64)
+                    base = w + e * H * INTER
+                else:
+                    base = sw + 0
+                acc = tl.zeros([BN], dtype=tl.float32)
+                for k0 in range(0, INTER, BK):
+                    rk = k0 + tl.arange(0, BK)
+                    km = rk < INTER
+                    hv = tl.load(hin + (t * P + j) * INTER + rk, mask=km, other=0.0).to(tl.float32)
+                    wd = tl.load(base + rn[:, None] * INTER + rk[None, :], mask=nm[:, None] & km[None, :], other=0.0)
+                    acc += tl.sum(wd.to(tl.float32) * hv[None, :], axis=1)
+                wj = tl.load(wts + t * P + j).to(tl.float32)
+                tot += (acc.to(dt).to(tl.float32) * wj).to(dt).to(tl.float32)
+            tl.store(y + t * H + rn, tot.to(dt), mask=nm)
+
 
 def pairs(x: torch.Tensor, idx: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
           live: torch.Tensor | None = None) -> torch.Tensor:
@@ -109,9 +211,61 @@ def pairs(x: torch.Tensor, idx: torch.Tensor, gate_up: torch.Tensor, down: torch
     has_live = live is not None
     live = live if has_live else idx  # a stand-in pointer, never read without LIVE
     h = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
-    _gate_up_kernel[(t * k, triton.cdiv(inter, BN))](x, idx, gate_up, h, live, k, hidden, inter, LIVE=has_live,
-                                                     BN=BN, BK=BK)
+    _gate_up_kernel[(t * k, triton.cdiv(inter, BN))](x, idx, gate_up, gate_up, h, live, k, k, hidden, inter,
+                                                     LIVE=has_live, BN=BN, BK=BK)
     y = torch.empty(t * k, hidden, dtype=x.dtype, device=x.device)
     _down_kernel[(t * k, triton.cdiv(hidden, BN))](h, idx, down, y, live, k, hidden, inter, LIVE=has_live,
                                                    BN=BN, BK=BK)
     return y.view(t, k, hidden)
+
+
+def moe(x: torch.Tensor, logits: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor,
+        shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, live: torch.Tensor | None = None,
+        tiles: tuple | None = None) -> torch.Tensor:
+    """A MoE block's output ``[T, H]`` (the module docstring's three kernels): ``x [T, H]``, the router's
+    ``logits [T, E]`` (model dtype), ``gate_up [E, 2I, H]``, ``down [E, H, I]``; ``shared``: the shared
+    expert's ``(fused gate/up [2I, H], down [H, I], gate [H])`` (its width that of the routed experts) or
+    None; ``live`` as in :func:`pairs`; ``tiles``: ``(GATE_UP_TILE, COMBINE_TILE)`` for the sweep script."""
+    t, hidden = x.shape
+    e, two_i, _ = gate_up.shape
+    inter = two_i // 2
+    p = top_k + (shared is not None)
+    (gbn, gbk, gw), (cbn, cbk, cw) = tiles or (GATE_UP_TILE, COMBINE_TILE)
+    x, logits = x.contiguous(), logits.contiguous()
+    has_live = live is not None
+    sgu, sdown, sgate = shared if shared is not None else (gate_up, down, x)  # stand-ins, never read
+    idx = torch.empty(t, top_k, dtype=torch.int32, device=x.device)
+    wts = torch.empty(t, p, dtype=x.dtype, device=x.device)
+    live_ptr = live if has_live else idx
+    _route_kernel[(t,)](logits, x, sgate, idx, wts, live_ptr, e, hidden, p, LIVE=has_live, SHARED=shared is not None,
+                        K=top_k, KB=triton.next_power_of_2(p), BE=triton.next_power_of_2(e),
+                        BH=min(1024, triton.next_power_of_2(hidden)))
+    h = torch.empty(t * p, inter, dtype=x.dtype, device=x.device)
+    _gate_up_kernel[(t * p, triton.cdiv(inter, gbn))](x, idx, gate_up, sgu, h, live_ptr, top_k, p, hidden, inter,
+                                                      LIVE=has_live, BN=gbn, BK=gbk, num_warps=gw)
+    y = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
+    _combine_kernel[(t, triton.cdiv(hidden, cbn))](h, idx, wts, down, sdown, y, live_ptr, top_k, p, hidden, inter,
+                                                   LIVE=has_live, BN=cbn, BK=cbk, num_warps=cw)
+    return y
+
+
+def moe_reference(x: torch.Tensor, logits: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor,
+                  shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """:func:`moe`'s arithmetic in torch ops (fp32, rounded where the kernels round): the CPU equivalent
+    that the interpreter test compares the kernels with."""
+    dt = x.dtype
+    probs = torch.softmax(logits.float(), dim=-1)
+    top, idx = torch.topk(probs, top_k, dim=-1)
+    w = (top / top.sum(-1, keepdim=True)).to(dt)
+    gu = torch.einsum("tkoh,th->tko", gate_up[idx].float(), x.float())
+    dws = [down[idx]]
+    if shared is not None:
+        sgu, sdown, sgate = shared
+        gl = (x.float() @ sgate.float()).to(dt).float()
+        w = torch.cat([w, torch.sigmoid(gl).to(dt)[:, None]], 1)
+        gu = torch.cat([gu, (x.float() @ sgu.float().T)[:, None]], 1)
+        dws.append(sdown[None, None].expand(x.shape[0], 1, -1, -1))
+    gate, up = gu.to(dt).float().chunk(2, dim=-1)
+    hmid = (torch.nn.functional.silu(gate).to(dt).float() * up).to(dt).float()
+    y = torch.einsum("tkhi,tki->tkh", torch.cat(dws, 1).float(), hmid).to(dt).float()
+    return (y * w.float()[..., None]).to(dt).float().sum(1).to(dt)

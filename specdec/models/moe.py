@@ -159,10 +159,33 @@ class SparseMoeBlock(nn.Module):
         top, idx = torch.topk(probs, self.top_k, dim=-1)
         return idx, (top / top.sum(-1, keepdim=True)).to(x.dtype)
 
+    def _fused_ready(self, x: torch.Tensor) -> bool:
+        """Whether :func:`~specdec.models.expert_kernel.moe` runs this step: a static step (as
+        :meth:`Experts.partial` takes one) on CUDA within the pair kernel's limit, no gradients, and a
+        shared expert (if any) fused and as wide as the routed experts."""
+        t = x.shape[0]
+        ex = self.experts
+        if not (expert_kernel.FUSED_MOE and expert_kernel.usable(x, ex.act) and t * self.top_k <= ex.gate_up_proj.shape[0]
+                and (t <= ex.gather_max_rows or torch.cuda.is_current_stream_capturing())
+                and not (torch.is_grad_enabled() and ex.gate_up_proj.requires_grad)):
+            return False
+        se = self.shared_expert
+        return se is None or (se._fused is not None and se._fused[1] is None and se.down_proj.bias is None
+                              and se._fused[0].shape[0] == ex.gate_up_proj.shape[1])
+
+    def _shared_weights(self):
+        se = self.shared_expert
+        if se is None:
+            return None
+        return se._fused[0], se.down_proj.weight, self.shared_expert_gate.weight[0]
+
     def forward(self, x: torch.Tensor, live: torch.Tensor | None = None) -> torch.Tensor:
         """``x [T, H]`` (or batched ``[b, T, H]``); ``live``: a static step's real rows (see :class:`Experts`)."""
         if x.dim() > 2:  # batched steps [b, T, H]: tokens are independent, route them flattened
             return self.forward(x.reshape(-1, x.shape[-1])).view(x.shape)
+        if self.shard is None and self._fused_ready(x):  # CUDA static steps: three kernels after the router
+            return expert_kernel.moe(x, self.gate(x), self.top_k, self.experts.gate_up_proj,
+                                     self.experts.down_proj, self._shared_weights(), live)
         idx, w = self.route(x)
         if self.shard is None:
             out = self.experts(x, idx, w, live)

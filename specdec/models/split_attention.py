@@ -45,12 +45,13 @@ except ImportError:  # pragma: no cover - depends on the install
 
 
 def _split_keys_env() -> int | None:
-    """``SPECDEC_SPLIT_KEYS`` (256, 512 or 1,024; unset: :func:`split_keys`' choice by head size)."""
+    """``SPECDEC_SPLIT_KEYS`` (64, 128, 256, 512 or 1,024; unset: :func:`split_keys`' choice by head size)."""
     raw = os.environ.get("SPECDEC_SPLIT_KEYS")
     if raw is None:
         return None
-    if raw.strip() not in ("256", "512", "1024"):
-        raise ConfigError(f"SPECDEC_SPLIT_KEYS={raw!r}: want 256, 512 or 1024 (keys per split of the split attention)")
+    if raw.strip() not in ("64", "128", "256", "512", "1024"):
+        raise ConfigError(f"SPECDEC_SPLIT_KEYS={raw!r}: want 64, 128, 256, 512 or 1024 (keys per split of the "
+                          "split attention)")
     return int(raw)
 
 
@@ -59,14 +60,20 @@ _SPLIT_ENV = _split_keys_env()
 
 def split_keys(d: int) -> int:
     """Keys per split (walked by one program, at fixed absolute offsets) for heads of ``d`` features: 512 for
-    d = 128, 256 otherwise; ``SPECDEC_SPLIT_KEYS`` sets one value for every head size. A span of one split
+    d = 128, 64 for d = 256, 256 otherwise; ``SPECDEC_SPLIT_KEYS`` sets one value for every head size (raised to
+    the tile's block of keys, :func:`_tile`, where that is larger: 128 up to d = 128, 64 for d = 256). A span of one split
     needs no combine kernel (DIRECT, and graphs.SHORT_SPAN's steps within the first split). Every attention
     of a model takes the same value, so plain and speculative decoding stay equal at any of them (their bits
     differ from one value to another). Measured on the H200 (BENCHMARKS.md, session of 2026-12-03 (sixth)):
     512 keys made the qwen3-8b shape's (d = 128) decode step 4-9 % faster at contexts 128-16k in a 16k cache
     (half the partial states to combine), and the real SmolLM2 (d = 64) 2 % slower on MT-Bench's two turns
-    (one program walks 512 keys one block after the other; the one-split span past 256 gained nothing)."""
-    return _SPLIT_ENV or (512 if d == 128 else 256)
+    (one program walks 512 keys one block after the other; the one-split span past 256 gained nothing). For
+    d = 256 (Qwen3.5, Gemma) a decode step's grid is a few programs a layer (2 KV heads x the splits): 64-key
+    splits made the qwen3.5-9b shape's plain step 5.624 -> 5.502 ms at context 512 (128 keys: 5.533;
+    scripts/ab_flags.py, session of 2026-12-04)."""
+    if _SPLIT_ENV:  # never fewer keys than one inner block of the head size's tile
+        return max(_SPLIT_ENV, _tile(d)[1])
+    return {128: 512, 256: 64}.get(d, 256)
 
 
 COMBINE = 16  # splits the combine sums at once (chunks at fixed multiples)
