@@ -6,7 +6,7 @@
     python scripts/device_check.py time-forms DIR --out F.json    # cost of the recurrent verify form
 
 Targets (random, transformers 5.x, hidden 1024): Llama (12 layers), Qwen3.5 dense and Qwen3.5 MoE
-(8 layers, every 4th full attention, 32 experts top-4 + shared; both with a random MTP block),
+(8 layers, every 4th full attention, 64 experts top-4 + shared (16-row steps take the fused MoE kernels); both with a random MTP block),
 each with a random 2-layer DFlash drafter of block 16, and Gemma 3 (12 layers, window 64). Drafters: ``ngram``, ``mtp`` (K=3;
 ``mtp-vocab``, ``dflash-vocab``: over a draft vocabulary of every other token id and the prompt's),
 ``dflash`` (block 16) and ``oracle``: the target's own plain greedy continuation with each draft
@@ -75,7 +75,7 @@ def build(root: str) -> None:
                                  "mrope_section": [11, 11, 10], "mrope_interleaved": True})
     dense = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**text, intermediate_size=2816))
     moe = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**text, moe_intermediate_size=512,
-                                                    shared_expert_intermediate_size=512, num_experts=32,
+                                                    shared_expert_intermediate_size=512, num_experts=64,
                                                     num_experts_per_tok=4))
     for name, m in (("qwen35", dense), ("qwen35moe", moe)):
         p = os.path.join(root, name)
