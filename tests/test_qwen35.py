@@ -12,7 +12,7 @@ from specdec.errors import CheckpointError
 from specdec.loading import load_model
 from specdec.models import deltanet
 from specdec.models.deltanet import GatedDeltaNet, chunked_gated_delta, recurrent_gated_delta
-from specdec.models.moe import Experts
+from specdec.models.moe import Experts, SparseMoeBlock
 from specdec.models.qwen35 import checkpoint_view
 from specdec.weights.gguf_io import GGUFSource
 
@@ -143,6 +143,28 @@ def test_moe_gather_and_grouped_paths_agree():
     assert torch.allclose(grouped, static, atol=1e-5)
     gathered = ex(x[:1], idx[:1], w[:1])  # 3 * 1 * 2 = 6: each pair's weights gathered
     assert torch.allclose(grouped[:1], gathered, atol=1e-5)
+
+
+def test_moe_shared_weights_for_the_fused_kernels():
+    """What models/expert_kernel.moe gets as the shared expert: the fused gate/up where the model fused it at
+    load (a view, no copy), else a concatenated copy (an MTP block loaded alone) remade when either weight
+    changes; and the fused form is only taken on CUDA (a CPU step keeps the torch ops)."""
+    torch.manual_seed(0)
+    blk = SparseMoeBlock(16, 8, 8, 6, 2)
+    with torch.no_grad():
+        for p in blk.parameters():
+            p.normal_()
+    se = blk.shared_expert
+    gu, down, gate = blk._shared_weights()
+    assert torch.equal(gu, torch.cat([se.gate_proj.weight, se.up_proj.weight]))
+    assert down is se.down_proj.weight and torch.equal(gate, blk.shared_expert_gate.weight[0])
+    assert blk._shared_weights()[0] is gu  # kept, not remade a step
+    se.up_proj.weight = torch.nn.Parameter(torch.randn_like(se.up_proj.weight))
+    assert torch.equal(blk._shared_weights()[0][8:], se.up_proj.weight)  # the up rows' change seen
+    se.fuse()
+    assert blk._shared_weights()[0].data_ptr() == se.gate_proj.weight.data_ptr()  # the fused weight itself
+    x = torch.randn(3, 16)
+    assert not blk._fused_ready(x)  # the CPU: torch ops
 
 
 def _row0_varies(ex, t: int, trials: int = 8) -> int:

@@ -21,17 +21,20 @@ from ..parallel.tp import Shard, even_split, row_parallel, split_heads
 from . import fused_ops, rope_write, split_attention
 
 
-def derived_weight(owner: nn.Module, name: str, w: torch.Tensor, make) -> torch.Tensor:
+def derived_weight(owner: nn.Module, name: str, w: torch.Tensor | tuple, make) -> torch.Tensor:
     """``make(w.detach())``, kept on ``owner`` under ``name`` and remade whenever ``w`` changes: another
     tensor, storage or version (in-place writes through ``.data`` bypass the version: assign a new tensor).
+    ``w`` may be a tuple of tensors (``make`` then gets them detached, in order; any one's change remakes it).
     An inference tensor keeps no version counter: nothing is cached then."""
+    ws = w if isinstance(w, tuple) else (w,)
+    args = tuple(t.detach() for t in ws)
     try:
-        key = (id(w), w.data_ptr(), w._version)
+        key = tuple((id(t), t.data_ptr(), t._version) for t in ws)
     except RuntimeError:
-        return make(w.detach())
+        return make(*args)
     kept = owner.__dict__.get(name)
     if kept is None or kept[0] != key:
-        kept = owner.__dict__[name] = (key, make(w.detach()))
+        kept = owner.__dict__[name] = (key, make(*args))
     return kept[1]
 
 

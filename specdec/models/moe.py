@@ -37,7 +37,7 @@ from ..errors import CheckpointError, ConfigError
 from ..parallel.tp import Shard, even_split
 from ..weights.source import TensorSource
 from . import expert_kernel
-from .layers import SwiGLU
+from .layers import SwiGLU, derived_weight
 from .source_view import SourceView, ViewTensor, derived, passthrough
 
 
@@ -170,14 +170,19 @@ class SparseMoeBlock(nn.Module):
                 and not (torch.is_grad_enabled() and ex.gate_up_proj.requires_grad)):
             return False
         se = self.shared_expert
-        return se is None or (se._fused is not None and se._fused[1] is None and se.down_proj.bias is None
-                              and se._fused[0].shape[0] == ex.gate_up_proj.shape[1])
+        return se is None or (se.gate_proj.bias is None and se.down_proj.bias is None
+                              and 2 * se.gate_proj.out_features == ex.gate_up_proj.shape[1])
 
     def _shared_weights(self):
+        """The shared expert's (gate/up ``[2I, H]``, down ``[H, I]``, gate ``[H]``) for the kernels: its fused
+        weight where the model fused it at load, else a concatenated copy kept per version of the weights
+        (an MTP block loaded on its own)."""
         se = self.shared_expert
         if se is None:
             return None
-        return se._fused[0], se.down_proj.weight, self.shared_expert_gate.weight[0]
+        gate_up = se._fused[0] if se._fused is not None else derived_weight(
+            self, "_shared_gate_up", (se.gate_proj.weight, se.up_proj.weight), lambda g, u: torch.cat([g, u]))
+        return gate_up, se.down_proj.weight, self.shared_expert_gate.weight[0]
 
     def forward(self, x: torch.Tensor, live: torch.Tensor | None = None) -> torch.Tensor:
         """``x [T, H]`` (or batched ``[b, T, H]``); ``live``: a static step's real rows (see :class:`Experts`)."""
