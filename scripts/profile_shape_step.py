@@ -4,12 +4,15 @@ the captured step's median ms (uncompiled and compiled), then the kernels of one
 kernel's start to the last one's end (the kernels' sum plus the gaps between them), and the bytes the
 step must read and the bound they imply.
 
-    python scripts/profile_shape_step.py --shape qwen3-8b [--rows 16] [--context 512] [--cache N] [--compile]
+    python scripts/profile_shape_step.py --shape qwen3-8b [--rows 16] [--pad-to 16] [--context 512] [--cache N] [--compile]
     python scripts/profile_shape_step.py --shape smollm2-135m --drafter dflash|mtp [--context 512] [--compile]
 
 ``--drafter``: a random drafter's step instead (``specdec bench --shape``'s: DFlash of 5 layers, block 16,
 or an MTP block at k = 3): its proposal and, for DFlash, the context write of ``--rows`` committed rows,
 each timed and profiled like the target's step.
+
+``--pad-to N``: the step runs as N rows of which ``--rows`` are real (plain decoding's padded step:
+``--rows 1 --pad-to 16``; its kernels skip the padding rows' work where they follow ``StepContext.live``).
 
 ``--cache``: the cache's positions (default: the context and two steps); the kernels of the uncaptured
 step are listed for each mode run (uncompiled, and compiled with ``--compile``).
@@ -32,6 +35,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="qwen3-8b")
     ap.add_argument("--rows", type=int, default=16)
+    ap.add_argument("--pad-to", type=int, default=0, help="run the step as this many rows, --rows of them real")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--cache", type=int, default=0, help="cache positions (default: context + 2 * rows + 2)")
     ap.add_argument("--compile", action="store_true", help="also time the compiled step")
@@ -46,17 +50,20 @@ def main() -> None:
         return
     total, per_token, _ = decode_bytes(m, a.context)
     bw = bandwidth(dev, 256 << 20, 10)
-    res = {"shape": a.shape, "rows": a.rows, "context": a.context, "cache": a.cache or None, "bound_ms": round(per_token / bw * 1e3, 3)}
+    if a.pad_to and a.pad_to < a.rows:
+        ap.error("--pad-to must be at least --rows")
+    res = {"shape": a.shape, "rows": a.rows, "pad_to": a.pad_to or None, "context": a.context, "cache": a.cache or None, "bound_ms": round(per_token / bw * 1e3, 3)}
     ids = torch.randint(0, min(1000, m.config.vocab_size), (a.rows,), device=dev)
     for comp in ([False, True] if a.compile else [False]):
         for graphs in ((True, False) if dev.type == "cuda" else (False,)):
-            cache = m.new_cache(a.cache or a.context + 2 * a.rows + 2, spare=a.rows)
+            width = max(a.rows, a.pad_to)
+            cache = m.new_cache(a.cache or a.context + 2 * width + 2, spare=width)
             with torch.inference_mode():
                 m(torch.randint(0, min(1000, m.config.vocab_size), (a.context,), device=dev), cache, logits="last")
-            st = GraphedTarget(m, cache, (), max_steps=a.rows, use_graphs=graphs, compile=comp)
+            st = GraphedTarget(m, cache, (), max_steps=max(a.rows, a.pad_to), use_graphs=graphs, compile=comp)
 
             def one():
-                st(ids)
+                st(ids, rows=a.pad_to or None)
                 cache.rollback(a.context)
             key = ("compiled " if comp else "") + ("captured" if graphs else "uncaptured")
             res[key + "_ms"] = round(_median_ms(one, dev, 20), 3)
