@@ -55,6 +55,11 @@ BN, BK = 16, 256  # rows of a weight and features of the input a program step ho
 # block, one row: 41.0 and 40.7 us a layer against 46.8 with (8, 256, 4) for both; BENCHMARKS.md)
 GATE_UP_TILE = (4, 512, 2)
 COMBINE_TILE = (4, 512, 8)
+# moe()'s programs each take rows g, g + G, ... of a step (G = min(rows, ROW_GROUPS)): a static step of 16 rows
+# with one live (plain decoding's) then launches G/16 of the programs a program a row would, where a padding row's
+# programs did nothing but start (on the H200, qwen3.5-35b-a3b: the two kernels 1.08 -> 1.58 ms a step from 1 to
+# 16 rows with one live). A row's bits do not depend on G: each (row, pair, block) is computed alike.
+ROW_GROUPS = 4
 
 
 def usable(x: torch.Tensor, act) -> bool:
@@ -72,19 +77,26 @@ if triton is not None:
             return t < 0
 
     @triton.jit
-    def _gate_up_kernel(x, idx, w, sw, h, live, K, P, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr,
+    def _live_rows(T, live, LIVE: tl.constexpr):
+        # the rows a static step computes: its live rows (StepContext.live), else all T
+        if LIVE:
+            return tl.minimum(tl.load(live).to(tl.int32), T)
+        else:
+            return T + 0
+
+    @triton.jit
+    def _gate_up_kernel(x, idx, w, sw, h, live, T, G, K, P, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr,
                         BK: tl.constexpr):
-        # program (pair p of row p // P, block of BN intermediate channels); pair number K of a row (P = K + 1)
-        # is the shared expert, whose fused gate/up weight is sw
-        p = tl.program_id(0)
+        # program (row group g and pair slot j: axis 0 = g * P + j; block of BN intermediate channels): pair j of
+        # rows g, g + G, ... below the live rows (a padding row's h is never read); pair number K of a row
+        # (P = K + 1) is the shared expert, whose fused gate/up weight is sw
+        g = tl.program_id(0) // P
+        j = tl.program_id(0) % P
         nb = tl.program_id(1)
-        t = p // P
-        j = p % P
         rn = nb * BN + tl.arange(0, BN)
         nm = rn < INTER
-        if _pads(t, live, LIVE):
-            tl.store(h + p * INTER + rn, tl.zeros([BN], dtype=tl.float32).to(h.dtype.element_ty), mask=nm)
-        else:
+        dt = h.dtype.element_ty
+        for t in range(g, _live_rows(T, live, LIVE), G):
             if j < K:
                 e = tl.load(idx + t * K + j).to(tl.int64)
                 base = w + e * (2 * INTER) * H
@@ -101,10 +113,9 @@ if triton is not None:
                 wu = tl.load(base + (INTER + rn[:, None]) * H + rk[None, :], mask=m2, other=0.0).to(tl.float32)
                 acc_g += tl.sum(wg * xv[None, :], axis=1)
                 acc_u += tl.sum(wu * xv[None, :], axis=1)
-            dt = h.dtype.element_ty
-            g = acc_g.to(dt).to(tl.float32)
-            a = (g * tl.sigmoid(g)).to(dt).to(tl.float32)
-            tl.store(h + p * INTER + rn, (a * acc_u.to(dt).to(tl.float32)).to(dt), mask=nm)
+            gv = acc_g.to(dt).to(tl.float32)
+            a = (gv * tl.sigmoid(gv)).to(dt).to(tl.float32)
+            tl.store(h + (t * P + j) * INTER + rn, (a * acc_u.to(dt).to(tl.float32)).to(dt), mask=nm)
 
     @triton.jit
     def _down_kernel(hin, idx, w, y, live, K, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
@@ -168,36 +179,37 @@ if triton is not None:
             tl.store(wts + t * P + rk, wk, mask=rk < P)
 
     @triton.jit
-    def _combine_kernel(hin, idx, wts, w, sw, y, live, K, P, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr,
+    def _combine_kernel(hin, idx, wts, w, sw, y, live, T, G, K, P, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr,
                         BK: tl.constexpr):
-        # program (row t, block of BN hidden channels): the row's pairs' down projections, each rounded,
-        # times its weight (rounded), summed in pair order in fp32; pair K (P = K + 1) the shared expert
-        t = tl.program_id(0)
+        # program (row group g, block of BN hidden channels): for rows g, g + G, ... the row's pairs' down
+        # projections, each rounded, times its weight (rounded), summed in pair order in fp32 (pair K, P = K + 1,
+        # the shared expert); a padding row gives zeros
+        g = tl.program_id(0)
         nb = tl.program_id(1)
         rn = nb * BN + tl.arange(0, BN)
         nm = rn < H
         dt = y.dtype.element_ty
-        if _pads(t, live, LIVE):
-            tl.store(y + t * H + rn, tl.zeros([BN], dtype=tl.float32).to(dt), mask=nm)
-        else:
+        n = _live_rows(T, live, LIVE)
+        for t in range(g, T, G):
             tot = tl.zeros([BN], dtype=tl.float32)
-            for j in range(0, P):
-                if j < K:
-                    e = tl.load(idx + t * K + j).to(tl.int64)
-                    base = w + e * H * INTER
-                else:
-                    base = sw + 0
-                acc = tl.zeros([BN], dtype=tl.float32)
-                for k0 in range(0, INTER, BK):
-                    rk = k0 + tl.arange(0, BK)
-                    km = rk < INTER
-                    hv = tl.load(hin + (t * P + j) * INTER + rk, mask=km, other=0.0).to(tl.float32)
-                    wd = tl.load(base + rn[:, None] * INTER + rk[None, :], mask=nm[:, None] & km[None, :], other=0.0)
-                    acc += tl.sum(wd.to(tl.float32) * hv[None, :], axis=1)
-                wj = tl.load(wts + t * P + j).to(tl.float32)
-                tot += (acc.to(dt).to(tl.float32) * wj).to(dt).to(tl.float32)
+            if t < n:
+                for j in range(0, P):
+                    if j < K:
+                        e = tl.load(idx + t * K + j).to(tl.int64)
+                        base = w + e * H * INTER
+                    else:
+                        base = sw + 0
+                    acc = tl.zeros([BN], dtype=tl.float32)
+                    for k0 in range(0, INTER, BK):
+                        rk = k0 + tl.arange(0, BK)
+                        km = rk < INTER
+                        hv = tl.load(hin + (t * P + j) * INTER + rk, mask=km, other=0.0).to(tl.float32)
+                        wd = tl.load(base + rn[:, None] * INTER + rk[None, :], mask=nm[:, None] & km[None, :],
+                                     other=0.0)
+                        acc += tl.sum(wd.to(tl.float32) * hv[None, :], axis=1)
+                    wj = tl.load(wts + t * P + j).to(tl.float32)
+                    tot += (acc.to(dt).to(tl.float32) * wj).to(dt).to(tl.float32)
             tl.store(y + t * H + rn, tot.to(dt), mask=nm)
-
 
 def pairs(x: torch.Tensor, idx: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
           live: torch.Tensor | None = None) -> torch.Tensor:
@@ -211,7 +223,7 @@ def pairs(x: torch.Tensor, idx: torch.Tensor, gate_up: torch.Tensor, down: torch
     has_live = live is not None
     live = live if has_live else idx  # a stand-in pointer, never read without LIVE
     h = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
-    _gate_up_kernel[(t * k, triton.cdiv(inter, BN))](x, idx, gate_up, gate_up, h, live, k, k, hidden, inter,
+    _gate_up_kernel[(t * k, triton.cdiv(inter, BN))](x, idx, gate_up, gate_up, h, live, t, t, k, k, hidden, inter,
                                                      LIVE=has_live, BN=BN, BK=BK)
     y = torch.empty(t * k, hidden, dtype=x.dtype, device=x.device)
     _down_kernel[(t * k, triton.cdiv(hidden, BN))](h, idx, down, y, live, k, hidden, inter, LIVE=has_live,
@@ -240,12 +252,13 @@ def moe(x: torch.Tensor, logits: torch.Tensor, top_k: int, gate_up: torch.Tensor
     _route_kernel[(t,)](logits, x, sgate, idx, wts, live_ptr, e, hidden, p, LIVE=has_live, SHARED=shared is not None,
                         K=top_k, KB=triton.next_power_of_2(p), BE=triton.next_power_of_2(e),
                         BH=min(1024, triton.next_power_of_2(hidden)))
+    g = min(t, ROW_GROUPS)
     h = torch.empty(t * p, inter, dtype=x.dtype, device=x.device)
-    _gate_up_kernel[(t * p, triton.cdiv(inter, gbn))](x, idx, gate_up, sgu, h, live_ptr, top_k, p, hidden, inter,
-                                                      LIVE=has_live, BN=gbn, BK=gbk, num_warps=gw)
+    _gate_up_kernel[(g * p, triton.cdiv(inter, gbn))](x, idx, gate_up, sgu, h, live_ptr, t, g, top_k, p, hidden,
+                                                      inter, LIVE=has_live, BN=gbn, BK=gbk, num_warps=gw)
     y = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
-    _combine_kernel[(t, triton.cdiv(hidden, cbn))](h, idx, wts, down, sdown, y, live_ptr, top_k, p, hidden, inter,
-                                                   LIVE=has_live, BN=cbn, BK=cbk, num_warps=cw)
+    _combine_kernel[(g, triton.cdiv(hidden, cbn))](h, idx, wts, down, sdown, y, live_ptr, t, g, top_k, p, hidden,
+                                                   inter, LIVE=has_live, BN=cbn, BK=cbk, num_warps=cw)
     return y
 
 
