@@ -88,8 +88,8 @@ def time_variant(model, ids: torch.Tensor, context: int, new_tokens: int, reps: 
     steps = GraphedTarget(model, cache, (), max_steps=STEP_ROWS, use_graphs=dev.type == "cuda")
     row = ids[context:context + 1]
 
-    def one():
-        steps(row)
+    def one():  # plain decoding's padded step: STEP_ROWS rows, one of them real (as bench --shape's plain step)
+        steps(row, rows=STEP_ROWS)
         cache.rollback(context)
     out = {"plain_step_ms": _median_ms(one, dev, reps)}
     for label, make in drafters.items():

@@ -59,3 +59,36 @@ def test_bad_input_is_one_line(argv, msg, capsys):
         rc = e.code
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and msg in err[-1] and "Traceback" not in "\n".join(err)
+
+
+def test_settings_variants_set_and_restore():
+    """``defaults+split64`` and ``defaults+rowgroups16`` set their module values on top of the defaults, and put
+    them back after."""
+    from specdec.models import expert_kernel
+    before = (split_attention._SPLIT_ENV, expert_kernel.ROW_GROUPS, _state())
+    with ab_flags.flags(ab_flags.VARIANTS["defaults+split64"]):
+        assert split_attention.split_keys(256) == 64 and split_attention.split_keys(128) == 128
+    with ab_flags.flags(ab_flags.VARIANTS["defaults+rowgroups16"]):
+        assert expert_kernel.ROW_GROUPS == 16 and expert_kernel.FUSED_MOE
+    assert (split_attention._SPLIT_ENV, expert_kernel.ROW_GROUPS, _state()) == before
+
+
+def test_the_timed_step_is_plain_decodings_padded_step(monkeypatch):
+    """The plain step timed is the one decoding runs: STEP_ROWS rows with one real (until 2026-12-04 it was
+    a 1-row step, whatever the docstring said)."""
+    import torch
+
+    from specdec.engine.generate import STEP_ROWS
+    from specdec.models.graphs import GraphedTarget
+    from specdec.shapes import build_shape
+    seen = []
+    real_call = GraphedTarget.__call__
+
+    def spy(self, ids, rows=None):
+        seen.append((ids.shape[0], rows))
+        return real_call(self, ids, rows)
+    monkeypatch.setattr(GraphedTarget, "__call__", spy)
+    model = build_shape("tiny", torch.device("cpu"), torch.float32)
+    ids = torch.randint(0, model.config.vocab_size, (9,))
+    out = ab_flags.time_variant(model, ids, 8, 4, 2, {})
+    assert out["plain_step_ms"] > 0 and seen and set(seen) == {(1, STEP_ROWS)}
