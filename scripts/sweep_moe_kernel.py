@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 
 import torch
+from micro_kernels import _time_graph  # scripts/ (this script's folder) is on the path
 
 from specdec.models import expert_kernel as ek
 from specdec.models.moe import SparseMoeBlock
@@ -25,23 +25,8 @@ from specdec.shapes import shape_config
 
 
 def graph_ms(fn, reps: int) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    """Median ms of one ``fn()`` (a forward of every layer), captured in a CUDA graph (micro_kernels' timer)."""
+    return _time_graph(fn, reps, inner=1) / 1e3
 
 
 def main() -> None:
