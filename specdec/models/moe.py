@@ -162,7 +162,7 @@ class SparseMoeBlock(nn.Module):
     def _fused_ready(self, x: torch.Tensor) -> bool:
         """Whether :func:`~specdec.models.expert_kernel.moe` runs this step: a static step (as
         :meth:`Experts.partial` takes one) on CUDA within the pair kernel's limit, no gradients, and a
-        shared expert (if any) fused and as wide as the routed experts."""
+        shared expert (if any) without biases and as wide as the routed experts."""
         t = x.shape[0]
         ex = self.experts
         if not (expert_kernel.FUSED_MOE and expert_kernel.usable(x, ex.act) and t * self.top_k <= ex.gate_up_proj.shape[0]
