@@ -6,9 +6,10 @@ weights out of the expert stack (~3x the pair's bytes moved) or run every expert
 one depends on the step's shape. On the H200 the qwen3.5-35b-a3b shape's padded 16-row step (plain
 decoding's, one real row) ran the dense form: 23.4 ms against 7.4 ms for a 1-row step. Here:
 
-- ``_gate_up_kernel``: program ``(pair, block of BN intermediate channels)`` computes the pair's gate
-  and up rows, walking the hidden size in BK blocks in order, then ``act(gate) * up`` with the torch
-  form's roundings (gate and up rounded to the model dtype, the activation rounded, the product rounded);
+- ``_gate_up_kernel``: program ``(pair slot of a group of rows, block of BN intermediate channels)``
+  computes each of its rows' pair's gate and up rows, walking the hidden size in BK blocks in order, then
+  ``act(gate) * up`` with the torch form's roundings (gate and up rounded to the model dtype, the
+  activation rounded, the product rounded); :func:`pairs` gives every row its own programs;
 - ``_down_kernel``: program ``(pair, block of BN hidden channels)``: the pair's down projection.
 
 :func:`moe` runs a whole routed-plus-shared MoE block's static step in three kernels after the router's
@@ -21,8 +22,8 @@ sigmoid, the products and the sum):
   shared expert's gate ``sigmoid(x . w_gate)`` (its logit rounded to the model dtype, as ``F.linear``
   rounds it) as the row's weight number k;
 - ``_gate_up_kernel`` over k + 1 pairs a row, the shared expert the last pair (its fused gate/up weight);
-- ``_combine_kernel``: program ``(row, block of BN hidden channels)``: every pair's down projection of the
-  row, each rounded to the model dtype, times its weight (rounded), summed in pair order in fp32 and
+- ``_combine_kernel``: program ``(group of rows, block of BN hidden channels)``: every pair's down projection
+  of each of its rows, each rounded to the model dtype, times its weight (rounded), summed in pair order in fp32 and
   rounded once: the block's output, with no ``[T, k, H]`` intermediate.
 
 Its bits differ from the torch forms' (other roundings and sum orders) but depend on the row's input
@@ -118,6 +119,19 @@ if triton is not None:
             tl.store(h + (t * P + j) * INTER + rn, (a * acc_u.to(dt).to(tl.float32)).to(dt), mask=nm)
 
     @triton.jit
+    def _down_rows(hv_ptr, base, rn, nm, INTER, BN: tl.constexpr, BK: tl.constexpr):
+        # rows rn of one expert's down projection (at base, [H, INTER]) times a pair's hidden vector, fp32,
+        # the intermediate walked in BK blocks in order
+        acc = tl.zeros([BN], dtype=tl.float32)
+        for k0 in range(0, INTER, BK):
+            rk = k0 + tl.arange(0, BK)
+            km = rk < INTER
+            hv = tl.load(hv_ptr + rk, mask=km, other=0.0).to(tl.float32)
+            wd = tl.load(base + rn[:, None] * INTER + rk[None, :], mask=nm[:, None] & km[None, :], other=0.0)
+            acc += tl.sum(wd.to(tl.float32) * hv[None, :], axis=1)
+        return acc
+
+    @triton.jit
     def _down_kernel(hin, idx, w, y, live, K, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
         p = tl.program_id(0)
         nb = tl.program_id(1)
@@ -128,14 +142,7 @@ if triton is not None:
             tl.store(y + p * H + rn, tl.zeros([BN], dtype=tl.float32).to(y.dtype.element_ty), mask=nm)
         else:
             e = tl.load(idx + p).to(tl.int64)
-            base = w + e * H * INTER
-            acc = tl.zeros([BN], dtype=tl.float32)
-            for k0 in range(0, INTER, BK):
-                rk = k0 + tl.arange(0, BK)
-                km = rk < INTER
-                hv = tl.load(hin + p * INTER + rk, mask=km, other=0.0).to(tl.float32)
-                wd = tl.load(base + rn[:, None] * INTER + rk[None, :], mask=nm[:, None] & km[None, :], other=0.0)
-                acc += tl.sum(wd.to(tl.float32) * hv[None, :], axis=1)
+            acc = _down_rows(hin + p * INTER, w + e * H * INTER, rn, nm, INTER, BN, BK)
             tl.store(y + p * H + rn, acc.to(y.dtype.element_ty), mask=nm)
 
     @triton.jit
@@ -199,14 +206,7 @@ if triton is not None:
                         base = w + e * H * INTER
                     else:
                         base = sw + 0
-                    acc = tl.zeros([BN], dtype=tl.float32)
-                    for k0 in range(0, INTER, BK):
-                        rk = k0 + tl.arange(0, BK)
-                        km = rk < INTER
-                        hv = tl.load(hin + (t * P + j) * INTER + rk, mask=km, other=0.0).to(tl.float32)
-                        wd = tl.load(base + rn[:, None] * INTER + rk[None, :], mask=nm[:, None] & km[None, :],
-                                     other=0.0)
-                        acc += tl.sum(wd.to(tl.float32) * hv[None, :], axis=1)
+                    acc = _down_rows(hin + (t * P + j) * INTER, base, rn, nm, INTER, BN, BK)
                     wj = tl.load(wts + t * P + j).to(tl.float32)
                     tot += (acc.to(dt).to(tl.float32) * wj).to(dt).to(tl.float32)
             tl.store(y + t * H + rn, tot.to(dt), mask=nm)
