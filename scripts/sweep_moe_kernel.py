@@ -35,6 +35,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--defaults-only", action="store_true", help="time the block's defaults only (no sweep)")
+    ap.add_argument("--combos", nargs="*", default=[], metavar="GU/CB",
+                    help="instead of the sweep, time these tile pairs at every row count, e.g. 4,1024,4/2,512,4,16")
     a = ap.parse_args()
     _, c = shape_config(a.shape)
     dev = torch.device("cuda")
@@ -48,10 +51,13 @@ def main() -> None:
                 p.normal_(0, 0.02)
             if b.shared_expert is not None:
                 b.shared_expert.fuse()
+            if hasattr(b, "fuse"):  # (an older tree's block has none)
+                b.fuse()
             blocks.append(b)
     res = {"shape": a.shape, "layers": a.layers, "per_layer_us": {}}
-    xs = {t: torch.randn(t, c.hidden_size, device=dev, dtype=torch.bfloat16) for t in (1, 16)}
+    xs = {t: torch.randn(t, c.hidden_size, device=dev, dtype=torch.bfloat16) for t in (1, 4, 16)}
     live1 = torch.tensor(1, device=dev)
+    cases = (("1 row", 1, None), ("16 rows, 1 live", 16, live1), ("4 rows", 4, None), ("16 rows", 16, None))
 
     def run_blocks(t, live, tiles=None):
         def fn():
@@ -59,29 +65,43 @@ def main() -> None:
                 if tiles is None:
                     b(xs[t], live)
                 else:
-                    ek.moe(xs[t], b.gate(xs[t]), b.top_k, b.experts.gate_up_proj, b.experts.down_proj,
+                    ek.moe(xs[t], b._router_weight(), b.top_k, b.experts.gate_up_proj, b.experts.down_proj,
                            b._shared_weights(), live, tiles)
         return fn
 
     with torch.inference_mode():
-        for label, t, live in (("1 row", 1, None), ("16 rows, 1 live", 16, live1), ("16 rows", 16, None)):
+        for label, t, live in cases:
             for fused in (False, True):
                 ek.FUSED_MOE = fused
                 us = graph_ms(run_blocks(t, live), a.reps) / a.layers * 1e3
                 res["per_layer_us"][f"{label}, {'fused' if fused else 'torch ops + pairs'}"] = round(us, 2)
                 print(f"{label:16s} {'fused' if fused else 'torch ops + pairs':18s} {us:8.2f} us a layer", flush=True)
         ek.FUSED_MOE = True
+        if a.defaults_only:
+            return dump(res, a.json)
+        if a.combos:
+            res["combos_us"] = {}
+            for combo in a.combos:
+                gu, cb = (tuple(int(v) for v in part.split(",")) for part in combo.split("/"))
+                row = {label: round(graph_ms(run_blocks(t, live, (gu, cb)), a.reps) / a.layers * 1e3, 2)
+                       for label, t, live in cases}
+                res["combos_us"][combo] = row
+                print(f"{combo:24s} " + "  ".join(f"{k} {v:7.2f}" for k, v in row.items()), flush=True)
+            return dump(res, a.json)
         sweep = {}
-        for which in ("gate_up", "combine"):
-            for bn, bk, w in itertools.product((4, 8, 16, 32), (128, 256, 512), (2, 4, 8)):
-                tiles = ((bn, bk, w), ek.COMBINE_TILE) if which == "gate_up" else (ek.GATE_UP_TILE, (bn, bk, w))
+        grids = {"gate_up": itertools.product((2, 4, 8), (256, 512, 1024, 2048), (2, 4, 8)),
+                 "combine": itertools.product((2, 4, 8), (256, 512), (4, 8), (1, 2, 4, 8, 16))}
+        for which, grid in grids.items():
+            for tile in grid:
+                tiles = (tile, ek.COMBINE_TILE) if which == "gate_up" else (ek.GATE_UP_TILE, tile)
+                name = f"{which} {','.join(map(str, tile))}"
                 try:
                     us = graph_ms(run_blocks(1, None, tiles), a.reps) / a.layers * 1e3
                 except Exception as e:  # a tile Triton cannot build: noted, skipped
-                    print(f"{which} {bn},{bk},{w}: {type(e).__name__}", flush=True)
+                    print(f"{name}: {type(e).__name__}", flush=True)
                     continue
-                sweep[f"{which} {bn},{bk},{w}"] = round(us, 2)
-                print(f"{which:8s} BN {bn:3d} BK {bk:4d} warps {w}: {us:8.2f} us a layer (1 row)", flush=True)
+                sweep[name] = round(us, 2)
+                print(f"{name:24s} {us:8.2f} us a layer (1 row)", flush=True)
         res["sweep_1row_us"] = sweep
         for which in ("gate_up", "combine"):
             best = min((v, k) for k, v in sweep.items() if k.startswith(which))
@@ -97,8 +117,12 @@ def main() -> None:
         res["max_abs_diff_to_torch_ops"] = (many.float() - ref.float()).abs().max().item()
         print(f"a row's bits alone = beside 15 others: {res['row_bits_alone_equal_beside']}; "
               f"max |fused - torch ops| {res['max_abs_diff_to_torch_ops']:.3e} (values ~{ref.float().abs().mean().item():.3e})")
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as fh:
+    dump(res, a.json)
+
+
+def dump(res: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w", encoding="utf-8") as fh:
             json.dump(res, fh, indent=1)
 
 

@@ -139,8 +139,9 @@ def delta() -> None:
 def delta_step() -> None:
     """deltanet.GatedDeltaNet.step_fused (delta_kernel's conv_gates, recurrent_into_cache and gated_norm)
     against the layer's torch form on the same cache: outputs, the conv inputs and the per-position
-    states the cache keeps, from a live state that is not the cache's row 0 (a rolled-back verify
-    step); a row's bits in a 5-row step equal its bits as a 1-row step."""
+    states the cache keeps, from a live state and conv window that are not the cache's row 0 (a rolled-back
+    verify step; the window read in place, under the rows the step writes); a row's bits in a 5-row step equal
+    its bits as a 1-row step."""
     from types import SimpleNamespace
 
     from specdec.models.deltanet import GatedDeltaNet
@@ -186,9 +187,11 @@ def delta_step() -> None:
         proj, _, b1, a1 = layer.project(x1)
         mixed, full = layer.conv(window, proj)
         want = layer.gates(mixed, b1, a1)
-        conv_buf = torch.zeros(ks - 1 + 5, layer.conv_dim).half()
-        got = delta_kernel.conv_gates(proj, window, layer.conv_weight_fp32(), b1, a1,
-                                      layer.A_log, layer.dt_bias, conv_buf, hk, hv, dk, dv)
+        conv_buf = torch.randn(ks - 1 + 5 + 2, layer.conv_dim).half()
+        conv_buf[2:2 + ks - 1] = window  # the live window at row 2 (a rolled-back step), under rows the step writes
+        got = delta_kernel.conv_gates(proj, conv_buf, torch.tensor(2), layer.conv_weight_fp32(), b1, a1,
+                                      layer.A_log, layer.dt_bias, hk, hv, dk, dv)
+        conv_buf = conv_buf[:ks - 1 + 5]
     r = hv // hk
     got = (got[0].repeat_interleave(r, dim=1), got[1].repeat_interleave(r, dim=1), *got[2:])
     gerr = max((a - b).abs().max().item() / max(b.abs().max().item(), 1e-6) for a, b in zip(got, want))
@@ -245,32 +248,38 @@ def experts() -> None:
 
 
 def moe() -> None:
-    """models/expert_kernel.py's whole MoE step (routing, the pairs with the shared expert, the weighted sum)
-    against its torch form (moe_reference): the output, a row's bits alone and beside others, and a static
-    step's padding rows (past ``live``) zero; with and without a shared expert."""
+    """models/expert_kernel.py's whole MoE step (the router's GEMM, routing, the pairs with the shared expert,
+    the weighted sum) against its torch form (moe_reference): the output, a row's bits alone and beside
+    others, and a static step's padding rows (past ``live``) zero; with and without a shared expert, with the
+    combine kernel's pairs loaded one, three or four at a time (P = 3 pairs: a chunk past the last pair)."""
     from specdec.models import expert_kernel
     torch.manual_seed(0)
     e, hidden, inter, t, k = 6, 300, 40, 5, 2  # hidden past one BK block and not a multiple of it
     gate_up = (torch.randn(e, 2 * inter, hidden) * 0.1).half()
     down = (torch.randn(e, hidden, inter) * 0.1).half()
-    shared = ((torch.randn(2 * inter, hidden) * 0.1).half(), (torch.randn(hidden, inter) * 0.1).half(),
-              (torch.randn(hidden) * 0.1).half())
+    shared = ((torch.randn(2 * inter, hidden) * 0.1).half(), (torch.randn(hidden, inter) * 0.1).half())
+    router = (torch.randn(e + 1, hidden) * 0.1).half()  # the shared gate's row last
     x = torch.randn(t, hidden).half()
-    logits = torch.randn(t, e).half()
-    tiles = ((16, 128, 4), (8, 32, 4))  # past one BK block of the intermediate too
-    for name, sh in (("shared expert", shared), ("no shared expert", None)):
-        got = expert_kernel.moe(x, logits, k, gate_up, down, sh, tiles=tiles)
-        want = expert_kernel.moe_reference(x, logits, k, gate_up, down, sh)
-        diff = (got.float() - want.float()).abs()
-        ulps = (diff / (want.float().abs() * 2 ** -10 + 1e-3)).max().item()
-        check(f"moe ({name}): the output equals the torch form's (within two fp16 steps)", ulps <= 2.0,
-              f"(max diff {diff.max().item():.2e}, {ulps:.2f} steps)")
-        alone = torch.cat([expert_kernel.moe(x[i:i + 1], logits[i:i + 1], k, gate_up, down, sh, tiles=tiles)
-                           for i in range(t)])
-        check(f"moe ({name}): a row's bits alone equal its bits beside the others", torch.equal(alone, got))
-        part = expert_kernel.moe(x, logits, k, gate_up, down, sh, torch.tensor(2), tiles=tiles)
-        check(f"moe ({name}): the live rows as before, the padding rows zero",
-              torch.equal(part[:2], got[:2]) and not part[2:].any())
+    for name, sh, rw in (("shared expert", shared, router), ("no shared expert", None, router[:e])):
+        for pc in (1, 4):
+            tiles = ((16, 128, 4), (8, 32, 4, pc))  # past one BK block of the intermediate too
+            label = f"{name}, {pc} pair{'s' if pc > 1 else ''} a load"
+            got = expert_kernel.moe(x, rw, k, gate_up, down, sh, tiles=tiles)
+            want = expert_kernel.moe_reference(x, rw, k, gate_up, down, sh)
+            diff = (got.float() - want.float()).abs()
+            ulps = (diff / (want.float().abs() * 2 ** -10 + 1e-3)).max().item()
+            check(f"moe ({label}): the output equals the torch form's (within two fp16 steps)", ulps <= 2.0,
+                  f"(max diff {diff.max().item():.2e}, {ulps:.2f} steps)")
+            alone = torch.cat([expert_kernel.moe(x[i:i + 1], rw, k, gate_up, down, sh, tiles=tiles) for i in range(t)])
+            check(f"moe ({label}): a row's bits alone equal its bits beside the others", torch.equal(alone, got))
+            part = expert_kernel.moe(x, rw, k, gate_up, down, sh, torch.tensor(2), tiles=tiles)
+            check(f"moe ({label}): the live rows as before, the padding rows zero",
+                  torch.equal(part[:2], got[:2]) and not part[2:].any())
+    try:
+        expert_kernel.moe(x, router[:e], k, gate_up, down, shared)
+        check("moe: a router without the shared gate's row is refused", False)
+    except ValueError as err:
+        check("moe: a router without the shared gate's row is refused", "router" in str(err))
 
 
 def linear() -> None:
@@ -531,15 +540,15 @@ def rope_ptx() -> None:
 
 def pdl_ptx() -> None:
     """models/pdl.py's promise, in the PTX compiled for an H100/H200 (sm_90) with USE_GDC on: every
-    global load and store of the fused layer's GEMM, the fused norm, RoPE + the cache write and the q/k norm +
-    RoPE + write kernel comes
+    global load and store of the fused layer's GEMM, the fused norm, RoPE + the cache write, the q/k norm +
+    RoPE + write kernel, the three MoE kernels and the three Gated DeltaNet step kernels comes
     after ``griddepcontrol.wait`` (so a kernel launched early reads nothing before the one before it has
     finished), and ``launch_dependents`` comes first."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from specdec.models import fused_layer, fused_ops, rope_write
+    from specdec.models import delta_kernel, expert_kernel, fused_layer, fused_ops, rope_write
     cases = {"gemm": (fused_layer._kernel, {"x": "*bf16", "w": "*bf16", "y": "*bf16"},
                       {"SILU": True, "BM": 16, "BN": 32, "BK": 64, "PER_LINE": 64, "LINES": 16}),
              "norm": (fused_ops._norm_kernel, {"x": "*bf16", "res": "*bf16", "w": "*fp32", "y": "*bf16", "s": "*bf16",
@@ -548,7 +557,22 @@ def pdl_ptx() -> None:
                       | {"slots": "*i64", "pos": "*i64"}, {"R": 64, "HALF": 32, "D": 64}),
              "norm-rope": (rope_write._norm_rope_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
                            | {"qw": "*fp32", "kw": "*fp32", "start": "*i64", "eps": "fp32"},
-                           {"R": 64, "HALF": 32, "D": 64, "HAS_Q": True})}
+                           {"R": 64, "HALF": 32, "D": 64, "HAS_Q": True}),
+             "moe-route": (expert_kernel._route_kernel, {"logits": "*bf16", "idx": "*i32", "wts": "*bf16", "live": "*i64"},
+                           {"LIVE": True, "SHARED": True, "K": 8, "KB": 16, "BE": 256}),
+             "moe-gate-up": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "h")}
+                             | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64, "LINES": 32}),
+             "moe-combine": (expert_kernel._combine_kernel, {n: "*bf16" for n in ("hin", "wts", "w", "sw", "y")}
+                             | {"idx": "*i32", "live": "*i64"}, {"K": 8, "P": 9, "LIVE": True, "BN": 4, "BK": 512, "PC": 4,
+                                                                "PER_LINE": 64, "LINES": 8}),
+             "delta-conv": (delta_kernel._conv_gates_kernel, {n: "*bf16" for n in ("proj", "conv", "bo", "ao", "a_log", "dt_bias")}
+                            | {n: "*fp32" for n in ("w", "q", "k", "v", "g", "beta")} | {"cur": "*i64", "scale": "fp32"},
+                            {"DK": 128, "DV": 128, "KS": 4, "BLOCK": 128, "RB": 16, "WB": 4}),
+             "delta-recurrent": (delta_kernel._recurrent_cache_kernel, {n: "*fp32" for n in ("q", "k", "v", "g", "beta", "s0",
+                                                                                            "states", "out")}
+                                 | {"cur": "*i64", "live": "*i64"}, {"CACHE": True, "LIVE": True, "DK": 128, "DV": 128, "BV": 32}),
+             "delta-norm": (delta_kernel._gated_norm_kernel, {"o": "*fp32", "z": "*bf16", "w": "*fp32", "y": "*bf16",
+                                                              "eps": "fp32"}, {"DV": 128})}
     for name, (fn, ptrs, const) in cases.items():
         const = {**const, "USE_GDC": True}
         sig = {n: ptrs.get(n, "constexpr" if n in const else "i32") for n in fn.arg_names}
@@ -558,7 +582,8 @@ def pdl_ptx() -> None:
         first_mem = min(i for i in (body.find("ld.global"), body.find("st.global"), body.find("cp.async")) if i >= 0)
         check(f"pdl-ptx {name}: launch_dependents, then wait, then the first global access",
               0 <= body.find("griddepcontrol.launch_dependents") < wait < first_mem)
-        if name == "gemm":  # its weights (which never depend on the kernel before) prefetched before the wait
+        if name in ("gemm", "moe-gate-up", "moe-combine"):  # weights that never depend on the kernel before
+            # (the GEMM's, the shared expert's) prefetched before the wait
             check(f"pdl-ptx {name}: the weight rows prefetched into L2 before the wait",
                   0 <= body.find("prefetch.global.L2") < wait)
 

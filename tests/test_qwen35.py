@@ -155,14 +155,25 @@ def test_moe_shared_weights_for_the_fused_kernels():
         for p in blk.parameters():
             p.normal_()
     se = blk.shared_expert
-    gu, down, gate = blk._shared_weights()
+    gu, down = blk._shared_weights()
     assert torch.equal(gu, torch.cat([se.gate_proj.weight, se.up_proj.weight]))
-    assert down is se.down_proj.weight and torch.equal(gate, blk.shared_expert_gate.weight[0])
+    assert down is se.down_proj.weight
     assert blk._shared_weights()[0] is gu  # kept, not remade a step
     se.up_proj.weight = torch.nn.Parameter(torch.randn_like(se.up_proj.weight))
     assert torch.equal(blk._shared_weights()[0][8:], se.up_proj.weight)  # the up rows' change seen
     se.fuse()
     assert blk._shared_weights()[0].data_ptr() == se.gate_proj.weight.data_ptr()  # the fused weight itself
+    # the router's weight: the shared gate's row last; a kept copy, then (fuse) the one weight both views share
+    r = blk._router_weight()
+    assert torch.equal(r, torch.cat([blk.gate.weight, blk.shared_expert_gate.weight])) and blk._router_weight() is r
+    blk.shared_expert_gate.weight = torch.nn.Parameter(torch.randn_like(blk.shared_expert_gate.weight))
+    assert torch.equal(blk._router_weight()[6], blk.shared_expert_gate.weight[0])  # the gate's change seen
+    sd = {k: v.clone() for k, v in blk.state_dict().items()}
+    blk.fuse()
+    r = blk._router_weight()
+    assert r.data_ptr() == blk.gate.weight.data_ptr() and r[6].data_ptr() == blk.shared_expert_gate.weight.data_ptr()
+    assert all(torch.equal(v, blk.state_dict()[k]) for k, v in sd.items())  # the parameters as they were
+    assert SparseMoeBlock(16, 8, 0, 6, 2)._router_weight().shape == (6, 16)  # no shared expert: the router alone
     x = torch.randn(3, 16)
     assert not blk._fused_ready(x)  # the CPU: torch ops
 

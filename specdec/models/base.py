@@ -139,13 +139,15 @@ class CausalLM(nn.Module):
         return SequenceCache([self.make_layer_cache(i, max_len, self.dtype, self.device) for i in range(len(self.layers))], max_len)
 
     def fuse_projections(self) -> None:
-        """q/k/v, gate/up and a Gated DeltaNet's four in-projections each as one GEMM
-        (:func:`~specdec.models.layers.fuse_linears`): called once the weights are loaded and placed."""
+        """q/k/v, gate/up, a Gated DeltaNet's four in-projections and a MoE block's router with its shared
+        expert's gate each as one GEMM (:func:`~specdec.models.layers.fuse_linears`): called once the weights
+        are loaded and placed."""
         from .deltanet import GatedDeltaNet
         from .layers import Attention, SwiGLU
+        from .moe import SparseMoeBlock
 
         for m in self.modules():
-            if isinstance(m, (Attention, SwiGLU, GatedDeltaNet)):
+            if isinstance(m, (Attention, SwiGLU, GatedDeltaNet, SparseMoeBlock)):
                 m.fuse()
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from . import pdl
+
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
     import triton
     import triton.language as tl
@@ -48,13 +50,20 @@ def recurrent_gated_delta_fused(q, k, v, g, beta, state):
 # silu / cast, the gates' l2 norms, sigmoid and softplus one op each, the live state copied out of the
 # cache, the per-position states written to a temporary and copied into the cache (at 16 rows 32 MB a
 # layer written twice), the output norm in ten ops. Here, for steps that keep snapshots:
-#   conv_gates: conv + SiLU, the q/k l2 norms, v, beta and g, and the conv inputs written to the cache;
+#   conv_gates: conv + SiLU, the q/k l2 norms, v, beta and g, and the conv inputs written to the cache (the live
+#     window read where it lies in the cache: it was copied out by two torch kernels a layer, ~4.6 us on the H200);
 #   recurrent_into_cache: the recurrence reading the live state from the cache and writing the state
 #     before the step and after each position straight into it (the cache's layout, no copies);
 #   gated_norm: the output RMSNorm gated by silu(z).
-# Each program computes rows one at a time by the same instructions (per-position invariance); the
+# Each position is computed by the same instructions whatever the step's row count (per-position invariance:
+# the recurrence walks rows one at a time, conv_gates takes them in tiles of a fixed CONV_ROWS rows); the
 # values follow the torch form's roundings (the conv output rounded to the model dtype, the norm's
 # product rounded before the gate), not its bits: every path of a model on CUDA takes these kernels.
+
+# conv_gates' rows a tile: fixed (a row's l2 norm is a reduction over a tile of this shape, so its bits must not
+# depend on the step's row count)
+CONV_ROWS = 16
+
 
 def step_kernels_available(x: torch.Tensor, dk: int, dv: int) -> bool:
     """Whether the fused step kernels can run: Triton, a CUDA tensor, power-of-two head sizes."""
@@ -71,50 +80,69 @@ if triton is not None:
         return tl.where(a > 20.0, a, lp)
 
     @triton.jit
-    def _conv_gates_kernel(proj, win, w, bo, ao, a_log, dt_bias, conv, q, k, v, g, beta, C, PS, BS, AS, HK, HV, scale,
-                           DK: tl.constexpr, DV: tl.constexpr, KS: tl.constexpr, BLOCK: tl.constexpr):
-        t = tl.program_id(0)
-        j = tl.program_id(1)  # segment: q heads, then k heads, then v heads
+    def _conv_gates_kernel(proj, conv, cur, w, bo, ao, a_log, dt_bias, q, k, v, g, beta, T, C, PS, BS, AS, HK, HV, scale,
+                           DK: tl.constexpr, DV: tl.constexpr, KS: tl.constexpr, BLOCK: tl.constexpr, RB: tl.constexpr,
+                           WB: tl.constexpr, USE_GDC: tl.constexpr):
+        # program j: segment j's channels (q heads, then k heads, then v heads) over every row of the step, RB rows
+        # at a time (a fixed tile: a row's bits do not depend on T). The live window is the cache's conv rows
+        # cur .. cur + KS - 2, read in place; the program then writes that window to rows 0 .. KS - 2 and the
+        # step's inputs after it, channels no other program touches, each load before any store of its rows
+        if USE_GDC:  # models/pdl.py
+            pdl.begin()
+        j = tl.program_id(0)
         r = tl.arange(0, BLOCK)
         is_v = j >= 2 * HK
         d = tl.where(is_v, DV, DK)
         c0 = tl.where(is_v, 2 * HK * DK + (j - 2 * HK) * DV, j * DK)
         m = r < d
         ch = c0 + r
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for i in tl.static_range(KS):  # full = [window (KS-1 rows) | proj]; output row t reads full[t .. t+KS-1]
-            row = t + i
-            xw = tl.load(win + row * C + ch, mask=m & (row < KS - 1), other=0.0)
-            xp = tl.load(proj + (row - (KS - 1)) * PS + ch, mask=m & (row >= KS - 1), other=0.0)
-            wi = tl.load(w + ch * KS + i, mask=m, other=0.0)
-            acc += (xw.to(tl.float32) + xp.to(tl.float32)) * wi
-        out = (acc * tl.sigmoid(acc)).to(proj.dtype.element_ty).to(tl.float32)  # silu, rounded as the layer's dtype
-        # the conv inputs kept for rollback: the window (row t = 0's programs) and this row
-        tl.store(conv + (KS - 1 + t) * C + ch, tl.load(proj + t * PS + ch, mask=m), mask=m)
-        if t == 0:
-            for i in tl.static_range(KS - 1):
-                tl.store(conv + i * C + ch, tl.load(win + i * C + ch, mask=m), mask=m)
-        if is_v:
-            hv = j - 2 * HK
-            tl.store(v + (t * HV + hv) * DV + r, out, mask=m)
-            bt = tl.load(bo + t * BS + hv).to(tl.float32)
-            at = tl.load(ao + t * AS + hv).to(tl.float32) + tl.load(dt_bias + hv).to(tl.float32)
-            tl.store(beta + t * HV + hv, tl.sigmoid(bt))
-            tl.store(g + t * HV + hv, -tl.exp(tl.load(a_log + hv).to(tl.float32)) * _softplus(at))
-        else:
-            ss = tl.sum(tl.where(m, out * out, 0.0), axis=0)
-            y = out * (1.0 / tl.sqrt(ss + 1e-6))
-            if j < HK:
-                tl.store(q + (t * HK + j) * DK + r, y * scale, mask=m)
+        at = tl.load(cur)
+        rw = tl.arange(0, WB)
+        win_m = (rw < KS - 1)[:, None] & m[None, :]
+        win = tl.load(conv + (at + rw)[:, None] * C + ch[None, :], mask=win_m)  # the window, before any store
+        rt = tl.arange(0, RB)
+        for t0 in range(0, T, RB):
+            t = t0 + rt
+            tm = t < T
+            acc = tl.zeros([RB, BLOCK], dtype=tl.float32)
+            for i in tl.static_range(KS):  # full = [window (KS-1 rows) | proj]; output row t reads full[t .. t+KS-1]
+                row = t + i
+                wm = (m[None, :] & (row < KS - 1)[:, None]) & tm[:, None]
+                xw = tl.load(conv + (at + row)[:, None] * C + ch[None, :], mask=wm, other=0.0)
+                pm = (m[None, :] & (row >= KS - 1)[:, None]) & tm[:, None]
+                xp = tl.load(proj + (row - (KS - 1))[:, None] * PS + ch[None, :], mask=pm, other=0.0)
+                wi = tl.load(w + ch * KS + i, mask=m, other=0.0)
+                acc += (xw.to(tl.float32) + xp.to(tl.float32)) * wi[None, :]
+            pr = tl.load(proj + t[:, None] * PS + ch[None, :], mask=tm[:, None] & m[None, :])
+            tl.debug_barrier()  # every thread's window loads done before the rows are written
+            tl.store(conv + (KS - 1 + t)[:, None] * C + ch[None, :], pr, mask=tm[:, None] & m[None, :])
+            out = (acc * tl.sigmoid(acc)).to(proj.dtype.element_ty).to(tl.float32)  # silu, rounded as the layer's dtype
+            om = tm[:, None] & m[None, :]
+            if is_v:
+                hv = j - 2 * HK
+                tl.store(v + (t * HV + hv)[:, None] * DV + r[None, :], out, mask=om)
+                bt = tl.load(bo + t * BS + hv, mask=tm, other=0.0).to(tl.float32)
+                a_t = tl.load(ao + t * AS + hv, mask=tm, other=0.0).to(tl.float32) + tl.load(dt_bias + hv).to(tl.float32)
+                tl.store(beta + t * HV + hv, tl.sigmoid(bt), mask=tm)
+                tl.store(g + t * HV + hv, -tl.exp(tl.load(a_log + hv).to(tl.float32)) * _softplus(a_t), mask=tm)
             else:
-                tl.store(k + (t * HK + j - HK) * DK + r, y, mask=m)
+                ss = tl.sum(tl.where(om, out * out, 0.0), axis=1)
+                y = out * (1.0 / tl.sqrt(ss + 1e-6))[:, None]
+                if j < HK:
+                    tl.store(q + (t * HK + j)[:, None] * DK + r[None, :], y * scale, mask=om)
+                else:
+                    tl.store(k + (t * HK + j - HK)[:, None] * DK + r[None, :], y, mask=om)
+        tl.store(conv + rw[:, None] * C + ch[None, :], win, mask=win_m)  # rows 0 .. KS - 2 (no row the loop wrote)
 
     @triton.jit
     def _recurrent_cache_kernel(q, k, v, g, beta, s0, cur, states, live, out, T, H, REP, CACHE: tl.constexpr,
-                                LIVE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
+                                LIVE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+                                USE_GDC: tl.constexpr):
         # CACHE: s0 is the cache's buffer, the live state at row cur; row 0 gets it, row 1 + t the state
         # after position t. Else s0 is the state and row t the state after t. LIVE: only the first live rows
         # (the rest pad a static step: zero outputs, no states).
+        if USE_GDC:  # models/pdl.py
+            pdl.begin()
         h = tl.program_id(0)
         vb = tl.program_id(1)
         hk = h // REP  # the key head this value head reads
@@ -152,7 +180,9 @@ if triton is not None:
             tl.store(out + (t * H + h) * DV + rv, tl.zeros([BV], dtype=tl.float32), mask=vmask)
 
     @triton.jit
-    def _gated_norm_kernel(o, z, w, y, HV, ZS, eps, DV: tl.constexpr):
+    def _gated_norm_kernel(o, z, w, y, HV, ZS, eps, DV: tl.constexpr, USE_GDC: tl.constexpr):
+        if USE_GDC:  # models/pdl.py
+            pdl.begin()
         t = tl.program_id(0)
         h = tl.program_id(1)
         r = tl.arange(0, DV)
@@ -165,23 +195,27 @@ if triton is not None:
         tl.store(y + base + r, (n * (zf * tl.sigmoid(zf))).to(y.dtype.element_ty))
 
 
-def conv_gates(proj, window, conv_w, b_out, a_out, a_log, dt_bias, conv_cache, hk: int, hv: int, dk: int, dv: int):
-    """One step's conv (+SiLU) and gates. ``proj [T, C]`` (``in_proj_qkv``'s output), ``window
-    [K-1, C]`` (a copy of the live window), ``conv_w [C, K]`` fp32, ``b_out, a_out [T, Hv]``
-    (``proj``, ``b_out`` and ``a_out`` may be column slices of one fused projection: rows strided).
-    Writes the window and ``proj`` into ``conv_cache`` rows ``0 .. K-2+T`` and returns fp32 ``q, k
-    [T, Hk, dk]`` (l2-normalised, ``q`` scaled by ``dk ** -0.5``), ``v [T, Hv, dv]``, ``g, beta [T, Hv]``."""
+def conv_gates(proj, conv_cache, cur, conv_w, b_out, a_out, a_log, dt_bias, hk: int, hv: int, dk: int, dv: int):
+    """One step's conv (+SiLU) and gates. ``proj [T, C]`` (``in_proj_qkv``'s output), ``conv_cache [K-1+R, C]``
+    (:class:`~specdec.cache.LinearAttnCache`'s ``conv``) whose rows ``cur .. cur+K-2`` (``cur``: a 0-d int64 device
+    tensor) are the live window, read in place, ``conv_w [C, K]`` fp32, ``b_out, a_out [T, Hv]`` (``proj``,
+    ``b_out`` and ``a_out`` may be column slices of one fused projection: rows strided). Writes the window and
+    ``proj`` into ``conv_cache`` rows ``0 .. K-2+T`` and returns fp32 ``q, k [T, Hk, dk]`` (l2-normalised, ``q``
+    scaled by ``dk ** -0.5``), ``v [T, Hv, dv]``, ``g, beta [T, Hv]``."""
     t, c = proj.shape
     ks = conv_w.shape[1]
     for name, x in (("proj", proj), ("b_out", b_out), ("a_out", a_out)):
         if x.stride(-1) != 1:
             raise ValueError(f"conv_gates: {name}'s columns must be contiguous")
+    if conv_cache.shape[0] < ks - 1 + t or not conv_cache.is_contiguous():
+        raise ValueError(f"conv_gates: a conv cache of {conv_cache.shape[0]} rows for {t} rows and a kernel of {ks}")
     f32 = dict(dtype=torch.float32, device=proj.device)
     q, k = torch.empty(t, hk, dk, **f32), torch.empty(t, hk, dk, **f32)
     v, g, beta = torch.empty(t, hv, dv, **f32), torch.empty(t, hv, **f32), torch.empty(t, hv, **f32)
-    _conv_gates_kernel[(t, 2 * hk + hv)](proj, window, conv_w, b_out, a_out, a_log, dt_bias, conv_cache, q, k, v, g, beta,
-                                         c, proj.stride(0), b_out.stride(0), a_out.stride(0), hk, hv, dk ** -0.5, DK=dk, DV=dv, KS=ks,
-                                         BLOCK=triton.next_power_of_2(max(dk, dv)))
+    _conv_gates_kernel[(2 * hk + hv,)](proj, conv_cache, cur, conv_w, b_out, a_out, a_log, dt_bias, q, k, v, g, beta, t,
+                                       c, proj.stride(0), b_out.stride(0), a_out.stride(0), hk, hv, dk ** -0.5, DK=dk, DV=dv,
+                                       KS=ks, BLOCK=triton.next_power_of_2(max(dk, dv)), RB=CONV_ROWS,
+                                       WB=triton.next_power_of_2(max(ks - 1, 1)), num_warps=4, **pdl.options(proj))
     return q, k, v, g, beta
 
 
@@ -203,7 +237,7 @@ def _recurrence(q, k, v, g, beta, s0, cur, states, live):
     cache, has_live = cur is not None, live is not None
     _recurrent_cache_kernel[(h, triton.cdiv(dv, bv))](q, k, v, g, beta, s0, cur if cache else s0, states,
                                                       live if has_live else s0, out, t, h, h // hkn, CACHE=cache,
-                                                      LIVE=has_live, DK=dk, DV=dv, BV=bv)
+                                                      LIVE=has_live, DK=dk, DV=dv, BV=bv, **pdl.options(q))
     return out
 
 
@@ -213,5 +247,5 @@ def gated_norm(o, z, weight, eps: float):
     if z.stride(-1) != 1:
         raise ValueError("gated_norm: z's columns must be contiguous")
     y = torch.empty(t, hv * dv, dtype=z.dtype, device=z.device)
-    _gated_norm_kernel[(t, hv)](o, z, weight, y, hv, z.stride(0), eps, DV=dv)
+    _gated_norm_kernel[(t, hv)](o, z, weight, y, hv, z.stride(0), eps, DV=dv, **pdl.options(z))
     return y

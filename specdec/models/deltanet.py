@@ -315,8 +315,8 @@ class GatedDeltaNet(nn.Module):
         (the state before the step at row 0, the state after each position, the conv inputs).
         ``live``: a static step's real rows (``StepContext.live``; the rest pad it), None: all."""
         q, k, v, g, beta = delta_kernel.conv_gates(
-            proj, cache.live_window(), self.conv_weight_fp32(), b, a,
-            self.A_log, self.dt_bias, cache.conv, self.hk, self.hv, self.dk, self.dv)
+            proj, cache.conv, cache.cur_t, self.conv_weight_fp32(), b, a,
+            self.A_log, self.dt_bias, self.hk, self.hv, self.dk, self.dv)
         o = delta_kernel.recurrent_into_cache(q, k, v, g, beta, cache.states, cache.cur_t, live)
         return self.out_proj(delta_kernel.gated_norm(o, z, self.norm.weight, self.norm.eps))
 

@@ -12,19 +12,23 @@ decoding's, one real row) ran the dense form: 23.4 ms against 7.4 ms for a 1-row
   activation rounded, the product rounded); :func:`pairs` gives every row its own programs;
 - ``_down_kernel``: program ``(pair, block of BN hidden channels)``: the pair's down projection.
 
-:func:`moe` runs a whole routed-plus-shared MoE block's static step in three kernels after the router's
-GEMM (issue 10; on the H200 the qwen3.5-35b-a3b shape's block took ~20 kernels a layer: softmax, top-k as
-two kernels, renormalisation, the pairs, their weighted sum, the shared expert's GEMMs, its gate's GEMV and
-sigmoid, the products and the sum):
+:func:`moe` runs a whole routed-plus-shared MoE block's static step in four kernels (issue 10; on the H200 the
+qwen3.5-35b-a3b shape's block took ~20 kernels a layer: softmax, top-k as two kernels, renormalisation, the
+pairs, their weighted sum, the shared expert's GEMMs, its gate's GEMV and sigmoid, the products and the sum),
+each launched with PDL (models/pdl.py) so that it starts while the one before it finishes:
 
+- the router's GEMM over the router's rows and the shared expert's gate as one more (``SparseMoeBlock.fuse``):
+  ``fused_layer.linear`` (a row's bits its own, whatever the row count), its logits rounded to the model dtype
+  as ``F.linear`` rounds them;
 - ``_route_kernel``: program ``row``: the fp32 softmax of the router's logits, the top k (largest first,
-  the lowest id among equal values), renormalised over them and rounded to the model dtype, and the
-  shared expert's gate ``sigmoid(x . w_gate)`` (its logit rounded to the model dtype, as ``F.linear``
-  rounds it) as the row's weight number k;
-- ``_gate_up_kernel`` over k + 1 pairs a row, the shared expert the last pair (its fused gate/up weight);
+  the lowest id among equal values; one max a pick over int64 keys), renormalised over them and rounded to the
+  model dtype, and the shared expert's gate ``sigmoid(logit)`` as the row's weight number k;
+- ``_gate_up_kernel`` over k + 1 pairs a row, the shared expert the last pair (its fused gate/up weight, pulled
+  into the L2 before the PDL wait: it never depends on the routing);
 - ``_combine_kernel``: program ``(group of rows, block of BN hidden channels)``: every pair's down projection
-  of each of its rows, each rounded to the model dtype, times its weight (rounded), summed in pair order in fp32 and
-  rounded once: the block's output, with no ``[T, k, H]`` intermediate.
+  of each of its rows, PC pairs' weight rows loaded at once, each rounded to the model dtype, times its weight
+  (rounded), summed in pair order in fp32 and rounded once: the block's output, with no ``[T, k, H]``
+  intermediate.
 
 Its bits differ from the torch forms' (other roundings and sum orders) but depend on the row's input
 alone, so plain and speculative decoding, which both run it, stay equal. ``SPECDEC_FUSED_MOE=0`` keeps the
@@ -42,6 +46,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from . import fused_layer, pdl
+
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
     import triton
     import triton.language as tl
@@ -51,11 +57,11 @@ except ImportError:  # pragma: no cover - depends on the install
 ENABLED = os.environ.get("SPECDEC_EXPERT_KERNEL", "1") != "0"
 FUSED_MOE = os.environ.get("SPECDEC_FUSED_MOE", "1") != "0"
 BN, BK = 16, 256  # rows of a weight and features of the input a program step holds
-# moe()'s tiles, (BN, BK, warps) of the gate/up and of the combine kernels: fixed per build (a row's bits
-# depend on them), the fastest of scripts/sweep_moe_kernel.py's 36 each on the H200 (qwen3.5-35b-a3b's
-# block, one row: 41.0 and 40.7 us a layer against 46.8 with (8, 256, 4) for both; BENCHMARKS.md)
-GATE_UP_TILE = (4, 512, 2)
-COMBINE_TILE = (4, 512, 8)
+# moe()'s tiles: (BN, BK, warps) of the gate/up kernel and (BN, BK, warps, PC) of the combine kernel (PC: the
+# pairs whose down rows one load takes): fixed per build (a row's bits depend on them), the fastest of
+# scripts/sweep_moe_kernel.py's on the H200 (qwen3.5-35b-a3b's block, one row; BENCHMARKS.md)
+GATE_UP_TILE = (4, 1024, 4)
+COMBINE_TILE = (1, 512, 1, 16)
 # moe()'s programs each take rows g, g + G, ... of a step (G = min(rows, ROW_GROUPS)): a static step of 16 rows
 # with one live (plain decoding's) then launches G/16 of the programs a program a row would, where a padding row's
 # programs did nothing but start (on the H200, qwen3.5-35b-a3b: the two kernels 1.08 -> 1.58 ms a step from 1 to
@@ -87,7 +93,7 @@ if triton is not None:
 
     @triton.jit
     def _gate_up_kernel(x, idx, w, sw, h, live, T, G, K, P, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr):
+                        BK: tl.constexpr, PER_LINE: tl.constexpr, LINES: tl.constexpr, USE_GDC: tl.constexpr):
         # program (row group g and pair slot j: axis 0 = g * P + j; block of BN intermediate channels): pair j of
         # rows g, g + G, ... below the live rows (a padding row's h is never read); pair number K of a row
         # (P = K + 1) is the shared expert, whose fused gate/up weight is sw
@@ -97,6 +103,15 @@ if triton is not None:
         rn = nb * BN + tl.arange(0, BN)
         nm = rn < INTER
         dt = h.dtype.element_ty
+        if USE_GDC:  # models/pdl.py; meanwhile a shared-expert program pulls its weight rows into L2 (the routed
+            # experts are known only after the wait)
+            tl.extra.cuda.gdc_launch_dependents()
+            if j == K:
+                line = tl.minimum(tl.arange(0, LINES) * PER_LINE, H - 1)
+                at = sw + tl.minimum(rn, INTER - 1)[:, None] * H + line[None, :]
+                pdl.to_l2(at)
+                pdl.to_l2(at + INTER * H)
+            tl.extra.cuda.gdc_wait()
         for t in range(g, _live_rows(T, live, LIVE), G):
             if j < K:
                 e = tl.load(idx + t * K + j).to(tl.int64)
@@ -146,10 +161,14 @@ if triton is not None:
             tl.store(y + p * H + rn, acc.to(y.dtype.element_ty), mask=nm)
 
     @triton.jit
-    def _route_kernel(logits, x, sg, idx, wts, live, E, H, P, LIVE: tl.constexpr, SHARED: tl.constexpr,
-                      K: tl.constexpr, KB: tl.constexpr, BE: tl.constexpr, BH: tl.constexpr):
-        # program row t: the top K of the softmax of its E logits, renormalised, and (SHARED) the shared
-        # expert's gate as weight number K; a padding row routes to expert 0 with weight 0
+    def _route_kernel(logits, idx, wts, live, E, LS, P, LIVE: tl.constexpr, SHARED: tl.constexpr, K: tl.constexpr,
+                      KB: tl.constexpr, BE: tl.constexpr, USE_GDC: tl.constexpr):
+        # program row t: the top K of the softmax of its E logits (row stride LS), renormalised, and (SHARED) the
+        # shared expert's gate, the sigmoid of logit number E, as weight number K; a padding row routes to expert 0
+        # with weight 0. The top K in one max a pick: a probability (never negative, so its bits order as it does)
+        # in the high word of an int64 key, BE - 1 - id in the low word (the lowest id wins a tie)
+        if USE_GDC:  # models/pdl.py
+            pdl.begin()
         t = tl.program_id(0)
         rk = tl.arange(0, KB)
         dt = wts.dtype.element_ty
@@ -159,57 +178,71 @@ if triton is not None:
         else:
             re = tl.arange(0, BE)
             em = re < E
-            lg = tl.load(logits + t * E + re, mask=em, other=float("-inf")).to(tl.float32)
+            lg = tl.load(logits + t * LS + re, mask=em, other=float("-inf")).to(tl.float32)
             ex = tl.exp(lg - tl.max(lg, 0))
             prob = ex / tl.sum(ex, 0)
-            left = tl.where(em, prob, -1.0)  # probabilities not taken yet (never negative)
+            key = (prob.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BE - 1 - re).to(tl.int64)
+            key = tl.where(em, key, -1)  # taken or past E: below every key
             top = tl.zeros([KB], dtype=tl.float32)
             ids = tl.zeros([KB], dtype=tl.int32)
             for i in tl.static_range(K):
-                best = tl.max(left, 0)
-                at = tl.min(tl.where(left == best, re, BE), 0)  # the lowest id among equal values
-                top = tl.where(rk == i, best, top)
-                ids = tl.where(rk == i, at, ids)
-                left = tl.where(re == at, -1.0, left)
+                best = tl.max(key, 0)
+                top = tl.where(rk == i, (best >> 32).to(tl.int32).to(tl.float32, bitcast=True), top)
+                ids = tl.where(rk == i, (BE - 1 - (best & 0xFFFFFFFF)).to(tl.int32), ids)
+                key = tl.where(key == best, -1, key)
             tl.store(idx + t * K + rk, ids, mask=rk < K)
             wk = (top / tl.sum(top, 0)).to(dt)
             if SHARED:
-                acc = tl.zeros([BH], dtype=tl.float32)
-                for h0 in range(0, H, BH):
-                    rh = h0 + tl.arange(0, BH)
-                    hm = rh < H
-                    acc += tl.load(x + t * H + rh, mask=hm, other=0.0).to(tl.float32) * \
-                        tl.load(sg + rh, mask=hm, other=0.0).to(tl.float32)
-                gl = tl.sum(acc, 0).to(dt).to(tl.float32)
-                gate = tl.sigmoid(gl).to(dt)
-                wk = tl.where(rk == K, gate, wk)
+                gl = tl.load(logits + t * LS + E).to(tl.float32)
+                wk = tl.where(rk == K, tl.sigmoid(gl).to(dt), wk)
             tl.store(wts + t * P + rk, wk, mask=rk < P)
 
     @triton.jit
-    def _combine_kernel(hin, idx, wts, w, sw, y, live, T, G, K, P, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr):
+    def _combine_kernel(hin, idx, wts, w, sw, y, live, T, G, H, INTER, K: tl.constexpr, P: tl.constexpr,
+                        LIVE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PC: tl.constexpr,
+                        PER_LINE: tl.constexpr, LINES: tl.constexpr, USE_GDC: tl.constexpr):
         # program (row group g, block of BN hidden channels): for rows g, g + G, ... the row's pairs' down
         # projections, each rounded, times its weight (rounded), summed in pair order in fp32 (pair K, P = K + 1,
-        # the shared expert); a padding row gives zeros
+        # the shared expert); a padding row gives zeros. PC pairs' weight rows are loaded at once ([PC, BN, BK]):
+        # the pairs' loads in flight together, where a pair at a time waited for each in turn
         g = tl.program_id(0)
         nb = tl.program_id(1)
         rn = nb * BN + tl.arange(0, BN)
         nm = rn < H
         dt = y.dtype.element_ty
+        if USE_GDC:  # models/pdl.py; meanwhile the shared expert's down rows into L2 (never the kernel before's)
+            tl.extra.cuda.gdc_launch_dependents()
+            if P > K:
+                line = tl.minimum(tl.arange(0, LINES) * PER_LINE, INTER - 1)
+                pdl.to_l2(sw + tl.minimum(rn, H - 1)[:, None] * INTER + line[None, :])
+            tl.extra.cuda.gdc_wait()
         n = _live_rows(T, live, LIVE)
+        rc = tl.arange(0, PC)
         for t in range(g, T, G):
             tot = tl.zeros([BN], dtype=tl.float32)
             if t < n:
-                for j in range(0, P):
-                    if j < K:
-                        e = tl.load(idx + t * K + j).to(tl.int64)
-                        base = w + e * H * INTER
-                    else:
-                        base = sw + 0
-                    acc = _down_rows(hin + (t * P + j) * INTER, base, rn, nm, INTER, BN, BK)
-                    wj = tl.load(wts + t * P + j).to(tl.float32)
-                    tot += (acc.to(dt).to(tl.float32) * wj).to(dt).to(tl.float32)
+                for j0 in tl.static_range(0, P, PC):
+                    pj = j0 + rc
+                    pm = pj < P
+                    e = tl.load(idx + t * K + pj, mask=pj < K, other=0).to(tl.int64)
+                    rows = rn[None, :, None] * INTER
+                    at = tl.where((pj < K)[:, None, None], w + e[:, None, None] * H * INTER + rows, sw + rows)
+                    acc = tl.zeros([PC, BN], dtype=tl.float32)
+                    for k0 in range(0, INTER, BK):
+                        rk = k0 + tl.arange(0, BK)
+                        km = rk < INTER
+                        hv = tl.load(hin + (t * P + pj)[:, None] * INTER + rk[None, :], mask=pm[:, None] & km[None, :],
+                                     other=0.0).to(tl.float32)
+                        wd = tl.load(at + rk[None, None, :], mask=pm[:, None, None] & nm[None, :, None] &
+                                     km[None, None, :], other=0.0)
+                        acc += tl.sum(wd.to(tl.float32) * hv[:, None, :], axis=2)
+                    wj = tl.load(wts + t * P + pj, mask=pm, other=0.0).to(tl.float32)
+                    c = (acc.to(dt).to(tl.float32) * wj[:, None]).to(dt).to(tl.float32)
+                    for i in tl.static_range(PC):
+                        if j0 + i < P:
+                            tot += tl.sum(tl.where(rc[:, None] == i, c, 0.0), axis=0)
             tl.store(y + t * H + rn, tot.to(dt), mask=nm)
+
 
 def pairs(x: torch.Tensor, idx: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
           live: torch.Tensor | None = None) -> torch.Tensor:
@@ -224,58 +257,73 @@ def pairs(x: torch.Tensor, idx: torch.Tensor, gate_up: torch.Tensor, down: torch
     live = live if has_live else idx  # a stand-in pointer, never read without LIVE
     h = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(t * k, triton.cdiv(inter, BN))](x, idx, gate_up, gate_up, h, live, t, t, k, k, hidden, inter,
-                                                     LIVE=has_live, BN=BN, BK=BK)
+                                                     LIVE=has_live, BN=BN, BK=BK, PER_LINE=1, LINES=1, USE_GDC=False)
     y = torch.empty(t * k, hidden, dtype=x.dtype, device=x.device)
     _down_kernel[(t * k, triton.cdiv(hidden, BN))](h, idx, down, y, live, k, hidden, inter, LIVE=has_live,
                                                    BN=BN, BK=BK)
     return y.view(t, k, hidden)
 
 
-def moe(x: torch.Tensor, logits: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor,
-        shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, live: torch.Tensor | None = None,
+def _lines(n: int, per_line: int) -> int:
+    """The power of two of 128-byte lines that covers a row of ``n`` elements (``per_line`` a line)."""
+    return triton.next_power_of_2(max(1, -(-n // per_line)))
+
+
+def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor,
+        shared: tuple[torch.Tensor, torch.Tensor] | None = None, live: torch.Tensor | None = None,
         tiles: tuple | None = None) -> torch.Tensor:
-    """A MoE block's output ``[T, H]`` (the module docstring's three kernels): ``x [T, H]``, the router's
-    ``logits [T, E]`` (model dtype), ``gate_up [E, 2I, H]``, ``down [E, H, I]``; ``shared``: the shared
-    expert's ``(fused gate/up [2I, H], down [H, I], gate [H])`` (its width that of the routed experts) or
-    None; ``live`` as in :func:`pairs`; ``tiles``: ``(GATE_UP_TILE, COMBINE_TILE)`` for the sweep script."""
+    """A MoE block's output ``[T, H]`` (the module docstring's kernels): ``x [T, H]``, the ``router`` weight
+    ``[E, H]`` (with a shared expert ``[E + 1, H]``: its gate's row last), ``gate_up [E, 2I, H]``, ``down [E, H,
+    I]``; ``shared``: the shared expert's ``(fused gate/up [2I, H], down [H, I])`` (its width that of the routed
+    experts) or None; ``live`` as in :func:`pairs`; ``tiles``: ``(GATE_UP_TILE, COMBINE_TILE)`` for the sweep
+    script."""
     t, hidden = x.shape
     e, two_i, _ = gate_up.shape
     inter = two_i // 2
     p = top_k + (shared is not None)
-    (gbn, gbk, gw), (cbn, cbk, cw) = tiles or (GATE_UP_TILE, COMBINE_TILE)
-    x, logits = x.contiguous(), logits.contiguous()
+    if router.shape != (e + (shared is not None), hidden):
+        raise ValueError(f"expert_kernel.moe: router {tuple(router.shape)} for {e} experts"
+                         f"{' and a shared gate' if shared is not None else ''} of {hidden} features")
+    (gbn, gbk, gw), (cbn, cbk, cw, cpc) = tiles or (GATE_UP_TILE, COMBINE_TILE)
+    x = x.contiguous()
+    # the router's logits in the model dtype, as F.linear rounds them: a Triton GEMM (PDL, a row's bits its own)
+    logits = fused_layer.linear(x, router) if fused_layer.usable(x) else F.linear(x, router)
     has_live = live is not None
-    sgu, sdown, sgate = shared if shared is not None else (gate_up, down, x)  # stand-ins, never read
+    sgu, sdown = shared if shared is not None else (gate_up, down)  # stand-ins, never read
     idx = torch.empty(t, top_k, dtype=torch.int32, device=x.device)
     wts = torch.empty(t, p, dtype=x.dtype, device=x.device)
     live_ptr = live if has_live else idx
-    _route_kernel[(t,)](logits, x, sgate, idx, wts, live_ptr, e, hidden, p, LIVE=has_live, SHARED=shared is not None,
-                        K=top_k, KB=triton.next_power_of_2(p), BE=triton.next_power_of_2(e),
-                        BH=min(1024, triton.next_power_of_2(hidden)))
+    gdc = pdl.options(x)
+    per_line = 128 // x.element_size()
+    _route_kernel[(t,)](logits, idx, wts, live_ptr, e, logits.stride(0), p, LIVE=has_live, SHARED=shared is not None,
+                        K=top_k, KB=triton.next_power_of_2(p), BE=triton.next_power_of_2(e), **gdc)
     g = min(t, ROW_GROUPS)
     h = torch.empty(t * p, inter, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(g * p, triton.cdiv(inter, gbn))](x, idx, gate_up, sgu, h, live_ptr, t, g, top_k, p, hidden,
-                                                      inter, LIVE=has_live, BN=gbn, BK=gbk, num_warps=gw)
+                                                      inter, LIVE=has_live, BN=gbn, BK=gbk, PER_LINE=per_line,
+                                                      LINES=_lines(hidden, per_line), num_warps=gw, **gdc)
     y = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
-    _combine_kernel[(g, triton.cdiv(hidden, cbn))](h, idx, wts, down, sdown, y, live_ptr, t, g, top_k, p, hidden,
-                                                   inter, LIVE=has_live, BN=cbn, BK=cbk, num_warps=cw)
+    _combine_kernel[(g, triton.cdiv(hidden, cbn))](h, idx, wts, down, sdown, y, live_ptr, t, g, hidden, inter, K=top_k,
+                                                   P=p, LIVE=has_live, BN=cbn, BK=cbk, PC=cpc, PER_LINE=per_line,
+                                                   LINES=_lines(inter, per_line), num_warps=cw, **gdc)
     return y
 
 
-def moe_reference(x: torch.Tensor, logits: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor,
-                  shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def moe_reference(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor,
+                  shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """:func:`moe`'s arithmetic in torch ops (fp32, rounded where the kernels round): the CPU equivalent
     that the interpreter test compares the kernels with."""
     dt = x.dtype
-    probs = torch.softmax(logits.float(), dim=-1)
+    e = gate_up.shape[0]
+    logits = (x.float() @ router.float().T).to(dt).float()
+    probs = torch.softmax(logits[:, :e], dim=-1)
     top, idx = torch.topk(probs, top_k, dim=-1)
     w = (top / top.sum(-1, keepdim=True)).to(dt)
     gu = torch.einsum("tkoh,th->tko", gate_up[idx].float(), x.float())
     dws = [down[idx]]
     if shared is not None:
-        sgu, sdown, sgate = shared
-        gl = (x.float() @ sgate.float()).to(dt).float()
-        w = torch.cat([w, torch.sigmoid(gl).to(dt)[:, None]], 1)
+        sgu, sdown = shared
+        w = torch.cat([w, torch.sigmoid(logits[:, e]).to(dt)[:, None]], 1)
         gu = torch.cat([gu, (x.float() @ sgu.float().T)[:, None]], 1)
         dws.append(sdown[None, None].expand(x.shape[0], 1, -1, -1))
     gate, up = gu.to(dt).float().chunk(2, dim=-1)

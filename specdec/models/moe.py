@@ -37,7 +37,7 @@ from ..errors import CheckpointError, ConfigError
 from ..parallel.tp import Shard, even_split
 from ..weights.source import TensorSource
 from . import expert_kernel
-from .layers import SwiGLU, derived_weight
+from .layers import SwiGLU, derived_weight, fuse_linears
 from .source_view import SourceView, ViewTensor, derived, passthrough
 
 
@@ -152,6 +152,7 @@ class SparseMoeBlock(nn.Module):
         self.experts = Experts(num_experts, hidden, moe_intermediate, shard=shard)
         self.shared_expert = SwiGLU(hidden, shared_intermediate, shard=shard) if shared_intermediate else None
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate else None
+        self._router = None  # fuse(): the router and the shared gate as one weight
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [T, H]`` -> (expert ids ``[T, k]``, weights ``[T, k]`` in ``x``'s dtype)."""
@@ -173,23 +174,39 @@ class SparseMoeBlock(nn.Module):
         return se is None or (se.gate_proj.bias is None and se.down_proj.bias is None
                               and 2 * se.gate_proj.out_features == ex.gate_up_proj.shape[1])
 
+    def fuse(self) -> None:
+        """The router and the shared expert's gate as one weight ``[E + 1, H]`` (see
+        :func:`~specdec.models.layers.fuse_linears`): one GEMM gives the kernels every logit; call after loading."""
+        if self._router is None and self.shared_expert_gate is not None and self.shard is None:
+            self._router = fuse_linears(self.gate, self.shared_expert_gate)
+
+    def _router_weight(self) -> torch.Tensor:
+        """The router's weight for the kernels, the shared expert's gate as its last row (if any): the fused
+        weight where the model fused it at load, else a concatenated copy kept per version of the weights."""
+        if self.shared_expert_gate is None:
+            return self.gate.weight
+        if self._router is not None:
+            return self._router[0]
+        return derived_weight(self, "_router_cat", (self.gate.weight, self.shared_expert_gate.weight),
+                              lambda r, g: torch.cat([r, g]))
+
     def _shared_weights(self):
-        """The shared expert's (gate/up ``[2I, H]``, down ``[H, I]``, gate ``[H]``) for the kernels: its fused
-        weight where the model fused it at load, else a concatenated copy kept per version of the weights
-        (an MTP block loaded on its own)."""
+        """The shared expert's (gate/up ``[2I, H]``, down ``[H, I]``) for the kernels: its fused weight where
+        the model fused it at load, else a concatenated copy kept per version of the weights (an MTP block
+        loaded on its own)."""
         se = self.shared_expert
         if se is None:
             return None
         gate_up = se._fused[0] if se._fused is not None else derived_weight(
             self, "_shared_gate_up", (se.gate_proj.weight, se.up_proj.weight), lambda g, u: torch.cat([g, u]))
-        return gate_up, se.down_proj.weight, self.shared_expert_gate.weight[0]
+        return gate_up, se.down_proj.weight
 
     def forward(self, x: torch.Tensor, live: torch.Tensor | None = None) -> torch.Tensor:
         """``x [T, H]`` (or batched ``[b, T, H]``); ``live``: a static step's real rows (see :class:`Experts`)."""
         if x.dim() > 2:  # batched steps [b, T, H]: tokens are independent, route them flattened
             return self.forward(x.reshape(-1, x.shape[-1])).view(x.shape)
-        if self.shard is None and self._fused_ready(x):  # CUDA static steps: three kernels after the router
-            return expert_kernel.moe(x, self.gate(x), self.top_k, self.experts.gate_up_proj,
+        if self.shard is None and self._fused_ready(x):  # CUDA static steps: the router's GEMM and three kernels
+            return expert_kernel.moe(x, self._router_weight(), self.top_k, self.experts.gate_up_proj,
                                      self.experts.down_proj, self._shared_weights(), live)
         idx, w = self.route(x)
         if self.shard is None:

@@ -3,13 +3,14 @@
 A SmolLM2 16-row step is ~8 small kernels a layer, and under a CUDA graph each still waits for the one
 before it to finish and flush before its own blocks are scheduled. With PDL the step's
 Triton kernels (the fused layer's GEMM, fused_ops' norm and SwiGLU product, RoPE + the cache write, the
-split attention and its combine) are launched with CUDA's programmatic stream serialization and begin
+split attention and its combine, the MoE block's routing, gate/up and combine kernels, the Gated DeltaNet's
+three step kernels) are launched with CUDA's programmatic stream serialization and begin
 with ``griddepcontrol.launch_dependents`` then ``griddepcontrol.wait``: the next kernel's blocks may be
 scheduled while this one runs, and each waits, before its first memory access, for the kernel before it
 to complete and its writes to be visible. Every load and store stays after that wait, so what a kernel
 reads and writes, and so every bit, is what it was; only the launch gaps can shrink. The fused layer's
-GEMM also issues L2 prefetches of its own weight rows before the wait (weights never depend on the
-kernel before): an early-launched GEMM pulls them in while the kernel before it still runs. (Kernels launched
+GEMM (and the MoE kernels, for the shared expert's weights) also issues L2 prefetches of its own weight rows
+before the wait (weights never depend on the kernel before): an early-launched GEMM pulls them in while the kernel before it still runs. (Kernels launched
 without the attribute, cuBLAS's and torch's, are serialized as before.) On by default since measured
 (H200, ``scripts/ab_flags.py``, one process, medians of 3-5 rounds): the qwen3-8b-shape 16-row step
 5.447 -> 5.321 ms, SmolLM2's 1.005 -> 1.000 ms (one split) and 1.261 -> 1.229 (two splits); a random
