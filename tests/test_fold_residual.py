@@ -1,5 +1,5 @@
-"""base.FOLD_RESIDUAL: each Llama/Qwen3 layer's last residual add folded into the next layer's input
-norm. On the CPU it runs the same ops, so every output must be bitwise what the unfolded layers give:
+"""base.FOLD_RESIDUAL: each Llama/Qwen3 and Qwen3.5 (dense and MoE) layer's last residual add folded into
+the next layer's input norm. On the CPU it runs the same ops, so every output must be bitwise what the unfolded layers give:
 one sequence's forward (logits, hidden, captured layers), a batched forward, the static steps of
 speculative decoding with accepted drafts, and batched generation."""
 
@@ -8,18 +8,23 @@ import torch
 
 from _dense_util import save_hf, tiny_model
 from _engine_util import SpoiledOracle, plain_generate
+from _qwen35_util import hf_model
 from specdec.engine import SpeculativeGenerator
 from specdec.engine.batch import generate_batch
-from specdec.models import base, llama
+from specdec.models import base, llama, qwen35
 from specdec.sampling import SamplingParams
 from specdec.loading import load_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen3", "qwen3.5", "qwen3.5-moe"])
 def target(request, tmp_path_factory):
-    path = save_hf(tiny_model(request.param, seed=5, layers=4), str(tmp_path_factory.mktemp(request.param)))
+    path = str(tmp_path_factory.mktemp(request.param))
+    if request.param.startswith("qwen3.5"):  # a hybrid: DeltaNet and full-attention layers
+        hf_model("moe" if request.param.endswith("moe") else "dense", seed=5).save_pretrained(path)
+    else:
+        save_hf(tiny_model(request.param, seed=5, layers=4), path)
     return load_model(path, "cpu", tokenizer=False).model
 
 
@@ -34,6 +39,13 @@ def folded_calls(monkeypatch):
         return real(self, *a, **kw)
 
     monkeypatch.setattr(llama.DenseDecoderLayer, "forward_folded", spy)
+    real35 = qwen35._folded
+
+    def spy35(*a, **kw):
+        calls.append(1)
+        return real35(*a, **kw)
+
+    monkeypatch.setattr(qwen35, "_folded", spy35)
     return calls
 
 

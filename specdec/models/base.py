@@ -22,7 +22,7 @@ from . import fused_layer
 from .layers import RMSNorm, RotaryEmbedding, causal_mask, sliding_causal_mask
 
 # Each layer's last residual add folded into the next layer's input norm (``RMSNorm.add``: one kernel
-# on CUDA for the add and the norm), for layers with ``forward_folded`` (Llama/Qwen3): one kernel less a
+# on CUDA for the add and the norm), for layers with ``forward_folded`` (Llama/Qwen3, Qwen3.5): one kernel less a
 # layer. The same sums, bit for bit (the add rounds alike); on the CPU the same ops, so the same bits
 # everywhere; on CUDA the input norm then comes from the add-and-norm kernel, which can differ from the
 # plain norm kernel in the last bit (every path alike, so speculative output still equals plain). Measured
