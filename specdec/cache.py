@@ -113,8 +113,9 @@ class LinearAttnCache:
     - ``states [R+1, H, dk, dv]`` (fp32): the state before the last forward, then after each of
       its positions.
 
-    ``cur`` (mirrored on the device as ``cur_t``) says how many positions of the last forward are
-    live. Rolling back inside the last forward only moves ``cur``: exact, no recomputation. ``R``
+    ``cur`` (mirrored on the device as ``cur_t``, which is written only when its value changes: a padded
+    plain step commits 16 rows and rolls back to 1, the value already there, so no kernel runs) says how
+    many positions of the last forward are live. Rolling back inside the last forward only moves ``cur``: exact, no recomputation. ``R``
     grows to the longest snapshot forward seen (at most ``snapshot_tokens``; one verify step), so
     the snapshot memory is bounded by the draft length, never by the context. A longer forward
     (prefill) keeps only its final state, and rolling back into it is an error.
@@ -126,6 +127,7 @@ class LinearAttnCache:
         self.conv = torch.zeros(kernel - 1, conv_channels, dtype=dtype, device=device)
         self.states = torch.zeros(1, n_heads, key_dim, value_dim, dtype=torch.float32, device=device)
         self.cur_t = torch.zeros((), dtype=torch.int64, device=device)
+        self._cur_dev = 0  # the value cur_t holds (a fill only where cur moved to another value)
         self._taps = torch.arange(kernel - 1, device=device)  # live_window's row offsets
         self.cur = 0  # live positions of the last forward
         self.base = 0  # cache length before the last forward
@@ -193,18 +195,27 @@ class LinearAttnCache:
             self.states[0].copy_(states[-1])
             self.conv[: self.kernel - 1].copy_(conv_inputs[t:])
 
-    def commit(self, start: int, t: int, snapshots: bool) -> None:
-        """Python bookkeeping for a forward of ``t`` positions at ``start`` (after :meth:`write`)."""
+    def commit(self, start: int, t: int, snapshots: bool, sync: bool = True) -> None:
+        """Python bookkeeping for a forward of ``t`` positions at ``start`` (after :meth:`write`). ``sync``
+        False leaves ``cur_t`` to the :meth:`rollback` that the caller runs next (a padded static step)."""
         if start != self.length:
             raise RuntimeError(f"linear-attention cache holds {self.length} positions but the forward starts at {start}")
         self.base, self.cur, self.rollbackable = (start, t, True) if snapshots else (start + t, 0, False)
         self.length = start + t
-        self.cur_t.fill_(self.cur)
+        if sync:
+            self._sync()
+
+    def _sync(self) -> None:
+        """``cur_t`` = ``cur`` (a device write only where the value differs)."""
+        if self._cur_dev != self.cur:
+            self.cur_t.fill_(self.cur)
+            self._cur_dev = self.cur
 
     # --- the LayerCache protocol ------------------------------------------------
     def rollback(self, length: int) -> None:
         """Restore the state after ``length`` positions; it must lie inside the last forward."""
         if length == self.length:
+            self._sync()
             return
         if not self.rollbackable or not self.base <= length < self.length:
             kept = f"{self.base}..{self.length}" if self.rollbackable else f"only {self.length}"
@@ -215,7 +226,7 @@ class LinearAttnCache:
             )
         self.cur = length - self.base
         self.length = length
-        self.cur_t.fill_(self.cur)
+        self._sync()
 
     def reset(self) -> None:
         """Back to the empty sequence (zero state and window), in the same buffers."""
@@ -224,6 +235,7 @@ class LinearAttnCache:
         self.cur = self.base = self.length = 0
         self.rollbackable = False
         self.cur_t.fill_(0)
+        self._cur_dev = 0
 
     def nbytes(self) -> int:
         return self.conv.numel() * self.conv.element_size() + self.states.numel() * self.states.element_size()

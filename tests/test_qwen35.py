@@ -286,6 +286,33 @@ def test_rollback_outside_the_last_forward_is_an_error(loaded):
         cache.rollback(39)
 
 
+def test_linear_cache_device_position_follows_the_host_and_writes_only_changes(monkeypatch):
+    """``LinearAttnCache.cur_t`` (the live row the static steps read on the device) equals ``cur`` after every
+    commit and rollback; a padded step's commit (``sync=False``) leaves it to the rollback that follows, which
+    writes nothing when the value is already there (plain decoding: 16 rows committed, 1 kept, every step)."""
+    c = LinearAttnCache(4, 3, 1, 2, 2, torch.float32, "cpu", snapshot_tokens=16)
+    c.reserve_rows(16)
+    fills = []
+    real_fill = torch.Tensor.fill_
+    monkeypatch.setattr(torch.Tensor, "fill_", lambda self, v: (fills.append(v), real_fill(self, v))[1])
+    c.commit(0, 5, True)
+    assert int(c.cur_t) == c.cur == 5
+    c.rollback(2)
+    assert int(c.cur_t) == c.cur == 2
+    pos = 2
+    for step in range(3):  # plain decoding's padded steps: 16 rows, 1 live
+        c.commit(pos, 16, True, sync=False)
+        c.rollback(pos + 1)
+        pos += 1
+        assert int(c.cur_t) == c.cur == 1
+    assert fills == [5, 2, 1]  # the first padded step moved it to 1; the next two wrote nothing
+    c.commit(pos, 4, True, sync=False)
+    c.rollback(pos + 4)  # every row kept (a verify accepted in full): the rollback to the end syncs too
+    assert int(c.cur_t) == c.cur == 4
+    c.reset()
+    assert int(c.cur_t) == c.cur == 0
+
+
 def test_snapshot_memory_scales_with_draft_length_not_context(loaded):
     model = loaded["dense"]
     c = model.config

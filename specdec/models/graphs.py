@@ -293,8 +293,8 @@ class GraphedTarget:
             if rows > t:
                 step.ids[t:] = ids[-1]  # padding rows: any token; their cache entries are dropped below
             step.replay()
-        for c in self.linear:
-            c.commit(start, rows, True)
+        for c in self.linear:  # a padded step's cur_t is set once, by the rollback to its live rows
+            c.commit(start, rows, True, sync=rows == t)
         if rows > t:
             self.cache.rollback(start + t)
         o = step.out
@@ -346,8 +346,8 @@ class GraphedTarget:
             self._set_live(1)
             step.replay()
         self._chain_step = step
-        for c in self.linear:
-            c.commit(start, rows, True)
+        for c in self.linear:  # cur_t is set by the rollback to the one live row (already there: no write)
+            c.commit(start, rows, True, sync=rows == 1)
         if rows > 1:
             self.cache.rollback(start + 1)
         self._chain = start + 1
