@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Generate a continuation (or, with --chat, an assistant reply) and print it.")
     _model_args(g)
     src = g.add_mutually_exclusive_group()
+    src.add_argument("text", nargs="?", default=None, metavar="PROMPT",
+                     help="the prompt text (as --prompt: specdec generate 'Hello')")
     src.add_argument("--prompt", "-p", help="the prompt text")
     src.add_argument("--prompt-file", help="read the prompt from this file ('-' = stdin)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the model's chat template")
@@ -303,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _read_prompt(args) -> str:
     if args.prompt is not None:
         return args.prompt
+    if getattr(args, "text", None) is not None:
+        return args.text
     path = args.prompt_file
     if path == "-":
         return sys.stdin.read()
@@ -314,7 +318,7 @@ def _read_prompt(args) -> str:
             raise RequestError(f"--prompt-file {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         except OSError as e:
             raise RequestError(f"--prompt-file {path}: {(e.strerror or str(e)).lower()}") from None
-    raise RequestError("no prompt: give --prompt/-p TEXT or --prompt-file FILE")
+    raise RequestError("no prompt: give PROMPT, --prompt/-p TEXT or --prompt-file FILE")
 
 
 def _generation_kwargs(args) -> dict:

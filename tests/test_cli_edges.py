@@ -41,7 +41,7 @@ def _run(capsys, *argv):
     (["generate", "-p", "x", "--draft", "dflash:"], "draft 'dflash:' needs a path: dflash:PATH"),
     (["generate", "-p", "x", "--draft", "eagle"], "unknown drafter 'eagle'"),
     (["generate", "-p", "x", "--dtype", "int8"], "dtype 'int8'"),
-    (["generate"], "no prompt: give --prompt"),
+    (["generate"], "no prompt: give PROMPT, --prompt"),
     (["chat", "--stop", ""], "stop strings must be non-empty"),
     (["chat", "--temperature", "nan"], "temperature"),
     (["bench", "--draft", "eagle"], "unknown drafter 'eagle'"),
@@ -55,6 +55,18 @@ def test_bad_arguments_fail_before_loading(argv, culprit, capsys):
     assert rc == 2, err
     assert err.startswith(f"specdec {argv[0]}: error: ") and err.count("\n") == 1, err
     assert culprit in err and MISSING_MODEL not in err, err
+
+
+def test_prompt_as_positional_argument(capsys):
+    """``specdec generate 'TEXT'`` takes TEXT as the prompt (as ``-p``, before any model is opened); with ``-p``
+    too, argparse refuses the pair."""
+    from types import SimpleNamespace
+    args = cli.build_parser().parse_args(["generate", "What is 2 + 2?"])
+    assert cli._read_prompt(args) == "What is 2 + 2?"
+    assert cli._read_prompt(SimpleNamespace(prompt="a", text=None, prompt_file=None)) == "a"
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "-m", MISSING_MODEL, "x", "-p", "y"])
+    assert e.value.code == 2 and "not allowed with argument PROMPT" in capsys.readouterr().err
 
 
 def test_info_on_a_missing_path(capsys):
