@@ -39,13 +39,13 @@ def folded_calls(monkeypatch):
         return real(self, *a, **kw)
 
     monkeypatch.setattr(llama.DenseDecoderLayer, "forward_folded", spy)
-    real35 = qwen35._folded
+    real35 = qwen35._HybridLayer.forward_folded
 
-    def spy35(*a, **kw):
+    def spy35(self, *a, **kw):
         calls.append(1)
-        return real35(*a, **kw)
+        return real35(self, *a, **kw)
 
-    monkeypatch.setattr(qwen35, "_folded", spy35)
+    monkeypatch.setattr(qwen35._HybridLayer, "forward_folded", spy35)
     return calls
 
 

@@ -232,7 +232,7 @@ class CausalLM(nn.Module):
             x = layer(x, ctx, cache.layers[i])
             if i in want:
                 caps[i] = x
-        h = self.norm(x) if delta is None else self.norm.add(x, delta)[1]
+        h = self.norm.add(x, delta)[1]
         if len(self.layers) - 1 in want:
             caps[len(self.layers) - 1] = h  # HF's hidden_states[L] is after the final norm
         out_logits = None

@@ -106,11 +106,10 @@ if triton is not None:
         if USE_GDC:  # models/pdl.py; meanwhile a shared-expert program pulls its weight rows into L2 (the routed
             # experts are known only after the wait)
             tl.extra.cuda.gdc_launch_dependents()
-            if j == K:
-                line = tl.minimum(tl.arange(0, LINES) * PER_LINE, H - 1)
-                at = sw + tl.minimum(rn, INTER - 1)[:, None] * H + line[None, :]
-                pdl.to_l2(at)
-                pdl.to_l2(at + INTER * H)
+            if j == K:  # the gate rows, then the up rows
+                rows = tl.minimum(rn, INTER - 1)
+                pdl.rows_to_l2(sw, rows, H, PER_LINE, LINES)
+                pdl.rows_to_l2(sw, rows + INTER, H, PER_LINE, LINES)
             tl.extra.cuda.gdc_wait()
         for t in range(g, _live_rows(T, live, LIVE), G):
             if j < K:
@@ -213,8 +212,7 @@ if triton is not None:
         if USE_GDC:  # models/pdl.py; meanwhile the shared expert's down rows into L2 (never the kernel before's)
             tl.extra.cuda.gdc_launch_dependents()
             if P > K:
-                line = tl.minimum(tl.arange(0, LINES) * PER_LINE, INTER - 1)
-                pdl.to_l2(sw + tl.minimum(rn, H - 1)[:, None] * INTER + line[None, :])
+                pdl.rows_to_l2(sw, tl.minimum(rn, H - 1), INTER, PER_LINE, LINES)
             tl.extra.cuda.gdc_wait()
         n = _live_rows(T, live, LIVE)
         rc = tl.arange(0, PC)
@@ -264,11 +262,6 @@ def pairs(x: torch.Tensor, idx: torch.Tensor, gate_up: torch.Tensor, down: torch
     return y.view(t, k, hidden)
 
 
-def _lines(n: int, per_line: int) -> int:
-    """The power of two of 128-byte lines that covers a row of ``n`` elements (``per_line`` a line)."""
-    return triton.next_power_of_2(max(1, -(-n // per_line)))
-
-
 def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor,
         shared: tuple[torch.Tensor, torch.Tensor] | None = None, live: torch.Tensor | None = None,
         tiles: tuple | None = None) -> torch.Tensor:
@@ -294,18 +287,19 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
     wts = torch.empty(t, p, dtype=x.dtype, device=x.device)
     live_ptr = live if has_live else idx
     gdc = pdl.options(x)
-    per_line = 128 // x.element_size()
+    per_line, h_lines = pdl.l2_lines(hidden, x.element_size())
+    i_lines = pdl.l2_lines(inter, x.element_size())[1]
     _route_kernel[(t,)](logits, idx, wts, live_ptr, e, logits.stride(0), p, LIVE=has_live, SHARED=shared is not None,
                         K=top_k, KB=triton.next_power_of_2(p), BE=triton.next_power_of_2(e), **gdc)
     g = min(t, ROW_GROUPS)
     h = torch.empty(t * p, inter, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(g * p, triton.cdiv(inter, gbn))](x, idx, gate_up, sgu, h, live_ptr, t, g, top_k, p, hidden,
                                                       inter, LIVE=has_live, BN=gbn, BK=gbk, PER_LINE=per_line,
-                                                      LINES=_lines(hidden, per_line), num_warps=gw, **gdc)
+                                                      LINES=h_lines, num_warps=gw, **gdc)
     y = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
     _combine_kernel[(g, triton.cdiv(hidden, cbn))](h, idx, wts, down, sdown, y, live_ptr, t, g, hidden, inter, K=top_k,
                                                    P=p, LIVE=has_live, BN=cbn, BK=cbk, PC=cpc, PER_LINE=per_line,
-                                                   LINES=_lines(inter, per_line), num_warps=cw, **gdc)
+                                                   LINES=i_lines, num_warps=cw, **gdc)
     return y
 
 

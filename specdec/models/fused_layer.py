@@ -129,13 +129,10 @@ if triton is not None:
         if USE_GDC:  # models/pdl.py: let the next kernel launch; wait for the one before
             tl.extra.cuda.gdc_launch_dependents()
             # meanwhile pull this program's weight rows into L2: they never depend on the kernel before
-            # (LINES 128-byte lines a row, the ones past K clamped to its last)
-            line = tl.minimum(tl.arange(0, LINES) * PER_LINE, K - 1)
             rows = tl.minimum(rn, N - 1)
-            at = w + rows[:, None] * K + line[None, :]
-            pdl.to_l2(at)
+            pdl.rows_to_l2(w, rows, K, PER_LINE, LINES)
             if SILU:
-                pdl.to_l2(at + N * K)
+                pdl.rows_to_l2(w, rows + N, K, PER_LINE, LINES)
             tl.extra.cuda.gdc_wait()
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         if SILU:
@@ -175,17 +172,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, silu: bool = False, tile: tuple | N
         raise ValueError(f"fused_layer.linear: weight {tuple(w.shape)} for input features {k}")
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bn, bk, warps, stages = tile or tile_for(n, k, silu)
-    per_line = 128 // w.element_size()
+    per_line, lines = pdl.l2_lines(k, w.element_size())
     if m:
         _kernel[(triton.cdiv(m, BM) * triton.cdiv(n, bn),)](x2, w, y, m, n, k, x2.stride(0), y.stride(0), SILU=silu,
                                                            BM=BM, BN=bn, BK=bk, num_warps=warps, num_stages=stages,
-                                                           PER_LINE=per_line, LINES=_pow2(-(-k // per_line)),
+                                                           PER_LINE=per_line, LINES=lines,
                                                            **pdl.options(x2))
     return y.view(*lead, n)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, silu: bool = False) -> torch.Tensor:

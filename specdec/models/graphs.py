@@ -293,12 +293,18 @@ class GraphedTarget:
             if rows > t:
                 step.ids[t:] = ids[-1]  # padding rows: any token; their cache entries are dropped below
             step.replay()
-        for c in self.linear:  # a padded step's cur_t is set once, by the rollback to its live rows
-            c.commit(start, rows, True, sync=rows == t)
-        if rows > t:
-            self.cache.rollback(start + t)
+        self._commit(start, rows, t)
         o = step.out
         return ForwardOut(o.logits[:t], o.hidden[:t].clone(), None if o.captured is None else o.captured[:t].clone())
+
+    def _commit(self, start: int, rows: int, live: int) -> None:
+        """After a replay of ``rows`` rows at ``start``: the linear-attention caches' bookkeeping, and the padding
+        rows (past ``live``) dropped. A padded step's ``cur_t`` is set once, by the rollback to its live rows
+        (plain decoding's: 1, already there, so nothing is written)."""
+        for c in self.linear:
+            c.commit(start, rows, True, sync=rows == live)
+        if rows > live:
+            self.cache.rollback(start + live)
 
     def _set_live(self, rows: int) -> None:
         if rows != self._live_rows:
@@ -346,9 +352,6 @@ class GraphedTarget:
             self._set_live(1)
             step.replay()
         self._chain_step = step
-        for c in self.linear:  # cur_t is set by the rollback to the one live row (already there: no write)
-            c.commit(start, rows, True, sync=rows == 1)
-        if rows > 1:
-            self.cache.rollback(start + 1)
+        self._commit(start, rows, 1)
         self._chain = start + 1
         return step.out

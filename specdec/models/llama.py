@@ -71,10 +71,7 @@ class DenseDecoderLayer(nn.Module):
         concatenated elsewhere (an MTP head's copies), else the layer's own fused projections."""
         a, mlp = self.self_attn, self.mlp
         qkv, sizes, gate_up = weights or (a._fused[0], a._fused[2], mlp._fused[0])
-        if delta is None:
-            h = self.input_layernorm(x)
-        else:
-            x, h = self.input_layernorm.add(x, delta)
+        x, h = self.input_layernorm.add(x, delta)
         heads = a._shape_heads(*fused_layer.linear(h, qkv).split(sizes, dim=-1))
         o = a.attend_heads(heads, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
         x, h = self.post_attention_layernorm.add(x, fused_layer.linear(o, a.o_proj.weight))
@@ -85,10 +82,7 @@ class DenseDecoderLayer(nn.Module):
         """This layer with the residual adds moved: it takes ``(x, delta)``, whose sum is its input
         (``delta`` None: ``x`` alone), and returns ``(x', delta')`` whose sum is :meth:`forward`'s output,
         bit for bit (see ``base.FOLD_RESIDUAL``)."""
-        if delta is None:
-            h = self.input_layernorm(x)
-        else:
-            x, h = self.input_layernorm.add(x, delta)
+        x, h = self.input_layernorm.add(x, delta)
         x, h = self.post_attention_layernorm.add(x, self.self_attn(h, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask))
         return x, self.mlp(h)
 

@@ -42,6 +42,13 @@ def options(x: torch.Tensor) -> dict:
     return {"USE_GDC": True, "launch_pdl": True} if on else {"USE_GDC": False}
 
 
+def l2_lines(n: int, element_size: int) -> tuple[int, int]:
+    """``(PER_LINE, LINES)`` for :func:`rows_to_l2`: the elements of a 128-byte line, and the power of two of
+    lines that covers a row of ``n`` elements."""
+    per_line = 128 // element_size
+    return per_line, 1 << max(-(-n // per_line) - 1, 0).bit_length()
+
+
 _CAPABLE: dict = {}
 
 
@@ -57,6 +64,14 @@ if triton is not None:
         """``prefetch.global.L2`` of the line each pointer falls in (the fused layer's GEMM, before its wait)."""
         tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
                                   dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def rows_to_l2(base, rows, n, PER_LINE: tl.constexpr, LINES: tl.constexpr):
+        """:func:`to_l2` of every line of rows ``rows`` of a row-major ``[*, n]`` weight at ``base`` (a kernel's
+        weight rows, before its wait: weights never depend on the kernel before); rows and lines past the
+        weight's are the caller's to clamp (rows) or clamped here to the row's last element (lines)."""
+        line = tl.minimum(tl.arange(0, LINES) * PER_LINE, n - 1)
+        to_l2(base + rows[:, None] * n + line[None, :])
 
     @triton.jit
     def begin():

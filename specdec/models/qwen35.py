@@ -127,20 +127,29 @@ def _ffn(mlp: nn.Module, h: torch.Tensor, ctx: StepContext) -> torch.Tensor:
     return mlp(h, ctx.live) if isinstance(mlp, SparseMoeBlock) else mlp(h)
 
 
-def _folded(layer: nn.Module, x: torch.Tensor, delta: torch.Tensor | None, ctx: StepContext, cache
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A layer with its last residual add left to the next layer's input norm (``base.FOLD_RESIDUAL``; one
-    kernel a layer less on CUDA): it takes ``(x, delta)``, whose sum is its input (``delta`` None: ``x``
-    alone), and returns ``(x', delta')``, whose sum is ``layer.forward``'s output, the add rounded alike."""
-    if delta is None:
-        h = layer.input_layernorm(x)
-    else:
-        x, h = layer.input_layernorm.add(x, delta)
-    x, h = layer.post_attention_layernorm.add(x, layer._mix(h, ctx, cache))
-    return x, _ffn(layer.mlp, h, ctx)
+class _HybridLayer(nn.Module):
+    """A Qwen3.5 decoder layer: input norm, the token mixer (:meth:`_mix`: full attention or a Gated DeltaNet),
+    the residual add and post-mixer norm, the FFN. Subclasses build ``input_layernorm``,
+    ``post_attention_layernorm`` and ``mlp`` and say how they mix."""
+
+    def _mix(self, h: torch.Tensor, ctx: StepContext, cache) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, ctx: StepContext, cache) -> torch.Tensor:
+        x, h = self.post_attention_layernorm.add(x, self._mix(self.input_layernorm(x), ctx, cache))
+        return x + _ffn(self.mlp, h, ctx)
+
+    def forward_folded(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: StepContext, cache
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` with its last residual add left to the next layer's input norm (``base.FOLD_RESIDUAL``;
+        one kernel a layer less on CUDA): it takes ``(x, delta)``, whose sum is its input (``delta`` None: ``x``
+        alone), and returns ``(x', delta')``, whose sum is :meth:`forward`'s output, the add rounded alike."""
+        x, h = self.input_layernorm.add(x, delta)
+        x, h = self.post_attention_layernorm.add(x, self._mix(h, ctx, cache))
+        return x, _ffn(self.mlp, h, ctx)
 
 
-class FullAttentionDecoderLayer(nn.Module):
+class FullAttentionDecoderLayer(_HybridLayer):
     """Gated full attention + FFN with HF names ``input_layernorm``, ``self_attn.*``,
     ``post_attention_layernorm``, ``mlp.*`` (SwiGLU, or :class:`SparseMoeBlock` when ``moe``).
 
@@ -162,19 +171,11 @@ class FullAttentionDecoderLayer(nn.Module):
         # the KV heads this module holds (a rank's share under tensor parallelism)
         return KVCache(self.self_attn.n_kv, self.config.head_dim, max_len, dtype, device)
 
-    def forward(self, x: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
-        x, h = self.post_attention_layernorm.add(x, self._mix(self.input_layernorm(x), ctx, cache))
-        return x + _ffn(self.mlp, h, ctx)
-
     def _mix(self, h: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
         return self.self_attn(h, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
 
-    def forward_folded(self, x, delta, ctx, cache):
-        """:meth:`forward` with the residual adds moved (``base.FOLD_RESIDUAL``): see :func:`_folded`."""
-        return _folded(self, x, delta, ctx, cache)
 
-
-class LinearAttentionDecoderLayer(nn.Module):
+class LinearAttentionDecoderLayer(_HybridLayer):
     """Gated DeltaNet (``linear_attn.*``) + FFN, with a :class:`LinearAttnCache` (of this rank's
     heads, with a ``shard``)."""
 
@@ -190,16 +191,8 @@ class LinearAttentionDecoderLayer(nn.Module):
     def make_cache(self, max_len: int, dtype: torch.dtype, device, snapshot_tokens: int = 32) -> LinearAttnCache:
         return self.linear_attn.make_cache(dtype, device, snapshot_tokens)
 
-    def forward(self, x: torch.Tensor, ctx: StepContext, cache: LinearAttnCache) -> torch.Tensor:
-        x, h = self.post_attention_layernorm.add(x, self._mix(self.input_layernorm(x), ctx, cache))
-        return x + _ffn(self.mlp, h, ctx)
-
     def _mix(self, h: torch.Tensor, ctx: StepContext, cache: LinearAttnCache) -> torch.Tensor:
         return self.linear_attn(h, ctx, cache)
-
-    def forward_folded(self, x, delta, ctx, cache):
-        """:meth:`forward` with the residual adds moved (``base.FOLD_RESIDUAL``): see :func:`_folded`."""
-        return _folded(self, x, delta, ctx, cache)
 
 
 class Qwen35ForCausalLM(CausalLM):
