@@ -20,7 +20,10 @@ Variants: ``base`` (every flag off), ``fold`` (SPECDEC_FOLD_RESIDUAL), ``direct`
 (SPECDEC_DELTA_PROJ: a Gated DeltaNet's in-projections as one GEMM; hybrid shapes only), ``defaults-fused-moe``
 (SPECDEC_FUSED_MOE: a MoE block's step in three kernels; MoE shapes only), ...): each turns
 its flags on and the others off; ``defaults+split64`` (128, 256, 512): the defaults with SPECDEC_SPLIT_KEYS at
-that value; ``defaults+rowgroups16``: the fused MoE kernels with a program a row (expert_kernel.ROW_GROUPS). The flags are module attributes read as a step
+that value; ``defaults+rowgroups16``: the fused MoE kernels with a program a row (expert_kernel.ROW_GROUPS); ``defaults+wide``
+(fused_layer.WIDE: 4096-wide and q/k-normed layers on the fused GEMMs), ``defaults+pfall`` / ``defaults+pf0`` and
+``defaults+wide+pfall`` / ``+pf0`` (fused_layer.PREFETCH_BYTES: whole weights or nothing prefetched into L2), ``defaults+wide+split64`` (128, 256). Each
+variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs). The flags are module attributes read as a step
 is built, so a variant's steps are built with them set and the defaults come back after.
 """
 
@@ -31,6 +34,7 @@ import contextlib
 import json
 import statistics
 import sys
+import time
 
 import torch
 
@@ -39,10 +43,15 @@ FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.m
          "fused-layer": ("specdec.models.fused_layer", "ENABLED"), "pdl": ("specdec.models.pdl", "ENABLED"),
          "small-tiles": ("specdec.models.split_attention", "SMALL_TILES"),
          "delta-proj": ("specdec.models.deltanet", "FUSED_PROJ"),
-         "fused-moe": ("specdec.models.expert_kernel", "FUSED_MOE")}
+         "fused-moe": ("specdec.models.expert_kernel", "FUSED_MOE"),
+         "pipeline": ("specdec.models.split_attention", "PIPELINE")}
 # settings other than on/off, each on top of the defaults: defaults+split64 (SPECDEC_SPLIT_KEYS=64), ...
 SETTINGS = {f"split{n}": ("specdec.models.split_attention", "_SPLIT_ENV", n) for n in (64, 128, 256, 512)}
 SETTINGS["rowgroups16"] = ("specdec.models.expert_kernel", "ROW_GROUPS", 16)  # the MoE kernels: a program a row
+SETTINGS["wide"] = ("specdec.models.fused_layer", "WIDE", True)  # 4096-wide and q/k-normed layers on the fused GEMMs
+SETTINGS["pfall"] = ("specdec.models.fused_layer", "PREFETCH_BYTES", 1 << 40)  # the fused GEMM prefetches whole weights
+SETTINGS["cut4"] = ("specdec.models.split_attention", "COMBINE_CUT", (4, 8))  # combine programs of 4 rows x 8 features
+SETTINGS["pf0"] = ("specdec.models.fused_layer", "PREFETCH_BYTES", 0)  # ... or nothing
 VARIANTS = {"base": (), "fold": ("fold",), "direct": ("direct",), "drafter-split": ("drafter-split",),
             "fused-layer": ("fused-layer",), "fused+direct": ("fused-layer", "direct"),
             "fused+direct+pdl": ("fused-layer", "direct", "pdl"),
@@ -53,6 +62,8 @@ for _n in FLAGS:  # each flag's question against what ships: defaults-fold, defa
     VARIANTS[f"defaults-{_n}"] = tuple(n for n in FLAGS if n != _n)
 for _n in SETTINGS:
     VARIANTS[f"defaults+{_n}"] = tuple(FLAGS) + (_n,)
+for _n in ("pfall", "pf0", "split64", "split128", "split256"):
+    VARIANTS[f"defaults+wide+{_n}"] = tuple(FLAGS) + ("wide", _n)
 
 
 @contextlib.contextmanager
@@ -81,17 +92,31 @@ def time_variant(model, ids: torch.Tensor, context: int, new_tokens: int, reps: 
     from specdec.engine.generate import STEP_ROWS
     from specdec.models.graphs import GraphedTarget
 
+    from specdec.models import fused_layer
     dev = model.device
+    for layer in model.layers:  # the variant's fused-layer eligibility (SETTINGS' wide), as fuse_projections sets it
+        if hasattr(layer, "fused_path"):
+            layer.fused_path = fused_layer.eligible(layer)
     cache = model.new_cache(context + new_tokens, spare=STEP_ROWS)
-    with torch.inference_mode():
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    with torch.inference_mode():  # the prefill, timed once (a variant's first round includes its kernels' compiles)
         model(ids[:context], cache, logits="last", snapshots=False)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    prefill_ms = (time.perf_counter() - t0) * 1e3
     steps = GraphedTarget(model, cache, (), max_steps=STEP_ROWS, use_graphs=dev.type == "cuda")
     row = ids[context:context + 1]
 
     def one():  # plain decoding's padded step: STEP_ROWS rows, one of them real (as bench --shape's plain step)
         steps(row, rows=STEP_ROWS)
         cache.rollback(context)
-    out = {"plain_step_ms": _median_ms(one, dev, reps)}
+    def one_row():  # a row-exact target's plain step (CausalLM.row_exact): 1 row, unpadded
+        steps(row, rows=1)
+        cache.rollback(context)
+    out = {"plain_step_ms": _median_ms(one, dev, reps), "row_step_ms": _median_ms(one_row, dev, reps),
+           "row_exact": float(model.row_exact()), "prefill_ms": round(prefill_ms, 2)}
     for label, make in drafters.items():
         out[f"{label}_propose_ms"] = _time_drafter(model, make, ids[:context], reps)["ms"]
     return out
@@ -141,7 +166,7 @@ def main(argv=None) -> int:
     print("| variant | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 1) + "|")
     for v, row in table.items():
-        cells = [f"{row[k]}" + (f" ({row[k] / base[k]:.3f})" if base and v != "base" else "") for k in keys]
+        cells = [f"{row[k]}" + (f" ({row[k] / base[k]:.3f})" if base and base[k] and v != "base" else "") for k in keys]
         print(f"| {v} | " + " | ".join(cells) + " |")
     if a.json:
         with open(a.json, "w", encoding="utf-8") as fh:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from specdec.models import split_attention as sa
 from specdec.models.split_attention import split_attention, split_attention_reference, supported
 
 SHAPES = {"smollm2": (9, 3, 64), "qwen3-8b": (32, 8, 128), "qwen3.5-9b": (16, 4, 256)}  # heads, kv heads, d
@@ -60,6 +61,15 @@ def timed(fn, n=20):
     return round(ev[0].elapsed_time(ev[1]) / (5 * n) * 1000, 2)
 
 
+def without_pipeline(fn):
+    """fn() with the split kernel's branch-a-block walk (split_attention.PIPELINE off), as before the pipelined one."""
+    before, sa.PIPELINE = sa.PIPELINE, False
+    try:
+        return fn()
+    finally:
+        sa.PIPELINE = before
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
@@ -88,8 +98,9 @@ def main() -> None:
             alone = [split_attention(q[:, :, i:i + 1], k, v, mask[:, :, i:i + 1], scale) for i in range(min(t, 4))]
             row["width_1_equal"] = all(torch.equal(x, o[:, :, i:i + 1]) for i, x in enumerate(alone))
             row["batch_1_equal"] = torch.equal(split_attention(q[:1], k[:1], v[:1], mask[:1], scale), o[:1])
+            row["pipeline_off_equal"] = torch.equal(o, without_pipeline(lambda: split_attention(q, k, v, mask, scale)))
             ok = row["span_2048_vs_4096_equal"] and row["width_1_equal"] and row["batch_1_equal"] and \
-                row["max_diff_reference"] < 2e-2
+                row["pipeline_off_equal"] and row["max_diff_reference"] < 2e-2
             failures += not ok
             row["ok"] = ok
             rep["checks"].append(row)
@@ -100,6 +111,7 @@ def main() -> None:
                 q, k, v, mask = inputs(b, h, hkv, d, t, span, starts)
                 row = {"shape": name, "b": b, "t": t, "span": span,
                        "split": timed(lambda: split_attention(q, k, v, mask, scale)),
+                       "split_no_pipeline": without_pipeline(lambda: timed(lambda: split_attention(q, k, v, mask, scale))),
                        "sdpa_memeff": timed(lambda: memeff(q, k, v, mask, scale))}
                 rep["times_us"].append(row)
                 print(json.dumps(row))

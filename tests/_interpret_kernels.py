@@ -77,17 +77,18 @@ def split() -> None:
     """Against the reference; a row's bits with dead keys and splits appended (past COMBINE splits
     too), and alone against within a step of several rows."""
     many = sa.split_keys(16) * (sa.COMBINE + 2)  # more splits than one combine chunk
-    cases = [("smollm2 heads", (2, 9, 3, 64, 5, 700, [3, 690])),
-             ("qwen3-8b heads", (1, 32, 8, 128, 2, 300, [200])),
-             ("qwen3.5 heads (d 256)", (1, 16, 4, 256, 2, 300, [150])),
-             # heads of 128 take 512-key splits (split_keys): three of them, the combine, and a window across them
-             ("heads of 128, three splits", (1, 8, 4, 128, 2, 1300, [1200])),
-             ("heads of 128, three splits, window", (1, 8, 4, 128, 2, 1300, [1200])),
-             ("chunks", (2, 4, 2, 16, 3, many, [many - 3, 40])),
-             ("window", (2, 4, 2, 16, 4, many, [many - 4, 1000]))]
-    check("split heads of 128: three splits in a span of 1300", 2 * sa.split_keys(128) < 1300 <= 3 * sa.split_keys(128))
-    for name, (b, h, hkv, d, t, span, starts) in cases:
-        q, k, v, mask = _attn_case(b, h, hkv, d, t, span, starts, window=700 if "window" in name else 0)
+    s128 = sa.split_keys(128)  # heads of 128 (split_keys): three splits, the combine, and a window across them
+    three = 3 * s128 - s128 // 2
+    cases = [("smollm2 heads", (2, 9, 3, 64, 5, 700, [3, 690]), 0),
+             ("qwen3-8b heads", (1, 32, 8, 128, 2, 300, [200]), 0),
+             ("qwen3-8b heads, one query", (1, 32, 8, 128, 1, 300, [290]), 0),  # 4 rows: the combine's small cut
+             ("qwen3.5 heads (d 256)", (1, 16, 4, 256, 2, 300, [150]), 0),
+             ("heads of 128, three splits", (1, 8, 4, 128, 2, three, [three - 100]), 0),
+             ("heads of 128, three splits, window", (1, 8, 4, 128, 2, three, [three - 100]), s128 + 40),
+             ("chunks", (2, 4, 2, 16, 3, many, [many - 3, 40]), 0),
+             ("window", (2, 4, 2, 16, 4, many, [many - 4, 1000]), 700)]
+    for name, (b, h, hkv, d, t, span, starts), window in cases:
+        q, k, v, mask = _attn_case(b, h, hkv, d, t, span, starts, window=window)
         scale = d ** -0.5
         got = _kernel(q, k, v, mask, scale)
         ref = sa.split_attention_reference(q, k, v, mask, scale)
@@ -98,6 +99,14 @@ def split() -> None:
         check(f"split {name}: dead keys appended change no bit", torch.equal(got, _kernel(q, k2, v2, mask2, scale)))
         alone = _kernel(q[:1, :, -1:].contiguous().view(1, 1, h, d).transpose(1, 2), k[:1], v[:1], mask[:1, :, -1:], scale)
         check(f"split {name}: a row alone has its bits within the step", torch.equal(alone, got[:1, :, -1:]))
+        # sa.PIPELINE: a split's blocks walked to its last seen one without a branch a block (blocks no row sees,
+        # a window's, walked too) against the walk that skips each unseen block
+        saved_pipe, sa.PIPELINE = sa.PIPELINE, not sa.PIPELINE
+        try:
+            other = _kernel(q, k, v, mask, scale)
+        finally:
+            sa.PIPELINE = saved_pipe
+        check(f"split {name}: the pipelined walk has the branching walk's bits", torch.equal(got, other))
     # a span of one split: the direct launch (no combine, sa.DIRECT) writes the combine's bits
     saved = sa.DIRECT
     try:

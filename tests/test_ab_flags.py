@@ -74,8 +74,8 @@ def test_settings_variants_set_and_restore():
 
 
 def test_the_timed_step_is_plain_decodings_padded_step(monkeypatch):
-    """The plain step timed is the one decoding runs: STEP_ROWS rows with one real (until 2026-12-04 it was
-    a 1-row step, whatever the docstring said)."""
+    """The plain steps timed are the ones decoding runs: STEP_ROWS rows with one real (until 2026-12-04 it was
+    a 1-row step, whatever the docstring said), and a row-exact target's unpadded 1-row step, each its own key."""
     import torch
 
     from specdec.engine.generate import STEP_ROWS
@@ -91,4 +91,6 @@ def test_the_timed_step_is_plain_decodings_padded_step(monkeypatch):
     model = build_shape("tiny", torch.device("cpu"), torch.float32)
     ids = torch.randint(0, model.config.vocab_size, (9,))
     out = ab_flags.time_variant(model, ids, 8, 4, 2, {})
-    assert out["plain_step_ms"] > 0 and seen and set(seen) == {(1, STEP_ROWS)}
+    assert out["plain_step_ms"] > 0 and out["row_step_ms"] > 0 and out["prefill_ms"] > 0
+    assert out["row_exact"] == float(model.row_exact())
+    assert seen and set(seen) == {(1, STEP_ROWS), (1, 1)} and seen.count((1, 1)) == seen.count((1, STEP_ROWS))

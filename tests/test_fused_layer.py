@@ -36,8 +36,11 @@ def fused_on(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("kind, want", [("llama", True), ("llama_tied", True), ("qwen3", False)])
-def test_which_layers_take_it(kind, want, tmp_path):
+@pytest.mark.parametrize("kind, wide, want", [("llama", True, True), ("llama_tied", True, True), ("qwen3", True, True),
+                                              ("llama", False, True), ("qwen3", False, False)])
+def test_which_layers_take_it(kind, wide, want, tmp_path, monkeypatch):
+    """Llama-family layers; Qwen3's q/k-normed ones with fused_layer.WIDE (SPECDEC_FUSED_LAYER_WIDE, on by default)."""
+    monkeypatch.setattr(fused_layer, "WIDE", wide)
     m = load_model(save_hf(tiny_model(kind, seed=1), str(tmp_path)), "cpu", tokenizer=False).model
     assert [layer.fused_path for layer in m.layers] == [want] * len(m.layers)
 
@@ -83,10 +86,43 @@ def test_speculative_equals_plain_on_the_fused_path(target, fused_on):
     assert fused_on
 
 
-def test_a_wider_layer_does_not(tmp_path, monkeypatch):
+def test_a_wider_layer_without_wide_does_not(tmp_path, monkeypatch):
     monkeypatch.setattr(fused_layer, "MAX_HIDDEN", 32)  # the tiny model is 64 wide
+    monkeypatch.setattr(fused_layer, "WIDE", False)
     m = load_model(save_hf(tiny_model("llama", seed=1), str(tmp_path)), "cpu", tokenizer=False).model
     assert not any(layer.fused_path for layer in m.layers)
+
+
+def test_a_wider_layer_prefills_long_prompts_unfused(tmp_path, monkeypatch):
+    """Past MAX_HIDDEN (WIDE) a layer runs the kernels in forwards of at most WIDE_ROWS rows a sequence (steps,
+    short prefill chunks) and cuBLAS in longer ones (a long prefill); up to MAX_HIDDEN in every forward. Plain and
+    speculative decoding prefill alike, so with accepted drafts their outputs stay equal."""
+    monkeypatch.setattr(fused_layer, "MAX_HIDDEN", 32)  # the tiny model is 64 wide
+    m = load_model(save_hf(tiny_model("llama", seed=1), str(tmp_path)), "cpu", tokenizer=False).model
+    assert all(layer.fused_path for layer in m.layers)
+    calls = []
+    monkeypatch.setattr(fused_layer, "usable", lambda x: not torch.is_grad_enabled())
+    monkeypatch.setattr(fused_layer, "linear", lambda x, w, silu=False: calls.append(x.shape[0])
+                        or fused_layer.reference(x, w, silu))
+    layer = m.layers[0]
+    assert fused_layer.runs(layer, fused_layer.WIDE_ROWS) and not fused_layer.runs(layer, fused_layer.WIDE_ROWS + 1)
+    monkeypatch.setattr(fused_layer, "MAX_HIDDEN", 64)
+    assert fused_layer.runs(layer, fused_layer.WIDE_ROWS + 1)  # up to MAX_HIDDEN: every forward
+    monkeypatch.setattr(fused_layer, "MAX_HIDDEN", 32)
+    n = fused_layer.WIDE_ROWS + 5
+    ids = torch.randint(m.config.vocab_size, (n,), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        m.forward(ids, m.new_cache(64), logits="last", snapshots=False)
+        assert not calls  # the long prefill: no layer on the kernels
+        m.forward(ids[:3], m.new_cache(64), logits="last")
+    assert calls and set(calls) == {3}  # a short forward: every layer's four GEMMs
+    assert len(calls) == 4 * len(m.layers)
+    prompt = ids.tolist()
+    ref = plain_generate(m, prompt, 20).token_ids
+    drafter = SpoiledOracle(prompt + ref, m.config.vocab_size, spoil=0.3, seed=3)
+    res = SpeculativeGenerator(m, drafter, 4, batch_invariant=True).generate(prompt, 20, SamplingParams())
+    assert sum(res.stats.accepted) > 0 and res.token_ids == ref
+    assert 1 in calls and any(1 < c <= 5 for c in calls)  # 1-row plain steps and verify steps on the kernels
 
 
 def test_bad_tiles_setting_is_one_line(monkeypatch):

@@ -217,7 +217,7 @@ class CausalLM(nn.Module):
         delta = None  # with FOLD_RESIDUAL or fused layers: the last layer's output is x + delta
         fused = fused_layer.usable(x)  # the layers' fused kernels (a model runs them in every such forward)
         for i, layer in enumerate(self.layers):
-            if fused and getattr(layer, "fused_path", False):
+            if fused and fused_layer.runs(layer, ctx.length):
                 x, delta = layer.forward_fused(x, delta, ctx, cache.layers[i])
                 if i in want and i != last:
                     caps[i] = x + delta

@@ -48,9 +48,21 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 ENABLED = os.environ.get("SPECDEC_FUSED_LAYER", "1") != "0"
-# Measured up to here (SmolLM2's 576 A/B; device_check's random 1024-wide Llama ran on it): wider
-# layers' weights outgrow the L2, where a prefill's 16-row tiles would each re-read them from memory
+# Layers wider than this (the qwen3-8b shape's 4096) take the kernels in forwards of at most WIDE_ROWS rows a sequence
+# only (decode and verify steps, a prefill's last chunk); a longer prefill runs them on cuBLAS: there the 16-row tiles
+# (mma.sync, no wgmma) took 2-3x cuBLAS's time on the H200 (qwen3-8b shape, 512 / 4,096 tokens: 62 / 541 against
+# 30 / 182 ms, scripts/ab_flags.py). Plain and speculative decoding prefill alike, so their outputs stay equal; a row's
+# bits in a step still depend on its inputs alone.
 MAX_HIDDEN = 1024
+WIDE_ROWS = 32
+# SPECDEC_FUSED_LAYER_WIDE=0: layers wider than MAX_HIDDEN and Qwen3's q/k-normed layers stay on cuBLAS (and their
+# steps padded: such a model is not row_exact). On the H200 (qwen3-8b shape, context 512, scripts/ab_flags.py) the
+# kernels took plain decoding's step 5.79 ms (16 rows padded, cuBLAS) -> 5.52 (1 row), 4.90 with 128-key splits
+WIDE = os.environ.get("SPECDEC_FUSED_LAYER_WIDE", "1") != "0"
+# a weight of at most this many bytes is pulled into L2 whole before a PDL wait, a larger one not at all: on the H200
+# (scripts/ab_flags.py, qwen3-8b shape, 1-row step) prefetching the 4096-wide weights whole (33-201 MB, past the
+# 50 MB L2) cost 5.50 -> 7.15 ms, their rows' first 16 MB of lines 5.50 -> 5.70; SmolLM2's weights (1-2 MB) go whole
+PREFETCH_BYTES = 16 << 20
 BM = 16  # rows a program: fixed (a row's bits must not depend on the tile it shares)
 # (BN, BK, warps, stages): the tiling of the outputs and of K, fixed per weight shape (never by the rows)
 TILE = (16, 128, 2, 4)
@@ -64,7 +76,18 @@ TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     # the LM head of a row-exact target (SPECDEC_ROW_EXACT; --head --only head --sweep, 66 tilings): 17.13 us at
     # 16 rows, 16.39 at 1 (the default tiling 19.75 / 18.72; cuBLAS 16.91 / 15.94)
     (49152, 576, False): (32, 64, 2, 4),
+    # the qwen3-8b shape (WIDE; --shape qwen3-8b --sweep --head, 24 tilings a weight, each timed call on another
+    # copy of its weight so that none is read from L2): us at 16 rows, cuBLAS in brackets
+    (6144, 4096, False): (64, 256, 8, 4),  # q/k/v: 17.00 (15.62)
+    (4096, 4096, False): (64, 256, 4, 4),  # o_proj: 13.73 (13.75)
+    (12288, 4096, True): (32, 128, 4, 4),  # gate/up + silu * up: 48.87 (52.84 with silu_mul)
+    (4096, 12288, False): (64, 256, 4, 4),  # down_proj: 30.12 (29.14)
+    (151936, 4096, False): (128, 128, 4, 3),  # LM head: 282.55 (303.86)
 }
+# weights of 2,048 or more outputs and inputs that the table does not name (a Qwen3.5 MTP block's fc, other 4096-wide
+# layers): the qwen3-8b shape's tilings by kind (its default TILE took 24.8 against 17.0 us on its q/k/v, 60.8 against
+# 30.1 on its down_proj)
+TILE_WIDE = {False: (64, 256, 4, 4), True: (32, 128, 4, 4)}
 _FORCED: dict | None = None
 
 
@@ -85,7 +108,7 @@ def forced_tiles() -> dict:
 
 def tile_for(n: int, k: int, silu: bool) -> tuple[int, int, int, int]:
     """The tiling of a weight of ``n`` outputs (gate outputs with ``silu``) and ``k`` inputs."""
-    return forced_tiles().get((n, k, int(silu))) or TILES.get((n, k, silu), TILE)
+    return forced_tiles().get((n, k, int(silu))) or TILES.get((n, k, silu)) or (TILE_WIDE[silu] if min(n, k) >= 2048 else TILE)
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -96,17 +119,24 @@ def usable(x: torch.Tensor) -> bool:
 
 
 def eligible(layer) -> bool:
-    """Whether a ``llama.DenseDecoderLayer`` has what these kernels compute: no q/k norm, no biases,
-    no output gate, one process (no shard), fused projections, contiguous weights, a hidden size of at
-    most MAX_HIDDEN.
+    """Whether a ``llama.DenseDecoderLayer`` has what these kernels compute: no biases, no output gate, one
+    process (no shard), fused projections, contiguous weights; a q/k norm (Qwen3) or a hidden size past
+    MAX_HIDDEN only with WIDE.
     The config's question only: whether a forward runs the kernels is :func:`usable`'s."""
     a, mlp = layer.self_attn, layer.mlp
-    return (a.q_norm is None and not a.gated and a._fused is not None
+    return ((a.q_norm is None or WIDE) and not a.gated and a._fused is not None
             and a._fused[1] is None and type(a.o_proj) is torch.nn.Linear and a.o_proj.bias is None
             and mlp._fused is not None and mlp._fused[1] is None and type(mlp).act is _silu_act()
             and type(mlp.down_proj) is torch.nn.Linear and mlp.down_proj.bias is None
             and a.o_proj.weight.is_contiguous() and mlp.down_proj.weight.is_contiguous()
-            and layer.config.hidden_size <= MAX_HIDDEN)
+            and (layer.config.hidden_size <= MAX_HIDDEN or WIDE))
+
+
+def runs(layer, rows: int) -> bool:
+    """Whether a forward of ``rows`` rows a sequence (where :func:`usable`) runs ``layer`` on the kernels: an
+    :func:`eligible` layer (``fused_path``) in every such forward up to MAX_HIDDEN wide, past it in forwards of at
+    most WIDE_ROWS rows (see there). The same answer in plain and speculative decoding's forwards."""
+    return getattr(layer, "fused_path", False) and (rows <= WIDE_ROWS or layer.config.hidden_size <= MAX_HIDDEN)
 
 
 def _silu_act():
@@ -128,11 +158,11 @@ if triton is not None:
         mn = rn < N
         if USE_GDC:  # models/pdl.py: let the next kernel launch; wait for the one before
             tl.extra.cuda.gdc_launch_dependents()
-            # meanwhile pull this program's weight rows into L2: they never depend on the kernel before
-            rows = tl.minimum(rn, N - 1)
-            pdl.rows_to_l2(w, rows, K, PER_LINE, LINES)
-            if SILU:
-                pdl.rows_to_l2(w, rows + N, K, PER_LINE, LINES)
+            if LINES > 0:  # meanwhile pull this program's weight rows into L2: they never depend on the kernel before
+                rows = tl.minimum(rn, N - 1)
+                pdl.rows_to_l2(w, rows, K, PER_LINE, LINES)
+                if SILU:
+                    pdl.rows_to_l2(w, rows + N, K, PER_LINE, LINES)
             tl.extra.cuda.gdc_wait()
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         if SILU:
@@ -172,13 +202,20 @@ def linear(x: torch.Tensor, w: torch.Tensor, silu: bool = False, tile: tuple | N
         raise ValueError(f"fused_layer.linear: weight {tuple(w.shape)} for input features {k}")
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bn, bk, warps, stages = tile or tile_for(n, k, silu)
-    per_line, lines = pdl.l2_lines(k, w.element_size())
+    per_line, lines = prefetch_lines(w)
     if m:
         _kernel[(triton.cdiv(m, BM) * triton.cdiv(n, bn),)](x2, w, y, m, n, k, x2.stride(0), y.stride(0), SILU=silu,
                                                            BM=BM, BN=bn, BK=bk, num_warps=warps, num_stages=stages,
                                                            PER_LINE=per_line, LINES=lines,
                                                            **pdl.options(x2))
     return y.view(*lead, n)
+
+
+def prefetch_lines(w: torch.Tensor) -> tuple[int, int]:
+    """``(PER_LINE, LINES)`` of the kernel's L2 prefetch of ``w``'s rows: every line of every row where the
+    weight has at most PREFETCH_BYTES, else none (``LINES`` 0)."""
+    per_line, lines = pdl.l2_lines(w.shape[1], w.element_size())
+    return per_line, lines if w.numel() * w.element_size() <= PREFETCH_BYTES else 0
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, silu: bool = False) -> torch.Tensor:

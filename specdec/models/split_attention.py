@@ -59,30 +59,42 @@ _SPLIT_ENV = _split_keys_env()
 
 
 def split_keys(d: int) -> int:
-    """Keys per split (walked by one program, at fixed absolute offsets) for heads of ``d`` features: 512 for
+    """Keys per split (walked by one program, at fixed absolute offsets) for heads of ``d`` features: 256 for
     d = 128, 64 for d = 256, 256 otherwise; ``SPECDEC_SPLIT_KEYS`` sets one value for every head size (raised to
     the tile's block of keys, :func:`_tile`, where that is larger: 128 up to d = 128, 64 for d = 256). A span of one split
     needs no combine kernel (DIRECT, and graphs.SHORT_SPAN's steps within the first split). Every attention
     of a model takes the same value, so plain and speculative decoding stay equal at any of them (their bits
-    differ from one value to another). Measured on the H200 (BENCHMARKS.md, session of 2026-12-03 (sixth)):
-    512 keys made the qwen3-8b shape's (d = 128) decode step 4-9 % faster at contexts 128-16k in a 16k cache
-    (half the partial states to combine), and the real SmolLM2 (d = 64) 2 % slower on MT-Bench's two turns
-    (one program walks 512 keys one block after the other; the one-split span past 256 gained nothing). For
-    d = 256 (Qwen3.5, Gemma) a decode step's grid is a few programs a layer (2 KV heads x the splits): 64-key
-    splits made the qwen3.5-9b shape's plain step 5.624 -> 5.502 ms at context 512 (128 keys: 5.533;
+    differ from one value to another). Measured on the H200: for d = 128, with the qwen3-8b shape's steps unpadded
+    1-row steps (fused_layer.WIDE, session of 2026-12-04 (third), scripts/ab_flags.py, ms): 128 / 256 / 512 keys
+    4.98 / 5.21-5.26 / 5.34-5.52 at context 512, 5.42 / 5.38 / 5.46 at 4,096, 7.47-7.65 / 6.54-6.67 / 6.26-6.39 at
+    16,000: 256 is within 5 % of the fastest at each (512 had made the padded 16-row steps 4-9 % faster at
+    contexts 128-16k, session of 2026-12-03 (sixth)). SmolLM2 (d = 64): 512 keys 2 % slower on MT-Bench's two
+    turns. For d = 256 (Qwen3.5, Gemma) a decode step's grid is a few programs a layer (2 KV heads x the splits):
+    64-key splits made the qwen3.5-9b shape's plain step 5.624 -> 5.502 ms at context 512 (128 keys: 5.533;
     scripts/ab_flags.py, session of 2026-12-04)."""
     if _SPLIT_ENV:  # never fewer keys than one inner block of the head size's tile
         return max(_SPLIT_ENV, _tile(d)[1])
-    return {128: 512, 256: 64}.get(d, 256)
+    return {128: 256, 256: 64}.get(d, 256)
 
 
 COMBINE = 16  # splits the combine sums at once (chunks at fixed multiples)
+# (rows, features) of a combine program: one fixed cut. Each row and feature sums its own splits, but on the GPU the
+# order of tl.sum's tree over a chunk follows the block's shape: a (4, 8) cut for steps of at most 4 rows and (16, 32)
+# for wider ones gave 1-row and verify steps other bits (H200, 2026-12-04: bench --shape qwen3-8b's oracle and
+# device_check's random Qwen3 differed from plain; Triton's interpreter, summing in numpy, saw nothing). The (4, 8)
+# cut made a qwen3-8b 1-row step at context 16,000 7.65 -> 6.94 ms (scripts/ab_flags.py): for every step, not yet
+# measured on verify steps.
+COMBINE_CUT = (16, 32)
 # A span of one split (at most split_keys(d) keys): the split kernel divides and writes the output itself, with
 # no combine launch. The same bits: the combine of one split adds it, weighed exp(0) = 1, to zeros and
 # divides as the split kernel then does (the interpreter test appends dead keys to a one-split span and
 # compares). On the H200 a SmolLM2 16-row step over a 244-position cache went 1.33 -> 1.19 ms, and
 # 1.16 -> 1.04 with fused_layer (scripts/ab_flags.py; BENCHMARKS.md). SPECDEC_SPLIT_DIRECT=0 turns it off.
 DIRECT = os.environ.get("SPECDEC_SPLIT_DIRECT", "1") != "0"
+# The split kernel's walk over a split without a branch a block (see _split_kernel), so Triton pipelines its loads:
+# on the H200 a SmolLM2-shape 1-row step at context 512 1.014 -> 0.912 ms (scripts/ab_flags.py --variants defaults
+# defaults-pipeline, session of 2026-12-04 (third)). SPECDEC_SPLIT_PIPELINE=0: a branch a block, as before.
+PIPELINE = os.environ.get("SPECDEC_SPLIT_PIPELINE", "1") != "0"
 # Tried and removed: past one split, the tile's last split program combining it after an acquire-release
 # ticket (no combine launch). On the H200 it made the 16-row step slower: SmolLM2 at context 300 1.05 ->
 # 1.20 ms, qwen3-8b at 1000 5.35 -> 8.23 ms (scripts/ab_flags.py, BENCHMARKS.md). Its code is at bb0405a.
@@ -121,7 +133,7 @@ if triton is not None:
     def _split_kernel(q, k, v, mask, m_out, l_out, a_out, T, S, Hkv, rows, scale,
                       sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sms, o, sob, soh, sot,
                       G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
-                      DIRECT: tl.constexpr, USE_GDC: tl.constexpr):
+                      DIRECT: tl.constexpr, USE_GDC: tl.constexpr, PIPELINE: tl.constexpr):
         if USE_GDC:  # models/pdl.py
             pdl.begin()
         pid_bh, pid_m, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -135,12 +147,25 @@ if triton is not None:
         m_i = tl.full([BM], float("-inf"), tl.float32)
         l_i = tl.zeros([BM], tl.float32)
         acc = tl.zeros([BM, D], tl.float32)
-        for j in range(0, SPLIT, BN):
+        # the split's blocks up to the last one some row of the tile sees (a first pass over the mask's bytes,
+        # unrolled): the walk below has a trip count and no branch, so Triton pipelines its loads (PIPELINE), and
+        # its cost follows the live context. A block no row sees leaves every row's state bitwise as it is (its
+        # scores are -inf: the rescale is exp(0) = 1, or 0 times a state still 0, and the added terms are zeros).
+        n_blk = 0
+        if PIPELINE:
+            for jb in tl.static_range(SPLIT // BN):
+                s = pid_s * SPLIT + jb * BN + tl.arange(0, BN)
+                seen = tl.load(mask + b * smb + t[:, None] * smt + s[None, :] * sms,
+                               mask=live[:, None] & (s < S)[None, :], other=0) != 0
+                n_blk = tl.where(tl.max(tl.max(seen.to(tl.int32), 1), 0) > 0, jb + 1, n_blk)
+        else:
+            n_blk = SPLIT // BN
+        for j in range(0, n_blk * BN, BN):
             s = pid_s * SPLIT + j + tl.arange(0, BN)
             inside = s < S
             seen = tl.load(mask + b * smb + t[:, None] * smt + s[None, :] * sms,
                            mask=live[:, None] & inside[None, :], other=0) != 0
-            if tl.max(tl.max(seen.to(tl.int32), 1), 0) > 0:
+            if PIPELINE or tl.max(tl.max(seen.to(tl.int32), 1), 0) > 0:
                 kt = tl.load(k + b * skb + kh * skh + s[:, None] * sks + d[None, :], mask=inside[:, None], other=0.0)
                 sc = tl.where(seen, tl.dot(qt, tl.trans(kt)) * scale, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(sc, 1))
@@ -263,10 +288,10 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), mask.stride(0), mask.stride(2), mask.stride(3),
         o, o.stride(0), o.stride(1), o.stride(2),
-        G=g, BM=bm, BN=bn, SPLIT=split, D=d, DIRECT=direct, num_warps=warps, **pdl.options(q))
+        G=g, BM=bm, BN=bn, SPLIT=split, D=d, DIRECT=direct, PIPELINE=PIPELINE, num_warps=warps, **pdl.options(q))
     if direct:
         return out
-    rb, db = 16, min(d, 32)
+    rb, db = COMBINE_CUT[0], min(d, COMBINE_CUT[1])
     _combine_kernel[(b * hkv, -(-rows // rb), d // db)](
         m_out, l_out, a_out, o, t, hkv, rows, n_s, n_m, o.stride(0), o.stride(1), o.stride(2),
         G=g, BM=bm, D=d, RB=rb, DB=db, CB=COMBINE, num_warps=4, **pdl.options(q))
