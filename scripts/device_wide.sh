@@ -19,8 +19,7 @@ set -u
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests:$PWD/scripts PYTHONUNBUFFERED=1
 R=$OUT/r; mkdir -p $R
-nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-if [ "${1:-}" = verify ]; then  # the shipped defaults' exactness (device_check, the oracle); the combine's (4, 8) cut timed
+check() {  # device_check on random Llama and Qwen3 (graphs, eager; oracle, n-gram, MTP, DFlash drafts)
     python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
     for t in llama qwen3; do
         for m in graphs eager; do
@@ -28,6 +27,10 @@ if [ "${1:-}" = verify ]; then  # the shipped defaults' exactness (device_check,
                 --prompts 4 --new-tokens 128 --out $R/dc_${t}_$m.json > /dev/null 2>&1
         done
     done
+}
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+if [ "${1:-}" = verify ]; then  # the shipped defaults' exactness (device_check, the oracle); the combine's (4, 8) cut timed
+    check
     python scripts/device_check.py compare $R/dc_*.json --out $R/dc_report.json 2>&1 | tail -14
     timeout 110 python -m specdec bench --shape qwen3-8b --context 512 --oracle-tau 6.5 --json $R/b8b_512.json > $R/b8b_512.log 2>&1
     grep -vE "^ *(verify|k=)" $R/b8b_512.log | tail -7
@@ -48,13 +51,7 @@ if [ "${1:-}" = final ]; then  # the shipped defaults: shape benches, device_che
     grep -vE "^ *(verify|k=)" $R/b9b.log | tail -7
     timeout 60 python -m specdec bench --shape smollm2-135m --context 300 --draft-vocab 16384 --json $R/bsmol.json > $R/bsmol.log 2>&1
     grep -vE "^ *(verify|k=)" $R/bsmol.log | tail -7
-    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
-    for t in llama qwen3; do
-        for m in graphs eager; do
-            timeout 60 python scripts/device_check.py run /tmp/dc --target $t --mode $m --drafters oracle ngram mtp dflash \
-                --prompts 4 --new-tokens 128 --out $R/dc_${t}_$m.json > /dev/null 2>&1
-        done
-    done
+    check
     python scripts/device_check.py compare $R/dc_*.json --out $R/dc_report.json 2>&1 | tail -3
     cd $OUT && tar czf r.tgz r && rm -rf r
     exit 0
