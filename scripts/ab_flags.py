@@ -20,9 +20,9 @@ Variants: ``base`` (every flag off), ``fold`` (SPECDEC_FOLD_RESIDUAL), ``direct`
 (SPECDEC_DELTA_PROJ: a Gated DeltaNet's in-projections as one GEMM; hybrid shapes only), ``defaults-fused-moe``
 (SPECDEC_FUSED_MOE: a MoE block's step in three kernels; MoE shapes only), ...): each turns
 its flags on and the others off; ``defaults+split64`` (128, 256, 512): the defaults with SPECDEC_SPLIT_KEYS at
-that value; ``defaults+rowgroups16``: the fused MoE kernels with a program a row (expert_kernel.ROW_GROUPS); ``defaults+wide``
-(fused_layer.WIDE: 4096-wide and q/k-normed layers on the fused GEMMs), ``defaults+pfall`` / ``defaults+pf0`` and
-``defaults+wide+pfall`` / ``+pf0`` (fused_layer.PREFETCH_BYTES: whole weights or nothing prefetched into L2), ``defaults+wide+split64`` (128, 256). Each
+that value; ``defaults+rowgroups16``: the fused MoE kernels with a program a row (expert_kernel.ROW_GROUPS); ``defaults-wide``
+(fused_layer.WIDE off: 4096-wide and q/k-normed layers back on cuBLAS), ``defaults+pfall`` / ``defaults+pf0``
+(fused_layer.PREFETCH_BYTES: whole weights or nothing prefetched into L2), ``defaults+cut4`` (the combine's cut). Each
 variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs). The flags are module attributes read as a step
 is built, so a variant's steps are built with them set and the defaults come back after.
 """
@@ -44,11 +44,11 @@ FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.m
          "small-tiles": ("specdec.models.split_attention", "SMALL_TILES"),
          "delta-proj": ("specdec.models.deltanet", "FUSED_PROJ"),
          "fused-moe": ("specdec.models.expert_kernel", "FUSED_MOE"),
-         "pipeline": ("specdec.models.split_attention", "PIPELINE")}
+         "pipeline": ("specdec.models.split_attention", "PIPELINE"),
+         "wide": ("specdec.models.fused_layer", "WIDE")}
 # settings other than on/off, each on top of the defaults: defaults+split64 (SPECDEC_SPLIT_KEYS=64), ...
 SETTINGS = {f"split{n}": ("specdec.models.split_attention", "_SPLIT_ENV", n) for n in (64, 128, 256, 512)}
 SETTINGS["rowgroups16"] = ("specdec.models.expert_kernel", "ROW_GROUPS", 16)  # the MoE kernels: a program a row
-SETTINGS["wide"] = ("specdec.models.fused_layer", "WIDE", True)  # 4096-wide and q/k-normed layers on the fused GEMMs
 SETTINGS["pfall"] = ("specdec.models.fused_layer", "PREFETCH_BYTES", 1 << 40)  # the fused GEMM prefetches whole weights
 SETTINGS["cut4"] = ("specdec.models.split_attention", "COMBINE_CUT", (4, 8))  # combine programs of 4 rows x 8 features
 SETTINGS["pf0"] = ("specdec.models.fused_layer", "PREFETCH_BYTES", 0)  # ... or nothing
@@ -62,8 +62,6 @@ for _n in FLAGS:  # each flag's question against what ships: defaults-fold, defa
     VARIANTS[f"defaults-{_n}"] = tuple(n for n in FLAGS if n != _n)
 for _n in SETTINGS:
     VARIANTS[f"defaults+{_n}"] = tuple(FLAGS) + (_n,)
-for _n in ("pfall", "pf0", "split64", "split128", "split256"):
-    VARIANTS[f"defaults+wide+{_n}"] = tuple(FLAGS) + ("wide", _n)
 
 
 @contextlib.contextmanager
@@ -94,7 +92,7 @@ def time_variant(model, ids: torch.Tensor, context: int, new_tokens: int, reps: 
 
     from specdec.models import fused_layer
     dev = model.device
-    for layer in model.layers:  # the variant's fused-layer eligibility (SETTINGS' wide), as fuse_projections sets it
+    for layer in model.layers:  # the variant's fused-layer eligibility (the wide flag), as fuse_projections sets it
         if hasattr(layer, "fused_path"):
             layer.fused_path = fused_layer.eligible(layer)
     cache = model.new_cache(context + new_tokens, spare=STEP_ROWS)

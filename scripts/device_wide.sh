@@ -11,7 +11,7 @@
 #                                        # (graphs, eager; oracle, n-gram, MTP, DFlash); bench --shape qwen3-8b
 # 1. check_fused_layer.py on qwen3-8b with WIDE: bits, time against cuBLAS, every tiling of WIDE_SWEEP (the best
 #    tiles go on to the later steps through SPECDEC_FUSED_LAYER_TILES);
-# 2. ab_flags.py on qwen3-8b: defaults against defaults+wide (+ whole weights / nothing prefetched into L2);
+# 2. ab_flags.py on qwen3-8b: cuBLAS (defaults-wide) against the wide GEMMs (+ whole weights / nothing prefetched into L2);
 # 3. profile_shape_step.py: qwen3-8b's 1-row step with WIDE (where its time goes);
 # 4. ab_flags.py on smollm2-135m: defaults against defaults-pipeline and defaults+pfall.
 # Everything comes back in one r.tgz (the machine returns at most 8 files).
@@ -90,7 +90,7 @@ fi
 if [ "${1:-}" = splits ]; then
     for c in 512 4096; do
         timeout 150 python scripts/ab_flags.py --shape qwen3-8b --context $c --rounds 3 --no-drafters \
-            --variants defaults defaults+wide defaults+wide+split64 defaults+wide+split128 defaults+wide+split256 \
+            --variants defaults-wide defaults defaults+split64 defaults+split128 defaults+split256 \
             --json $R/ab8b_splits_$c.json > $R/ab8b_splits_$c.log 2>&1
         tail -7 $R/ab8b_splits_$c.log
     done
@@ -111,7 +111,7 @@ grep -v "^  .*tile .* us$" $R/cfl8b.log | tail -25
 TILES=$(python -c "import json;print(json.dumps(json.load(open('$R/cfl8b.json'))['best_tiles']))" 2>/dev/null || echo '{}')
 echo "TILES=$TILES"
 SPECDEC_FUSED_LAYER_TILES="$TILES" timeout 170 python scripts/ab_flags.py --shape qwen3-8b --context 512 --rounds 3 \
-    --no-drafters --variants defaults defaults+wide defaults+wide+pfall defaults+wide+pf0 --json $R/ab8b.json \
+    --no-drafters --variants defaults-wide defaults defaults+pfall defaults+pf0 --json $R/ab8b.json \
     > $R/ab8b.log 2>&1
 tail -7 $R/ab8b.log
 SPECDEC_FUSED_LAYER_TILES="$TILES" SPECDEC_FUSED_LAYER_WIDE=1 timeout 60 python scripts/profile_shape_step.py \

@@ -23,7 +23,8 @@ walking K in ``BK`` blocks in order and accumulating in fp32: a row's bits depen
 and the weight's tiling only (never on the row count, the other rows or the step; a weight's tiling is
 fixed by its shape), so one kernel serves prefill chunks, decode and verify steps and batched steps
 alike. A model takes these kernels for every CUDA forward without gradients (:func:`usable`) or for
-none, so plain and speculative decoding compute the same rows. They need not be cuBLAS's bits (on
+none (layers wider than MAX_HIDDEN: every such forward of at most WIDE_ROWS rows a sequence, :func:`runs`), so
+plain and speculative decoding compute the same rows. They need not be cuBLAS's bits (on
 the H200 a random SmolLM2-shape model's logits came out identical: both sum K in k16 steps, in order,
 with no split). Which models take it: :func:`eligible`;
 ``SPECDEC_FUSED_LAYER=0`` turns it off. ``scripts/check_fused_layer.py`` compares the kernel with its
