@@ -21,8 +21,10 @@ Variants: ``base`` (every flag off), ``fold`` (SPECDEC_FOLD_RESIDUAL), ``direct`
 (SPECDEC_FUSED_MOE: a MoE block's step in three kernels; MoE shapes only), ...): each turns
 its flags on and the others off; ``defaults+split64`` (128, 256, 512): the defaults with SPECDEC_SPLIT_KEYS at
 that value; ``defaults+rowgroups16``: the fused MoE kernels with a program a row (expert_kernel.ROW_GROUPS); ``defaults-wide``
-(fused_layer.WIDE off: 4096-wide and q/k-normed layers back on cuBLAS), ``defaults+pfall`` / ``defaults+pf0``
-(fused_layer.PREFETCH_BYTES: whole weights or nothing prefetched into L2), ``defaults+cut4`` (the combine's cut). Each
+(fused_layer.WIDE off: 4096-wide and q/k-normed layers back on cuBLAS), ``defaults-split-k`` (fused_layer.SPLIT_K off:
+every GEMM tiling unsplit), ``defaults+pfall`` / ``defaults+pf0``
+(fused_layer.PREFETCH_BYTES: whole weights or nothing prefetched into L2), ``defaults+cut4`` / ``+cut16`` (the combine's cut: 4 x 8, the default, or 16 x 32), ``defaults+o2`` / ``+qkv4`` / ``+down4`` (the qwen3-8b shape's GEMMs with K
+split, see SETTINGS). Each
 variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs). The flags are module attributes read as a step
 is built, so a variant's steps are built with them set and the defaults come back after.
 """
@@ -45,13 +47,20 @@ FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.m
          "delta-proj": ("specdec.models.deltanet", "FUSED_PROJ"),
          "fused-moe": ("specdec.models.expert_kernel", "FUSED_MOE"),
          "pipeline": ("specdec.models.split_attention", "PIPELINE"),
-         "wide": ("specdec.models.fused_layer", "WIDE")}
+         "wide": ("specdec.models.fused_layer", "WIDE"),
+         "split-k": ("specdec.models.fused_layer", "SPLIT_K")}
 # settings other than on/off, each on top of the defaults: defaults+split64 (SPECDEC_SPLIT_KEYS=64), ...
 SETTINGS = {f"split{n}": ("specdec.models.split_attention", "_SPLIT_ENV", n) for n in (64, 128, 256, 512)}
 SETTINGS["rowgroups16"] = ("specdec.models.expert_kernel", "ROW_GROUPS", 16)  # the MoE kernels: a program a row
 SETTINGS["pfall"] = ("specdec.models.fused_layer", "PREFETCH_BYTES", 1 << 40)  # the fused GEMM prefetches whole weights
 SETTINGS["cut4"] = ("specdec.models.split_attention", "COMBINE_CUT", (4, 8))  # combine programs of 4 rows x 8 features
+SETTINGS["cut16"] = ("specdec.models.split_attention", "COMBINE_CUT", (16, 32))  # ... 16 x 32 (the default to 2026-12-04)
 SETTINGS["pf0"] = ("specdec.models.fused_layer", "PREFETCH_BYTES", 0)  # ... or nothing
+# the qwen3-8b shape's GEMMs with K split (fused_layer.SPLIT_K; over SPECDEC_FUSED_LAYER_TILES): o_proj 2 ways, q/k/v 4
+# ways on (64, 128) tiles, down_proj 4 ways on 3 stages
+SETTINGS["o2"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 4096, 0): (64, 256, 4, 4, 2)})
+SETTINGS["qkv4"] = ("specdec.models.fused_layer", "_FORCED", {(6144, 4096, 0): (64, 128, 4, 4, 4)})
+SETTINGS["down4"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 12288, 0): (64, 256, 4, 3, 4)})
 VARIANTS = {"base": (), "fold": ("fold",), "direct": ("direct",), "drafter-split": ("drafter-split",),
             "fused-layer": ("fused-layer",), "fused+direct": ("fused-layer", "direct"),
             "fused+direct+pdl": ("fused-layer", "direct", "pdl"),

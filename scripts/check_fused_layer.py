@@ -42,8 +42,11 @@ def graph_us(fn) -> float:
 
 
 SWEEP = [(bn, bk, wp, st) for bn in (16, 32, 64) for bk in (64, 128, 256) for wp in (2, 4) for st in (2, 3, 4)]
-# layers wider than fused_layer.MAX_HIDDEN (the qwen3-8b shape's 4096): more warps, deeper pipelines
-WIDE_SWEEP = [(bn, bk, wp, st) for bn in (16, 32, 64) for bk in (128, 256) for wp in (4, 8) for st in (3, 4)]
+# layers wider than fused_layer.MAX_HIDDEN (the qwen3-8b shape's 4096): the session of 2026-12-04 (third)'s best
+# tilings (more warps, deeper pipelines), each unsplit and with K split 2, 3, 4 ways (fused_layer.SPLIT_K)
+WIDE_SWEEP = [t + (sp,) for t in ((64, 256, 4, 4), (64, 256, 8, 4), (64, 256, 4, 3), (32, 256, 4, 4), (32, 128, 4, 4),
+                                  (64, 128, 4, 4), (128, 128, 4, 3), (128, 128, 8, 3), (128, 64, 4, 4))
+              for sp in (1, 2, 3, 4)]
 WIDE_HEAD_SWEEP = [(bn, bk, wp, st) for bn in (32, 64, 128) for bk in (64, 128) for wp in (4, 8) for st in (3, 4)]
 L2_BYTES = 256 << 20  # a timed call cycles over copies of its weight at least this large: no call finds it in L2
 # the LM head (vocab outputs): wider output tiles too
@@ -62,6 +65,11 @@ def kernels(hidden: int, inter: int, qkv: int, rows: int, res: dict, sweep: bool
              "o": (x, rnd(hidden, hidden, s=hidden ** -0.5), False),
              "gate_up+silu": (x, rnd(2 * inter, hidden, s=hidden ** -0.5), True),
              "down": (act_in, rnd(hidden, inter, s=inter ** -0.5), False)}
+    if hidden > fl.MAX_HIDDEN:  # a drafter's weights on a wide target: DFlash's fc (5 target layers) and context K/V
+        # (5 layers x 8 KV heads of 128), an MTP block's fc
+        cases["dflash_fc"] = (rnd(512, 5 * hidden), rnd(hidden, 5 * hidden, s=(5 * hidden) ** -0.5), False)
+        cases["dflash_kv"] = (x, rnd(5 * 2 * 8 * 128, hidden, s=hidden ** -0.5), False)
+        cases["mtp_fc"] = (rnd(512, 2 * hidden), rnd(hidden, 2 * hidden, s=(2 * hidden) ** -0.5), False)
     if vocab:  # the LM head a row-exact target runs on this kernel (SPECDEC_ROW_EXACT)
         cases["head"] = (x, rnd(vocab, hidden, s=hidden ** -0.5), False)
     best_tiles = {}
@@ -99,6 +107,11 @@ def kernels(hidden: int, inter: int, qkv: int, rows: int, res: dict, sweep: bool
                 except Exception as e:  # a tiling the compiler refuses (shared memory)
                     print(f"  {name}: tile {tile} failed: {str(e).splitlines()[0][:100]}")
             best = sorted(times, key=times.get)[:5]
+            full_b = fl.linear(inp, w, silu=silu, tile=best[0])
+            err = (full_b.float() - ref.float()).abs().max().item()
+            bad = [m for m in (1, 2, 5, 16, 17, 64, 200) if not torch.equal(fl.linear(inp[:m], w, silu=silu, tile=best[0]), full_b[:m])]
+            check(f"{name}: best tile {best[0]}: the torch reference, rows keep their bits", not bad and err <= 0.02 * max(scale_ref, 1.0),
+                  f"(max diff {err:.3g}{', differ at ' + str(bad) if bad else ''})")
             res.setdefault("sweep_us", {})[name] = {",".join(map(str, t)): round(v, 2) for t, v in times.items()}
             best_tiles[f"{n},{w.shape[1]},{int(silu)}"] = list(best[0])
             print(f"  {name}: best tiles " + ", ".join(f"{t} {times[t]:.2f} us" for t in best), flush=True)
@@ -146,7 +159,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="also time every tiling of SWEEP at --rows rows")
     ap.add_argument("--head", action="store_true", help="also the LM head (vocab x hidden), as SPECDEC_ROW_EXACT runs it")
-    ap.add_argument("--only", nargs="+", choices=["qkv", "o", "gate_up+silu", "down", "head"],
+    ap.add_argument("--only", nargs="+", choices=["qkv", "o", "gate_up+silu", "down", "head", "dflash_fc", "dflash_kv", "mtp_fc"],
                     help="check and time only these weights (default: all)")
     a = ap.parse_args()
     from specdec.errors import SpecdecError

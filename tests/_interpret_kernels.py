@@ -390,7 +390,8 @@ def fused_layer() -> None:
         tol = 1e-4 if dtype == torch.float32 else 2e-2
         for silu in (False, True):
             wt = w if silu else w[:n].contiguous()
-            for tile in ((16, 64, 2, 2), (32, 128, 4, 3)):
+            # split K (K 200): 128 + 72; 96 + 96 + 8; 64 + 64 + 64 + 8
+            for tile in ((16, 64, 2, 2), (32, 128, 4, 3), (16, 64, 2, 2, 2), (32, 32, 4, 3, 3), (16, 64, 2, 2, 4)):
                 name = f"fused layer {'silu ' if silu else ''}gemm {dtype} tile {tile}"
                 got = fl.linear(x, wt, silu=silu, tile=tile)
                 want = fl.reference(x, wt, silu=silu)
@@ -398,6 +399,17 @@ def fused_layer() -> None:
                 check(f"{name}: equals the torch ops", got.shape == want.shape and err < tol, f"(max diff {err:.1e})")
                 check(f"{name}: row 20 alone has its bits among {m}",
                       torch.equal(fl.linear(x[20:21], wt, silu=silu, tile=tile), got[20:21]))
+        check(f"fused layer {dtype}: split K leaves its tile counters at zero",
+              not fl._counters(x.device).any())
+        full = fl.linear(x, w, tile=(16, 64, 2, 2, 3))
+        saved, fl.COUNTERS = fl.COUNTERS, 9  # 9 tiles of 16 outputs: the 37 rows run as three kernels
+        try:
+            fl._COUNTER_BUFS.clear()
+            check(f"fused layer {dtype}: split K over more tiles than counters (rows in chunks) keeps the bits",
+                  torch.equal(fl.linear(x, w, tile=(16, 64, 2, 2, 3)), full))
+        finally:
+            fl.COUNTERS = saved
+            fl._COUNTER_BUFS.clear()
         x3 = x.view(1, m, k)
         check(f"fused layer {dtype}: [B, T, K] input", torch.equal(fl.linear(x3, w), fl.linear(x, w).view(1, m, 2 * n)))
 
@@ -558,8 +570,10 @@ def pdl_ptx() -> None:
     from triton.compiler import ASTSource
 
     from specdec.models import delta_kernel, expert_kernel, fused_layer, fused_ops, rope_write
-    cases = {"gemm": (fused_layer._kernel, {"x": "*bf16", "w": "*bf16", "y": "*bf16"},
-                      {"SILU": True, "BM": 16, "BN": 32, "BK": 64, "PER_LINE": 64, "LINES": 16}),
+    gemm_ptrs = {"x": "*bf16", "w": "*bf16", "y": "*bf16", "ws": "*fp32", "cnt": "*i32"}
+    gemm_const = {"SILU": True, "BM": 16, "BN": 32, "BK": 64, "PER_LINE": 64, "LINES": 16, "FENCE": True}
+    cases = {"gemm": (fused_layer._kernel, gemm_ptrs, {**gemm_const, "SPLIT": 1}),
+             "gemm-split": (fused_layer._kernel, gemm_ptrs, {**gemm_const, "SPLIT": 3}),
              "norm": (fused_ops._norm_kernel, {"x": "*bf16", "res": "*bf16", "w": "*fp32", "y": "*bf16", "s": "*bf16",
                                                "eps": "fp32"}, {"HAS_RES": True, "BLOCK": 1024}),
              "rope": (rope_write._rope_write_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
@@ -591,7 +605,11 @@ def pdl_ptx() -> None:
         first_mem = min(i for i in (body.find("ld.global"), body.find("st.global"), body.find("cp.async")) if i >= 0)
         check(f"pdl-ptx {name}: launch_dependents, then wait, then the first global access",
               0 <= body.find("griddepcontrol.launch_dependents") < wait < first_mem)
-        if name in ("gemm", "moe-gate-up", "moe-combine"):  # weights that never depend on the kernel before
+        if name == "gemm-split":  # a program's partials fenced at GPU scope before it counts in, the count atomic
+            fence, atom = body.find("fence.acq_rel.gpu"), body.find("atom.global")
+            check("pdl-ptx gemm-split: the partials' stores, a GPU-scope fence, then the tile's atomic count",
+                  0 <= body.find("st.global") < fence < atom)
+        if name in ("gemm", "gemm-split", "moe-gate-up", "moe-combine"):  # weights that never depend on the kernel before
             # (the GEMM's, the shared expert's) prefetched before the wait
             check(f"pdl-ptx {name}: the weight rows prefetched into L2 before the wait",
                   0 <= body.find("prefetch.global.L2") < wait)

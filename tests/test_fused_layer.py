@@ -136,6 +136,15 @@ def test_bad_tiles_setting_is_one_line(monkeypatch):
     assert fused_layer.tile_for(576, 576, False) == (32, 64, 4, 3)
     assert fused_layer.tile_for(960, 576, False) == fused_layer.TILES[(960, 576, False)]
     monkeypatch.setattr(fused_layer, "_FORCED", None)
+    # "*": every weight the table does not name, with split K
+    monkeypatch.setenv("SPECDEC_FUSED_LAYER_TILES", '{"*": [16, 128, 2, 4, 2]}')
+    assert fused_layer.tile_for(100, 300, True) == (16, 128, 2, 4, 2)
+    assert fused_layer.tile_for(960, 576, False) == fused_layer.TILES[(960, 576, False)]
+    monkeypatch.setattr(fused_layer, "_FORCED", None)
+    monkeypatch.setenv("SPECDEC_FUSED_LAYER_TILES", '{"*": [16, 128, 2, 4, 2, 1]}')
+    with pytest.raises(ConfigError, match="SPECDEC_FUSED_LAYER_TILES"):
+        fused_layer.tile_for(100, 300, True)
+    monkeypatch.setattr(fused_layer, "_FORCED", None)
 
 
 def test_pdl_launch_options(monkeypatch):

@@ -60,10 +60,17 @@ WIDE_ROWS = 32
 # steps padded: such a model is not row_exact). On the H200 (qwen3-8b shape, context 512, scripts/ab_flags.py) the
 # kernels took plain decoding's step 5.79 ms (16 rows padded, cuBLAS) -> 5.52 (1 row), 4.90 with 128-key splits
 WIDE = os.environ.get("SPECDEC_FUSED_LAYER_WIDE", "1") != "0"
+# split K (a tiling's fifth field): a weight of few output tiles (the qwen3-8b shape's 4096 x 4096 o_proj at 64 outputs
+# a program: 64 programs for 132 SMs) runs each tile as SPLIT programs over K; each writes its fp32 partial sums and the
+# tile's last to finish adds them in split order (the same order whichever finishes last) and writes the output, so a
+# row's bits still depend on its inputs and the weight's tiling alone. SPECDEC_FUSED_SPLIT_K=0: every tiling unsplit
+SPLIT_K = os.environ.get("SPECDEC_FUSED_SPLIT_K", "1") != "0"
 # a weight of at most this many bytes is pulled into L2 whole before a PDL wait, a larger one not at all: on the H200
 # (scripts/ab_flags.py, qwen3-8b shape, 1-row step) prefetching the 4096-wide weights whole (33-201 MB, past the
 # 50 MB L2) cost 5.50 -> 7.15 ms, their rows' first 16 MB of lines 5.50 -> 5.70; SmolLM2's weights (1-2 MB) go whole
 PREFETCH_BYTES = 16 << 20
+# split K's tile counters a device (see linear: a larger step runs as several kernels over its rows)
+COUNTERS = 1 << 16
 BM = 16  # rows a program: fixed (a row's bits must not depend on the tile it shares)
 # (BN, BK, warps, stages): the tiling of the outputs and of K, fixed per weight shape (never by the rows)
 TILE = (16, 128, 2, 4)
@@ -79,11 +86,17 @@ TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     (49152, 576, False): (32, 64, 2, 4),
     # the qwen3-8b shape (WIDE; --shape qwen3-8b --sweep --head, 24 tilings a weight, each timed call on another
     # copy of its weight so that none is read from L2): us at 16 rows, cuBLAS in brackets
-    (6144, 4096, False): (64, 256, 8, 4),  # q/k/v: 17.00 (15.62)
-    (4096, 4096, False): (64, 256, 4, 4),  # o_proj: 13.73 (13.75)
+    # with K split (SPLIT_K; 2026-12-04 (fourth)) where the step measured faster (scripts/ab_flags.py, 1-row step at
+    # context 512, ms: defaults 4.97, o_proj split 2 4.79, q/k/v split 4 4.85, down_proj split 4 on 3 stages 5.03); alone
+    # (16 rows, us) they time as the unsplit tiles: q/k/v 16.78 against 16.30-16.54, o_proj 11.26 both
+    (6144, 4096, False): (64, 128, 4, 4, 4),  # q/k/v: 17.00 (15.62) unsplit on (64, 256, 8, 4)
+    (4096, 4096, False): (64, 256, 4, 4, 2),  # o_proj: 13.73 (13.75) unsplit
     (12288, 4096, True): (32, 128, 4, 4),  # gate/up + silu * up: 48.87 (52.84 with silu_mul)
-    (4096, 12288, False): (64, 256, 4, 4),  # down_proj: 30.12 (29.14)
+    # down_proj: 30.12 (29.14); K split 2 ways (SPLIT_K, 2026-12-04 (fourth)): 26.98 against 28.12 unsplit (28.60), and
+    # the 1-row step (scripts/ab_flags.py, defaults-split-k) 5.21 -> 4.97 ms
+    (4096, 12288, False): (64, 256, 4, 4, 2),
     (151936, 4096, False): (128, 128, 4, 3),  # LM head: 282.55 (303.86)
+    (4096, 20480, False): (64, 256, 4, 4, 2),  # a DFlash drafter's fc (5 target layers): 42.16, unsplit 44.89 (43.45)
 }
 # weights of 2,048 or more outputs and inputs that the table does not name (a Qwen3.5 MTP block's fc, other 4096-wide
 # layers): the qwen3-8b shape's tilings by kind (its default TILE took 24.8 against 17.0 us on its q/k/v, 60.8 against
@@ -93,23 +106,29 @@ _FORCED: dict | None = None
 
 
 def forced_tiles() -> dict:
-    """``SPECDEC_FUSED_LAYER_TILES`` (for sweeps): '{"N,K,silu": [BN, BK, warps, stages], ...}' (silu 0
-    or 1), over the table above."""
+    """``SPECDEC_FUSED_LAYER_TILES`` (for sweeps and checks): '{"N,K,silu": [BN, BK, warps, stages(, split)], ...}'
+    (silu 0 or 1) over the table above; the key "*" stands for every weight the table does not name (device_check's
+    random models on split K)."""
     global _FORCED
     if _FORCED is None:
         raw = os.environ.get("SPECDEC_FUSED_LAYER_TILES", "{}")
         try:
-            _FORCED = {tuple(int(v) for v in key.split(",")): tuple(int(v) for v in t) for key, t in json.loads(raw).items()}
-            if any(len(key) != 3 or len(t) != 4 for key, t in _FORCED.items()):
+            _FORCED = {key if key == "*" else tuple(int(v) for v in key.split(",")): tuple(int(v) for v in t)
+                       for key, t in json.loads(raw).items()}
+            if any((key != "*" and len(key) != 3) or len(t) not in (4, 5) for key, t in _FORCED.items()):
                 raise ValueError
         except (ValueError, TypeError, AttributeError):
-            raise ConfigError(f"SPECDEC_FUSED_LAYER_TILES={raw!r}: want '{{\"N,K,silu\": [BN, BK, warps, stages], ...}}'") from None
+            raise ConfigError(f"SPECDEC_FUSED_LAYER_TILES={raw!r}: want '{{\"N,K,silu\": [BN, BK, warps, stages(, split)], "
+                              f"...}}' (or the key \"*\")") from None
     return _FORCED
 
 
-def tile_for(n: int, k: int, silu: bool) -> tuple[int, int, int, int]:
-    """The tiling of a weight of ``n`` outputs (gate outputs with ``silu``) and ``k`` inputs."""
-    return forced_tiles().get((n, k, int(silu))) or TILES.get((n, k, silu)) or (TILE_WIDE[silu] if min(n, k) >= 2048 else TILE)
+def tile_for(n: int, k: int, silu: bool) -> tuple[int, ...]:
+    """The tiling of a weight of ``n`` outputs (gate outputs with ``silu``) and ``k`` inputs: (BN, BK, warps,
+    stages[, split])."""
+    forced = forced_tiles()
+    return (forced.get((n, k, int(silu))) or TILES.get((n, k, silu)) or forced.get("*")
+            or (TILE_WIDE[silu] if min(n, k) >= 2048 else TILE))
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -146,13 +165,20 @@ def _silu_act():
 
 
 if triton is not None:
+    @triton.jit
+    def _fence():
+        """``fence.acq_rel.gpu`` (the split-K hand-over: a program's partial sums reach L2 before it counts in)."""
+        tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
     @triton.jit(do_not_specialize=["M"])
-    def _kernel(x, w, y, M, N, K, sx, sy, SILU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                USE_GDC: tl.constexpr, PER_LINE: tl.constexpr, LINES: tl.constexpr):
-        # programs run M-tile fastest: the row tiles of one weight block run side by side (L2)
+    def _kernel(x, w, y, ws, cnt, M, N, K, sx, sy, KS, SILU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr, SPLIT: tl.constexpr, FENCE: tl.constexpr, USE_GDC: tl.constexpr,
+                PER_LINE: tl.constexpr, LINES: tl.constexpr):
+        # programs run M-tile fastest, then the K split: the row tiles of one weight block run side by side (L2)
         pid = tl.program_id(0)
         num_m = tl.cdiv(M, BM)
-        pid_m, pid_n = pid % num_m, pid // num_m
+        pid_m, rest = pid % num_m, pid // num_m
+        pid_s, pid_n = rest % SPLIT, rest // SPLIT
         rm = pid_m * BM + tl.arange(0, BM)
         mm = rm < M
         rn = pid_n * BN + tl.arange(0, BN)
@@ -169,22 +195,50 @@ if triton is not None:
         if SILU:
             acc_up = tl.zeros([BM, BN], dtype=tl.float32)
         rk = tl.arange(0, BK)
-        for k0 in range(0, K, BK):
+        k_end = tl.minimum(K, (pid_s + 1) * KS)
+        for k0 in range(pid_s * KS, k_end, BK):
             kk = k0 + rk
-            a = tl.load(x + rm[:, None] * sx + kk[None, :], mask=mm[:, None] & (kk[None, :] < K), other=0.0)
-            wm = mn[None, :] & (kk[:, None] < K)
+            a = tl.load(x + rm[:, None] * sx + kk[None, :], mask=mm[:, None] & (kk[None, :] < k_end), other=0.0)
+            wm = mn[None, :] & (kk[:, None] < k_end)
             b = tl.load(w + rn[None, :] * K + kk[:, None], mask=wm, other=0.0)
             acc = tl.dot(a, b, acc)
             if SILU:  # the up rows follow the N gate rows
                 bu = tl.load(w + (N + rn)[None, :] * K + kk[:, None], mask=wm, other=0.0)
                 acc_up = tl.dot(a, bu, acc_up)
-        if SILU:  # silu(gate) * up, each rounded where the torch ops round
-            gf = acc.to(y.dtype.element_ty).to(tl.float32)
-            act = (gf / (1.0 + tl.exp(-gf))).to(y.dtype.element_ty)
-            out = (act.to(tl.float32) * acc_up.to(y.dtype.element_ty).to(tl.float32)).to(y.dtype.element_ty)
-        else:
-            out = acc.to(y.dtype.element_ty)
-        tl.store(y + rm[:, None] * sy + rn[None, :], out, mask=mm[:, None] & mn[None, :])
+        last = True
+        if SPLIT > 1:  # split K: each program's fp32 partial to the workspace; the tile's last program to count in
+            # sums the partials in split order (the same order whichever program is last) and writes the output
+            cols = 2 * N if SILU else N
+            part = ws + (pid_s * M + rm[:, None]) * cols + rn[None, :]
+            mo = mm[:, None] & mn[None, :]
+            tl.store(part, acc, mask=mo)
+            if SILU:
+                tl.store(part + N, acc_up, mask=mo)
+            if FENCE:
+                _fence()
+            tl.debug_barrier()
+            tile = pid_n * num_m + pid_m
+            last = tl.atomic_add(cnt + tile, 1) == SPLIT - 1
+            if last:
+                tl.store(cnt + tile, 0)  # the counters stay zero between kernels
+                if FENCE:
+                    _fence()
+                base = ws + rm[:, None] * cols + rn[None, :]
+                acc = tl.load(base, mask=mo, other=0.0, cache_modifier=".cg")
+                for s in tl.static_range(1, SPLIT):
+                    acc += tl.load(base + s * M * cols, mask=mo, other=0.0, cache_modifier=".cg")
+                if SILU:
+                    acc_up = tl.load(base + N, mask=mo, other=0.0, cache_modifier=".cg")
+                    for s in tl.static_range(1, SPLIT):
+                        acc_up += tl.load(base + N + s * M * cols, mask=mo, other=0.0, cache_modifier=".cg")
+        if last:
+            if SILU:  # silu(gate) * up, each rounded where the torch ops round
+                gf = acc.to(y.dtype.element_ty).to(tl.float32)
+                act = (gf / (1.0 + tl.exp(-gf))).to(y.dtype.element_ty)
+                out = (act.to(tl.float32) * acc_up.to(y.dtype.element_ty).to(tl.float32)).to(y.dtype.element_ty)
+            else:
+                out = acc.to(y.dtype.element_ty)
+            tl.store(y + rm[:, None] * sy + rn[None, :], out, mask=mm[:, None] & mn[None, :])
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -194,7 +248,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, w: torch.Tensor, silu: bool = False, tile: tuple | None = None) -> torch.Tensor:
     """``x [..., K] @ w.T`` -> ``[..., N]`` in ``x``'s dtype (contiguous); with ``silu`` (``w``: N gate
-    rows, then N up rows) ``silu(gate) * up``. ``w`` contiguous; ``tile``: (BN, BK, warps, stages)."""
+    rows, then N up rows) ``silu(gate) * up``. ``w`` contiguous; ``tile``: (BN, BK, warps, stages[, split])."""
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = _rows(x)
     m = x2.shape[0]
@@ -202,14 +256,37 @@ def linear(x: torch.Tensor, w: torch.Tensor, silu: bool = False, tile: tuple | N
     if w.dim() != 2 or w.shape[1] != k or not w.is_contiguous() or (silu and w.shape[0] % 2):
         raise ValueError(f"fused_layer.linear: weight {tuple(w.shape)} for input features {k}")
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    bn, bk, warps, stages = tile or tile_for(n, k, silu)
+    bn, bk, warps, stages, split = (tuple(tile or tile_for(n, k, silu)) + (1,))[:5]
+    split = split if SPLIT_K else 1
+    ks = triton.cdiv(triton.cdiv(k, max(split, 1)), bk) * bk  # K a split: whole BK blocks
+    split = triton.cdiv(k, ks)  # (none empty)
     per_line, lines = prefetch_lines(w)
-    if m:
-        _kernel[(triton.cdiv(m, BM) * triton.cdiv(n, bn),)](x2, w, y, m, n, k, x2.stride(0), y.stride(0), SILU=silu,
-                                                           BM=BM, BN=bn, BK=bk, num_warps=warps, num_stages=stages,
-                                                           PER_LINE=per_line, LINES=lines,
-                                                           **pdl.options(x2))
+    n_tiles = triton.cdiv(n, bn)
+    # split K: one kernel per chunk of rows whose tiles the counters cover (rows never share a tile's bits)
+    chunk = max(m, 1) if split == 1 else max(COUNTERS // n_tiles, 1) * BM
+    for r0 in range(0, m, chunk):
+        xr, yr = x2[r0:r0 + chunk], y[r0:r0 + chunk]
+        mr = xr.shape[0]
+        ws, cnt = (y, y) if split == 1 else (torch.empty(split, mr, 2 * n if silu else n, dtype=torch.float32,
+                                                         device=x.device), _counters(x.device))
+        _kernel[(triton.cdiv(mr, BM) * n_tiles * split,)](
+            xr, w, yr, ws, cnt, mr, n, k, xr.stride(0), yr.stride(0), ks, SILU=silu, BM=BM, BN=bn, BK=bk,
+            SPLIT=split, FENCE=not pdl.INTERPRETED, num_warps=warps, num_stages=stages,
+            PER_LINE=per_line, LINES=lines, **pdl.options(xr))
     return y.view(*lead, n)
+
+
+_COUNTER_BUFS: dict = {}
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    """The split-K kernels' tile counters on ``device``: zero between kernels (each tile's last program resets
+    its own). One buffer a device: the engine runs its kernels on one stream, one kernel after the other (under
+    PDL a kernel touches them after its wait only)."""
+    buf = _COUNTER_BUFS.get(device)
+    if buf is None:
+        buf = _COUNTER_BUFS[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+    return buf
 
 
 def prefetch_lines(w: torch.Tensor) -> tuple[int, int]:

@@ -81,10 +81,19 @@ COMBINE = 16  # splits the combine sums at once (chunks at fixed multiples)
 # (rows, features) of a combine program: one fixed cut. Each row and feature sums its own splits, but on the GPU the
 # order of tl.sum's tree over a chunk follows the block's shape: a (4, 8) cut for steps of at most 4 rows and (16, 32)
 # for wider ones gave 1-row and verify steps other bits (H200, 2026-12-04: bench --shape qwen3-8b's oracle and
-# device_check's random Qwen3 differed from plain; Triton's interpreter, summing in numpy, saw nothing). The (4, 8)
-# cut made a qwen3-8b 1-row step at context 16,000 7.65 -> 6.94 ms (scripts/ab_flags.py): for every step, not yet
-# measured on verify steps.
-COMBINE_CUT = (16, 32)
+# device_check's random Qwen3 differed from plain; Triton's interpreter, summing in numpy, saw nothing). One (4, 8)
+# cut for every step since 2026-12-04 (fourth) (H200, scripts/ab_flags.py, qwen3-8b shape, ms, against (16, 32): 1-row
+# step 4.97 -> 4.78 at context 512, 6.37 -> 6.07 at 16,000; the padded 16-row step 7.27 -> 7.30 at 16,000; qwen3.5-9b's
+# padded step 5.29 -> 5.31; device_check with it: 0 outputs differing). SPECDEC_COMBINE_CUT sets another.
+def _combine_cut_env() -> tuple[int, int]:
+    raw = os.environ.get("SPECDEC_COMBINE_CUT", "4,8")
+    cuts = ("1,8", "2,8", "4,8", "4,16", "8,16", "8,32", "16,16", "16,32")
+    if raw.replace(" ", "") not in cuts:
+        raise ConfigError(f"SPECDEC_COMBINE_CUT={raw!r}: want rows,features of a combine program, one of {', '.join(cuts)}")
+    return tuple(int(v) for v in raw.split(","))
+
+
+COMBINE_CUT = _combine_cut_env()
 # A span of one split (at most split_keys(d) keys): the split kernel divides and writes the output itself, with
 # no combine launch. The same bits: the combine of one split adds it, weighed exp(0) = 1, to zeros and
 # divides as the split kernel then does (the interpreter test appends dead keys to a one-split span and
