@@ -22,7 +22,8 @@ Variants: ``base`` (every flag off), ``fold`` (SPECDEC_FOLD_RESIDUAL), ``direct`
 its flags on and the others off; ``defaults+split64`` (128, 256, 512): the defaults with SPECDEC_SPLIT_KEYS at
 that value; ``defaults+rowgroups16``: the fused MoE kernels with a program a row (expert_kernel.ROW_GROUPS); ``defaults-wide``
 (fused_layer.WIDE off: 4096-wide and q/k-normed layers back on cuBLAS), ``defaults-split-k`` (fused_layer.SPLIT_K off:
-every GEMM tiling unsplit), ``defaults+pfall`` / ``defaults+pf0``
+every GEMM tiling unsplit), ``defaults-hybrid`` (qwen35.HYBRID_FUSED off: a dense Qwen3.5 target's GEMMs on cuBLAS,
+its steps padded), ``defaults+pfall`` / ``defaults+pf0``
 (fused_layer.PREFETCH_BYTES: whole weights or nothing prefetched into L2), ``defaults+cut4`` / ``+cut16`` (the combine's cut: 4 x 8, the default, or 16 x 32), ``defaults+o2`` / ``+qkv4`` / ``+down4`` (the qwen3-8b shape's GEMMs with K
 split, see SETTINGS). Each
 variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs). The flags are module attributes read as a step
@@ -48,7 +49,8 @@ FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.m
          "fused-moe": ("specdec.models.expert_kernel", "FUSED_MOE"),
          "pipeline": ("specdec.models.split_attention", "PIPELINE"),
          "wide": ("specdec.models.fused_layer", "WIDE"),
-         "split-k": ("specdec.models.fused_layer", "SPLIT_K")}
+         "split-k": ("specdec.models.fused_layer", "SPLIT_K"),
+         "hybrid": ("specdec.models.qwen35", "HYBRID_FUSED")}
 # settings other than on/off, each on top of the defaults: defaults+split64 (SPECDEC_SPLIT_KEYS=64), ...
 SETTINGS = {f"split{n}": ("specdec.models.split_attention", "_SPLIT_ENV", n) for n in (64, 128, 256, 512)}
 SETTINGS["rowgroups16"] = ("specdec.models.expert_kernel", "ROW_GROUPS", 16)  # the MoE kernels: a program a row

@@ -6,6 +6,8 @@
 #                                          #    sweep's best tiles: defaults, defaults-split-k, defaults+cut4
 #   bash scripts/device_splitk.sh tiles    # device_check with split K and the (4, 8) cut; ab_flags: the cut, o / q/k/v /
 #                                          # down split (qwen3-8b, 512 and 16,000; qwen3.5-9b); bench qwen3-8b at 16,000
+#   bash scripts/device_splitk.sh hybrid   # a dense Qwen3.5 on the fused GEMM: device_check (qwen35, qwen35moe), ab_flags
+#                                          # defaults / defaults-hybrid, bench qwen3.5-9b and qwen3-8b at 512
 #   bash scripts/device_splitk.sh final    # bench --shape qwen3-8b (512, 16,000), qwen3.5-9b, smollm2-135m; device_check;
 #                                          # ab_flags: the shipped split K and cut against none / the old cut
 #                                          # on random Llama / Qwen3 with every unnamed weight on split K (TILES_STAR)
@@ -44,6 +46,23 @@ if [ "${1:-}" = tiles ]; then  # split K per weight and the (4, 8) cut in the st
     timeout 90 python scripts/ab_flags.py --shape qwen3.5-9b --context 512 --rounds 3 --no-drafters \
         --variants defaults defaults+cut4 --json $R/ab9b.json > $R/ab9b.log 2>&1
     tail -4 $R/ab9b.log
+    cd $OUT && tar czf r.tgz r && rm -rf r
+    exit 0
+fi
+if [ "${1:-}" = hybrid ]; then  # a dense Qwen3.5 target on the fused GEMM (row-exact): exactness, step, bench
+    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
+    for t in qwen35 qwen35moe; do
+        for m in graphs eager; do
+            timeout 60 python scripts/device_check.py run /tmp/dc --target $t --mode $m --drafters oracle ngram mtp dflash \
+                --prompts 4 --new-tokens 128 --out $R/dc_${t}_$m.json > $R/dc_${t}_$m.log 2>&1
+        done
+    done
+    python scripts/device_check.py compare $R/dc_*.json --out $R/dc_report.json 2>&1 | tail -20
+    timeout 120 python scripts/ab_flags.py --shape qwen3.5-9b --context 512 --rounds 3 \
+        --variants defaults defaults-hybrid --json $R/ab9b.json > $R/ab9b.log 2>&1
+    tail -4 $R/ab9b.log
+    bench qwen3.5-9b 512 --draft-vocab 32768
+    bench qwen3-8b 512
     cd $OUT && tar czf r.tgz r && rm -rf r
     exit 0
 fi

@@ -155,3 +155,62 @@ def test_pdl_launch_options(monkeypatch):
     monkeypatch.setattr(pdl, "ENABLED", True)
     assert pdl.options(x) == {"USE_GDC": False}
 
+
+
+@pytest.fixture(scope="module")
+def hybrids(tmp_path_factory):
+    """Tiny random Qwen3.5 targets (dense, MoE), loaded from HF checkpoints."""
+    from _qwen35_util import hf_model
+    out = {}
+    for kind in ("dense", "moe"):
+        path = str(tmp_path_factory.mktemp(f"q35_{kind}"))
+        hf_model(kind, seed=6).save_pretrained(path)
+        out[kind] = load_model(path, "cpu", tokenizer=False).model
+    return out
+
+
+def test_hybrid_layers_take_it_dense_only(hybrids, monkeypatch):
+    """Qwen3.5's dense layers (Gated DeltaNet and gated attention) take the fused path, a MoE target's do not; on
+    the fused path (the CPU standing in for CUDA) the dense target is row-exact: its plain steps are 1-row."""
+    dense, moe = hybrids["dense"], hybrids["moe"]
+    assert all(layer.fused_path for layer in dense.layers) and not any(layer.fused_path for layer in moe.layers)
+    from specdec.models import qwen35
+    monkeypatch.setattr(qwen35, "HYBRID_FUSED", False)
+    assert not any(fused_layer.eligible(layer) for layer in dense.layers)
+
+
+def test_hybrid_forward_on_the_fused_path(hybrids, fused_on):
+    """Each layer's five GEMMs (q/k/v + gate or the DeltaNet's in-projections, o_proj or out_proj, gate/up with
+    SwiGLU, down_proj) on the kernel: a forward, a batched one and a captured layer's bits as the unfused path's."""
+    m = hybrids["dense"]
+    ids = torch.randint(m.config.vocab_size, (9,), generator=torch.Generator().manual_seed(1))
+    cap = (0, 2, len(m.layers) - 1)
+    outs = []
+    for on in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            if not on:
+                mp.setattr(fused_layer, "usable", lambda x: False)
+            one = m.forward(ids, m.new_cache(32), capture=cap)
+            batched = m.forward_batch_train(torch.stack([ids, ids.flip(0)]), capture=cap)
+            outs.append((one, batched))
+    (a, ab), (b, bb) = outs
+    assert len(fused_on) == 2 * 4 * len(m.layers) and fused_on.count(True) == 2 * len(m.layers)
+    for x, y in ((a.logits, b.logits), (a.hidden, b.hidden), (a.captured, b.captured),
+                 (ab.hidden, bb.hidden), (ab.captured, bb.captured)):
+        assert torch.equal(x, y), (x - y).abs().max()
+
+
+def test_hybrid_speculative_equals_plain_on_the_fused_path(hybrids, fused_on, monkeypatch):
+    """Accepted and rolled-back oracle drafts on the fused path: the output is plain decoding's; the target says it
+    is row-exact there, so the generator's plain steps are 1-row (no padding)."""
+    m = hybrids["dense"]
+    monkeypatch.setattr(type(m), "row_exact", lambda self: all(layer.fused_path for layer in self.layers))
+    prompt = torch.randint(m.config.vocab_size, (7,), generator=torch.Generator().manual_seed(2)).tolist()
+    ref = plain_generate(m, prompt, 24).token_ids
+    drafter = SpoiledOracle(prompt + ref, m.config.vocab_size, spoil=0.3, seed=3)
+    gen = SpeculativeGenerator(m, drafter, 4, batch_invariant=True)
+    assert gen.row_exact and gen.pad_to == 5  # verify steps of k + 1 rows; plain steps of 1 row:
+    assert SpeculativeGenerator(m, None, 0, batch_invariant=True).pad_to is None
+    res = gen.generate(prompt, 24, SamplingParams())
+    assert sum(res.stats.accepted) > 0 and res.token_ids == ref
+    assert fused_on

@@ -218,9 +218,13 @@ class GatedDeltaNet(nn.Module):
         if self._fused is None:
             self._fused = fuse_linears(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(self, x: torch.Tensor, linear=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x [..., hidden]`` -> ``in_proj_qkv, in_proj_z, in_proj_b, in_proj_a`` of it: one GEMM once
-        fused (column slices of its output), else four."""
+        fused (column slices of its output), else four. ``linear(x, w)``: the GEMM (the fused layers' kernel,
+        ``fused_layer.linear``: the fused weight always); None: ``F.linear``."""
+        if linear is not None:
+            w, _, sizes = self._fused
+            return linear(x, w).split(sizes, dim=-1)
         if self._fused is not None and FUSED_PROJ:
             w, _, sizes = self._fused
             return F.linear(x, w).split(sizes, dim=-1)
@@ -263,14 +267,17 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         return q, k, v, g, beta
 
-    def finish(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    def finish(self, o: torch.Tensor, z: torch.Tensor, linear=None) -> torch.Tensor:
         """Recurrence output ``o [..., Hv, dv]`` (fp32) and the gate ``z [..., Hv * dv]`` (``in_proj_z``'s
-        output) -> gated norm -> ``out_proj``: ``[..., hidden]``."""
+        output) -> gated norm -> ``out_proj``: ``[..., hidden]`` (``linear``: see :meth:`project`)."""
         lead = z.shape[:-1]
         z = z.unflatten(-1, (self.hv, self.dv))
-        return self.out_proj(self.norm(o.to(z.dtype), z).reshape(*lead, -1))
+        return self._out(self.norm(o.to(z.dtype), z).reshape(*lead, -1), linear)
 
-    def forward(self, x: torch.Tensor, ctx, cache: LinearAttnCache) -> torch.Tensor:
+    def _out(self, y: torch.Tensor, linear=None) -> torch.Tensor:
+        return self.out_proj(y) if linear is None else linear(y, self.out_proj.weight)
+
+    def forward(self, x: torch.Tensor, ctx, cache: LinearAttnCache, linear=None) -> torch.Tensor:
         """``ctx.start``: an int (eager), or a 0-d device tensor in a static (CUDA-graph) step, where
         the live state is selected on the device and the caller does the Python bookkeeping.
         ``x [b, T, hidden]``: a batched step (:meth:`forward_batch`).
@@ -278,18 +285,19 @@ class GatedDeltaNet(nn.Module):
         Forwards that keep per-position snapshots (decode and verify steps, which may be rolled
         back) and 1-token forwards use the recurrent form, whose per-position arithmetic does not
         depend on the row: a position verified at row 3 gets the bits it gets at row 0 in plain
-        decoding. Longer forwards without snapshots (prefill) use the chunked form."""
+        decoding. Longer forwards without snapshots (prefill) use the chunked form. ``linear``: the in- and
+        out-projections' GEMM (see :meth:`project`)."""
         if x.dim() == 3:
-            return self.forward_batch(x, ctx, cache)
+            return self.forward_batch(x, ctx, cache, linear)
         t = x.shape[0]
         start = ctx.start
         static = isinstance(start, torch.Tensor)
         keep = ctx.snapshots and cache.keeps_snapshots(t)
         if keep:
             cache.reserve_rows(t)
-        proj, z, b, a = self.project(x)
+        proj, z, b, a = self.project(x, linear)
         if keep and FUSED_STEP and delta_kernel.step_kernels_available(x, self.dk, self.dv):
-            o = self.step_fused(proj, z, b, a, cache, ctx.live)
+            o = self.step_fused(proj, z, b, a, cache, ctx.live, linear)
             if not static:
                 cache.commit(start, t, keep)
             return o
@@ -305,10 +313,10 @@ class GatedDeltaNet(nn.Module):
         cache.write(full, states if keep else states[-1:], state0, keep)
         if not static:
             cache.commit(start, t, keep)
-        return self.finish(o, z)
+        return self.finish(o, z, linear)
 
     def step_fused(self, proj: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, cache: LinearAttnCache,
-                   live: torch.Tensor | None = None) -> torch.Tensor:
+                   live: torch.Tensor | None = None, linear=None) -> torch.Tensor:
         """A snapshot step (decode, verify) on :mod:`delta_kernel`'s step kernels, from the step's
         in-projections (:meth:`project`): the same values as
         the torch form up to rounding, written into ``cache`` as :meth:`LinearAttnCache.write` would
@@ -318,13 +326,13 @@ class GatedDeltaNet(nn.Module):
             proj, cache.conv, cache.cur_t, self.conv_weight_fp32(), b, a,
             self.A_log, self.dt_bias, self.hk, self.hv, self.dk, self.dv)
         o = delta_kernel.recurrent_into_cache(q, k, v, g, beta, cache.states, cache.cur_t, live)
-        return self.out_proj(delta_kernel.gated_norm(o, z, self.norm.weight, self.norm.eps))
+        return self._out(delta_kernel.gated_norm(o, z, self.norm.weight, self.norm.eps), linear)
 
     def conv_weight_fp32(self) -> torch.Tensor:
         """``conv1d.weight`` as ``[C, K]`` fp32, remade when the weight changes (``layers.derived_weight``)."""
         return derived_weight(self, "_conv_w", self.conv1d.weight, lambda w: w[:, 0].float().contiguous())
 
-    def forward_batch(self, x: torch.Tensor, ctx, cache) -> torch.Tensor:
+    def forward_batch(self, x: torch.Tensor, ctx, cache, linear=None) -> torch.Tensor:
         """Rows ``x [b, T, hidden]``, row ``r`` continuing its slot's sequence (``ctx.start``, a
         :class:`~specdec.cache.BatchWrite`, with a :class:`BatchLinearCache`), or whole sequences
         from position 0 without a cache (``ctx.start`` None: training features).
@@ -341,7 +349,7 @@ class GatedDeltaNet(nn.Module):
             state0 = x.new_zeros(b, self.hv, self.dk, self.dv, dtype=torch.float32)
         else:
             window, state0 = cache.read(w)
-        proj, z, bo, ao = self.project(x)
+        proj, z, bo, ao = self.project(x, linear)
         mixed, full = self.conv(window, proj)
         q, k, v, g, beta = self.gates(mixed, bo, ao)  # [b, T, Hv, ...]
         heads = b * self.hv
@@ -350,7 +358,7 @@ class GatedDeltaNet(nn.Module):
             o, states = recurrent_step_form(*pm, state0.reshape(heads, self.dk, self.dv))  # position-major
             o = o.view(t, b, self.hv, self.dv).transpose(0, 1)
             cache.stage(w, full, states.view(t, b, self.hv, self.dk, self.dv).transpose(0, 1), state0)
-            return self.finish(o, z)
+            return self.finish(o, z, linear)
         if w is not None:
             real = (torch.arange(t, device=x.device)[None, :] < w.commit[:, None])[..., None]  # [b, T, 1]
             g, beta = g * real, beta * real
@@ -358,4 +366,4 @@ class GatedDeltaNet(nn.Module):
         o, s = chunked_gated_delta(*hm, state0.reshape(heads, self.dk, self.dv), self.chunk_size)
         if w is not None:
             cache.store(w, full, s[-1].view(b, self.hv, self.dk, self.dv))
-        return self.finish(o.view(b, self.hv, t, self.dv).transpose(1, 2), z)
+        return self.finish(o.view(b, self.hv, t, self.dv).transpose(1, 2), z, linear)

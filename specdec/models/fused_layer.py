@@ -142,7 +142,10 @@ def eligible(layer) -> bool:
     """Whether a ``llama.DenseDecoderLayer`` has what these kernels compute: no biases, no output gate, one
     process (no shard), fused projections, contiguous weights; a q/k norm (Qwen3) or a hidden size past
     MAX_HIDDEN only with WIDE.
-    The config's question only: whether a forward runs the kernels is :func:`usable`'s."""
+    The config's question only: whether a forward runs the kernels is :func:`usable`'s. A layer of another kind
+    answers itself (``fused_eligible``: Qwen3.5's hybrid layers)."""
+    if hasattr(layer, "fused_eligible"):
+        return layer.fused_eligible()
     a, mlp = layer.self_attn, layer.mlp
     return ((a.q_norm is None or WIDE) and not a.gated and a._fused is not None
             and a._fused[1] is None and type(a.o_proj) is torch.nn.Linear and a.o_proj.bias is None

@@ -20,6 +20,7 @@ value heads, and the SwiGLU block are split (:class:`~specdec.models.layers.Atte
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,7 @@ from ..cache import KVCache, LinearAttnCache
 from ..config import ModelConfig
 from ..errors import ConfigError
 from ..parallel.tp import Shard
+from . import base, fused_layer
 from .base import CausalLM, StepContext
 from .deltanet import GatedDeltaNet
 from .layers import Attention, RMSNorm, SwiGLU
@@ -40,6 +42,10 @@ __all__ = ["Qwen35Config", "Qwen35MoeConfig", "FullAttentionDecoderLayer", "Line
            "SparseMoeBlock", "Qwen35ForCausalLM", "Qwen35MoeForCausalLM", "checkpoint_view"]
 
 LAYER_TYPES = ("linear_attention", "full_attention")
+# A dense target's layers on fused_layer's GEMM (q/k/v + gate, o_proj, the DeltaNet's in- and out-projections, gate/up +
+# SwiGLU, down_proj) in the forwards fused_layer.runs picks: with its LM head there too, the target is row-exact and
+# plain decoding runs 1-row steps instead of 16-row padded ones. SPECDEC_FUSED_HYBRID=0: cuBLAS, padded steps.
+HYBRID_FUSED = os.environ.get("SPECDEC_FUSED_HYBRID", "1") != "0"
 
 
 @dataclass
@@ -130,10 +136,37 @@ def _ffn(mlp: nn.Module, h: torch.Tensor, ctx: StepContext) -> torch.Tensor:
 class _HybridLayer(nn.Module):
     """A Qwen3.5 decoder layer: input norm, the token mixer (:meth:`_mix`: full attention or a Gated DeltaNet),
     the residual add and post-mixer norm, the FFN. Subclasses build ``input_layernorm``,
-    ``post_attention_layernorm`` and ``mlp`` and say how they mix."""
+    ``post_attention_layernorm`` and ``mlp`` and say how they mix (:meth:`_mix`, and with the fused layers'
+    GEMM, :meth:`_mix_fused`)."""
+
+    fused_path = False  # fused_layer's GEMM on CUDA (set by Qwen35ForCausalLM.fuse_projections, dense only)
 
     def _mix(self, h: torch.Tensor, ctx: StepContext, cache) -> torch.Tensor:
         raise NotImplementedError
+
+    def _mix_fused(self, h: torch.Tensor, ctx: StepContext, cache) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _mixer_eligible(self) -> bool:
+        raise NotImplementedError
+
+    def fused_eligible(self) -> bool:
+        """Whether :meth:`forward_fused` can run this layer (``fused_layer.eligible``'s question for a hybrid layer):
+        a dense SwiGLU FFN with fused gate/up and no biases, one process, the mixer's projections fused and
+        contiguous without biases, wider than ``fused_layer.MAX_HIDDEN`` only with ``fused_layer.WIDE``."""
+        mlp = self.mlp
+        return (HYBRID_FUSED and type(mlp) is SwiGLU and mlp._fused is not None and mlp._fused[1] is None
+                and type(mlp.down_proj) is nn.Linear and mlp.down_proj.bias is None and mlp.down_proj.weight.is_contiguous()
+                and (self.config.hidden_size <= fused_layer.MAX_HIDDEN or fused_layer.WIDE) and self._mixer_eligible())
+
+    def forward_fused(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: StepContext, cache
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward_folded` with every GEMM on ``fused_layer.linear`` (a row's bits its own at any row count;
+        routed by ``base.run_layers`` where ``fused_layer.runs``)."""
+        x, h = self.input_layernorm.add(x, delta)
+        x, h = self.post_attention_layernorm.add(x, self._mix_fused(h, ctx, cache))
+        mlp = self.mlp
+        return x, fused_layer.linear(fused_layer.linear(h, mlp._fused[0], silu=True), mlp.down_proj.weight)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, cache) -> torch.Tensor:
         x, h = self.post_attention_layernorm.add(x, self._mix(self.input_layernorm(x), ctx, cache))
@@ -174,6 +207,16 @@ class FullAttentionDecoderLayer(_HybridLayer):
     def _mix(self, h: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
         return self.self_attn(h, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
 
+    def _mix_fused(self, h: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
+        a = self.self_attn
+        heads = a.split_qkv(fused_layer.linear(h, a._fused[0]))
+        return fused_layer.linear(a.attend_heads(heads, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask), a.o_proj.weight)
+
+    def _mixer_eligible(self) -> bool:
+        a = self.self_attn
+        return (a._fused is not None and a._fused[1] is None and a._fused[0].is_contiguous()
+                and type(a.o_proj) is nn.Linear and a.o_proj.bias is None and a.o_proj.weight.is_contiguous())
+
 
 class LinearAttentionDecoderLayer(_HybridLayer):
     """Gated DeltaNet (``linear_attn.*``) + FFN, with a :class:`LinearAttnCache` (of this rank's
@@ -181,6 +224,7 @@ class LinearAttentionDecoderLayer(_HybridLayer):
 
     def __init__(self, c: Qwen35Config, moe: bool, shard: Shard | None = None):
         super().__init__()
+        self.config = c
         self.input_layernorm = _norm(c)
         self.linear_attn = GatedDeltaNet(c.hidden_size, c.linear_num_key_heads, c.linear_num_value_heads,
                                          c.linear_key_head_dim, c.linear_value_head_dim, c.linear_conv_kernel_dim,
@@ -193,6 +237,14 @@ class LinearAttentionDecoderLayer(_HybridLayer):
 
     def _mix(self, h: torch.Tensor, ctx: StepContext, cache: LinearAttnCache) -> torch.Tensor:
         return self.linear_attn(h, ctx, cache)
+
+    def _mix_fused(self, h: torch.Tensor, ctx: StepContext, cache: LinearAttnCache) -> torch.Tensor:
+        return self.linear_attn(h, ctx, cache, linear=fused_layer.linear)
+
+    def _mixer_eligible(self) -> bool:
+        d = self.linear_attn
+        return (d._fused is not None and d._fused[0].is_contiguous() and type(d.out_proj) is nn.Linear
+                and d.out_proj.bias is None and d.out_proj.weight.is_contiguous())
 
 
 class Qwen35ForCausalLM(CausalLM):
@@ -216,6 +268,20 @@ class Qwen35ForCausalLM(CausalLM):
     @classmethod
     def zero_centered_norms(cls) -> bool:
         return True
+
+    def fuse_projections(self) -> None:
+        super().fuse_projections()
+        for layer in self.layers:  # every layer or none: eligibility depends on the config only
+            layer.fused_path = fused_layer.eligible(layer)
+
+    def row_exact(self) -> bool:
+        """As :meth:`LlamaForCausalLM.row_exact`: every layer on the fused GEMM (dense targets; a MoE target's
+        layers are not), one process, CUDA in bf16/fp16; the Gated DeltaNet's step kernels, the gated attention's
+        norms, RoPE write and split attention already give a row its bits at any row count."""
+        w = self.embed_tokens.weight
+        return (base.ROW_EXACT and fused_layer.ENABLED and fused_layer.triton is not None and self.shard is None
+                and w.is_cuda and w.dtype in (torch.bfloat16, torch.float16) and bool(self.layers)
+                and all(layer.fused_path for layer in self.layers))
 
     def make_layer_cache(self, i: int, max_len: int, dtype: torch.dtype, device):
         layer = self.layers[i]
