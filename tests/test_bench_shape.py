@@ -259,7 +259,7 @@ def test_plain_step_rows_follow_the_padding(monkeypatch):
 
     def build(*a, **kw):
         m = real(*a, **kw)
-        m.row_exact = lambda: exact[0]
+        m.row_exact = lambda rows=1: exact[0]
         return m
     monkeypatch.setattr(bs, "build_shape", build)
     kw = dict(device="cpu", reps=1, context=16, new_tokens=4, drafters=False)

@@ -204,7 +204,7 @@ def test_hybrid_speculative_equals_plain_on_the_fused_path(hybrids, fused_on, mo
     """Accepted and rolled-back oracle drafts on the fused path: the output is plain decoding's; the target says it
     is row-exact there, so the generator's plain steps are 1-row (no padding)."""
     m = hybrids["dense"]
-    monkeypatch.setattr(type(m), "row_exact", lambda self: all(layer.fused_path for layer in self.layers))
+    monkeypatch.setattr(type(m), "row_exact", lambda self, rows=1: all(fused_layer.runs(layer, rows) for layer in self.layers))
     prompt = torch.randint(m.config.vocab_size, (7,), generator=torch.Generator().manual_seed(2)).tolist()
     ref = plain_generate(m, prompt, 24).token_ids
     drafter = SpoiledOracle(prompt + ref, m.config.vocab_size, spoil=0.3, seed=3)

@@ -36,7 +36,7 @@ def test_row_exact_target_runs_unpadded_steps(monkeypatch):
     prompt = torch.randint(0, 90, (21,), generator=torch.Generator().manual_seed(0)).tolist() * 2
     want = SpeculativeGenerator(m, None, 0, batch_invariant=True).generate(prompt, 30).token_ids
     assert set(rows) == {STEP_ROWS}  # padded: every step 16 rows
-    monkeypatch.setattr(m, "row_exact", lambda: True, raising=False)
+    monkeypatch.setattr(m, "row_exact", lambda rows=1: True, raising=False)
     for drafter, k in ((None, 0), (NgramDrafter(), 3)):
         g = SpeculativeGenerator(m, drafter, k, batch_invariant=True)
         assert g.row_exact and g.pad_to == (k + 1 if k else None) and g.chunk_rows == STEP_ROWS and g.static
@@ -71,3 +71,20 @@ def test_only_the_targets_own_steps_ask_for_the_exact_head(monkeypatch):
     asked.clear()
     SpeculativeGenerator(m, drafter, 3, batch_invariant=True).generate(list(range(1, 9)), 8)
     assert True in asked and False in asked
+
+
+def test_verify_steps_past_the_wide_layers_rows_are_not_row_exact(monkeypatch):
+    """A layer past fused_layer.MAX_HIDDEN takes the kernels in forwards of up to WIDE_ROWS rows a sequence only: a
+    verify step of more rows would run it on cuBLAS, so such a generator is not row-exact (it pads, or warns)."""
+    from specdec.models import fused_layer
+    m = tiny_llama(max_pos=256)
+    monkeypatch.setattr(fused_layer, "MAX_HIDDEN", 8)  # the tiny model is wider: its layers are "wide"
+    monkeypatch.setattr(base, "ROW_EXACT", True)
+    monkeypatch.setattr(fused_layer, "on_device", lambda w: True)  # CUDA weights and Triton, as far as the question goes
+    monkeypatch.setattr(fused_layer, "triton", fused_layer.triton or object())
+    for layer in m.layers:
+        layer.fused_path = True
+    wr = fused_layer.WIDE_ROWS
+    assert m.row_exact() and m.row_exact(wr) and not m.row_exact(wr + 1)
+    assert SpeculativeGenerator(m, NgramDrafter(), wr - 1, batch_invariant=True).row_exact
+    assert not SpeculativeGenerator(m, NgramDrafter(), wr, batch_invariant=True).row_exact

@@ -23,7 +23,7 @@ N = 30
 @pytest.fixture
 def model(monkeypatch):
     m = tiny_llama(max_pos=1024)
-    monkeypatch.setattr(m, "row_exact", lambda: True, raising=False)  # CPU weights: forced
+    monkeypatch.setattr(m, "row_exact", lambda rows=1: True, raising=False)  # CPU weights: forced
     monkeypatch.setattr(graphs, "split_kernel_attends", lambda model: True)  # its torch form stands in (below)
     return m
 
@@ -105,13 +105,13 @@ def test_the_chain_hands_its_token_to_the_other_spans_step(model, monkeypatch):
 
 def test_only_row_exact_targets_over_long_caches_take_short_spans(monkeypatch):
     m = tiny_llama(max_pos=1024)
-    monkeypatch.setattr(m, "row_exact", lambda: True, raising=False)
+    monkeypatch.setattr(m, "row_exact", lambda rows=1: True, raising=False)
     assert not graphs.split_kernel_attends(m)  # the CPU: no split kernel, no short spans
     assert GraphedTarget(m, m.new_cache(600, spare=16), use_graphs=False).short_span is None
-    monkeypatch.setattr(m, "row_exact", lambda: False, raising=False)
+    monkeypatch.setattr(m, "row_exact", lambda rows=1: False, raising=False)
     monkeypatch.setattr(graphs, "split_kernel_attends", lambda model: True)
     assert GraphedTarget(m, m.new_cache(600, spare=16), use_graphs=False).short_span is None  # not row-exact
-    monkeypatch.setattr(m, "row_exact", lambda: True, raising=False)
+    monkeypatch.setattr(m, "row_exact", lambda rows=1: True, raising=False)
     assert GraphedTarget(m, m.new_cache(SPLIT - 20, spare=16), use_graphs=False).short_span is None  # one split
     assert GraphedTarget(m, m.new_cache(600, spare=16), use_graphs=False).short_span == SPLIT
     assert GraphedTarget(m, m.new_cache(600, spare=16), use_graphs=False, compile=True).short_span is None

@@ -182,7 +182,8 @@ class SpeculativeGenerator:
         # every step padded to STEP_ROWS rows: identical kernels for decode and verify (see graphs.py); a
         # row-exact target (base.ROW_EXACT) computes a row's bits alike at any row count: unpadded static steps
         # (its prefill keeps STEP_ROWS-row chunks)
-        self.row_exact = bool(batch_invariant) and not self.compile and target.row_exact()
+        # (steps up to the k+1 rows of a verify step: a layer past fused_layer.MAX_HIDDEN runs the kernels up to WIDE_ROWS)
+        self.row_exact = bool(batch_invariant) and not self.compile and target.row_exact(self.k + 1)
         if self.row_exact:
             # verify steps of fewer tokens (the last of an output) padded to the k+1 rows of every other one: one
             # captured step, not one per row count (captured mid-generation, they cost more than they save;

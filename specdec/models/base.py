@@ -167,9 +167,9 @@ class CausalLM(nn.Module):
         logits = torch.nn.functional.linear(h, w).float()
         return logits if self.shard is None else gather_vocab(logits, self.shard, self.config.vocab_size)
 
-    def row_exact(self) -> bool:
-        """Whether every kernel of this model's CUDA steps gives a row the same bits at any row count
-        (see ROW_EXACT): families with fused layers say so (:class:`~.llama.LlamaForCausalLM`)."""
+    def row_exact(self, rows: int = 1) -> bool:
+        """Whether every kernel of this model's CUDA steps of up to ``rows`` rows a sequence gives a row the same bits
+        at any such row count (see ROW_EXACT): families with fused layers say so (:class:`~.llama.LlamaForCausalLM`)."""
         return False
 
     def head(self, h: torch.Tensor, exact: bool = True) -> torch.Tensor:

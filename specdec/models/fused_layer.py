@@ -162,6 +162,18 @@ def runs(layer, rows: int) -> bool:
     return getattr(layer, "fused_path", False) and (rows <= WIDE_ROWS or layer.config.hidden_size <= MAX_HIDDEN)
 
 
+def model_runs(model, rows: int = 1) -> bool:
+    """Whether ``model``'s every layer runs the kernels in forwards of up to ``rows`` rows a sequence (:func:`runs`),
+    one process, its weights on CUDA in bf16/fp16 (:func:`on_device`): the kernels' part of ``row_exact``."""
+    return (ENABLED and triton is not None and model.shard is None and on_device(model.embed_tokens.weight)
+            and bool(model.layers) and all(runs(layer, rows) for layer in model.layers))
+
+
+def on_device(w: torch.Tensor) -> bool:
+    """A weight the kernels take: on CUDA, in bf16 or fp16."""
+    return w.is_cuda and w.dtype in (torch.bfloat16, torch.float16)
+
+
 def _silu_act():
     from .layers import SwiGLU
     return SwiGLU.act

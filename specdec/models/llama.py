@@ -105,12 +105,10 @@ class LlamaForCausalLM(CausalLM):
         for layer in self.layers:  # every layer or none: eligibility depends on the config only
             layer.fused_path = fused_layer.eligible(layer)
 
-    def row_exact(self) -> bool:
-        """With ``base.ROW_EXACT``: every layer on the fused kernels (on CUDA in bf16/fp16), one process."""
-        w = self.embed_tokens.weight
-        return (base.ROW_EXACT and fused_layer.ENABLED and fused_layer.triton is not None and self.shard is None
-                and w.is_cuda and w.dtype in (torch.bfloat16, torch.float16) and bool(self.layers)
-                and all(layer.fused_path for layer in self.layers))
+    def row_exact(self, rows: int = 1) -> bool:
+        """With ``base.ROW_EXACT``: every layer on the fused kernels (on CUDA in bf16/fp16) in steps of up to ``rows``
+        rows a sequence (``fused_layer.runs``: a layer past MAX_HIDDEN takes them up to WIDE_ROWS only), one process."""
+        return base.ROW_EXACT and fused_layer.model_runs(self, rows)
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):

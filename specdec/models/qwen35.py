@@ -274,14 +274,11 @@ class Qwen35ForCausalLM(CausalLM):
         for layer in self.layers:  # every layer or none: eligibility depends on the config only
             layer.fused_path = fused_layer.eligible(layer)
 
-    def row_exact(self) -> bool:
-        """As :meth:`LlamaForCausalLM.row_exact`: every layer on the fused GEMM (dense targets; a MoE target's
-        layers are not), one process, CUDA in bf16/fp16; the Gated DeltaNet's step kernels, the gated attention's
-        norms, RoPE write and split attention already give a row its bits at any row count."""
-        w = self.embed_tokens.weight
-        return (base.ROW_EXACT and fused_layer.ENABLED and fused_layer.triton is not None and self.shard is None
-                and w.is_cuda and w.dtype in (torch.bfloat16, torch.float16) and bool(self.layers)
-                and all(layer.fused_path for layer in self.layers))
+    def row_exact(self, rows: int = 1) -> bool:
+        """As :meth:`LlamaForCausalLM.row_exact`: every layer on the fused GEMM in steps of up to ``rows`` rows (dense
+        targets; a MoE target's layers are not), one process, CUDA in bf16/fp16; the Gated DeltaNet's step kernels,
+        the gated attention's norms, RoPE write and split attention already give a row its bits at any row count."""
+        return base.ROW_EXACT and fused_layer.model_runs(self, rows)
 
     def make_layer_cache(self, i: int, max_len: int, dtype: torch.dtype, device):
         layer = self.layers[i]
