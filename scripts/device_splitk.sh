@@ -8,6 +8,8 @@
 #                                          # down split (qwen3-8b, 512 and 16,000; qwen3.5-9b); bench qwen3-8b at 16,000
 #   bash scripts/device_splitk.sh hybrid   # a dense Qwen3.5 on the fused GEMM: device_check (qwen35, qwen35moe), ab_flags
 #                                          # defaults / defaults-hybrid, bench qwen3.5-9b and qwen3-8b at 512
+#   bash scripts/device_splitk.sh moe      # device_check on random Llama, Qwen3 (split K forced), Qwen3.5 dense and MoE;
+#                                          # ab_flags qwen3.5-35b-a3b defaults / defaults-hybrid; its bench
 #   bash scripts/device_splitk.sh final    # bench --shape qwen3-8b (512, 16,000), qwen3.5-9b, smollm2-135m; device_check;
 #                                          # ab_flags: the shipped split K and cut against none / the old cut
 #                                          # on random Llama / Qwen3 with every unnamed weight on split K (TILES_STAR)
@@ -63,6 +65,25 @@ if [ "${1:-}" = hybrid ]; then  # a dense Qwen3.5 target on the fused GEMM (row-
     tail -4 $R/ab9b.log
     bench qwen3.5-9b 512 --draft-vocab 32768
     bench qwen3-8b 512
+    cd $OUT && tar czf r.tgz r && rm -rf r
+    exit 0
+fi
+pack() { (cd $OUT && tar czf r.tgz r); }  # after every stage: a run cut short still brings back what it measured
+if [ "${1:-}" = moe ]; then  # the last tree: device_check on every random target; the MoE shape row-exact
+    SPECDEC_FUSED_LAYER_TILES="$TILES_STAR" python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
+    for t in llama qwen3 qwen35 qwen35moe; do
+        for m in graphs eager; do
+            SPECDEC_FUSED_LAYER_TILES="$TILES_STAR" timeout 45 python scripts/device_check.py run /tmp/dc --target $t \
+                --mode $m --drafters oracle ngram mtp dflash --prompts 4 --new-tokens 128 --out $R/dc_${t}_$m.json > /dev/null 2>&1
+        done
+    done
+    python scripts/device_check.py compare $R/dc_*.json --out $R/dc_report.json 2>&1 | tail -3
+    pack
+    timeout 130 python scripts/ab_flags.py --shape qwen3.5-35b-a3b --context 512 --rounds 3 --no-drafters \
+        --variants defaults defaults-hybrid --json $R/ab35b.json > $R/ab35b.log 2>&1
+    tail -4 $R/ab35b.log
+    pack
+    bench qwen3.5-35b-a3b 512 --draft-vocab 32768
     cd $OUT && tar czf r.tgz r && rm -rf r
     exit 0
 fi

@@ -52,15 +52,16 @@ def _perturb(model: torch.nn.Module, seed: int) -> None:
                 p.add_(torch.randn(p.shape, generator=g) * 0.2)
 
 
-def hf_model(kind: str, seed: int = 0):
-    """A tiny random transformers ``Qwen3_5ForCausalLM`` / ``Qwen3_5MoeForCausalLM`` (fp32, eval)."""
+def hf_model(kind: str, seed: int = 0, **over):
+    """A tiny random transformers ``Qwen3_5ForCausalLM`` / ``Qwen3_5MoeForCausalLM`` (fp32, eval); ``over``: config
+    fields changed."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig
 
     torch.manual_seed(seed)
     if kind == "dense":
-        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**DENSE))
+        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**DENSE, **over))
     else:
-        model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**MOE))
+        model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**MOE | over))
     _perturb(model, seed)
     return model.eval()
 

@@ -159,30 +159,38 @@ def test_pdl_launch_options(monkeypatch):
 
 @pytest.fixture(scope="module")
 def hybrids(tmp_path_factory):
-    """Tiny random Qwen3.5 targets (dense, MoE), loaded from HF checkpoints."""
+    """Tiny random Qwen3.5 targets (dense, MoE; "moe-wide-shared": a shared expert wider than the routed ones, which
+    the MoE kernels do not take), loaded from HF checkpoints."""
     from _qwen35_util import hf_model
     out = {}
-    for kind in ("dense", "moe"):
+    for kind, over in (("dense", {}), ("moe", {"shared_expert_intermediate_size": 32}), ("moe-wide-shared", {})):
         path = str(tmp_path_factory.mktemp(f"q35_{kind}"))
-        hf_model(kind, seed=6).save_pretrained(path)
+        hf_model(kind.split("-")[0], seed=6, **over).save_pretrained(path)
         out[kind] = load_model(path, "cpu", tokenizer=False).model
     return out
 
 
-def test_hybrid_layers_take_it_dense_only(hybrids, monkeypatch):
-    """Qwen3.5's dense layers (Gated DeltaNet and gated attention) take the fused path, a MoE target's do not; on
-    the fused path (the CPU standing in for CUDA) the dense target is row-exact: its plain steps are 1-row."""
+def test_hybrid_layers_take_it(hybrids, monkeypatch):
+    """Qwen3.5's layers (Gated DeltaNet and gated attention, dense or MoE) take the fused path; a MoE target is
+    row-exact in steps of at most its blocks' fused_rows (the MoE kernels' shape limit: 8 experts top 2 -> 4 rows)."""
     dense, moe = hybrids["dense"], hybrids["moe"]
-    assert all(layer.fused_path for layer in dense.layers) and not any(layer.fused_path for layer in moe.layers)
-    from specdec.models import qwen35
+    assert all(layer.fused_path for layer in dense.layers) and all(layer.fused_path for layer in moe.layers)
+    assert not any(layer.fused_path for layer in hybrids["moe-wide-shared"].layers)
+    from specdec.models import base, qwen35
+    monkeypatch.setattr(base, "ROW_EXACT", True)
+    monkeypatch.setattr(fused_layer, "on_device", lambda w: True)  # CUDA weights and Triton, as far as it asks
+    monkeypatch.setattr(fused_layer, "triton", fused_layer.triton or object())
+    assert dense.row_exact(17) and moe.row_exact(4) and not moe.row_exact(5)
     monkeypatch.setattr(qwen35, "HYBRID_FUSED", False)
-    assert not any(fused_layer.eligible(layer) for layer in dense.layers)
+    assert not any(fused_layer.eligible(layer) for layer in dense.layers + moe.layers)
 
 
-def test_hybrid_forward_on_the_fused_path(hybrids, fused_on):
-    """Each layer's five GEMMs (q/k/v + gate or the DeltaNet's in-projections, o_proj or out_proj, gate/up with
-    SwiGLU, down_proj) on the kernel: a forward, a batched one and a captured layer's bits as the unfused path's."""
-    m = hybrids["dense"]
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_hybrid_forward_on_the_fused_path(hybrids, fused_on, kind):
+    """Each layer's GEMMs (q/k/v + gate or the DeltaNet's in-projections, o_proj or out_proj, gate/up with SwiGLU,
+    down_proj; a MoE block its own) on the kernel: a forward, a batched one and a captured layer's bits as the
+    unfused path's."""
+    m = hybrids[kind]
     ids = torch.randint(m.config.vocab_size, (9,), generator=torch.Generator().manual_seed(1))
     cap = (0, 2, len(m.layers) - 1)
     outs = []
@@ -194,16 +202,18 @@ def test_hybrid_forward_on_the_fused_path(hybrids, fused_on):
             batched = m.forward_batch_train(torch.stack([ids, ids.flip(0)]), capture=cap)
             outs.append((one, batched))
     (a, ab), (b, bb) = outs
-    assert len(fused_on) == 2 * 4 * len(m.layers) and fused_on.count(True) == 2 * len(m.layers)
+    gemms = 4 if kind == "dense" else 2  # the MoE block: the router's GEMM is fused_layer's only where its kernels run
+    assert len(fused_on) == 2 * gemms * len(m.layers) and fused_on.count(True) == (2 * len(m.layers) if kind == "dense" else 0)
     for x, y in ((a.logits, b.logits), (a.hidden, b.hidden), (a.captured, b.captured),
                  (ab.hidden, bb.hidden), (ab.captured, bb.captured)):
         assert torch.equal(x, y), (x - y).abs().max()
 
 
-def test_hybrid_speculative_equals_plain_on_the_fused_path(hybrids, fused_on, monkeypatch):
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_hybrid_speculative_equals_plain_on_the_fused_path(hybrids, fused_on, monkeypatch, kind):
     """Accepted and rolled-back oracle drafts on the fused path: the output is plain decoding's; the target says it
     is row-exact there, so the generator's plain steps are 1-row (no padding)."""
-    m = hybrids["dense"]
+    m = hybrids[kind]
     monkeypatch.setattr(type(m), "row_exact", lambda self, rows=1: all(fused_layer.runs(layer, rows) for layer in self.layers))
     prompt = torch.randint(m.config.vocab_size, (7,), generator=torch.Generator().manual_seed(2)).tolist()
     ref = plain_generate(m, prompt, 24).token_ids

@@ -102,6 +102,7 @@ TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
 # layers): the qwen3-8b shape's tilings by kind (its default TILE took 24.8 against 17.0 us on its q/k/v, 60.8 against
 # 30.1 on its down_proj)
 TILE_WIDE = {False: (64, 256, 4, 4), True: (32, 128, 4, 4)}
+WIDE_PROGRAMS = 128  # (the H100's and H200's 132 SMs)
 _FORCED: dict | None = None
 
 
@@ -128,7 +129,15 @@ def tile_for(n: int, k: int, silu: bool) -> tuple[int, ...]:
     stages[, split])."""
     forced = forced_tiles()
     return (forced.get((n, k, int(silu))) or TILES.get((n, k, silu)) or forced.get("*")
-            or (TILE_WIDE[silu] if min(n, k) >= 2048 else TILE))
+            or (_wide_tile(n, silu) if min(n, k) >= 2048 else TILE))
+
+
+def _wide_tile(n: int, silu: bool) -> tuple[int, ...]:
+    """TILE_WIDE, K split so that the tiles' programs fill about WIDE_PROGRAMS SMs once (at most 4 ways): the qwen3-8b
+    shape's measured best splits (o_proj's 64 tiles 2 ways, down_proj's 64 tiles 2 ways) follow this rule; a 2048-wide
+    layer's 32 tiles (qwen3.5-35b-a3b's o_proj and out_proj) take 4."""
+    bn = TILE_WIDE[silu][0]
+    return TILE_WIDE[silu] + (max(1, min(4, WIDE_PROGRAMS // -(-n // bn))),)
 
 
 def usable(x: torch.Tensor) -> bool:

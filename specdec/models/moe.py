@@ -174,6 +174,19 @@ class SparseMoeBlock(nn.Module):
         return se is None or (se.gate_proj.bias is None and se.down_proj.bias is None
                               and 2 * se.gate_proj.out_features == ex.gate_up_proj.shape[1])
 
+    def fused_rows(self) -> int:
+        """The rows a sequence up to which every forward (captured or eager) of this block on CUDA takes
+        :func:`~specdec.models.expert_kernel.moe` (a row's bits its own at any row count; :meth:`_fused_ready`'s
+        shape limits), 0 where it never does (expert parallelism, GELU experts, the kernels off, a shared expert
+        it cannot take): a row-exact target's steps must stay within it."""
+        ex, se = self.experts, self.shared_expert
+        if not (expert_kernel.FUSED_MOE and expert_kernel.ENABLED and self.shard is None and ex.act is F.silu):
+            return 0
+        if se is not None and not (se.gate_proj.bias is None and se.down_proj.bias is None
+                                   and 2 * se.gate_proj.out_features == ex.gate_up_proj.shape[1]):
+            return 0
+        return min(ex.gather_max_rows, ex.gate_up_proj.shape[0] // self.top_k)
+
     def fuse(self) -> None:
         """The router and the shared expert's gate as one weight ``[E + 1, H]`` (see
         :func:`~specdec.models.layers.fuse_linears`): one GEMM gives the kernels every logit; call after loading."""

@@ -42,9 +42,10 @@ __all__ = ["Qwen35Config", "Qwen35MoeConfig", "FullAttentionDecoderLayer", "Line
            "SparseMoeBlock", "Qwen35ForCausalLM", "Qwen35MoeForCausalLM", "checkpoint_view"]
 
 LAYER_TYPES = ("linear_attention", "full_attention")
-# A dense target's layers on fused_layer's GEMM (q/k/v + gate, o_proj, the DeltaNet's in- and out-projections, gate/up +
-# SwiGLU, down_proj) in the forwards fused_layer.runs picks: with its LM head there too, the target is row-exact and
-# plain decoding runs 1-row steps instead of 16-row padded ones. SPECDEC_FUSED_HYBRID=0: cuBLAS, padded steps.
+# A target's layers on fused_layer's GEMM (q/k/v + gate, o_proj, the DeltaNet's in- and out-projections, gate/up +
+# SwiGLU, down_proj; a MoE block on its own kernels) in the forwards fused_layer.runs picks: with its LM head there too,
+# the target is row-exact and plain decoding runs 1-row steps instead of 16-row padded ones. SPECDEC_FUSED_HYBRID=0:
+# cuBLAS, padded steps.
 HYBRID_FUSED = os.environ.get("SPECDEC_FUSED_HYBRID", "1") != "0"
 
 
@@ -139,7 +140,7 @@ class _HybridLayer(nn.Module):
     ``post_attention_layernorm`` and ``mlp`` and say how they mix (:meth:`_mix`, and with the fused layers'
     GEMM, :meth:`_mix_fused`)."""
 
-    fused_path = False  # fused_layer's GEMM on CUDA (set by Qwen35ForCausalLM.fuse_projections, dense only)
+    fused_path = False  # fused_layer's GEMM on CUDA (set by Qwen35ForCausalLM.fuse_projections)
 
     def _mix(self, h: torch.Tensor, ctx: StepContext, cache) -> torch.Tensor:
         raise NotImplementedError
@@ -152,12 +153,15 @@ class _HybridLayer(nn.Module):
 
     def fused_eligible(self) -> bool:
         """Whether :meth:`forward_fused` can run this layer (``fused_layer.eligible``'s question for a hybrid layer):
-        a dense SwiGLU FFN with fused gate/up and no biases, one process, the mixer's projections fused and
-        contiguous without biases, wider than ``fused_layer.MAX_HIDDEN`` only with ``fused_layer.WIDE``."""
+        a SwiGLU FFN with fused gate/up and no biases, or a MoE block the MoE kernels take (``fused_rows``), one
+        process, the mixer's projections fused and contiguous without biases, wider than ``fused_layer.MAX_HIDDEN``
+        only with ``fused_layer.WIDE``."""
         mlp = self.mlp
-        return (HYBRID_FUSED and type(mlp) is SwiGLU and mlp._fused is not None and mlp._fused[1] is None
-                and type(mlp.down_proj) is nn.Linear and mlp.down_proj.bias is None and mlp.down_proj.weight.is_contiguous()
-                and (self.config.hidden_size <= fused_layer.MAX_HIDDEN or fused_layer.WIDE) and self._mixer_eligible())
+        ffn = (mlp.fused_rows() > 0 if isinstance(mlp, SparseMoeBlock) else
+               type(mlp) is SwiGLU and mlp._fused is not None and mlp._fused[1] is None and type(mlp.down_proj) is nn.Linear
+               and mlp.down_proj.bias is None and mlp.down_proj.weight.is_contiguous())
+        return (HYBRID_FUSED and ffn and (self.config.hidden_size <= fused_layer.MAX_HIDDEN or fused_layer.WIDE)
+                and self._mixer_eligible())
 
     def forward_fused(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: StepContext, cache
                       ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,6 +170,8 @@ class _HybridLayer(nn.Module):
         x, h = self.input_layernorm.add(x, delta)
         x, h = self.post_attention_layernorm.add(x, self._mix_fused(h, ctx, cache))
         mlp = self.mlp
+        if isinstance(mlp, SparseMoeBlock):  # the router's GEMM and the MoE kernels (within mlp.fused_rows)
+            return x, _ffn(mlp, h, ctx)
         return x, fused_layer.linear(fused_layer.linear(h, mlp._fused[0], silu=True), mlp.down_proj.weight)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, cache) -> torch.Tensor:
@@ -275,10 +281,12 @@ class Qwen35ForCausalLM(CausalLM):
             layer.fused_path = fused_layer.eligible(layer)
 
     def row_exact(self, rows: int = 1) -> bool:
-        """As :meth:`LlamaForCausalLM.row_exact`: every layer on the fused GEMM in steps of up to ``rows`` rows (dense
-        targets; a MoE target's layers are not), one process, CUDA in bf16/fp16; the Gated DeltaNet's step kernels,
-        the gated attention's norms, RoPE write and split attention already give a row its bits at any row count."""
-        return base.ROW_EXACT and fused_layer.model_runs(self, rows)
+        """As :meth:`LlamaForCausalLM.row_exact`: every layer on the fused GEMM in steps of up to ``rows`` rows, a MoE
+        block's on its kernels (``SparseMoeBlock.fused_rows``), one process, CUDA in bf16/fp16; the Gated DeltaNet's
+        step kernels, the gated attention's norms, RoPE write and split attention already give a row its bits at any
+        row count."""
+        return (base.ROW_EXACT and fused_layer.model_runs(self, rows)
+                and all(rows <= layer.mlp.fused_rows() for layer in self.layers if isinstance(layer.mlp, SparseMoeBlock)))
 
     def make_layer_cache(self, i: int, max_len: int, dtype: torch.dtype, device):
         layer = self.layers[i]
