@@ -19,11 +19,12 @@ pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests:$PWD/scripts PYTHONUNBUFFERED=1
 R=$OUT/r; mkdir -p $R
 TILES_STAR='{"*": [16, 128, 2, 4, 2]}'  # device_check's hidden-1024 models: every weight the table does not name split 2
-check() {  # device_check on random Llama and Qwen3 (graphs, eager; oracle, n-gram, MTP, DFlash drafts), split K forced
+check() {  # device_check [TARGET ...] (default: random Llama and Qwen3): graphs, eager; oracle, n-gram, MTP, DFlash
+    # drafts; every weight the tile table does not name on split K
     SPECDEC_FUSED_LAYER_TILES="$TILES_STAR" python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
-    for t in llama qwen3; do
+    for t in ${@:-llama qwen3}; do
         for m in graphs eager; do
-            SPECDEC_FUSED_LAYER_TILES="$TILES_STAR" timeout 50 python scripts/device_check.py run /tmp/dc --target $t \
+            SPECDEC_FUSED_LAYER_TILES="$TILES_STAR" timeout 45 python scripts/device_check.py run /tmp/dc --target $t \
                 --mode $m --drafters oracle ngram mtp dflash --prompts 4 --new-tokens 128 --out $R/dc_${t}_$m.json > /dev/null 2>&1
         done
     done
@@ -70,14 +71,7 @@ if [ "${1:-}" = hybrid ]; then  # a dense Qwen3.5 target on the fused GEMM (row-
 fi
 pack() { (cd $OUT && tar czf r.tgz r); }  # after every stage: a run cut short still brings back what it measured
 if [ "${1:-}" = moe ]; then  # the last tree: device_check on every random target; the MoE shape row-exact
-    SPECDEC_FUSED_LAYER_TILES="$TILES_STAR" python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
-    for t in llama qwen3 qwen35 qwen35moe; do
-        for m in graphs eager; do
-            SPECDEC_FUSED_LAYER_TILES="$TILES_STAR" timeout 45 python scripts/device_check.py run /tmp/dc --target $t \
-                --mode $m --drafters oracle ngram mtp dflash --prompts 4 --new-tokens 128 --out $R/dc_${t}_$m.json > /dev/null 2>&1
-        done
-    done
-    python scripts/device_check.py compare $R/dc_*.json --out $R/dc_report.json 2>&1 | tail -3
+    check llama qwen3 qwen35 qwen35moe
     pack
     timeout 130 python scripts/ab_flags.py --shape qwen3.5-35b-a3b --context 512 --rounds 3 --no-drafters \
         --variants defaults defaults-hybrid --json $R/ab35b.json > $R/ab35b.log 2>&1

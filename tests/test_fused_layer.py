@@ -54,19 +54,24 @@ def test_a_biased_layer_does_not(tmp_path):
     assert not any(layer.fused_path for layer in m.layers)
 
 
-def test_forward_and_batched_forward(target, fused_on):
-    ids = torch.randint(target.config.vocab_size, (11,), generator=torch.Generator().manual_seed(1))
-    cap = (0, 2, len(target.layers) - 1)
+def unfused_and_fused(m, n: int):
+    """``m``'s forward of ``n`` random ids and a batched forward of them and their reverse (layers 0, 2 and the last
+    captured), with the fused path off, then on: ``[(one, batched), (one, batched)]``."""
+    ids = torch.randint(m.config.vocab_size, (n,), generator=torch.Generator().manual_seed(1))
+    cap = (0, 2, len(m.layers) - 1)
     outs = []
     for on in (False, True):
         with pytest.MonkeyPatch.context() as mp:
             if not on:
                 mp.setattr(fused_layer, "usable", lambda x: False)
-            one = target.forward(ids, target.new_cache(32), capture=cap)
-            rows = torch.stack([ids, ids.flip(0)])
-            batched = target.forward_batch_train(rows, capture=cap)
+            one = m.forward(ids, m.new_cache(32), capture=cap)
+            batched = m.forward_batch_train(torch.stack([ids, ids.flip(0)]), capture=cap)
             outs.append((one, batched))
-    (a, ab), (b, bb) = outs
+    return outs
+
+
+def test_forward_and_batched_forward(target, fused_on):
+    (a, ab), (b, bb) = unfused_and_fused(target, 11)
     assert len(fused_on) == 2 * 4 * len(target.layers)  # 4 GEMMs a layer, two forwards
     assert fused_on.count(True) == 2 * len(target.layers)  # one with the SwiGLU epilogue a layer
     # in fp32 the reference's GEMM is F.linear's, and the moved residual add rounds alike: the same bits
@@ -191,17 +196,7 @@ def test_hybrid_forward_on_the_fused_path(hybrids, fused_on, kind):
     down_proj; a MoE block its own) on the kernel: a forward, a batched one and a captured layer's bits as the
     unfused path's."""
     m = hybrids[kind]
-    ids = torch.randint(m.config.vocab_size, (9,), generator=torch.Generator().manual_seed(1))
-    cap = (0, 2, len(m.layers) - 1)
-    outs = []
-    for on in (False, True):
-        with pytest.MonkeyPatch.context() as mp:
-            if not on:
-                mp.setattr(fused_layer, "usable", lambda x: False)
-            one = m.forward(ids, m.new_cache(32), capture=cap)
-            batched = m.forward_batch_train(torch.stack([ids, ids.flip(0)]), capture=cap)
-            outs.append((one, batched))
-    (a, ab), (b, bb) = outs
+    (a, ab), (b, bb) = unfused_and_fused(m, 9)
     gemms = 4 if kind == "dense" else 2  # the MoE block: the router's GEMM is fused_layer's only where its kernels run
     assert len(fused_on) == 2 * gemms * len(m.layers) and fused_on.count(True) == (2 * len(m.layers) if kind == "dense" else 0)
     for x, y in ((a.logits, b.logits), (a.hidden, b.hidden), (a.captured, b.captured),
