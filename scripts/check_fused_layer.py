@@ -5,6 +5,7 @@ timed call reads another copy of its weight than the call before (L2_BYTES of co
 with the fused layers on and off.
 
     PYTHONPATH=. python scripts/check_fused_layer.py [--shape smollm2-135m] [--sweep] [--head] [--rows 16] [--json out.json]
+    PYTHONPATH=. python scripts/check_fused_layer.py --shape qwen3.5-35b-a3b --list   # the shape's weights (no GPU)
 
 Prints one line per check (``ok`` / ``FAIL``) and the kernel times (us, CUDA graphs of 50 calls); with
 ``--sweep`` the fastest tilings and the ``SPECDEC_FUSED_LAYER_TILES`` value that selects them. Exits 1
@@ -53,29 +54,55 @@ L2_BYTES = 256 << 20  # a timed call cycles over copies of its weight at least t
 HEAD_SWEEP = SWEEP + [(bn, bk, wp, st) for bn in (128,) for bk in (64, 128) for wp in (4, 8) for st in (2, 3, 4)]
 
 
-def kernels(hidden: int, inter: int, qkv: int, rows: int, res: dict, sweep: bool = False, vocab: int = 0,
-            only: list | None = None) -> None:
+def weight_shapes(shape: str) -> dict:
+    """The GEMM weights a step of ``shape`` runs on the fused kernel, by role: ``{name: (rows, K, silu)}`` (``rows``:
+    the weight's, 2 x the gate outputs with ``silu``), from the shape's model on the meta device, one of each shape:
+    q/k/v (+ Qwen3.5's output gate), o_proj, a Gated DeltaNet's in- and out-projections, gate/up + SwiGLU, down_proj
+    (a MoE block's experts run their own kernels), the LM head."""
+    from specdec.models.deltanet import GatedDeltaNet
+    from specdec.models.layers import Attention, SwiGLU
+    from specdec.shapes import meta_model
+    m = meta_model(shape)
+    m.fuse_projections()
+    out, seen = {}, set()
+
+    def add(name, w, silu=False):
+        key = (w.shape[0], w.shape[1], silu)
+        if key not in seen:
+            seen.add(key)
+            out[name] = key
+    for layer in m.layers:
+        for mod in layer.children():
+            if isinstance(mod, Attention):
+                add("qkv", mod._fused[0])
+                add("o", mod.o_proj.weight)
+            elif isinstance(mod, GatedDeltaNet):
+                add("delta_in", mod._fused[0])
+                add("delta_out", mod.out_proj.weight)
+            elif isinstance(mod, SwiGLU):
+                add("gate_up+silu", mod._fused[0], True)
+                add("down", mod.down_proj.weight)
+    hidden = m.config.hidden_size
+    if hidden > fl.MAX_HIDDEN:  # a drafter's weights on a wide target: DFlash's fc (5 target layers) and context K/V
+        # (5 layers x 8 KV heads of 128), an MTP block's fc
+        out.update(dflash_fc=(hidden, 5 * hidden, False), dflash_kv=(5 * 2 * 8 * 128, hidden, False),
+                   mtp_fc=(hidden, 2 * hidden, False))
+    w = m.head_weight()
+    out["head"] = (w.shape[0], w.shape[1], False)
+    return out
+
+
+def kernels(shapes: dict, rows: int, res: dict, sweep: bool = False) -> None:
+    """Check and time each weight of ``shapes`` (:func:`weight_shapes`' form) at ``rows`` rows; with ``sweep`` every
+    tiling of the sweep lists too."""
     dev, dt = torch.device("cuda"), torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)
 
     def rnd(*shape, s=1.0):
         return (torch.randn(*shape, generator=g, device=dev) * s).to(dt)
-    x, act_in = rnd(512, hidden), rnd(512, inter)
-    cases = {"qkv": (x, rnd(qkv, hidden, s=hidden ** -0.5), False),
-             "o": (x, rnd(hidden, hidden, s=hidden ** -0.5), False),
-             "gate_up+silu": (x, rnd(2 * inter, hidden, s=hidden ** -0.5), True),
-             "down": (act_in, rnd(hidden, inter, s=inter ** -0.5), False)}
-    if hidden > fl.MAX_HIDDEN:  # a drafter's weights on a wide target: DFlash's fc (5 target layers) and context K/V
-        # (5 layers x 8 KV heads of 128), an MTP block's fc
-        cases["dflash_fc"] = (rnd(512, 5 * hidden), rnd(hidden, 5 * hidden, s=(5 * hidden) ** -0.5), False)
-        cases["dflash_kv"] = (x, rnd(5 * 2 * 8 * 128, hidden, s=hidden ** -0.5), False)
-        cases["mtp_fc"] = (rnd(512, 2 * hidden), rnd(hidden, 2 * hidden, s=(2 * hidden) ** -0.5), False)
-    if vocab:  # the LM head a row-exact target runs on this kernel (SPECDEC_ROW_EXACT)
-        cases["head"] = (x, rnd(vocab, hidden, s=hidden ** -0.5), False)
+    cases = {name: (rnd(512, k), rnd(n, k, s=k ** -0.5), silu) for name, (n, k, silu) in shapes.items()}
     best_tiles = {}
     for name, (inp, w, silu) in cases.items():
-        if only and name not in only:
-            continue
         full = fl.linear(inp, w, silu=silu)
         ref = fl.reference(inp, w, silu=silu)
         err = (full.float() - ref.float()).abs().max().item()
@@ -101,7 +128,7 @@ def kernels(hidden: int, inter: int, qkv: int, rows: int, res: dict, sweep: bool
         if sweep:
             times = {}
             for tile in ({True: WIDE_HEAD_SWEEP, False: HEAD_SWEEP} if name == "head" else
-                         {True: WIDE_SWEEP, False: SWEEP})[hidden > fl.MAX_HIDDEN]:
+                         {True: WIDE_SWEEP, False: SWEEP})[min(w.shape) > fl.MAX_HIDDEN]:
                 try:
                     times[tile] = graph_us(lambda: fl.linear(xi, nxt(), silu=silu, tile=tile))
                 except Exception as e:  # a tiling the compiler refuses (shared memory)
@@ -152,30 +179,40 @@ def model_check(shape: str, res: dict, layers: int = 4) -> None:
     m.layers = full
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="smollm2-135m")
     ap.add_argument("--rows", type=int, default=16, help="rows of the timed calls (default 16)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true", help="also time every tiling of SWEEP at --rows rows")
     ap.add_argument("--head", action="store_true", help="also the LM head (vocab x hidden), as SPECDEC_ROW_EXACT runs it")
-    ap.add_argument("--only", nargs="+", choices=["qkv", "o", "gate_up+silu", "down", "head", "dflash_fc", "dflash_kv", "mtp_fc"],
-                    help="check and time only these weights (default: all)")
-    a = ap.parse_args()
+    ap.add_argument("--only", nargs="+", metavar="WEIGHT",
+                    help="check and time only these weights (names as --list prints them; default: all but the head)")
+    ap.add_argument("--list", action="store_true", help="print the shape's weights (name: rows, K, silu) and exit")
+    ap.add_argument("--no-model", action="store_true", help="skip the whole shape's logits with the fused path on and off")
+    a = ap.parse_args(argv)
     from specdec.errors import SpecdecError
-    from specdec.shapes import shape_config
     try:
-        c = shape_config(a.shape)[1]
+        shapes = weight_shapes(a.shape)
     except SpecdecError as e:
         print(f"check_fused_layer: {e}", file=sys.stderr)
+        return 2
+    if a.list:
+        for name, (n, k, silu) in shapes.items():
+            print(f"{name}: {n} x {k}{' (SwiGLU)' if silu else ''}")
+        return 0
+    if a.only and set(a.only) - set(shapes):
+        print(f"check_fused_layer: --only {' '.join(sorted(set(a.only) - set(shapes)))}: {a.shape} has {', '.join(shapes)}",
+              file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("check_fused_layer: needs CUDA", file=sys.stderr)
         return 2
-    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+    keep = set(a.only or [n for n in shapes if n != "head" or a.head])
     res = {"shape": a.shape, "rows": a.rows, "tile": list(fl.TILE)}
-    kernels(c.hidden_size, c.intermediate_size, qkv, a.rows, res, a.sweep, c.vocab_size if a.head else 0, a.only)
-    model_check(a.shape, res)
+    kernels({n: v for n, v in shapes.items() if n in keep}, a.rows, res, a.sweep)
+    if not a.no_model:
+        model_check(a.shape, res)
     res["failed"] = FAILED
     if a.json:
         with open(a.json, "w", encoding="utf-8") as fh:
