@@ -309,6 +309,10 @@ def _counters(device: torch.device) -> torch.Tensor:
     PDL a kernel touches them after its wait only)."""
     buf = _COUNTER_BUFS.get(device)
     if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # zeros made under a capture would hold nothing until the graph first replays (a capture runs no kernel)
+            raise RuntimeError("fused_layer: split K's counters are made by an eager call; run the step once "
+                               "before capturing it (graphs.capture's warm-up does)")
         buf = _COUNTER_BUFS[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
     return buf
 
