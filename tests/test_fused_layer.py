@@ -218,4 +218,5 @@ def test_hybrid_speculative_equals_plain_on_the_fused_path(hybrids, fused_on, mo
     assert SpeculativeGenerator(m, None, 0, batch_invariant=True).pad_to is None
     res = gen.generate(prompt, 24, SamplingParams())
     assert sum(res.stats.accepted) > 0 and res.token_ids == ref
+    assert generate_batch(m, [prompt, prompt[:4]], 16, set(), slots=2)[0] == ref[:16]  # the batched steps (serving)
     assert fused_on
