@@ -25,7 +25,8 @@ that value; ``defaults+rowgroups16``: the fused MoE kernels with a program a row
 every GEMM tiling unsplit), ``defaults-hybrid`` (qwen35.HYBRID_FUSED off: a dense Qwen3.5 target's GEMMs on cuBLAS,
 its steps padded), ``defaults+pfall`` / ``defaults+pf0``
 (fused_layer.PREFETCH_BYTES: whole weights or nothing prefetched into L2), ``defaults+cut4`` / ``+cut16`` (the combine's cut: 4 x 8, the default, or 16 x 32), ``defaults+o2`` / ``+qkv4`` / ``+down4`` (the qwen3-8b shape's GEMMs with K
-split, see SETTINGS). Each
+split, see SETTINGS), ``defaults+moe-bmm`` (moe.GROUPED_BMM: a MoE prefill's experts as two batched GEMMs; its
+``prefill_ms``). Each
 variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs). The flags are module attributes read as a step
 is built, so a variant's steps are built with them set and the defaults come back after.
 """
@@ -62,6 +63,7 @@ SETTINGS["pf0"] = ("specdec.models.fused_layer", "PREFETCH_BYTES", 0)  # ... or 
 # ways on (64, 128) tiles, down_proj 4 ways on 3 stages
 SETTINGS["o2"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 4096, 0): (64, 256, 4, 4, 2)})
 SETTINGS["qkv4"] = ("specdec.models.fused_layer", "_FORCED", {(6144, 4096, 0): (64, 128, 4, 4, 4)})
+SETTINGS["moe-bmm"] = ("specdec.models.moe", "GROUPED_BMM", True)  # a MoE prefill's experts as two batched GEMMs
 SETTINGS["down4"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 12288, 0): (64, 256, 4, 3, 4)})
 VARIANTS = {"base": (), "fold": ("fold",), "direct": ("direct",), "drafter-split": ("drafter-split",),
             "fused-layer": ("fused-layer",), "fused+direct": ("fused-layer", "direct"),

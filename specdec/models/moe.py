@@ -27,6 +27,7 @@ safetensors slice, GGUF ``*_exps`` as its block of rows (only those are dequanti
 
 from __future__ import annotations
 
+import os
 import re
 
 import torch
@@ -39,6 +40,13 @@ from ..weights.source import TensorSource
 from . import expert_kernel
 from .layers import SwiGLU, derived_weight, fuse_linears
 from .source_view import SourceView, ViewTensor, derived, passthrough
+
+
+# Long eager forwards (prefill) as two batched GEMMs (Experts._grouped_bmm) instead of a loop over the experts:
+# SPECDEC_MOE_GROUPED_BMM=1. Off until measured (the qwen3.5-35b-a3b shape's 512-token prefill took 1.5 s on the
+# H200, 2026-12-04 (fourth), with the loop's ~7 kernels an expert and layer; scripts/ab_flags.py's prefill_ms, variant
+# defaults+moe-bmm, is the A/B).
+GROUPED_BMM = os.environ.get("SPECDEC_MOE_GROUPED_BMM", "0") == "1"
 
 
 class Experts(nn.Module):
@@ -103,6 +111,8 @@ class Experts(nn.Module):
             if mine is not None:
                 y = y.masked_fill(~mine[..., None], 0)
             return y.sum(1)
+        if GROUPED_BMM:
+            return self._grouped_bmm(x, idx, weights)
         out = torch.zeros_like(x)
         flat = idx.reshape(-1)
         order = flat.argsort()
@@ -120,6 +130,32 @@ class Experts(nn.Module):
             out.index_add_(0, rows, y)
             pos += n
         return out
+
+    def _grouped_bmm(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """:meth:`partial`'s long eager forwards (prefill) as two batched GEMMs over this rank's experts instead of a
+        loop of ~7 kernels an expert: each expert's pairs gathered into ``[E, cap, H]`` (``cap``: the most pairs an
+        expert got; the rest zero rows), ``bmm`` with gate/up, the activation, ``bmm`` with down, each pair's row
+        weighted and added to its token (``GROUPED_BMM``)."""
+        t, k = idx.shape
+        first = 0 if self.rows is None else self.rows.start
+        local = self.gate_up_proj.shape[0]
+        flat = idx.reshape(-1) - first
+        pair = torch.nonzero((flat >= 0) & (flat < local)).flatten()  # this rank's pairs
+        e = flat[pair]
+        order = torch.argsort(e, stable=True)
+        pair, e = pair[order], e[order]
+        counts = torch.bincount(e, minlength=local)
+        cap = int(counts.max()) if pair.numel() else 0  # one host sync
+        out = torch.zeros_like(x)
+        if cap == 0:
+            return out
+        slot = torch.arange(pair.numel(), device=x.device) - (torch.cumsum(counts, 0) - counts)[e]
+        token = pair // k
+        buf = x.new_zeros(local, cap, x.shape[-1])
+        buf[e, slot] = x[token]
+        gate, up = torch.bmm(buf, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)  # [E, cap, I] each
+        y = torch.bmm(self.act(gate) * up, self.down_proj.transpose(1, 2))  # [E, cap, H]
+        return out.index_add_(0, token, y[e, slot] * weights.reshape(-1)[pair, None])
 
     def _gather(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """Each pair's output ``[T, k, H]`` from its expert's gathered weights (one GEMV a pair)."""

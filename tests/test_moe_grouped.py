@@ -1,0 +1,85 @@
+"""models/moe.py's ``Experts._grouped_bmm`` (SPECDEC_MOE_GROUPED_BMM: a long eager forward's experts as two batched
+GEMMs) against the per-expert loop it can replace: the same values (fp32; not the same bits: other GEMM shapes), with
+experts that get no pair, under expert parallelism (this rank's experts only), and in a Qwen3.5 MoE target's prefill
+with speculative decoding equal to plain decoding."""
+
+import types
+
+import pytest
+import torch
+
+from specdec.models import moe
+from specdec.models.moe import Experts
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def _experts(e=8, h=32, i=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ex = Experts(e, h, i)
+    with torch.no_grad():
+        ex.gate_up_proj.copy_(torch.randn(ex.gate_up_proj.shape, generator=g) * h ** -0.5)
+        ex.down_proj.copy_(torch.randn(ex.down_proj.shape, generator=g) * i ** -0.5)
+    return ex
+
+
+def _route(t, e, k, seed=1, skip=()):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(t, e, generator=g)
+    logits[:, list(skip)] = -1e9  # experts no pair routes to
+    w, idx = torch.softmax(logits, -1).topk(k, -1)
+    return idx, w / w.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("t, skip", [(40, ()), (37, (0, 5))])
+def test_grouped_equals_the_loop(t, skip, monkeypatch):
+    ex = _experts()
+    x = torch.randn(t, 32, generator=torch.Generator().manual_seed(2))
+    idx, w = _route(t, 8, 2, skip=skip)
+    with torch.no_grad():
+        monkeypatch.setattr(moe, "GROUPED_BMM", False)
+        want = ex.partial(x, idx, w)
+        monkeypatch.setattr(moe, "GROUPED_BMM", True)
+        got = ex.partial(x, idx, w)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
+
+
+def test_grouped_under_expert_parallelism(monkeypatch):
+    """A rank holding experts 2..5: its share (pairs of other experts add nothing) equals the loop's."""
+    whole = _experts()
+    ex = _experts()
+    with torch.no_grad():
+        ex.gate_up_proj = torch.nn.Parameter(whole.gate_up_proj[2:6].clone())
+        ex.down_proj = torch.nn.Parameter(whole.down_proj[2:6].clone())
+    ex.rows = types.SimpleNamespace(start=2, size=4, stop=6)
+    x = torch.randn(30, 32, generator=torch.Generator().manual_seed(3))
+    idx, w = _route(30, 8, 2)
+    with torch.no_grad():
+        monkeypatch.setattr(moe, "GROUPED_BMM", False)
+        want = ex.partial(x, idx, w)
+        monkeypatch.setattr(moe, "GROUPED_BMM", True)
+        got = ex.partial(x, idx, w)
+        none = ex.partial(x, torch.zeros_like(idx), w)  # every pair another rank's
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5) and want.abs().sum() > 0 and not none.any()
+
+
+def test_a_moe_target_decodes_alike_with_it(tmp_path, monkeypatch):
+    """A Qwen3.5 MoE target whose prompt prefill takes the grouped form: speculative decoding with accepted oracle
+    drafts equals plain decoding."""
+    from _engine_util import SpoiledOracle, plain_generate
+    from _qwen35_util import hf_model
+    from specdec.engine import SpeculativeGenerator
+    from specdec.loading import load_model
+    from specdec.sampling import SamplingParams
+    monkeypatch.setattr(moe, "GROUPED_BMM", True)
+    hf_model("moe", seed=4).save_pretrained(str(tmp_path))
+    m = load_model(str(tmp_path), "cpu", tokenizer=False).model
+    calls = []
+    real = Experts._grouped_bmm
+    monkeypatch.setattr(Experts, "_grouped_bmm", lambda self, *a: calls.append(1) or real(self, *a))
+    prompt = torch.randint(m.config.vocab_size, (24,), generator=torch.Generator().manual_seed(5)).tolist()
+    ref = plain_generate(m, prompt, 20).token_ids
+    assert calls  # the 24-token prefill ran the grouped form
+    drafter = SpoiledOracle(prompt + ref, m.config.vocab_size, spoil=0.3, seed=3)
+    res = SpeculativeGenerator(m, drafter, 4).generate(prompt, 20, SamplingParams())
+    assert sum(res.stats.accepted) > 0 and res.token_ids == ref
