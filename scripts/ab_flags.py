@@ -63,8 +63,8 @@ SETTINGS["pf0"] = ("specdec.models.fused_layer", "PREFETCH_BYTES", 0)  # ... or 
 # ways on (64, 128) tiles, down_proj 4 ways on 3 stages
 SETTINGS["o2"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 4096, 0): (64, 256, 4, 4, 2)})
 SETTINGS["qkv4"] = ("specdec.models.fused_layer", "_FORCED", {(6144, 4096, 0): (64, 128, 4, 4, 4)})
-SETTINGS["moe-bmm"] = ("specdec.models.moe", "GROUPED_BMM", True)  # a MoE prefill's experts as two batched GEMMs
 SETTINGS["down4"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 12288, 0): (64, 256, 4, 3, 4)})
+SETTINGS["moe-bmm"] = ("specdec.models.moe", "GROUPED_BMM", True)  # a MoE prefill's experts as two batched GEMMs
 VARIANTS = {"base": (), "fold": ("fold",), "direct": ("direct",), "drafter-split": ("drafter-split",),
             "fused-layer": ("fused-layer",), "fused+direct": ("fused-layer", "direct"),
             "fused+direct+pdl": ("fused-layer", "direct", "pdl"),

@@ -10,9 +10,9 @@
 #                                          # defaults / defaults-hybrid, bench qwen3.5-9b and qwen3-8b at 512
 #   bash scripts/device_splitk.sh moe      # device_check on random Llama, Qwen3 (split K forced), Qwen3.5 dense and MoE;
 #                                          # ab_flags qwen3.5-35b-a3b defaults / defaults-hybrid; its bench
-#   bash scripts/device_splitk.sh final    # bench --shape qwen3-8b (512, 16,000), qwen3.5-9b, smollm2-135m; device_check;
+#   bash scripts/device_splitk.sh final    # bench --shape qwen3-8b (512, 16,000), qwen3.5-9b, smollm2-135m; device_check
+#                                          # on random Llama / Qwen3 with every unnamed weight on split K (TILES_STAR);
 #                                          # ab_flags: the shipped split K and cut against none / the old cut
-#                                          # on random Llama / Qwen3 with every unnamed weight on split K (TILES_STAR)
 # Everything comes back in one r.tgz (the machine returns at most 8 files).
 set -u
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1

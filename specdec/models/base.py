@@ -149,6 +149,9 @@ class CausalLM(nn.Module):
         for m in self.modules():
             if isinstance(m, (Attention, SwiGLU, GatedDeltaNet, SparseMoeBlock)):
                 m.fuse()
+        for layer in self.layers:  # layers with a fused path (Llama-family, Qwen3.5): every layer or none, by config
+            if hasattr(layer, "fused_path"):
+                layer.fused_path = fused_layer.eligible(layer)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(ids)

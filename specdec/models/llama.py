@@ -44,7 +44,7 @@ class DenseDecoderLayer(nn.Module):
     from :meth:`make_cache` (the target's own layers, and the MTP head of a Llama-family target).
     With a ``shard``: this rank's heads and intermediate block (tensor parallelism)."""
 
-    fused_path = False  # fused_layer's kernels on CUDA (set by LlamaForCausalLM.fuse_projections)
+    fused_path = False  # fused_layer's kernels on CUDA (set by CausalLM.fuse_projections)
 
     def __init__(self, c: ModelConfig, qk_norm: bool, shard: Shard | None = None):
         super().__init__()
@@ -99,11 +99,6 @@ class LlamaForCausalLM(CausalLM):
 
     def make_layer_cache(self, i, max_len, dtype, device):
         return self.layers[i].make_cache(max_len, dtype, device)
-
-    def fuse_projections(self) -> None:
-        super().fuse_projections()
-        for layer in self.layers:  # every layer or none: eligibility depends on the config only
-            layer.fused_path = fused_layer.eligible(layer)
 
     def row_exact(self, rows: int = 1) -> bool:
         """With ``base.ROW_EXACT``: every layer on the fused kernels (on CUDA in bf16/fp16) in steps of up to ``rows``

@@ -136,7 +136,7 @@ class Experts(nn.Module):
         loop of ~7 kernels an expert: each expert's pairs gathered into ``[E, cap, H]`` (``cap``: the most pairs an
         expert got; the rest zero rows), ``bmm`` with gate/up, the activation, ``bmm`` with down, each pair's row
         weighted and added to its token (``GROUPED_BMM``)."""
-        t, k = idx.shape
+        k = idx.shape[1]
         first = 0 if self.rows is None else self.rows.start
         local = self.gate_up_proj.shape[0]
         flat = idx.reshape(-1) - first
@@ -206,20 +206,22 @@ class SparseMoeBlock(nn.Module):
                 and (t <= ex.gather_max_rows or torch.cuda.is_current_stream_capturing())
                 and not (torch.is_grad_enabled() and ex.gate_up_proj.requires_grad)):
             return False
+        return self._shared_fits()
+
+    def _shared_fits(self) -> bool:
+        """No shared expert, or one the MoE kernels take: no biases, as wide as the routed experts."""
         se = self.shared_expert
         return se is None or (se.gate_proj.bias is None and se.down_proj.bias is None
-                              and 2 * se.gate_proj.out_features == ex.gate_up_proj.shape[1])
+                              and 2 * se.gate_proj.out_features == self.experts.gate_up_proj.shape[1])
 
     def fused_rows(self) -> int:
         """The rows a sequence up to which every forward (captured or eager) of this block on CUDA takes
         :func:`~specdec.models.expert_kernel.moe` (a row's bits its own at any row count; :meth:`_fused_ready`'s
         shape limits), 0 where it never does (expert parallelism, GELU experts, the kernels off, a shared expert
         it cannot take): a row-exact target's steps must stay within it."""
-        ex, se = self.experts, self.shared_expert
-        if not (expert_kernel.FUSED_MOE and expert_kernel.ENABLED and self.shard is None and ex.act is F.silu):
-            return 0
-        if se is not None and not (se.gate_proj.bias is None and se.down_proj.bias is None
-                                   and 2 * se.gate_proj.out_features == ex.gate_up_proj.shape[1]):
+        ex = self.experts
+        if not (expert_kernel.FUSED_MOE and expert_kernel.ENABLED and self.shard is None and ex.act is F.silu
+                and self._shared_fits()):
             return 0
         return min(ex.gather_max_rows, ex.gate_up_proj.shape[0] // self.top_k)
 

@@ -140,7 +140,7 @@ class _HybridLayer(nn.Module):
     ``post_attention_layernorm`` and ``mlp`` and say how they mix (:meth:`_mix`, and with the fused layers'
     GEMM, :meth:`_mix_fused`)."""
 
-    fused_path = False  # fused_layer's GEMM on CUDA (set by Qwen35ForCausalLM.fuse_projections)
+    fused_path = False  # fused_layer's GEMM on CUDA (set by CausalLM.fuse_projections)
 
     def _mix(self, h: torch.Tensor, ctx: StepContext, cache) -> torch.Tensor:
         raise NotImplementedError
@@ -274,11 +274,6 @@ class Qwen35ForCausalLM(CausalLM):
     @classmethod
     def zero_centered_norms(cls) -> bool:
         return True
-
-    def fuse_projections(self) -> None:
-        super().fuse_projections()
-        for layer in self.layers:  # every layer or none: eligibility depends on the config only
-            layer.fused_path = fused_layer.eligible(layer)
 
     def row_exact(self, rows: int = 1) -> bool:
         """As :meth:`LlamaForCausalLM.row_exact`: every layer on the fused GEMM in steps of up to ``rows`` rows, a MoE
