@@ -3,21 +3,20 @@
 # benchmark against the shipped ones, as a background job that outlives the calls (held time is
 # what counts, so the calls only move files and wait):
 #   call 1 (carry .whl .dev/h1; the shipped drafters moved out of the tree):  bash scripts/device_stage.sh part1
-#   call 2 (carry .dev/h2; drafters still out):  bash scripts/device_stage.sh start COMMIT DFLASH_MIN MTP_MIN [SPLITAB]
+#   call 2 (carry .dev/h2; drafters still out):  bash scripts/device_stage.sh start COMMIT DFLASH_MIN MTP_MIN [BRANCHES]
 #   call 3 (the tree with the shipped drafters):  bash scripts/device_stage.sh drafters
 #   later calls:  bash scripts/device_stage.sh wait SECONDS   (results to $OUT when the job is done)
-# The job (`job`): distil the default prompt sets (31,834 prompts) once; wait for the shipped
+# The job (`job`): distil the default prompt sets (31,834 prompts) once, and BRANCHES (default 0) more replies
+# per reply (`specdec train --branches`); wait for the shipped
 # drafters; train DFlash (--init shipped, 128 anchors, lr 3e-4, --minutes DFLASH_MIN) and, when MTP_MIN
 # is above 0, the MTP head (--init shipped, K=3, lr 3e-4, --minutes MTP_MIN) side by side on the one GPU;
 # then `specdec bench` (T=0, -n 128) of the shipped and the new drafters on GSM8K (first 100), HumanEval
-# (first 100) and MT-Bench first turns (80), one process per set. SPLITAB=1 then also runs
-# SPECDEC_SPLIT_KEYS 256 / 512 alternated on the real GGUF (MT-Bench 80 x 2 turns; plain and the
-# shipped DFlash) and device_check on it with 512.
+# (first 100) and MT-Bench first turns (80), one process per set (each reports the outputs that differ from plain).
 # A machine left idle for more than ~30 s between calls goes back, and the job with it (session of
 # 2026-12-02 (sixth) lost 14 training minutes so): each `wait` therefore brings back what exists so
 # far: the logs and JSONs in one `results.tgz` (the machine returns at most 8 files a call) and the
-# DFlash weights of its latest checkpoint (every 3 minutes) as a drafter directory (`d7_partial`,
-# loads with --draft dflash:DIR, continues with --init DIR); when the job is done, `d7` itself.
+# DFlash weights of its latest checkpoint (every 3 minutes) as a drafter directory (`dnew_partial`,
+# loads with --draft dflash:DIR, continues with --init DIR); when the job is done, `dnew` itself.
 set -u
 W=/tmp/w
 G=/tmp/smol.gguf
@@ -36,61 +35,43 @@ wait)
     end=$(( SECONDS + $2 ))
     while [ ! -f $W/done ] && [ $SECONDS -lt $end ]; do sleep 5; done
     tr '\r' '\n' < $W/job.log | grep -v "^ *$" | tail -25
-    for f in $W/*.log; do echo "== $f"; tr '\r' '\n' < $f | grep -E "distilled|epoch|rc=|Error|error|Traceback|tok/s" | tail -8; done
+    for f in $W/*.log; do echo "== $f"; tr '\r' '\n' < $f | grep -E "distilled|continued|branches:|epoch|rc=|Error|error|Traceback|tok/s" | tail -8; done
     mkdir -p $OUT
-    for f in d7 m3; do [ -f $W/$f.log ] && tr '\r' '\n' < $W/$f.log | awk 'NR % 40 == 0' | tail -40 > $W/${f}_progress.txt; done
+    for f in dnew m3; do [ -f $W/$f.log ] && tr '\r' '\n' < $W/$f.log | awk 'NR % 40 == 0' | tail -40 > $W/${f}_progress.txt; done
     (cd $W && tar czf $OUT/results.tgz *.json *.log *_progress.txt 2>/dev/null)
     if [ -f $W/done ]; then
-        cp -r $W/d7 $OUT/ 2>/dev/null
-    elif [ -f $W/d7.ckpt.pt ]; then
+        cp -r $W/dnew $OUT/ 2>/dev/null
+    elif [ -f $W/dnew.ckpt.pt ]; then
         PYTHONPATH=/tmp/site:/tmp/repo python -c "
 import json, torch
 from specdec.weights.save import save_drafter_dir
-st = torch.load('$W/d7.ckpt.pt', map_location='cpu', weights_only=False)
-save_drafter_dir('$OUT/d7_partial', json.load(open('/tmp/drafters/dflash/config.json')), st['task'],
+st = torch.load('$W/dnew.ckpt.pt', map_location='cpu', weights_only=False)
+save_drafter_dir('$OUT/dnew_partial', json.load(open('/tmp/drafters/dflash/config.json')), st['task'],
                  extra_files={'STEP.txt': f\"step {st['step']}, {st['seconds']:.0f} s\\n\"})
-print('d7_partial at step', st['step'])"
+print('dnew_partial at step', st['step'])"
     fi ;;
 job)
     cd /tmp/repo
     export PYTHONPATH=/tmp/site:/tmp/repo PYTHONUNBUFFERED=1 SPECDEC_COMMIT=$2
     sd() { python -m specdec "$@"; }
     common="--target $G --data-cache $W/dc --eval-prompts 4 --eval-tokens 96 --checkpoint-minutes 3 --epochs 40 --lr 3e-4"
-    sd train dflash --target $G --out $W/x --data-cache $W/dc --slots 512 --distill-only > $W/distill.log 2>&1
+    sd train dflash --target $G --out $W/x --data-cache $W/dc --slots 512 --eval-prompts 4 --distill-only --branches "$5" > $W/distill.log 2>&1
     echo "distill rc=$?"
     while [ ! -f /tmp/drafters/.done ]; do sleep 2; done
-    sd train dflash $common --out $W/d7 --minutes "$3" --anchors 128 --init /tmp/drafters/dflash > $W/d7.log 2>&1 &
+    sd train dflash $common --branches "$5" --out $W/dnew --minutes "$3" --anchors 128 --init /tmp/drafters/dflash > $W/dnew.log 2>&1 &
     mtp=""
     if [ "$4" != 0 ]; then
-        sd train mtp $common --out $W/m3 --minutes "$4" --steps 3 --init /tmp/drafters/mtp > $W/m3.log 2>&1 &
+        sd train mtp $common --branches "$5" --out $W/m3 --minutes "$4" --steps 3 --init /tmp/drafters/mtp > $W/m3.log 2>&1 &
         mtp="mtp:/tmp/drafters/mtp mtp:$W/m3"
     fi
     wait
     echo "trained: $(ls $W)"
-    splitab=$5
     for s in "gsm8k 100" "humaneval 100" "mt_bench 80"; do
         set -- $s
         sd bench -m $G --dataset $1 --num-prompts $2 --max-turns 1 -n 128 -k 3 --json $W/bench_$1.json \
-            --drafts none dflash:/tmp/drafters/dflash dflash:$W/d7 dflash:/tmp/drafters/dflash+ngram dflash:$W/d7+ngram \
+            --drafts none dflash:/tmp/drafters/dflash dflash:$W/dnew dflash:/tmp/drafters/dflash+ngram dflash:$W/dnew+ngram \
             $mtp > $W/bench_$1.log 2>&1
         echo "bench $1 rc=$?"
     done
-    if [ "$splitab" = 1 ]; then
-        for r in a b; do
-            for v in 256 512; do
-                for s in "mt_bench 80 2"; do
-                    set -- $s
-                    SPECDEC_SPLIT_KEYS=$v sd bench -m $G --dataset $1 --num-prompts $2 --max-turns $3 -n 128 -k 3 \
-                        --drafts none dflash:/tmp/drafters/dflash --json $W/split_$1_$v$r.json > $W/split_$1_$v$r.log 2>&1
-                    echo "split $1 $v $r rc=$?"
-                done
-            done
-        done
-        SPECDEC_SPLIT_KEYS=512 python scripts/device_check.py run /tmp/none --target smollm2 --model $G \
-            --gsm8k specdec/data/bench/gsm8k_test.jsonl --mode graphs --prompts 8 --new-tokens 256 \
-            --drafters oracle ngram --out $W/dc_split512_smollm2.json > $W/dc_split512.log 2>&1
-        python scripts/device_check.py compare $W/dc_split512_smollm2.json >> $W/dc_split512.log 2>&1
-        echo "device_check rc=$?"
-    fi
     touch $W/done ;;
 esac

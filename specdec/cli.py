@@ -220,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--draft-vocab-size", type=int, default=16384, help="write draft_vocab.json beside the drafter: "
                    "the N tokens its training replies use most (generate and serve then draft from them and the "
                    "prompt's tokens; --draft-vocab none turns it off); 0 = none (default 16384)")
+    t.add_argument("--branches", type=int, default=0, metavar="N", help="N more replies per reply, each the "
+                   "target's greedy continuation from a random point of it where a token it did not choose (drawn "
+                   "from its distribution there) is put in: more contexts of the same kind to train on, for no new "
+                   "prompts; cached like the replies (default 0; needs --temperature 0)")
     t.add_argument("--data-cache", default="~/.cache/specdec/distill", help="where replies are cached")
     t.add_argument("--distill-only", action="store_true", help="make (or check) the cached replies and write "
                    "OUT/draft_vocab.json from them (see --draft-vocab-size), then stop: a draft vocabulary for a "

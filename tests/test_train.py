@@ -124,6 +124,8 @@ def test_the_schedule_on_the_clock():
     (["--block-size", "1"], "--block-size must be in 2..64"),
     (["--prompts", "nope.jsonl"], "--prompts nope.jsonl: no such file"),
     (["--mask-token-id", "99999"], "--mask-token-id 99999 is outside the vocabulary"),
+    (["--branches", "-1"], "--branches must be >= 0"),
+    (["--branches", "2", "--temperature", "0.7"], "--branches continues greedy replies: it needs --temperature 0"),
 ])
 def test_bad_train_arguments_are_one_line_errors(argv, needle, target, tmp_path, capsys):
     base = ["train", "dflash", "--target", target, "--out", str(tmp_path / "o"), "--device", "cpu", "--no-chat",
@@ -171,6 +173,53 @@ def test_init_continues_from_a_trained_drafter(kind, target, prompts, tmp_path, 
     b = json.load(open(os.path.join(second, "training.json")))
     assert b["first_epoch_loss"] < a["first_epoch_loss"]  # it starts where the first run ended, not from scratch
     _lossless(target, f"{kind}:{second}", prompts)
+
+
+def test_branches_are_greedy_continuations_after_a_token_not_chosen(target, prompts, tmp_path, monkeypatch):
+    from specdec.loading import load_model
+    from specdec.train import data as data_mod
+
+    loaded = load_model(target, "cpu", None)
+    stop = set(loaded.tokenizer.eos_ids)
+    texts, cache, n_new = data_mod.read_prompts(prompts)[:8], str(tmp_path / "cache"), 24
+    base = data_mod.distill(loaded, texts, max_new_tokens=n_new, temperature=0.0, seed=0, slots=4, cache_dir=cache,
+                            chat=False)
+    more = data_mod.branch(loaded, base, 2, max_new_tokens=n_new, seed=0, slots=3, cache_dir=cache, batch_tokens=96)
+    assert len(more.prompts) == sum(min(2, len(r) - 1) for r in base.replies if len(r) >= 2) > 8
+    plain = LLM(target, device="cpu")
+    points = set()
+    for prompt, reply in zip(more.prompts, more.replies):
+        i = next(i for i, p in enumerate(base.prompts) if prompt[: len(p)] == p)
+        p = len(prompt) - len(base.prompts[i]) - 1
+        assert prompt[len(base.prompts[i]): -1] == base.replies[i][:p]  # the greedy reply up to the branch point,
+        assert prompt[-1] != base.replies[i][p] and prompt[-1] not in stop  # then a token the target did not choose
+        ref = plain.generate(prompt, max_new_tokens=n_new - p - 1).token_ids
+        assert reply == ref  # and from there the target's own greedy continuation
+        points.add(p)
+    assert len(points) > 3  # branch points all over the replies, not one place
+    # a sharp target (logits x 50) would nearly always sample its greedy token: never drawn
+    head = loaded.model.head
+    monkeypatch.setattr(loaded.model, "head", lambda h, exact=True: head(h, exact) * 50)
+    src = [i for i, r in enumerate(base.replies) if len(r) >= 2]
+    for i, p, x in data_mod._draw_branches(loaded.model, base, src, 3, stop, 1, 96):
+        assert x != base.replies[i][p] and x not in stop
+    # drawn once: a rerun reads the points and the continuations from the cache, whatever the batch
+    monkeypatch.setattr(loaded.model, "forward_batch_train", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr("specdec.engine.batch.generate_batch", lambda *a, **k: 1 / 0)
+    again = data_mod.branch(loaded, base, 2, max_new_tokens=n_new, seed=0, slots=7, cache_dir=cache, batch_tokens=512)
+    assert (again.prompts, again.replies) == (more.prompts, more.replies)
+    part = data_mod.branch(loaded, data_mod.Distilled(base.prompts[3:6], base.replies[3:6], base.key), 2,
+                           max_new_tokens=n_new, seed=0, slots=2, cache_dir=cache)  # another split: the same branches
+    assert part.prompts and all(p in more.prompts for p in part.prompts)
+    both = base + more
+    assert len(both.sequences()) == len(base.sequences()) + len(more.sequences())
+
+
+def test_distill_only_with_branches(target, prompts, tmp_path, capsys):
+    rc, _, err = _train(capsys, target, prompts, str(tmp_path / "a"), str(tmp_path / "cache"), "dflash",
+                        "--distill-only", "--branches", "1")
+    assert rc == 0 and "distilled 38 replies" in err and "continued 38 replies" in err, err
+    assert "branches: 38 more replies" in err
 
 
 def test_reply_cache_round_trips_small_and_large_ids(tmp_path):

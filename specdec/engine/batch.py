@@ -15,12 +15,13 @@ import torch
 from ..models.base import CausalLM, ForwardOut
 
 
-def generate_batch(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: set[int], *,
+def generate_batch(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
+                   stop_ids: set[int], *,
                    slots: int = 256, temperature: float = 0.0, seed: int = 0,
                    on_done: Callable[[int, list[int]], None] | None = None,
                    static_steps: bool | None = None) -> list[list[int]]:
-    """Continue every prompt (token ids) by at most ``max_new_tokens`` tokens on the serving loop
-    (plain decoding, ``slots`` sequences at a time); greedy when ``temperature`` is 0, else prompt
+    """Continue every prompt (token ids) by at most ``max_new_tokens`` tokens (one number, or one per
+    prompt) on the serving loop (plain decoding, ``slots`` sequences at a time); greedy when ``temperature`` is 0, else prompt
     ``i`` is sampled with seed ``seed + i``. A reply ends with (and keeps) the first stop token.
     Returns the replies in prompt order; ``on_done(index, reply)`` is called as each finishes.
     ``static_steps``: see :class:`~specdec.engine.serve_loop.EngineLoop` (default: on CUDA). Not
@@ -33,10 +34,13 @@ def generate_batch(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_to
 
     if not prompts:
         return []
-    reqs = [GenRequest([int(t) for t in p], max_new_tokens,
+    budgets = [int(max_new_tokens)] * len(prompts) if isinstance(max_new_tokens, int) else [int(n) for n in max_new_tokens]
+    if len(budgets) != len(prompts):
+        raise ValueError(f"{len(budgets)} max_new_tokens for {len(prompts)} prompts")
+    reqs = [GenRequest([int(t) for t in p], n,
                        SamplingParams(temperature=temperature, seed=None if temperature <= 0 else seed + i),
-                       tuple(stop_ids)) for i, p in enumerate(prompts)]
-    context = max(len(p) for p in prompts) + max_new_tokens
+                       tuple(stop_ids)) for i, (p, n) in enumerate(zip(prompts, budgets))]
+    context = max(len(p) + n for p, n in zip(prompts, budgets))
     loop = EngineLoop(model, "none", max_slots=max(1, min(slots, len(prompts))), max_queue=0,
                       max_context=min(context, model.max_context), controller=False, static_steps=static_steps,
                       exact=False)

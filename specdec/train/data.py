@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass
@@ -74,6 +75,10 @@ def read_prompts(name: str) -> list[str]:
 class Distilled:
     prompts: list[list[int]]  # prompt token ids (chat template applied)
     replies: list[list[int]]  # the target's replies (ending with a stop token unless cut at max_new_tokens)
+    key: str = ""  # the reply cache's key (decoding settings and target)
+
+    def __add__(self, other: "Distilled") -> "Distilled":
+        return Distilled(self.prompts + other.prompts, self.replies + other.replies, self.key)
 
     def sequences(self) -> list[tuple[list[int], int]]:
         """(prompt + reply, index of the first reply token) per example with a non-empty reply."""
@@ -113,8 +118,6 @@ def distill(loaded, texts: list[str], *, max_new_tokens: int, temperature: float
             cache_dir: str, chat: bool = True, chunk: int = 2048) -> Distilled:
     """The target's replies to ``texts``, from the cache when present. Generated in chunks of
     ``chunk`` prompts, each saved as it ends, so an interrupted run keeps what it made."""
-    from ..engine.batch import generate_batch, reply_progress
-
     tok, model = loaded.tokenizer, loaded.model
     if tok is None:
         raise ConfigError(f"{loaded.path}: training needs a tokenizer (the target has none)")
@@ -127,27 +130,132 @@ def distill(loaded, texts: list[str], *, max_new_tokens: int, temperature: float
                           f"({model.max_context}) minus --max-new-tokens ({max_new_tokens})")
     # one cache file per target and decoding settings, indexed by prompt: any subset or split of
     # the prompts (another --max-prompts or --eval-prompts) reuses what was made
-    key = hashlib.sha256(json.dumps([target_fingerprint(loaded.path), str(model.dtype), max_new_tokens, temperature,
-                                     seed, sorted(tok.eos_ids)]).encode()).hexdigest()[:16]
+    key = _settings_key(loaded, max_new_tokens, temperature, seed)
     os.makedirs(cache_dir, exist_ok=True)
     path = os.path.join(cache_dir, f"replies-{key}.pt")
+    replies = _cached_replies(model, enc, [max_new_tokens] * len(enc), tok.eos_ids, path, "distilling",
+                              temperature=temperature, seed=seed, slots=slots, chunk=chunk)
+    return Distilled(enc, replies, key)
+
+
+def _settings_key(loaded, max_new_tokens: int, temperature: float, seed: int) -> str:
+    """The reply cache's key: the target's content, its dtype and the decoding settings."""
+    return hashlib.sha256(json.dumps([target_fingerprint(loaded.path), str(loaded.model.dtype), max_new_tokens,
+                                      temperature, seed, sorted(loaded.tokenizer.eos_ids)]).encode()).hexdigest()[:16]
+
+
+def _cached_replies(model, enc: list[list[int]], budgets: list[int], stop_ids, path: str, desc: str, *,
+                    temperature: float, seed: int, slots: int, chunk: int) -> list[list[int]]:
+    """The replies to ``enc`` (prompt ``i`` continued by at most ``budgets[i]`` tokens) from the cache file
+    ``path``, generating and saving the missing ones in chunks of ``chunk`` prompts."""
+    from ..engine.batch import generate_batch, reply_progress
+
     done = _load_replies(path) if os.path.exists(path) else {}
     keys = [prompt_key(e) for e in enc]
     todo = [i for i in range(len(enc)) if keys[i] not in done]
     if todo:
-        bar, on_done, ntok = reply_progress(len(enc), "distilling", "prompt", initial=len(done))
+        bar, on_done, ntok = reply_progress(len(enc), desc, "prompt", initial=len(enc) - len(todo))
         t0 = time.perf_counter()
         for c in range(0, len(todo), chunk):
             part = todo[c:c + chunk]
-            replies = generate_batch(model, [enc[i] for i in part], max_new_tokens, set(tok.eos_ids), slots=slots,
-                                     temperature=temperature, seed=seed + c, on_done=on_done)
+            replies = generate_batch(model, [enc[i] for i in part], [budgets[i] for i in part], set(stop_ids),
+                                     slots=slots, temperature=temperature, seed=seed + c, on_done=on_done)
             done.update(zip((keys[i] for i in part), replies))
             _save_replies(path, done)
         bar.close()
         secs = time.perf_counter() - t0
-        print(f"distilled {len(todo)} replies (cached in {path}), {ntok[0]} tokens in {secs:.1f} s ({ntok[0] / max(secs, 1e-9):.0f} tok/s)",
-              file=sys.stderr)
-    return Distilled(enc, [done[k] for k in keys])
+        print(f"{'distilled' if desc == 'distilling' else 'continued'} {len(todo)} replies (cached in {path}), "
+              f"{ntok[0]} tokens in {secs:.1f} s ({ntok[0] / max(secs, 1e-9):.0f} tok/s)", file=sys.stderr)
+    return [done[k] for k in keys]
+
+
+BRANCH_TOP_K = 10  # a branch's token is one of the target's 10 likeliest after its greedy one
+
+
+def branch(loaded, base: Distilled, n: int, *, max_new_tokens: int, seed: int, slots: int, cache_dir: str,
+           batch_tokens: int = 16384, chunk: int = 2048) -> Distilled:
+    """``n`` more training replies per reply of ``base`` (greedy replies: ``base.key`` names their cache).
+
+    Each branch of a reply ``r`` starts at a random position ``p`` of it (``n`` distinct ones in ``0 .. len(r) - 2``):
+    its prompt is the base prompt, ``r[:p]`` and a token ``x`` the target did not choose there (drawn from
+    its distribution at ``p`` at temperature 1, less ``r[p]`` and the stop tokens, among its ``BRANCH_TOP_K``
+    likeliest); its reply is the target's greedy continuation of that, by at most ``max_new_tokens - p - 1``
+    tokens. So every reply token is still
+    the target's greedy choice after what precedes it (what verification checks a draft against), from
+    contexts that greedy decoding of the training prompts alone would never reach: more data of the
+    same kind, for no new prompts. Only the continuation is trained on (``Distilled.sequences``).
+
+    The branch points and tokens are drawn once (one forward of every reply, ``batch_tokens`` at a time)
+    and cached by base prompt with the continuations in ``cache_dir`` (keyed by the base replies' settings,
+    ``n`` and ``seed``): any subset of the prompts reuses them, new ones get theirs drawn."""
+    model, stop = loaded.model, set(loaded.tokenizer.eos_ids)
+    if n < 1:
+        return Distilled([], [], base.key)
+    key = hashlib.sha256(json.dumps(["branch-1", base.key, n, seed]).encode()).hexdigest()[:16]
+    spec_path = os.path.join(cache_dir, f"branches-{key}.pt")
+    src = [i for i, r in enumerate(base.replies) if len(r) >= 2]
+    keys = {i: prompt_key(base.prompts[i]) for i in src}
+    spec: dict[int, list[tuple[int, int]]] = {}  # base prompt key -> its branches' (p, x)
+    if os.path.exists(spec_path):
+        try:
+            d = torch.load(spec_path, weights_only=True)
+            for k, p, x in zip(d["source"].tolist(), d["p"].tolist(), d["x"].tolist()):
+                spec.setdefault(k, []).append((p, x))
+        except Exception as e:  # noqa: BLE001 - an unreadable cache is reported, never trusted
+            raise ConfigError(f"{spec_path}: unreadable branch cache ({e}); delete it to draw again") from None
+    need = [i for i in src if keys[i] not in spec]
+    if need:  # replies of prompts not seen before (any subset or split of the prompts reuses what was drawn)
+        for i, p, x in _draw_branches(model, base, need, n, stop, seed, batch_tokens):
+            spec.setdefault(keys[i], []).append((p, x))
+        flat = [(k, p, x) for k in sorted(spec) for p, x in spec[k]]
+        tmp = spec_path + ".tmp"
+        torch.save({name: torch.tensor([r[j] for r in flat], dtype=torch.int64)
+                    for j, name in enumerate(("source", "p", "x"))}, tmp)
+        os.replace(tmp, spec_path)
+    rows = [(i, p, x) for i in src for p, x in spec[keys[i]]]
+    if any(not 0 <= p <= len(base.replies[i]) - 2 for i, p, _ in rows):
+        raise ConfigError(f"{spec_path}: branch points outside these replies; delete it to draw again")
+    enc = [base.prompts[i] + base.replies[i][:p] + [x] for i, p, x in rows]
+    budgets = [max_new_tokens - p - 1 for _, p, _ in rows]
+    replies = _cached_replies(model, enc, budgets, stop, os.path.join(cache_dir, f"branch-replies-{key}.pt"),
+                              "branching", temperature=0.0, seed=seed, slots=slots, chunk=chunk)
+    return Distilled(enc, replies, key)
+
+
+@torch.no_grad()
+def _draw_branches(model, base: Distilled, src: list[int], n: int, stop: set[int], seed: int,
+                   batch_tokens: int) -> list[tuple[int, int, int]]:
+    """``(source reply, p, x)`` for ``n`` branches of each reply in ``src`` (see :func:`branch`)."""
+    from tqdm.auto import tqdm
+
+    from .trainer import make_batches
+
+    rng = random.Random(seed)
+    picks = {i: sorted(rng.sample(range(len(base.replies[i]) - 1), min(n, len(base.replies[i]) - 1))) for i in src}
+    seqs = [(base.prompts[i] + base.replies[i], len(base.prompts[i])) for i in src]
+    gen = torch.Generator(device=model.device).manual_seed(seed)
+    banned = torch.tensor(sorted(stop), dtype=torch.long, device=model.device)
+    rows = []
+    for batch in tqdm(make_batches(seqs, batch_tokens, 1 << 30), desc="branch points", unit="batch"):
+        width = max(len(seqs[j][0]) for j in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        for r, j in enumerate(batch):
+            ids[r, : len(seqs[j][0])] = torch.tensor(seqs[j][0])
+        hidden = model.forward_batch_train(ids.to(model.device)).hidden  # [b, L, H]
+        where = [(r, src[j], p) for r, j in enumerate(batch) for p in picks[src[j]]]
+        b_idx = torch.tensor([r for r, _, _ in where], device=model.device)
+        # the hidden state before reply token p predicts it
+        t_idx = torch.tensor([len(base.prompts[i]) + p - 1 for _, i, p in where], device=model.device)
+        logits = model.head(hidden[b_idx, t_idx], exact=False)  # [m, V] fp32
+        chosen = torch.tensor([base.replies[i][p] for _, i, p in where], device=model.device)
+        logits[torch.arange(len(where), device=model.device), chosen] = float("-inf")
+        logits[:, banned] = float("-inf")
+        top = logits.topk(BRANCH_TOP_K, dim=-1)  # the likeliest alternatives only: no token from the far tail
+        pick = torch.multinomial(torch.softmax(top.values, -1), 1, generator=gen)
+        x = top.indices.gather(1, pick)[:, 0].tolist()
+        rows.extend((i, p, t) for (_, i, p), t in zip(where, x))
+    rows.sort()
+    return rows
 
 
 def _save_replies(path: str, done: dict[int, list[int]]) -> None:

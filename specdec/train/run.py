@@ -13,7 +13,7 @@ import torch
 from ..drafters.draft_vocab import token_counts_vocab
 from ..drafters.factory import VOCAB_FILE
 from ..errors import ConfigError
-from .data import distill, read_prompts
+from .data import branch, distill, read_prompts
 from .trainer import Stopped, TrainConfig, train
 
 DEFAULT_PROMPTS = ("gsm8k_train", "chat", "code", "self_instruct")
@@ -28,9 +28,11 @@ def check_args(a) -> None:
                         ("--max-new-tokens", a.max_new_tokens, 1), ("--slots", a.slots, 1),
                         ("--eval-prompts", a.eval_prompts, 0), ("--eval-tokens", a.eval_tokens, 1),
                         ("--temperature", a.temperature, 0), ("--warmup", a.warmup, 0),
-                        ("--draft-vocab-size", a.draft_vocab_size, 0)):
+                        ("--draft-vocab-size", a.draft_vocab_size, 0), ("--branches", a.branches, 0)):
         if not v >= lo:
             raise ConfigError(f"{name} must be >= {lo:g}, got {v}")
+    if a.branches and a.temperature > 0:
+        raise ConfigError("--branches continues greedy replies: it needs --temperature 0")
     if a.warmup >= 1:
         raise ConfigError(f"--warmup is a fraction of the steps in [0, 1), got {a.warmup}")
     if a.max_prompts is not None and a.max_prompts < 1:
@@ -83,6 +85,11 @@ def run_train(a, argv: list[str] | None = None) -> int:
     data = distill(loaded, texts, max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed,
                    slots=a.slots, cache_dir=cache_dir, chat=not a.no_chat)
     print(f"data: {len(data.prompts)} prompts, {data.reply_tokens} reply tokens (cache {cache_dir})", file=sys.stderr)
+    if a.branches:
+        more = branch(loaded, data, a.branches, max_new_tokens=a.max_new_tokens, seed=a.seed, slots=a.slots,
+                      cache_dir=cache_dir, batch_tokens=a.batch_tokens)
+        print(f"branches: {len(more.prompts)} more replies, {more.reply_tokens} reply tokens", file=sys.stderr)
+        data = data + more
     if a.distill_only:  # the replies' draft vocabulary alone (e.g. for a target's own MTP block: --draft-vocab FILE)
         vocab = draft_vocab_json(data, loaded.model.config.vocab_size, a.draft_vocab_size, tok.eos_ids)
         if vocab:
@@ -106,7 +113,8 @@ def run_train(a, argv: list[str] | None = None) -> int:
     task.provenance = {"command": command, "target": os.path.basename(target_path),
                        "prompts": [os.path.basename(p) for p in (a.prompts or DEFAULT_PROMPTS)],
                        "train_prompts": len(texts), "held_out_prompts": len(held), "max_new_tokens": a.max_new_tokens,
-                       "temperature": a.temperature, "seed": a.seed}
+                       "temperature": a.temperature, "seed": a.seed,
+                       "branches": a.branches}
     try:
         summary = train(task, loaded, data, a.out, cfg, restart=a.restart, log=lambda m: print(m, file=sys.stderr))
     except Stopped as e:
