@@ -6,6 +6,10 @@
 #   call 2 (carry .dev/h2; drafters still out):  bash scripts/device_stage.sh start COMMIT DFLASH_MIN MTP_MIN [BRANCHES]
 #   call 3 (the tree with the shipped drafters):  bash scripts/device_stage.sh drafters
 #   later calls:  bash scripts/device_stage.sh wait SECONDS   (results to $OUT when the job is done)
+# The draft-vocabulary A/B (no training): part1, then `join` (carry .dev/h2; drafters out), then
+#   bash scripts/device_stage.sh vocab   (the tree with the shipped drafters): `specdec bench` on GSM8K (first 100)
+#   and HumanEval (first 100), T=0, -n 128: each shipped drafter with its draft_vocab.json and with the whole
+#   head (a copy of its directory without the list), in one process a set; results in $OUT/vocab.tgz.
 # The job (`job`): distil the default prompt sets (31,834 prompts) once, and BRANCHES (default 0) more replies
 # per reply (`specdec train --branches`); wait for the shipped
 # drafters; train DFlash (--init shipped, 128 anchors, lr 3e-4, --minutes DFLASH_MIN) and, when MTP_MIN
@@ -23,6 +27,20 @@ G=/tmp/smol.gguf
 case "$1" in
 part1)
     cp .dev/h1/p /tmp/p1 && pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl && ls -la /tmp/p1 ;;
+join)
+    cat /tmp/p1 .dev/h2/p > $G && md5sum $G ;;
+vocab)
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SPECDEC_COMMIT=${2:-unknown}
+    rm -rf /tmp/v && mkdir -p /tmp/v $OUT
+    for k in dflash mtp; do cp -r specdec/data/drafters/smollm2_135m_instruct/$k /tmp/v/$k-whole && rm /tmp/v/$k-whole/draft_vocab.json; done
+    for s in "gsm8k 100" "humaneval 100"; do
+        set -- $s
+        python -m specdec bench -m $G --dataset $1 --num-prompts $2 --max-turns 1 -n 128 -k 3 --json /tmp/v/vocab_$1.json \
+            --drafts none dflash dflash:/tmp/v/dflash-whole dflash+ngram dflash:/tmp/v/dflash-whole+ngram mtp mtp:/tmp/v/mtp-whole \
+            2>&1 | tr '\r' '\n' | grep -v "prompt/s\]$" > /tmp/v/vocab_$1.log
+        tail -n 9 /tmp/v/vocab_$1.log
+    done
+    (cd /tmp/v && tar czf $OUT/vocab.tgz *.json *.log) ;;
 start)
     cat /tmp/p1 .dev/h2/p > $G && md5sum $G
     rm -rf /tmp/repo $W && mkdir -p /tmp/repo $W && cp -r specdec scripts tests pyproject.toml /tmp/repo/  # tests: device_check imports its helpers
