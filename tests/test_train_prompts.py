@@ -1,7 +1,7 @@
 """The shipped training prompts (specdec/data/train/): they parse, have the counts their README
 states, hold no duplicates, share no question with the test sets, and the templated two are what
-scripts/make_train_prompts.py writes, byte for byte (the self-instruct set was sampled on a GPU by
-scripts/make_self_instruct.py: its provenance is in the README, not reproducible here). The test sets
+scripts/make_train_prompts.py writes, byte for byte, as the maths set is what scripts/make_math_prompts.py
+writes (the self-instruct set was sampled on a GPU by scripts/make_self_instruct.py: its provenance is in the README, not reproducible here). The test sets
 are read here only to prove that the training prompts are disjoint from them."""
 
 import json
@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "specdec", "data", "train")
 BENCH = os.path.join(ROOT, "specdec", "data", "bench")
 TEMPLATED = ("chat_prompts.jsonl", "code_prompts.jsonl")
-FILES = TEMPLATED + ("self_instruct_prompts.jsonl",)
+FILES = TEMPLATED + ("self_instruct_prompts.jsonl", "math_prompts.jsonl")
 
 
 def _prompts(name: str) -> list[str]:
@@ -22,8 +22,9 @@ def _prompts(name: str) -> list[str]:
     with open(os.path.join(TRAIN, name), encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             r = json.loads(line)
-            assert list(r) == ["prompt"] and isinstance(r["prompt"], str) and r["prompt"].strip(), f"{name}:{lineno}"
-            out.append(r["prompt"])
+            field = "question" if name == "math_prompts.jsonl" else "prompt"  # maths: asked as GSM8K is
+            assert list(r) == [field] and isinstance(r[field], str) and r[field].strip(), f"{name}:{lineno}"
+            out.append(r[field])
     return out
 
 
@@ -75,6 +76,20 @@ def test_script_reproduces_the_files(tmp_path):
     for name in TEMPLATED:
         with open(os.path.join(TRAIN, name), "rb") as a, open(tmp_path / name, "rb") as b:
             assert a.read() == b.read(), f"{name} differs from the script's output: rerun scripts/make_train_prompts.py"
+
+
+def test_math_script_reproduces_its_file(tmp_path):
+    script = os.path.join(ROOT, "scripts", "make_math_prompts.py")
+    subprocess.run([sys.executable, script, "--out", str(tmp_path)], check=True, capture_output=True, timeout=60)
+    with open(os.path.join(TRAIN, "math_prompts.jsonl"), "rb") as a, open(tmp_path / "math_prompts.jsonl", "rb") as b:
+        assert a.read() == b.read(), "math_prompts.jsonl differs from the script's output: rerun scripts/make_math_prompts.py"
+
+
+def test_math_questions_are_asked_as_gsm8k_is():
+    from specdec.train.data import GSM8K_SUFFIX, read_prompts
+
+    got = read_prompts("math")
+    assert len(got) == _readme_counts()["math_prompts.jsonl"] and all(p.endswith(GSM8K_SUFFIX) for p in got)
 
 
 def test_package_data_is_declared():
