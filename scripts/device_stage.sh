@@ -10,7 +10,7 @@
 #   bash scripts/device_stage.sh vocab   (the tree with the shipped drafters): `specdec bench` on GSM8K (first 100)
 #   and HumanEval (first 100), T=0, -n 128: each shipped drafter with its draft_vocab.json and with the whole
 #   head (a copy of its directory without the list), in one process a set; results in $OUT/vocab.tgz.
-# The job (`job`): distil the default prompt sets (31,834 prompts) once, and BRANCHES (default 0) more replies
+# The job (`job`): distil the default prompt sets (31,834 prompts; $PROMPTS, if set, names others) once, and BRANCHES (default 0) more replies
 # per reply (`specdec train --branches`); wait for the shipped
 # drafters; train DFlash (--init shipped, 128 anchors, lr 3e-4, --minutes DFLASH_MIN) and, when MTP_MIN
 # is above 0, the MTP head (--init shipped, K=3, lr 3e-4, --minutes MTP_MIN) side by side on the one GPU;
@@ -73,7 +73,9 @@ job)
     export PYTHONPATH=/tmp/site:/tmp/repo PYTHONUNBUFFERED=1 SPECDEC_COMMIT=$2
     sd() { python -m specdec "$@"; }
     common="--target $G --data-cache $W/dc --eval-prompts 4 --eval-tokens 96 --checkpoint-minutes 3 --epochs 40 --lr 3e-4"
-    sd train dflash --target $G --out $W/x --data-cache $W/dc --slots 512 --eval-prompts 4 --distill-only --branches "$5" > $W/distill.log 2>&1
+    common="$common ${PROMPTS:+--prompts $PROMPTS}"  # PROMPTS="gsm8k_train chat code self_instruct math": other sets
+    sd train dflash --target $G --out $W/x --data-cache $W/dc --slots 512 --eval-prompts 4 ${PROMPTS:+--prompts $PROMPTS} \
+        --distill-only --branches "$5" > $W/distill.log 2>&1
     echo "distill rc=$?"
     while [ ! -f /tmp/drafters/.done ]; do sleep 2; done
     sd train dflash $common --branches "$5" --out $W/dnew --minutes "$3" --anchors 128 --init /tmp/drafters/dflash > $W/dnew.log 2>&1 &
