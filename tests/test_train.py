@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from _dense_util import tiny_model, write_gguf
-from specdec.api import LLM
+from specdec.api import LLM, Target
 from specdec.cli import main
 from specdec.train.trainer import TrainConfig, lr_at
 
@@ -197,12 +197,18 @@ def test_branches_are_greedy_continuations_after_a_token_not_chosen(target, prom
         assert reply == ref  # and from there the target's own greedy continuation
         points.add(p)
     assert len(points) > 3  # branch points all over the replies, not one place
-    # a sharp target (logits x 50) would nearly always sample its greedy token: never drawn
+    # a sharp target (logits x 50) would nearly always sample its greedy token: never drawn; its second choice at
+    # that position (read here from the plain forward of the context) nearly always
     head = loaded.model.head
     monkeypatch.setattr(loaded.model, "head", lambda h, exact=True: head(h, exact) * 50)
     src = [i for i, r in enumerate(base.replies) if len(r) >= 2]
+    second, ref_target = 0, Target(load_model(target, "cpu", None))
     for i, p, x in data_mod._draw_branches(loaded.model, base, src, 3, stop, 1, 96):
         assert x != base.replies[i][p] and x not in stop
+        last = ref_target.logits(base.prompts[i] + base.replies[i][:p])[-1].clone()
+        last[[base.replies[i][p], *stop]] = float("-inf")
+        second += x == int(last.argmax())
+    assert second >= 0.9 * sum(min(3, len(base.replies[i]) - 1) for i in src)
     # drawn once: a rerun reads the points and the continuations from the cache, whatever the batch
     monkeypatch.setattr(loaded.model, "forward_batch_train", lambda *a, **k: 1 / 0)
     monkeypatch.setattr("specdec.engine.batch.generate_batch", lambda *a, **k: 1 / 0)
