@@ -21,8 +21,8 @@ def generate_batch(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_to
                    on_done: Callable[[int, list[int]], None] | None = None,
                    static_steps: bool | None = None) -> list[list[int]]:
     """Continue every prompt (token ids) by at most ``max_new_tokens`` tokens (one number, or one per
-    prompt) on the serving loop (plain decoding, ``slots`` sequences at a time); greedy when ``temperature`` is 0, else prompt
-    ``i`` is sampled with seed ``seed + i``. A reply ends with (and keeps) the first stop token.
+    prompt) on the serving loop (plain decoding, ``slots`` sequences at a time); greedy when
+    ``temperature`` is 0, else prompt ``i`` is sampled with seed ``seed + i``. A reply ends with (and keeps) the first stop token.
     Returns the replies in prompt order; ``on_done(index, reply)`` is called as each finishes.
     ``static_steps``: see :class:`~specdec.engine.serve_loop.EngineLoop` (default: on CUDA). Not
     ``exact``: a batch job prefills the prompts joining together in one forward (up to an eighth

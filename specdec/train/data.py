@@ -134,7 +134,7 @@ def distill(loaded, texts: list[str], *, max_new_tokens: int, temperature: float
     key = _settings_key(loaded, max_new_tokens, temperature, seed)
     os.makedirs(cache_dir, exist_ok=True)
     path = os.path.join(cache_dir, f"replies-{key}.pt")
-    replies = _cached_replies(model, enc, [max_new_tokens] * len(enc), tok.eos_ids, path, "distilling",
+    replies = _cached_replies(model, enc, [max_new_tokens] * len(enc), tok.eos_ids, path, ("distilling", "distilled"),
                               temperature=temperature, seed=seed, slots=slots, chunk=chunk)
     return Distilled(enc, replies, key)
 
@@ -145,17 +145,18 @@ def _settings_key(loaded, max_new_tokens: int, temperature: float, seed: int) ->
                                       temperature, seed, sorted(loaded.tokenizer.eos_ids)]).encode()).hexdigest()[:16]
 
 
-def _cached_replies(model, enc: list[list[int]], budgets: list[int], stop_ids, path: str, desc: str, *,
+def _cached_replies(model, enc: list[list[int]], budgets: list[int], stop_ids, path: str, words: tuple[str, str], *,
                     temperature: float, seed: int, slots: int, chunk: int) -> list[list[int]]:
     """The replies to ``enc`` (prompt ``i`` continued by at most ``budgets[i]`` tokens) from the cache file
-    ``path``, generating and saving the missing ones in chunks of ``chunk`` prompts."""
+    ``path``, generating and saving the missing ones in chunks of ``chunk`` prompts; ``words``: the progress
+    bar's label and the verb of the summary line."""
     from ..engine.batch import generate_batch, reply_progress
 
     done = _load_replies(path) if os.path.exists(path) else {}
     keys = [prompt_key(e) for e in enc]
     todo = [i for i in range(len(enc)) if keys[i] not in done]
     if todo:
-        bar, on_done, ntok = reply_progress(len(enc), desc, "prompt", initial=len(enc) - len(todo))
+        bar, on_done, ntok = reply_progress(len(enc), words[0], "prompt", initial=len(enc) - len(todo))
         t0 = time.perf_counter()
         for c in range(0, len(todo), chunk):
             part = todo[c:c + chunk]
@@ -165,7 +166,7 @@ def _cached_replies(model, enc: list[list[int]], budgets: list[int], stop_ids, p
             _save_replies(path, done)
         bar.close()
         secs = time.perf_counter() - t0
-        print(f"{'distilled' if desc == 'distilling' else 'continued'} {len(todo)} replies (cached in {path}), "
+        print(f"{words[1]} {len(todo)} replies (cached in {path}), "
               f"{ntok[0]} tokens in {secs:.1f} s ({ntok[0] / max(secs, 1e-9):.0f} tok/s)", file=sys.stderr)
     return [done[k] for k in keys]
 
@@ -181,10 +182,10 @@ def branch(loaded, base: Distilled, n: int, *, max_new_tokens: int, seed: int, s
     its prompt is the base prompt, ``r[:p]`` and a token ``x`` the target did not choose there (drawn from
     its distribution at ``p`` at temperature 1, less ``r[p]`` and the stop tokens, among its ``BRANCH_TOP_K``
     likeliest); its reply is the target's greedy continuation of that, by at most ``max_new_tokens - p - 1``
-    tokens. So every reply token is still
-    the target's greedy choice after what precedes it (what verification checks a draft against), from
-    contexts that greedy decoding of the training prompts alone would never reach: more data of the
-    same kind, for no new prompts. Only the continuation is trained on (``Distilled.sequences``).
+    tokens. So every reply token is still the target's greedy choice after what precedes it (what
+    verification checks a draft against), from contexts that greedy decoding of the training prompts alone
+    would never reach: more data of the same kind, for no new prompts. Only the continuation is trained on
+    (``Distilled.sequences``).
 
     The branch points and tokens are drawn once (one forward of every reply, ``batch_tokens`` at a time)
     and cached by base prompt with the continuations in ``cache_dir`` (keyed by the base replies' settings,
@@ -219,7 +220,7 @@ def branch(loaded, base: Distilled, n: int, *, max_new_tokens: int, seed: int, s
     enc = [base.prompts[i] + base.replies[i][:p] + [x] for i, p, x in rows]
     budgets = [max_new_tokens - p - 1 for _, p, _ in rows]
     replies = _cached_replies(model, enc, budgets, stop, os.path.join(cache_dir, f"branch-replies-{key}.pt"),
-                              "branching", temperature=0.0, seed=seed, slots=slots, chunk=chunk)
+                              ("branching", "continued"), temperature=0.0, seed=seed, slots=slots, chunk=chunk)
     return Distilled(enc, replies, key)
 
 
@@ -229,7 +230,7 @@ def _draw_branches(model, base: Distilled, src: list[int], n: int, stop: set[int
     """``(source reply, p, x)`` for ``n`` branches of each reply in ``src`` (see :func:`branch`)."""
     from tqdm.auto import tqdm
 
-    from .trainer import make_batches
+    from .trainer import collate, make_batches
 
     rng = random.Random(seed)
     picks = {i: sorted(rng.sample(range(len(base.replies[i]) - 1), min(n, len(base.replies[i]) - 1))) for i in src}
@@ -238,11 +239,8 @@ def _draw_branches(model, base: Distilled, src: list[int], n: int, stop: set[int
     banned = torch.tensor(sorted(stop), dtype=torch.long, device=model.device)
     rows = []
     for batch in tqdm(make_batches(seqs, batch_tokens, 1 << 30), desc="branch points", unit="batch"):
-        width = max(len(seqs[j][0]) for j in batch)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        for r, j in enumerate(batch):
-            ids[r, : len(seqs[j][0])] = torch.tensor(seqs[j][0])
-        hidden = model.forward_batch_train(ids.to(model.device)).hidden  # [b, L, H]
+        ids, _ = collate(seqs, batch, 1 << 30, model.device)
+        hidden = model.forward_batch_train(ids).hidden  # [b, L, H]
         where = [(r, src[j], p) for r, j in enumerate(batch) for p in picks[src[j]]]
         b_idx = torch.tensor([r for r, _, _ in where], device=model.device)
         # the hidden state before reply token p predicts it
