@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import MAX_INT, MAX_LAYERS, _normalise_rope
+from ..cpu_linear import Linear, linear
 from ..models.gguf_names import is_number
 from ..errors import ConfigError
 from ..models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, attend
@@ -194,10 +194,10 @@ class DFlashAttention(nn.Module):
     def __init__(self, c: DFlashConfig):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
-        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
-        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
-        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_proj = Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.scale = c.head_dim ** -0.5
@@ -271,7 +271,7 @@ class DFlashDraftModel(nn.Module):
     def __init__(self, c: DFlashConfig):
         super().__init__()
         self.config = c
-        self.fc = nn.Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
+        self.fc = Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.layers = nn.ModuleList(DFlashLayer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -359,7 +359,7 @@ class DFlashDraftModel(nn.Module):
     def logits(self, h: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
         """Final-normed ``h`` through the target's LM head, with the drafter's own logit
         multiplier and soft cap (z-lab ``compute_logits``), fp32."""
-        return self.scale_logits(F.linear(h, head_weight).float())
+        return self.scale_logits(linear(h, head_weight).float())
 
     def scale_logits(self, out: torch.Tensor) -> torch.Tensor:
         """fp32 logits of the target's LM head -> the drafter's (its multiplier and soft cap)."""

@@ -22,8 +22,8 @@ import os
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
+from ..cpu_linear import linear
 from ..errors import ConfigError
 
 
@@ -149,7 +149,7 @@ class DraftVocab:
         """``h [..., H]`` -> fp32 ``[..., V]``: the head's logits of the subset and of ``part``'s tokens
         (then ``post``, e.g. a soft cap, applied to them only), ``-inf`` for every other token. A part
         of several slots (``ids [S, P]``) goes with ``h [S, R, H]``: row ``s`` takes slot ``s``'s tokens."""
-        sub = F.linear(h, self.rows).float()
+        sub = linear(h, self.rows).float()
         sub = post(sub) if post is not None else sub
         if part is None:
             return sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf")).index_copy_(-1, self.ids, sub)
@@ -159,6 +159,6 @@ class DraftVocab:
             extra = post(extra) if post is not None else extra
             out.scatter_(-1, part.ids[:, None, :].expand(-1, h.shape[1], -1), extra)  # unused entries: column V
             return out[..., : self.vocab_size]
-        extra = F.linear(h, part.rows).float()
+        extra = linear(h, part.rows).float()
         out.index_copy_(-1, part.ids, post(extra) if post is not None else extra)  # unused entries: column V
         return out[..., : self.vocab_size]

@@ -45,9 +45,9 @@ import os
 import re
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..cpu_linear import Linear, linear, plain
 from ..errors import CheckpointError, ConfigError
 from ..hostcopy import device_ints
 from ..models import fused_layer
@@ -80,7 +80,7 @@ class MTPBlock(nn.Module):
                  dedicated_head: bool = False):
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
-        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.fc = Linear(2 * h, h, bias=False)
         self.pre_fc_norm_embedding = RMSNorm(h, eps, zero_centered)
         self.pre_fc_norm_hidden = RMSNorm(h, eps, zero_centered)
         self.layers = nn.ModuleList([layer])
@@ -88,7 +88,7 @@ class MTPBlock(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, h) if dedicated_embed else None
         self.shared_head = nn.Module() if dedicated_head else None
         if dedicated_head:
-            self.shared_head.head = nn.Linear(h, config.vocab_size, bias=False)
+            self.shared_head.head = Linear(h, config.vocab_size, bias=False)
 
     def forward(self, emb: torch.Tensor, hidden: torch.Tensor, ctx, cache, fast: "FastLayer | None" = None
                 ) -> torch.Tensor:
@@ -133,7 +133,7 @@ class FastLayer:
             return False
         a, m = layer.self_attn, layer.mlp
         return (a.q_norm is None and not a.gated and not hasattr(a, "tp_slices") and not hasattr(m, "tp_slices")
-                and type(a.o_proj) is nn.Linear and type(m.down_proj) is nn.Linear and a.q_proj.bias is None
+                and plain(a.o_proj) and plain(m.down_proj) and a.q_proj.bias is None
                 and a.o_proj.bias is None and m.gate_proj.bias is None and m.down_proj.bias is None
                 and type(m).act is fused_layer._silu_act() and layer.config.hidden_size <= fused_layer.MAX_HIDDEN)
 
@@ -212,7 +212,7 @@ class MTPDrafter:
         if self.vocab is not None:  # the subset's rows; the target's soft cap unless the head is the block's own
             return self.vocab.logits(g, None if b.shared_head is not None else self.target.soft_cap, self._part)
         if b.shared_head is not None:
-            return F.linear(g, b.shared_head.head.weight).float()
+            return linear(g, b.shared_head.head.weight).float()
         return self.target.head(g, exact=False)  # drafts: cuBLAS, not the row-exact GEMM
 
     def _ensure(self, end: int) -> None:

@@ -17,6 +17,7 @@ from torch import nn
 from ..cache import BatchCache, BatchKVCache, BatchWrite, NoCache, SequenceCache
 from ..errors import ConfigError
 from ..config import ModelConfig
+from ..cpu_linear import Linear, linear
 from ..parallel.tp import Shard, VocabParallelEmbedding, gather_vocab, vocab_parallel_head
 from . import fused_layer
 from .layers import RMSNorm, RotaryEmbedding, causal_mask, sliding_causal_mask
@@ -93,7 +94,7 @@ class CausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
-            self.lm_head = nn.Linear(h, v, bias=False) if shard is None else vocab_parallel_head(h, v, shard)
+            self.lm_head = Linear(h, v, bias=False) if shard is None else vocab_parallel_head(h, v, shard)
         self.layers = nn.ModuleList()
 
     # --- per-architecture hooks -------------------------------------------------
@@ -167,7 +168,7 @@ class CausalLM(nn.Module):
         w = self.head_weight()
         if exact and self.row_exact() and fused_layer.usable(h) and w.is_contiguous():
             return fused_layer.linear(h, w).float()
-        logits = torch.nn.functional.linear(h, w).float()
+        logits = linear(h, w).float()
         return logits if self.shard is None else gather_vocab(logits, self.shard, self.config.vocab_size)
 
     def row_exact(self, rows: int = 1) -> bool:

@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cache import BatchLinearCache, LinearAttnCache
+from .. import cpu_linear
+from ..cpu_linear import Linear
 from ..errors import ConfigError
 from ..parallel.tp import Blocks, Shard, Slice, row_parallel
 from . import delta_kernel
@@ -201,10 +203,10 @@ class GatedDeltaNet(nn.Module):
             n_k_heads, n_v_heads = n_k_heads // shard.world, n_v_heads // shard.world
         self.hk, self.hv, self.dk, self.dv, self.kernel = n_k_heads, n_v_heads, k_dim, v_dim, kernel
         self.conv_dim = 2 * n_k_heads * k_dim + n_v_heads * v_dim
-        self.in_proj_qkv = nn.Linear(hidden, self.conv_dim, bias=False)
-        self.in_proj_z = nn.Linear(hidden, n_v_heads * v_dim, bias=False)
-        self.in_proj_b = nn.Linear(hidden, n_v_heads, bias=False)
-        self.in_proj_a = nn.Linear(hidden, n_v_heads, bias=False)
+        self.in_proj_qkv = Linear(hidden, self.conv_dim, bias=False)
+        self.in_proj_z = Linear(hidden, n_v_heads * v_dim, bias=False)
+        self.in_proj_b = Linear(hidden, n_v_heads, bias=False)
+        self.in_proj_a = Linear(hidden, n_v_heads, bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, kernel, groups=self.conv_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.empty(n_v_heads))
         self.A_log = nn.Parameter(torch.empty(n_v_heads))
@@ -221,13 +223,13 @@ class GatedDeltaNet(nn.Module):
     def project(self, x: torch.Tensor, linear=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x [..., hidden]`` -> ``in_proj_qkv, in_proj_z, in_proj_b, in_proj_a`` of it: one GEMM once
         fused (column slices of its output), else four. ``linear(x, w)``: the GEMM (the fused layers' kernel,
-        ``fused_layer.linear``: the fused weight always); None: ``F.linear``."""
+        ``fused_layer.linear``: the fused weight always); None: ``cpu_linear.linear``."""
         if linear is not None:
             w, _, sizes = self._fused
             return linear(x, w).split(sizes, dim=-1)
         if self._fused is not None and FUSED_PROJ:
             w, _, sizes = self._fused
-            return F.linear(x, w).split(sizes, dim=-1)
+            return cpu_linear.linear(x, w).split(sizes, dim=-1)
         return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
 
     def make_cache(self, dtype: torch.dtype, device, snapshot_tokens: int = 32) -> LinearAttnCache:

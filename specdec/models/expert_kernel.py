@@ -46,6 +46,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from ..cpu_linear import linear
 from . import fused_layer, pdl
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
@@ -280,7 +281,7 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
     (gbn, gbk, gw), (cbn, cbk, cw, cpc) = tiles or (GATE_UP_TILE, COMBINE_TILE)
     x = x.contiguous()
     # the router's logits in the model dtype, as F.linear rounds them: a Triton GEMM (PDL, a row's bits its own)
-    logits = fused_layer.linear(x, router) if fused_layer.usable(x) else F.linear(x, router)
+    logits = fused_layer.linear(x, router) if fused_layer.usable(x) else linear(x, router)
     has_live = live is not None
     sgu, sdown = shared if shared is not None else (gate_up, down)  # stand-ins, never read
     idx = torch.empty(t, top_k, dtype=torch.int32, device=x.device)

@@ -39,6 +39,7 @@ import os
 
 import torch
 
+from ..cpu_linear import plain
 from ..errors import ConfigError
 from . import pdl
 
@@ -157,9 +158,9 @@ def eligible(layer) -> bool:
         return layer.fused_eligible()
     a, mlp = layer.self_attn, layer.mlp
     return ((a.q_norm is None or WIDE) and not a.gated and a._fused is not None
-            and a._fused[1] is None and type(a.o_proj) is torch.nn.Linear and a.o_proj.bias is None
+            and a._fused[1] is None and plain(a.o_proj) and a.o_proj.bias is None
             and mlp._fused is not None and mlp._fused[1] is None and type(mlp).act is _silu_act()
-            and type(mlp.down_proj) is torch.nn.Linear and mlp.down_proj.bias is None
+            and plain(mlp.down_proj) and mlp.down_proj.bias is None
             and a.o_proj.weight.is_contiguous() and mlp.down_proj.weight.is_contiguous()
             and (layer.config.hidden_size <= MAX_HIDDEN or WIDE))
 

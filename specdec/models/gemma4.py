@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cache import KVCache, SequenceCache
+from ..cpu_linear import Linear
 from .base import StepContext, WindowedCausalLM
 from .gemma4_config import Gemma4Config
 from .gemma4_gguf import gguf_config, gguf_names, gguf_tensor_config
@@ -115,14 +116,14 @@ class Gemma4Attention(nn.Module):
         self.head_dim, self.n_kv = c.attention_dims[layer_type]
         self.n_heads, self.eps, self.shared = c.num_attention_heads, c.rms_norm_eps, shared
         h, d, bias = c.hidden_size, self.head_dim, c.attention_bias
-        self.q_proj = nn.Linear(h, self.n_heads * d, bias=bias)
+        self.q_proj = Linear(h, self.n_heads * d, bias=bias)
         self.q_norm = RMSNorm(d, c.rms_norm_eps)
         if not shared:
-            self.k_proj = nn.Linear(h, self.n_kv * d, bias=bias)
+            self.k_proj = Linear(h, self.n_kv * d, bias=bias)
             k_eq_v = c.attention_k_eq_v and layer_type == "full_attention"
-            self.v_proj = None if k_eq_v else nn.Linear(h, self.n_kv * d, bias=bias)
+            self.v_proj = None if k_eq_v else Linear(h, self.n_kv * d, bias=bias)
             self.k_norm = RMSNorm(d, c.rms_norm_eps)
-        self.o_proj = nn.Linear(self.n_heads * d, h, bias=bias)
+        self.o_proj = Linear(self.n_heads * d, h, bias=bias)
 
     def forward(self, x: torch.Tensor, cos, sin, cache: KVCache, start, mask) -> torch.Tensor:
         t = x.shape[0]
@@ -146,7 +147,7 @@ class Gemma4Router(nn.Module):
     def __init__(self, hidden: int, num_experts: int, top_k: int, eps: float):
         super().__init__()
         self.top_k, self.eps, self.root = top_k, eps, hidden ** -0.5
-        self.proj = nn.Linear(hidden, num_experts, bias=False)
+        self.proj = Linear(hidden, num_experts, bias=False)
         self.scale = nn.Parameter(torch.empty(hidden))
         self.per_expert_scale = nn.Parameter(torch.empty(num_experts))
 
@@ -185,8 +186,8 @@ class Gemma4DecoderLayer(nn.Module):
             self.post_feedforward_layernorm_2 = norm()
         self.per_layer = bool(c.hidden_size_per_layer_input)
         if self.per_layer:
-            self.per_layer_input_gate = nn.Linear(h, c.hidden_size_per_layer_input, bias=False)
-            self.per_layer_projection = nn.Linear(c.hidden_size_per_layer_input, h, bias=False)
+            self.per_layer_input_gate = Linear(h, c.hidden_size_per_layer_input, bias=False)
+            self.per_layer_projection = Linear(c.hidden_size_per_layer_input, h, bias=False)
             self.post_per_layer_input_norm = norm()
 
     def forward(self, x: torch.Tensor, ctx: Gemma4StepContext, cache: KVCache) -> torch.Tensor:
@@ -223,7 +224,7 @@ class Gemma4ForCausalLM(WindowedCausalLM):
         if self.per_layer_dim:
             n = c.num_hidden_layers * self.per_layer_dim
             self.embed_tokens_per_layer = nn.Embedding(c.vocab_size_per_layer_input, n)
-            self.per_layer_model_projection = nn.Linear(c.hidden_size, n, bias=False)
+            self.per_layer_model_projection = Linear(c.hidden_size, n, bias=False)
             self.per_layer_projection_norm = RMSNorm(self.per_layer_dim, c.rms_norm_eps)
 
     def make_layer_cache(self, i, max_len, dtype, device):

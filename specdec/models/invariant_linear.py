@@ -21,6 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..cpu_linear import linear, plain
+
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
     import triton
     import triton.language as tl
@@ -62,10 +64,10 @@ if triton is not None:
 
 def invariant_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
                      config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
-    """``x @ w.T (+ b)`` on CUDA with the row-count-invariant kernel (``F.linear`` elsewhere);
+    """``x @ w.T (+ b)`` on CUDA with the row-count-invariant kernel (``cpu_linear.linear`` elsewhere);
     ``config``: the tiling (default: :func:`config_for` the row count)."""
     if triton is None or not x.is_cuda:
-        return F.linear(x, w, b)
+        return linear(x, w, b)
     x2 = x.reshape(-1, x.shape[-1])
     y = run_kernel(x2, w, config or config_for(x2.shape[0])).reshape(*x.shape[:-1], w.shape[0])
     return y if b is None else y + b
@@ -129,7 +131,7 @@ def make_rows_invariant(model: nn.Module, max_rows: int, varies=cublas_varies, f
     swapped = []
     for name, mod in list(model.named_modules()):
         for child_name, child in list(mod.named_children()):
-            if type(child) is not nn.Linear:  # (an InvariantLinear: swapped for an earlier loop)
+            if not plain(child):  # (an InvariantLinear: swapped for an earlier loop)
                 continue
             key = (tuple(child.weight.shape), child.weight.dtype)
             if key not in verdict:

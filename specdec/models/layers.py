@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cache import KVCache
+from ..cpu_linear import Linear, linear
 from ..errors import ConfigError
 from ..parallel.tp import Shard, even_split, row_parallel, split_heads
 from . import fused_ops, rope_write, split_attention
@@ -414,9 +415,9 @@ class Attention(nn.Module):
                 self.tp_slices.update({f"{m}.bias": s for m, s in qkv.items()})
             self.tp_slices["o_proj.weight"] = split.q.along(1)  # its bias is added once, after the all-reduce
         self.n_heads, self.n_kv, self.head_dim, self.gated = n_heads, n_kv, head_dim, gated
-        self.q_proj = nn.Linear(hidden, n_heads * head_dim * (2 if gated else 1), bias=bias)
-        self.k_proj = nn.Linear(hidden, n_kv * head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, n_kv * head_dim, bias=bias)
+        self.q_proj = Linear(hidden, n_heads * head_dim * (2 if gated else 1), bias=bias)
+        self.k_proj = Linear(hidden, n_kv * head_dim, bias=bias)
+        self.v_proj = Linear(hidden, n_kv * head_dim, bias=bias)
         self.o_proj = row_parallel(n_heads * head_dim, hidden, bias, shard)
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(head_dim, qk_norm_eps, zero_centered_qk)
@@ -446,7 +447,7 @@ class Attention(nn.Module):
         """q ``[..., T, H, d]``, k, v ``[..., T, Hkv, d]`` before RoPE (q/k-normed), and the gate."""
         if self._fused is not None:
             w, b, sizes = self._fused
-            return self.split_qkv(F.linear(x, w, b))
+            return self.split_qkv(linear(x, w, b))
         return self._shape_heads(self.q_proj(x), self.k_proj(x), self.v_proj(x))
 
     def split_qkv(self, qkv: torch.Tensor):
@@ -512,8 +513,8 @@ class SwiGLU(nn.Module):
             self.tp_slices = {"gate_proj.weight": rows, "up_proj.weight": rows, "down_proj.weight": rows.along(1)}
             if bias:
                 self.tp_slices.update({"gate_proj.bias": rows, "up_proj.bias": rows})
-        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
-        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.gate_proj = Linear(hidden, inter, bias=bias)
+        self.up_proj = Linear(hidden, inter, bias=bias)
         self.down_proj = row_parallel(inter, hidden, bias, shard)
         self._fused: tuple | None = None  # (weight, bias, sizes) once fuse() ran
 
@@ -530,7 +531,7 @@ class SwiGLU(nn.Module):
         """``act(gate(x)) * up(x)``: the input of ``down_proj`` (a rank's block of it, sharded)."""
         if self._fused is not None:
             w, b, sizes = self._fused
-            gate_up = F.linear(x, w, b)
+            gate_up = linear(x, w, b)
             if (type(self).act is SwiGLU.act and not (torch.is_grad_enabled() and gate_up.requires_grad)
                     and fused_ops.usable(gate_up)):
                 return fused_ops.silu_mul(gate_up)  # CUDA: the activation and product in one kernel

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..cpu_linear import Linear, linear
 from ..errors import CheckpointError, ConfigError
 from ..parallel.tp import Shard, even_split
 from ..weights.source import TensorSource
@@ -125,8 +126,8 @@ class Experts(nn.Module):
             if n == 0:
                 continue
             rows, sel = token[pos:pos + n], order[pos:pos + n]
-            gate, up = F.linear(x[rows], self.gate_up_proj[e - first]).chunk(2, dim=-1)
-            y = F.linear(self.act(gate) * up, self.down_proj[e - first]) * weights.reshape(-1)[sel, None]
+            gate, up = linear(x[rows], self.gate_up_proj[e - first]).chunk(2, dim=-1)
+            y = linear(self.act(gate) * up, self.down_proj[e - first]) * weights.reshape(-1)[sel, None]
             out.index_add_(0, rows, y)
             pos += n
         return out
@@ -184,10 +185,10 @@ class SparseMoeBlock(nn.Module):
                               f"{shard.world} tensor-parallel ranks")
         self.top_k = top_k
         self.shard = shard
-        self.gate = nn.Linear(hidden, num_experts, bias=False)
+        self.gate = Linear(hidden, num_experts, bias=False)
         self.experts = Experts(num_experts, hidden, moe_intermediate, shard=shard)
         self.shared_expert = SwiGLU(hidden, shared_intermediate, shard=shard) if shared_intermediate else None
-        self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if shared_intermediate else None
+        self.shared_expert_gate = Linear(hidden, 1, bias=False) if shared_intermediate else None
         self._router = None  # fuse(): the router and the shared gate as one weight
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -268,7 +269,7 @@ class SparseMoeBlock(nn.Module):
         out = self.experts.partial(x, idx, w)
         if self.shared_expert is not None:
             se = self.shared_expert  # its block of the intermediate, the row-parallel down_proj unreduced
-            part = F.linear(se.inner(x), se.down_proj.weight)
+            part = linear(se.inner(x), se.down_proj.weight)
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * part
         return self.shard.all_reduce(out)
 

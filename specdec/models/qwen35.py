@@ -28,6 +28,7 @@ from torch import nn
 
 from ..cache import KVCache, LinearAttnCache
 from ..config import ModelConfig
+from ..cpu_linear import plain
 from ..errors import ConfigError
 from ..parallel.tp import Shard
 from . import base, fused_layer
@@ -158,7 +159,7 @@ class _HybridLayer(nn.Module):
         only with ``fused_layer.WIDE``."""
         mlp = self.mlp
         ffn = (mlp.fused_rows() > 0 if isinstance(mlp, SparseMoeBlock) else
-               type(mlp) is SwiGLU and mlp._fused is not None and mlp._fused[1] is None and type(mlp.down_proj) is nn.Linear
+               type(mlp) is SwiGLU and mlp._fused is not None and mlp._fused[1] is None and plain(mlp.down_proj)
                and mlp.down_proj.bias is None and mlp.down_proj.weight.is_contiguous())
         return (HYBRID_FUSED and ffn and (self.config.hidden_size <= fused_layer.MAX_HIDDEN or fused_layer.WIDE)
                 and self._mixer_eligible())
@@ -221,7 +222,7 @@ class FullAttentionDecoderLayer(_HybridLayer):
     def _mixer_eligible(self) -> bool:
         a = self.self_attn
         return (a._fused is not None and a._fused[1] is None and a._fused[0].is_contiguous()
-                and type(a.o_proj) is nn.Linear and a.o_proj.bias is None and a.o_proj.weight.is_contiguous())
+                and plain(a.o_proj) and a.o_proj.bias is None and a.o_proj.weight.is_contiguous())
 
 
 class LinearAttentionDecoderLayer(_HybridLayer):
@@ -249,7 +250,7 @@ class LinearAttentionDecoderLayer(_HybridLayer):
 
     def _mixer_eligible(self) -> bool:
         d = self.linear_attn
-        return (d._fused is not None and d._fused[0].is_contiguous() and type(d.out_proj) is nn.Linear
+        return (d._fused is not None and d._fused[0].is_contiguous() and plain(d.out_proj)
                 and d.out_proj.bias is None and d.out_proj.weight.is_contiguous())
 
 

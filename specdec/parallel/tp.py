@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..cpu_linear import Linear, linear
 from ..errors import ConfigError
 
 
@@ -190,14 +191,14 @@ class RowParallelLinear(nn.Linear):
         self.shard = shard
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.shard.all_reduce(F.linear(x, self.weight))
+        y = self.shard.all_reduce(linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
 
 def row_parallel(in_features: int, out_features: int, bias: bool, shard: Shard | None) -> nn.Linear:
     """``nn.Linear`` on one process, :class:`RowParallelLinear` on a rank."""
     if shard is None:
-        return nn.Linear(in_features, out_features, bias=bias)
+        return Linear(in_features, out_features, bias=bias)
     return RowParallelLinear(in_features, out_features, bias, shard)
 
 
@@ -220,7 +221,7 @@ class VocabParallelEmbedding(nn.Embedding):
 
 def vocab_parallel_head(hidden: int, vocab: int, shard: Shard) -> nn.Linear:
     """An untied LM head holding this rank's vocab rows (see :func:`gather_vocab`)."""
-    head = nn.Linear(hidden, vocab_split(vocab, shard).size, bias=False)
+    head = Linear(hidden, vocab_split(vocab, shard).size, bias=False)
     head.tp_slices = {"weight": vocab_split(vocab, shard)}
     return head
 

@@ -1,0 +1,98 @@
+"""specdec.cpu_linear: fp32 linear layers on oneDNN on the CPU, F.linear wherever a gradient is needed."""
+
+import platform
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec import cpu_linear
+from specdec.engine import SpeculativeGenerator
+from specdec.cpu_linear import Linear, linear
+
+from _engine_util import SpoiledOracle, plain_generate, tiny_llama
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts oneDNN calls (the op is wrapped, so a call that silently fell back to F.linear shows)."""
+    n = {"onednn": 0}
+    real = torch.ops.mkldnn._linear_pointwise
+
+    class Ops:
+        @staticmethod
+        def _linear_pointwise(*args):
+            n["onednn"] += 1
+            return real(*args)
+
+    monkeypatch.setattr(cpu_linear.torch.ops, "mkldnn", Ops, raising=False)
+    return n
+
+
+def test_onednn_is_taken_on_this_cpu():
+    # the suite's machines are x86-64 builds with oneDNN: the fast path must not be off by accident
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert torch.backends.mkldnn.is_available() and cpu_linear._probe()
+    w = torch.randn(8, 4)
+    with torch.no_grad():
+        assert cpu_linear.usable(torch.randn(2, 4), w) == cpu_linear._probe()
+
+
+@pytest.mark.parametrize("shape", [(4,), (1, 4), (3, 4), (2, 5, 4), (0, 4)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_matches_f_linear(shape, bias, calls):
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(*shape, generator=g), torch.randn(24, 4, generator=g)
+    b = torch.randn(24, generator=g) if bias else None
+    with torch.inference_mode():
+        y = linear(x, w, b)
+    assert y.shape == (*shape[:-1], 24)
+    torch.testing.assert_close(y, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert calls["onednn"] == (1 if cpu_linear._probe() else 0)
+
+
+def test_strided_input():
+    x = torch.randn(16, 9)[:, 2:6]  # a column slice: not contiguous
+    w = torch.randn(7, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_go_through_f_linear(calls):
+    lin = Linear(4, 3)
+    x = torch.randn(5, 4, requires_grad=True)
+    lin(x).sum().backward()  # oneDNN's op has no autograd formula: the path must be F.linear's
+    assert calls["onednn"] == 0
+    assert x.grad is not None and lin.weight.grad is not None
+    torch.testing.assert_close(lin.weight.grad, torch.ones(3, 5) @ x.detach())
+
+
+def test_off_switch_and_other_dtypes_are_f_linear_bitwise(monkeypatch, calls):
+    x, w = torch.randn(6, 32), torch.randn(40, 32)
+    monkeypatch.setattr(cpu_linear, "ENABLED", False)
+    with torch.no_grad():
+        assert torch.equal(linear(x, w), F.linear(x, w))
+    monkeypatch.setattr(cpu_linear, "ENABLED", True)
+    with torch.no_grad():
+        xb, wb = x.bfloat16(), w.bfloat16()
+        assert torch.equal(linear(xb, wb), F.linear(xb, wb))
+    assert calls["onednn"] == 0
+
+
+def test_linear_module_keeps_nn_linear_names():
+    lin = Linear(4, 3, bias=True)
+    assert isinstance(lin, torch.nn.Linear) and set(lin.state_dict()) == {"weight", "bias"}
+
+
+def test_greedy_speculative_equals_plain_on_both_backends(monkeypatch):
+    # the backends round differently (not bitwise), so each is checked against its own plain decoding,
+    # with a drafter whose proposals are mostly accepted (multi-row verify logits decide the tokens)
+    model = tiny_llama()
+    model.fuse_projections()
+    prompt = torch.tensor([5, 9, 13, 5, 9, 13, 5, 9])
+    for on in (True, False):
+        monkeypatch.setattr(cpu_linear, "ENABLED", on)
+        plain = plain_generate(model, prompt, 40).token_ids
+        spec = SpeculativeGenerator(model, SpoiledOracle(prompt.tolist() + plain, 97, spoil=0.3), 4).generate(prompt, 40)
+        assert spec.token_ids == plain
+        assert sum(spec.stats.accepted) >= 20 and len(spec.stats.accepted) < 25
