@@ -28,6 +28,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
+                    help="padded static steps (default: the engine's, on for CUDA, off for the CPU)")
+    ap.add_argument("--shapes", action="store_true", help="group the profile table by input shapes")
     a = ap.parse_args()
     if a.shape:
         from specdec.bench_shape import _dflash
@@ -47,7 +50,7 @@ def main() -> None:
         prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]), add_special=False)
                    for (q,) in load_prompts("gsm8k", 2 * a.prompts)]
     k = a.k if a.k is not None else (d.block_size - 1 if hasattr(d, "block_size") else 4) if d else 0
-    g = SpeculativeGenerator(model, d, k, batch_invariant=True, compile=a.compile)
+    g = SpeculativeGenerator(model, d, k, batch_invariant=a.batch_invariant, compile=a.compile)
 
     def run(ps):
         tot = {"draft": 0.0, "verify": 0.0, "prefill": 0.0, "total": 0.0, "steps": 0, "tokens": 0}
@@ -72,9 +75,10 @@ def main() -> None:
            "draft_ms": round(1e3 * tot["draft"] / n, 3), "verify_observe_ms": round(1e3 * tot["verify"] / n, 3),
            "prefill_ms_per_prompt": round(1e3 * tot["prefill"] / a.prompts, 2)}, flush=True)
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with torch.profiler.profile(activities=acts) as prof:
+    with torch.profiler.profile(activities=acts, record_shapes=a.shapes) as prof:
         run(prompts[a.prompts: a.prompts + 2])
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.rows, max_name_column_width=60))
+    print(prof.key_averages(group_by_input_shape=a.shapes).table(sort_by="self_cpu_time_total", row_limit=a.rows,
+                                                                 max_name_column_width=60))
     if torch.cuda.is_available():
         print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=60))
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from . import cpu_linear
 from .drafters.factory import make_drafter
 from .engine import SpeculativeGenerator
 from .errors import ConfigError
@@ -210,7 +211,8 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
 def machine_description(dev: torch.device) -> str:
     if dev.type == "cuda":
         return f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}"
-    return f"{platform.processor() or platform.machine()} CPU x{os.cpu_count()}, torch {torch.__version__}"
+    gemm = "oneDNN" if cpu_linear.active() else "MKL"  # the fp32 linear layers' library (specdec/cpu_linear.py)
+    return f"{platform.processor() or platform.machine()} CPU x{os.cpu_count()}, torch {torch.__version__}, {gemm} linears"
 
 
 def git_commit() -> str:

@@ -42,6 +42,11 @@ def _probe() -> bool:
     return _works
 
 
+def active() -> bool:
+    """Whether fp32 CPU linears without gradients run on oneDNN here (on, and the probe passed)."""
+    return ENABLED and _probe()
+
+
 def usable(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> bool:
     """Whether :func:`linear` takes oneDNN for these tensors."""
     if not ENABLED or x.dtype != torch.float32 or w.dtype != torch.float32 or x.device.type != "cpu":

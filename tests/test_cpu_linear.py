@@ -35,7 +35,9 @@ def test_onednn_is_taken_on_this_cpu():
         assert torch.backends.mkldnn.is_available() and cpu_linear._probe()
     w = torch.randn(8, 4)
     with torch.no_grad():
-        assert cpu_linear.usable(torch.randn(2, 4), w) == cpu_linear._probe()
+        assert cpu_linear.usable(torch.randn(2, 4), w) == cpu_linear.active() == cpu_linear._probe()
+    from specdec.bench import machine_description
+    assert machine_description(torch.device("cpu")).endswith("oneDNN linears" if cpu_linear.active() else "MKL linears")
 
 
 @pytest.mark.parametrize("shape", [(4,), (1, 4), (3, 4), (2, 5, 4), (0, 4)])
