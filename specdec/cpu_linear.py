@@ -10,9 +10,9 @@ nothing in what is exact: on the CPU greedy tokens are tested equal, and ``batch
 to fixed shapes either way.
 
 :func:`linear` takes oneDNN only where no gradient is needed (the op has no autograd formula), for fp32
-CPU tensors, outside ``torch.compile``, and once a probe showed the op runs here and agrees with
-``F.linear``; every other call is ``F.linear``. ``SPECDEC_CPU_ONEDNN=0`` (or :data:`ENABLED` set False)
-turns it off.
+CPU tensors and weights of at least :data:`MIN_WEIGHT` elements, outside ``torch.compile``, once a probe
+showed the op runs here and agrees with ``F.linear``; every other call is ``F.linear``.
+``SPECDEC_CPU_ONEDNN=0`` (or :data:`ENABLED` set False) turns it off.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 ENABLED = os.environ.get("SPECDEC_CPU_ONEDNN", "1") != "0"
+# Smaller weights stay on F.linear: a oneDNN call costs ~13 us more to start, so with weights cycled out of the
+# caches it first wins at ~110K elements (192 x 576: 41 -> 38 us at 1 row) and loses at 32K (256 x 128: 20 -> 27 us)
+MIN_WEIGHT = 65536
 _works: bool | None = None  # the probe's verdict, once run
 
 
@@ -49,7 +52,8 @@ def active() -> bool:
 
 def usable(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> bool:
     """Whether :func:`linear` takes oneDNN for these tensors."""
-    if not ENABLED or x.dtype != torch.float32 or w.dtype != torch.float32 or x.device.type != "cpu":
+    if (not ENABLED or x.dtype != torch.float32 or w.dtype != torch.float32 or x.device.type != "cpu"
+            or w.numel() < MIN_WEIGHT):
         return False
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
         return False

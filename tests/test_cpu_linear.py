@@ -15,7 +15,9 @@ from _engine_util import SpoiledOracle, plain_generate, tiny_llama
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Counts oneDNN calls (the op is wrapped, so a call that silently fell back to F.linear shows)."""
+    """Counts oneDNN calls (the op is wrapped, so a call that silently fell back to F.linear shows); the
+    tests' small weights take it too (MIN_WEIGHT 0)."""
+    monkeypatch.setattr(cpu_linear, "MIN_WEIGHT", 0)
     n = {"onednn": 0}
     real = torch.ops.mkldnn._linear_pointwise
 
@@ -33,7 +35,7 @@ def test_onednn_is_taken_on_this_cpu():
     # the suite's machines are x86-64 builds with oneDNN: the fast path must not be off by accident
     if platform.machine() in ("x86_64", "AMD64"):
         assert torch.backends.mkldnn.is_available() and cpu_linear._probe()
-    w = torch.randn(8, 4)
+    w = torch.randn(cpu_linear.MIN_WEIGHT // 4, 4)
     with torch.no_grad():
         assert cpu_linear.usable(torch.randn(2, 4), w) == cpu_linear.active() == cpu_linear._probe()
     from specdec.bench import machine_description
@@ -53,7 +55,19 @@ def test_linear_matches_f_linear(shape, bias, calls):
     assert calls["onednn"] == (1 if cpu_linear._probe() else 0)
 
 
-def test_strided_input():
+def test_small_weights_stay_on_f_linear(calls, monkeypatch):
+    monkeypatch.setattr(cpu_linear, "MIN_WEIGHT", 24 * 40)
+    x = torch.randn(3, 40)
+    with torch.no_grad():
+        w = torch.randn(23, 40)
+        assert torch.equal(linear(x, w), F.linear(x, w))  # one row short of the threshold: bitwise F.linear
+        assert calls["onednn"] == 0
+        linear(x, torch.randn(24, 40))
+    assert calls["onednn"] == (1 if cpu_linear._probe() else 0)
+
+
+def test_strided_input(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "MIN_WEIGHT", 0)
     x = torch.randn(16, 9)[:, 2:6]  # a column slice: not contiguous
     w = torch.randn(7, 4)
     with torch.no_grad():
@@ -86,15 +100,20 @@ def test_linear_module_keeps_nn_linear_names():
     assert isinstance(lin, torch.nn.Linear) and set(lin.state_dict()) == {"weight", "bias"}
 
 
-def test_greedy_speculative_equals_plain_on_both_backends(monkeypatch):
+def test_greedy_speculative_equals_plain_on_both_backends(monkeypatch, calls):
     # the backends round differently (not bitwise), so each is checked against its own plain decoding,
-    # with a drafter whose proposals are mostly accepted (multi-row verify logits decide the tokens)
+    # with a drafter whose proposals are mostly accepted (multi-row verify logits decide the tokens);
+    # `calls` puts the tiny model's weights on oneDNN too and counts its calls
     model = tiny_llama()
     model.fuse_projections()
     prompt = torch.tensor([5, 9, 13, 5, 9, 13, 5, 9])
+    used = {}
     for on in (True, False):
         monkeypatch.setattr(cpu_linear, "ENABLED", on)
+        before = calls["onednn"]
         plain = plain_generate(model, prompt, 40).token_ids
         spec = SpeculativeGenerator(model, SpoiledOracle(prompt.tolist() + plain, 97, spoil=0.3), 4).generate(prompt, 40)
         assert spec.token_ids == plain
         assert sum(spec.stats.accepted) >= 20 and len(spec.stats.accepted) < 25
+        used[on] = calls["onednn"] - before
+    assert used[False] == 0 and (used[True] > 100 or not cpu_linear._probe())
