@@ -9,7 +9,8 @@
 # The draft-vocabulary A/B (no training): part1, then `join` (carry .dev/h2; drafters out), then
 #   bash scripts/device_stage.sh vocab   (the tree with the shipped drafters): `specdec bench` on GSM8K (first 100)
 #   and HumanEval (first 100), T=0, -n 128: each shipped drafter with its draft_vocab.json and with the whole
-#   head (a copy of its directory without the list), in one process a set; results in $OUT/vocab.tgz.
+#   head (a copy of its directory without the list), in one process a set; then scripts/profile_engine.py (host and
+#   device op tables) for dflash with and without its list and for plain decoding; results in $OUT/vocab.tgz.
 # The job (`job`): distil the default prompt sets (31,834 prompts; $PROMPTS, if set, names others) once, and BRANCHES (default 0) more replies
 # per reply (`specdec train --branches`); wait for the shipped
 # drafters; train DFlash (--init shipped, 128 anchors, lr 3e-4, --minutes DFLASH_MIN) and, when MTP_MIN
@@ -39,6 +40,12 @@ vocab)
             --drafts none dflash dflash:/tmp/v/dflash-whole dflash+ngram dflash:/tmp/v/dflash-whole+ngram mtp mtp:/tmp/v/mtp-whole \
             2>&1 | tr '\r' '\n' | grep -v "prompt/s\]$" > /tmp/v/vocab_$1.log
         tail -n 9 /tmp/v/vocab_$1.log
+    done
+    # where the DFlash path's host and device time go, with and without the draft vocabulary (the 2026-12-04
+    # (fifth) slowdown: prefill 0.37 -> 0.88 s, host draft 0.25 -> 0.49 s per 100 GSM8K prompts since 3952ba3)
+    for d in dflash dflash:/tmp/v/dflash-whole none; do
+        python scripts/profile_engine.py --model $G --draft $d --prompts 6 --rows 30 > /tmp/v/profile_${d//[:\/]/_}.log 2>&1
+        grep "^{" /tmp/v/profile_${d//[:\/]/_}.log
     done
     (cd /tmp/v && tar czf $OUT/vocab.tgz *.json *.log) ;;
 start)
