@@ -31,8 +31,8 @@ setup: $(BIN)/specdec
 # identical): a word problem with the MTP head and with the DFlash drafter shipped for the embedded
 # model, then a copy-edit, whose reply repeats the prompt, with the n-gram drafter. On the CPU the
 # MTP head pays most (its 4-row verify costs little more than a 1-row step); the DFlash drafter is
-# accepted ~3.2 tokens a step but verifies 16 rows; on CUDA it is the default (--draft auto) and pays
-# most (BENCHMARKS.md).
+# accepted ~3.1 tokens a step, its blocks cut at the first draft it is unsure of (a verify costs by its
+# rows there); on CUDA it is the default (--draft auto) and pays most (BENCHMARKS.md).
 demo: setup
 	$(BIN)/specdec info
 	$(BIN)/specdec generate --chat --compare --draft mtp -k 3 --max-new-tokens 96 \

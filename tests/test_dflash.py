@@ -16,7 +16,8 @@ import torch
 import specdec.engine.generate as engine_generate
 from _dflash_util import Steered, drafter_tensors, reference_block_logits, write_drafter
 from _engine_util import build_llama, plain_generate, pooled_chi2, split_kernel_stand_in
-from specdec.drafters.dflash import load_dflash_drafter
+from specdec.drafters import dflash
+from specdec.drafters.dflash import confident_prefix, load_dflash_drafter
 from specdec.drafters.dflash_model import DFlashConfig, default_target_layer_ids
 from specdec.engine import SpeculativeGenerator
 from specdec.errors import CheckpointError, ConfigError
@@ -27,7 +28,14 @@ NEW = 64
 HIDDEN, LAYERS, VOCAB = 32, 6, 64
 
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = pytest.mark.usefixtures("single_thread", "whole_blocks")
+
+
+@pytest.fixture
+def whole_blocks(monkeypatch):
+    """Greedy CPU blocks uncut (dflash.CPU_MIN_CONFIDENCE 0): these tests drive whole blocks, most with random
+    drafters whose probabilities are all low; the cut itself is tested in test_cpu_blocks_cut_lossless."""
+    monkeypatch.setattr(dflash, "CPU_MIN_CONFIDENCE", 0.0)
 
 
 
@@ -440,6 +448,40 @@ def test_greedy_lossless_random_drafter(target, block_size):
     spy = Steered(dr)
     res = SpeculativeGenerator(loaded.model, spy, block_size - 1).generate(prompt, NEW)
     assert res.token_ids == ref[len(prompt):len(prompt) + NEW]
+    _check_cache_length(dr, spy, prompt)
+
+
+def test_confident_prefix():
+    sure, unsure = [9.0, 0.0, 0.0], [0.0, 0.0, 0.0]  # max probabilities ~1.0 and 1/3
+    logits = torch.tensor([unsure, sure, unsure, sure])
+    assert confident_prefix(logits, 0.5) == 2  # the first draft always stays; cut before the next unsure one
+    assert confident_prefix(logits, 0.3) == 4 and confident_prefix(logits, 0.0) == 4
+    assert confident_prefix(logits[:1], 0.9) == 1 and confident_prefix(logits[:0], 0.9) == 0
+    assert confident_prefix(torch.tensor([sure, sure, sure]), 0.99) == 3
+
+
+def test_cpu_blocks_cut_lossless(target, monkeypatch):
+    """On the CPU a greedy block is cut before its first unconfident draft after the first: each proposal is as
+    long as confident_prefix says of the block's logits, the lengths vary, and with the target's own
+    continuation proposed (partly spoiled) the output is still plain decoding's."""
+    loaded, dpath, prompt, ref = target
+    dr = load_dflash_drafter(dpath, loaded, block_size=8)
+    probe = Steered(dr, record=True)
+    SpeculativeGenerator(loaded.model, probe, 7).generate(prompt, 16)
+    sure = torch.cat([torch.softmax(got, -1).amax(-1)[1:] for _, _, got in probe.records])
+    floor = float(sure.median())  # a floor that cuts some blocks and not others, whatever the random drafter
+    monkeypatch.setattr(dflash, "CPU_MIN_CONFIDENCE", floor)
+    spy = Steered(dr, reference=ref, corrupt=0.2, vocab=loaded.model.config.vocab_size, record=True, seed=4)
+    res = SpeculativeGenerator(loaded.model, spy, 7).generate(prompt, NEW, trace=True)
+    assert res.token_ids == ref[len(prompt):len(prompt) + NEW]
+    lengths = [len(s["draft"]) for s in res.stats.trace]
+    emitted, want = 1, []  # the prefill's token, then each step's accepted drafts and its own token
+    for (_, _, got), acc in zip(spy.records, res.stats.accepted):
+        want.append(confident_prefix(got[:min(7, NEW - emitted)], floor))  # the engine drafts no more than is left
+        emitted += acc + 1
+    assert lengths == want
+    assert min(lengths) < 7 and len(set(lengths)) >= 2, lengths
+    assert sum(res.stats.accepted) > len(lengths)  # drafts accepted, several a step on average
     _check_cache_length(dr, spy, prompt)
 
 

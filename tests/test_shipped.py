@@ -5,7 +5,9 @@ Floors (CPU, fp32, first 5 gsm8k_test questions, chat template, 128 tokens, T=0)
 for DFlash (block 16), the issue's floor, and >= 2.3 for the MTP head (k=3). Measured here on
 2026-12-03 (the same with 1 and 2 threads): DFlash 3.17 (3.53, 2.67, 3.88, 3.20, 2.56) at stage 6, 3.26
 (3.63, 2.61, 4.00, 3.37, 2.67) at stage 7; on 2026-12-04 3.27 (3.63, 2.72, 4.00, 3.28, 2.72) at stage 8 (shipped
-since the session of 2026-12-04 (fifth), its 16,384-token list) and MTP 2.57 with its list; MTP 2.59 (2.61,
+since the session of 2026-12-04 (fifth), its 16,384-token list), 3.19 (3.53, 2.61, 3.88, 3.20, 2.72) with the CPU's
+blocks cut at the first draft under probability 0.3 (dflash.CPU_MIN_CONFIDENCE, the default since the session of
+2026-12-04 (sixth)), and MTP 2.57 with its list; MTP 2.59 (2.61,
 2.08, 3.05, 2.98, 2.21). Until then the test ran 64 tokens, where DFlash had 2.90 and MTP 2.45 under
 floors of 2.5 and 2.0; 128 tokens is the length of every benchmark here (the H200's GSM8K 80 at 128
 tokens: DFlash 3.32, MTP 2.63; BENCHMARKS.md). Earlier stages at 64 tokens: DFlash 2.96 after stage
