@@ -483,6 +483,10 @@ def test_cpu_blocks_cut_lossless(target, monkeypatch):
     assert min(lengths) < 7 and len(set(lengths)) >= 2, lengths
     assert sum(res.stats.accepted) > len(lengths)  # drafts accepted, several a step on average
     _check_cache_length(dr, spy, prompt)
+    # the serving loop's drafters (spawn) keep whole blocks: its controller counts acceptance per draft asked for
+    whole = Steered(dr.spawn(), reference=ref, vocab=loaded.model.config.vocab_size)
+    res = SpeculativeGenerator(loaded.model, whole, 7).generate(prompt, 16, trace=True)
+    assert [len(s["draft"]) for s in res.stats.trace][:2] == [7, 7]
 
 
 def _check_cache_length(dr, spy, prompt):

@@ -69,7 +69,8 @@ STATIC_FLUSH = os.environ.get("SPECDEC_DFLASH_STATIC_FLUSH", "1") != "0"
 # block is cut before the first draft after the first to which the drafter itself gives a probability under this:
 # those are rarely accepted (12 GSM8K prompts: tau 3.28 -> 3.15 at 0.3, the verify's rows cut by more than half).
 # Lossless whatever the value (only fewer drafts are verified). CUDA, whose verify of 16 rows costs about one of
-# 1 row, keeps whole blocks. SPECDEC_DFLASH_CPU_CONFIDENCE=0 keeps whole blocks on the CPU too.
+# 1 row, keeps whole blocks, and so does the serving loop (spawn). SPECDEC_DFLASH_CPU_CONFIDENCE=0 keeps whole
+# blocks on the CPU too.
 CPU_MIN_CONFIDENCE = float(os.environ.get("SPECDEC_DFLASH_CPU_CONFIDENCE", "0.3"))
 
 
@@ -120,6 +121,7 @@ class DFlashDrafter:
         self._fast_w: dflash_fast.FastWeights | None = None  # the fast steps' weight layout (dflash_fast)
         self.vocab = None  # a DraftVocab: drafts from its tokens only (use_draft_vocab)
         self._part = None  # the vocabulary's PromptPart: this request's prompt tokens off it (begin; not DFlashSlots)
+        self.cut_unconfident = True  # greedy eager blocks on the CPU cut at CPU_MIN_CONFIDENCE (spawn: whole blocks)
 
     def use_draft_vocab(self, ids, source: str = "draft vocabulary") -> None:
         """Draft only tokens of ``ids`` (:class:`~.draft_vocab.DraftVocab`: the target's head, their rows)."""
@@ -154,6 +156,9 @@ class DFlashDrafter:
     def spawn(self) -> "DFlashDrafter":
         """A drafter sharing these weights with an empty context cache (one per sequence of a batch)."""
         d = DFlashDrafter(self.model, self.target, self.block_size, self.path)
+        # the serving loop's slots (spawn's user) keep whole blocks: its controller counts acceptance per
+        # draft asked for (requests.ema_acceptance), so a cut block would read as rejected drafts
+        d.cut_unconfident = False
         d.compile = self.compile
         d._fast_w = self._fast_w
         d.vocab = self.vocab
@@ -207,7 +212,7 @@ class DFlashDrafter:
         else:
             logits = self.block_logits(last_token)[: max(0, k)]
             if params.greedy:
-                if self.target.device.type == "cpu":  # see CPU_MIN_CONFIDENCE
+                if self.cut_unconfident and self.target.device.type == "cpu":  # see CPU_MIN_CONFIDENCE
                     logits = logits[: confident_prefix(logits, CPU_MIN_CONFIDENCE)]
                 return Proposal(logits.argmax(-1))
         probs = probs_from_logits(logits, params)
