@@ -460,6 +460,15 @@ def test_confident_prefix():
     assert confident_prefix(torch.tensor([sure, sure, sure]), 0.99) == 3
 
 
+@pytest.mark.parametrize("raw", ["abc", "-0.1", "1.5", "nan"])
+def test_cpu_confidence_env_is_checked(raw, monkeypatch):
+    monkeypatch.setenv("SPECDEC_DFLASH_CPU_CONFIDENCE", raw)
+    with pytest.raises(ConfigError, match="SPECDEC_DFLASH_CPU_CONFIDENCE.*probability in 0..1"):
+        dflash._env_probability("SPECDEC_DFLASH_CPU_CONFIDENCE", "0.3")
+    monkeypatch.setenv("SPECDEC_DFLASH_CPU_CONFIDENCE", "0.25")
+    assert dflash._env_probability("SPECDEC_DFLASH_CPU_CONFIDENCE", "0.3") == 0.25
+
+
 def test_cpu_blocks_cut_lossless(target, monkeypatch):
     """On the CPU a greedy block is cut before its first unconfident draft after the first: each proposal is as
     long as confident_prefix says of the block's logits, the lengths vary, and with the target's own
