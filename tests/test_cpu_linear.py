@@ -117,3 +117,31 @@ def test_greedy_speculative_equals_plain_on_both_backends(monkeypatch, calls):
         assert sum(spec.stats.accepted) >= 20 and len(spec.stats.accepted) < 25
         used[on] = calls["onednn"] - before
     assert used[False] == 0 and (used[True] > 100 or not cpu_linear._probe())
+
+
+def _family_model(kind: str):
+    if kind in ("llama_tied", "qwen3"):
+        from _dense_util import tiny_model
+        return tiny_model(kind, seed=2)
+    if kind.startswith("qwen35"):
+        from _qwen35_util import hf_model
+        return hf_model(kind.split("_")[1], seed=2)
+    from _gemma_util import tiny_model
+    return tiny_model("base", seed=2)
+
+
+@pytest.mark.parametrize("kind", ["llama_tied", "qwen3", "qwen35_dense", "qwen35_moe", "gemma3"])
+def test_every_family_lossless_on_onednn(kind, tmp_path, calls):
+    """Each target family with every linear on oneDNN (`calls` lowers MIN_WEIGHT to 0 and counts): greedy speculative
+    output with mostly accepted drafts (the target's own continuation, partly spoiled) equals plain output."""
+    from _dense_util import save_hf
+    from specdec.loading import load_model
+
+    model = load_model(save_hf(_family_model(kind), str(tmp_path)), "cpu", "float32", tokenizer=False).model
+    vocab = model.config.vocab_size
+    prompt = torch.randint(3, vocab, (9,), generator=torch.Generator().manual_seed(3))
+    plain = plain_generate(model, prompt, 32).token_ids
+    spec = SpeculativeGenerator(model, SpoiledOracle(prompt.tolist() + plain, vocab, spoil=0.3), 4).generate(prompt, 32)
+    assert spec.token_ids == plain
+    assert sum(spec.stats.accepted) >= 12 and len(spec.stats.accepted) < 24, spec.stats.accepted
+    assert calls["onednn"] > 100 or not cpu_linear._probe()
