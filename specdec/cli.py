@@ -139,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="describe a checkpoint without loading its weights")
     i.add_argument("path", nargs="?", default=None, help="HF directory or .gguf (default: the embedded model)")
     i.add_argument("--json", action="store_true", help="print JSON")
+    i.add_argument("--env", action="store_true", help="list the SPECDEC_* environment variables specdec reads, "
+                   "with their values here and what each does, instead of describing a checkpoint")
 
     v = sub.add_parser("convert", help="convert an HF checkpoint to a GGUF file (quantized, MTP kept)",
                        description="Write an HF checkpoint directory (Llama/SmolLM2, Qwen3, Qwen3.5/3.6 dense or MoE, "
@@ -464,6 +466,16 @@ def cmd_chat(args) -> int:
 
 
 def cmd_info(args) -> int:
+    if args.env:
+        from .env import describe
+        rows = describe()
+        if args.json:
+            print(json.dumps([{"name": n, "value": v, "what": w} for n, v, w in rows], indent=2))
+        else:
+            wn, wv = max(len(n) for n, _, _ in rows), max(len(v) for _, v, _ in rows)
+            for n, v, w in rows:
+                print(f"{n:<{wn}}  {v:<{wv}}  {w}")
+        return 0
     from .api import default_model_path
     from .info import describe, format_info
     d = describe(args.path or default_model_path())
@@ -597,6 +609,8 @@ def main(argv=None) -> int:
     args.argv = list(argv) if argv is not None else sys.argv[1:]
     warnings.formatwarning = _one_line_warning  # warnings read as one line, like errors
     try:
+        from .env import check
+        check()  # a bad SPECDEC_* value fails here, in one line, before any work
         return {"generate": cmd_generate, "chat": cmd_chat, "info": cmd_info, "bench": cmd_bench,
                 "convert": cmd_convert, "train": cmd_train, "serve": cmd_serve}[args.cmd](args)
     except SpecdecError as e:

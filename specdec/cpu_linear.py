@@ -17,13 +17,13 @@ showed the op runs here and agrees with ``F.linear``; every other call is ``F.li
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from . import env
 
-ENABLED = os.environ.get("SPECDEC_CPU_ONEDNN", "1") != "0"
+ENABLED = env.switch("SPECDEC_CPU_ONEDNN")
 # Smaller weights stay on F.linear: a oneDNN call costs ~13 us more to start, so with weights cycled out of the
 # caches it first wins at ~110K elements (192 x 576: 41 -> 38 us at 1 row) and loses at 32K (256 x 128: 20 -> 27 us)
 MIN_WEIGHT = 65536

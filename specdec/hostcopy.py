@@ -12,11 +12,11 @@ same outputs; ``SPECDEC_SYNC_COPIES=1`` gives the blocking copies back (to compa
 
 from __future__ import annotations
 
-import os
 
 import torch
+from . import env
 
-SYNC_COPIES = os.environ.get("SPECDEC_SYNC_COPIES", "0") == "1"
+SYNC_COPIES = env.switch("SPECDEC_SYNC_COPIES")
 
 
 def device_ints(values, device, dtype: torch.dtype = torch.int64) -> torch.Tensor:

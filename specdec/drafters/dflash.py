@@ -13,6 +13,7 @@ import os
 
 import torch
 
+from .. import env
 from ..config import read_json
 from ..errors import CheckpointError, ConfigError
 from ..hostcopy import device_ints
@@ -63,7 +64,7 @@ def _grown(t: torch.Tensor, keep: int, cap: int) -> torch.Tensor:
 # count each step. On the H200 (2d96082, SmolLM2, GSM8K 60, T=0) it took DFlash from 1.10x to 1.68x plain
 # decoding, the same tokens (device_check: 0 outputs differ). On by default; SPECDEC_DFLASH_STATIC_FLUSH=0
 # turns it off (the eager write).
-STATIC_FLUSH = os.environ.get("SPECDEC_DFLASH_STATIC_FLUSH", "1") != "0"
+STATIC_FLUSH = env.switch("SPECDEC_DFLASH_STATIC_FLUSH")
 
 
 def _env_probability(name: str, default: str) -> float:

@@ -31,13 +31,13 @@ gives the eager ops back.
 
 from __future__ import annotations
 
-import os
 
 import torch
 
+from .. import env
 from ..models import fused_layer, fused_ops, rope_write, split_attention
 
-ENABLED = os.environ.get("SPECDEC_DFLASH_FAST", "1") != "0"
+ENABLED = env.switch("SPECDEC_DFLASH_FAST")
 
 
 def eligible(model) -> bool:

@@ -41,12 +41,12 @@ norms are converted by :func:`specdec.models.qwen35.checkpoint_view`, as for the
 
 from __future__ import annotations
 
-import os
 import re
 
 import torch
 from torch import nn
 
+from .. import env
 from ..cpu_linear import Linear, linear, plain
 from ..errors import CheckpointError, ConfigError
 from ..hostcopy import device_ints
@@ -110,7 +110,7 @@ class MTPBlock(nn.Module):
 # 1.53x plain decoding in two alternated rounds (noisy; +4 % on the mean), HumanEval 1.08x -> 1.15x. The
 # drafts' bits change (other GEMMs), never a greedy output nor a sampled one's distribution (acceptance
 # reads the probabilities drafted from). On by default; SPECDEC_MTP_FAST=0 gives the eager layer back.
-FAST = os.environ.get("SPECDEC_MTP_FAST", "1") != "0"
+FAST = env.switch("SPECDEC_MTP_FAST")
 
 
 class FastLayer:
@@ -143,7 +143,7 @@ class FastLayer:
 # T=1 cost 5.8 ms of host time a step against 0.39 ms greedy, and MTP ran at 0.36x plain decoding; captured
 # (2d96082, GSM8K 60, k=3, T=1) it runs at 1.00x (0.38x eager in the same session). On by default;
 # SPECDEC_MTP_STATIC_SAMPLING=0 turns it off (the eager chain).
-STATIC_SAMPLING = os.environ.get("SPECDEC_MTP_STATIC_SAMPLING", "1") != "0"
+STATIC_SAMPLING = env.switch("SPECDEC_MTP_STATIC_SAMPLING")
 
 
 class MTPDrafter:

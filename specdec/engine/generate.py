@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import env
 from ..drafters.base import Drafter, Proposal, slice_out
 from ..errors import ContextOverflowError, RequestError
 from ..hostcopy import HostReader, device_ints
@@ -111,18 +112,18 @@ STATIC_PREFILL_CHUNKS = 8
 # 38.4 -> 7.6 ms, 300 tokens 48.3 -> 21.2 ms, but 1000 tokens 46.0 (eager) against 56.5 ms: hence the
 # limit. Recurrent caches would need a rollback snapshot per row, so hybrid targets keep STEP_ROWS-row
 # chunks. SPECDEC_PREFILL_ROWS=16 gives the narrow chunks back.
-PREFILL_ROWS = int(os.environ.get("SPECDEC_PREFILL_ROWS", "128"))
 STATIC_PREFILL_TOKENS = 512
+PREFILL_ROWS = env.integer("SPECDEC_PREFILL_ROWS")  # at most STATIC_PREFILL_TOKENS
 # Plain decoding on static steps queues step i+1 before it reads step i's token (lookahead); 0 turns
 # it off (to compare, SPECDEC_PLAIN_LOOKAHEAD=0).
-PLAIN_LOOKAHEAD = os.environ.get("SPECDEC_PLAIN_LOOKAHEAD", "1") != "0"
+PLAIN_LOOKAHEAD = env.switch("SPECDEC_PLAIN_LOOKAHEAD")
 # Greedy plain decoding with lookahead on the greedy-chain steps (GraphedTarget.greedy_step): the argmax,
 # the next step's input and its position inside the step, so a token costs the host one replay and one
 # read, not a dozen small launches. The same step and argmax, so the same tokens (tested). Measured on the
 # H200 (scripts/ab_lookahead.py --chain, one process): +0.7 to +1.2 % on SmolLM2 (predicted ~+8 %: the GPU, not the
 # host, limits the step), +0.1 % on qwen3-8b; device_check with it on: 0 outputs differing.
 # SPECDEC_GREEDY_CHAIN=0 turns it off.
-GREEDY_CHAIN = os.environ.get("SPECDEC_GREEDY_CHAIN", "1") != "0"
+GREEDY_CHAIN = env.switch("SPECDEC_GREEDY_CHAIN")
 
 
 def cache_positions(need: int, max_context: int) -> int:

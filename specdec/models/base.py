@@ -7,13 +7,13 @@ of the requested decoder layers (DFlash's context features). Architectures suppl
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 from torch import nn
 
+from .. import env
 from ..cache import BatchCache, BatchKVCache, BatchWrite, NoCache, SequenceCache
 from ..errors import ConfigError
 from ..config import ModelConfig
@@ -30,7 +30,7 @@ from .layers import RMSNorm, RotaryEmbedding, causal_mask, sliding_causal_mask
 # on the H200 (qwen3-8b shape, 2026-12-03): the 16-row step 5.608 -> 5.520 ms in one process (scripts/ab_flags.py,
 # 6 rounds), plain decoding 169.5 -> 172.7 tok/s in four processes; device_check (random Qwen3, oracle drafts
 # accepted) 0 outputs differing. On by default; SPECDEC_FOLD_RESIDUAL=0 turns it off.
-FOLD_RESIDUAL = os.environ.get("SPECDEC_FOLD_RESIDUAL", "1") != "0"
+FOLD_RESIDUAL = env.switch("SPECDEC_FOLD_RESIDUAL")
 # Steps whose every kernel gives a row the same bits at any row count: a Llama-family model on the fused
 # layers (models/fused_layer.py's 16-row GEMM tiles, fused_ops' per-row norms, the per-row RoPE write, the
 # split attention) with its LM head on the same GEMM (:meth:`CausalLM.raw_logits`). ``generate`` then runs
@@ -40,7 +40,7 @@ FOLD_RESIDUAL = os.environ.get("SPECDEC_FOLD_RESIDUAL", "1") != "0"
 # k=3 1,566 -> 1,666, DFlash 2,399 -> 2,424; device_check on the real weights with every shipped drafter and
 # on random Llama: 0 outputs differing. Batched steps (forward_batch) keep cuBLAS's head. SPECDEC_ROW_EXACT=0
 # turns it off.
-ROW_EXACT = os.environ.get("SPECDEC_ROW_EXACT", "1") != "0"
+ROW_EXACT = env.switch("SPECDEC_ROW_EXACT")
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,12 @@ carried across forwards by :class:`~specdec.cache.LinearAttnCache`.
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import env
 from ..cache import BatchLinearCache, LinearAttnCache
 from .. import cpu_linear
 from ..cpu_linear import Linear
@@ -76,11 +76,11 @@ def recurrent_step_form(q, k, v, g, beta, state):
 # On CUDA, decode and verify steps (forwards that keep snapshots) run the mixer as three fused kernels
 # (delta_kernel.conv_gates, recurrent_into_cache, gated_norm) instead of ~60 torch ops. SPECDEC_DELTA_FUSED=0
 # gives the torch form back.
-FUSED_STEP = os.environ.get("SPECDEC_DELTA_FUSED", "1") != "0"
+FUSED_STEP = env.switch("SPECDEC_DELTA_FUSED")
 
 # The four in-projections (qkv, z, b, a) read the same input: once fused (GatedDeltaNet.fuse, at load),
 # one GEMM computes them. SPECDEC_DELTA_PROJ=0 runs the four GEMMs on the same (view) weights.
-FUSED_PROJ = os.environ.get("SPECDEC_DELTA_PROJ", "1") != "0"
+FUSED_PROJ = env.switch("SPECDEC_DELTA_PROJ")
 
 
 # Longest stretch handed to one chunked pass: bounds its [H, T/C, C, C] temporaries.

@@ -41,11 +41,11 @@ padding, :class:`~specdec.models.base.StepContext`) read no weights and give zer
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn.functional as F
 
+from .. import env
 from ..cpu_linear import linear
 from . import fused_layer, pdl
 
@@ -55,8 +55,8 @@ try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
-ENABLED = os.environ.get("SPECDEC_EXPERT_KERNEL", "1") != "0"
-FUSED_MOE = os.environ.get("SPECDEC_FUSED_MOE", "1") != "0"
+ENABLED = env.switch("SPECDEC_EXPERT_KERNEL")
+FUSED_MOE = env.switch("SPECDEC_FUSED_MOE")
 BN, BK = 16, 256  # rows of a weight and features of the input a program step holds
 # moe()'s tiles: (BN, BK, warps) of the gate/up kernel and (BN, BK, warps, PC) of the combine kernel (PC: the
 # pairs whose down rows one load takes): fixed per build (a row's bits depend on them), the fastest of

@@ -39,6 +39,7 @@ import os
 
 import torch
 
+from .. import env
 from ..cpu_linear import plain
 from ..errors import ConfigError
 from . import pdl
@@ -49,7 +50,7 @@ try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
-ENABLED = os.environ.get("SPECDEC_FUSED_LAYER", "1") != "0"
+ENABLED = env.switch("SPECDEC_FUSED_LAYER")
 # Layers wider than this (the qwen3-8b shape's 4096) take the kernels in forwards of at most WIDE_ROWS rows a sequence
 # only (decode and verify steps, a prefill's last chunk); a longer prefill runs them on cuBLAS: there the 16-row tiles
 # (mma.sync, no wgmma) took 2-3x cuBLAS's time on the H200 (qwen3-8b shape, 512 / 4,096 tokens: 62 / 541 against
@@ -60,12 +61,12 @@ WIDE_ROWS = 32
 # SPECDEC_FUSED_LAYER_WIDE=0: layers wider than MAX_HIDDEN and Qwen3's q/k-normed layers stay on cuBLAS (and their
 # steps padded: such a model is not row_exact). On the H200 (qwen3-8b shape, context 512, scripts/ab_flags.py) the
 # kernels took plain decoding's step 5.79 ms (16 rows padded, cuBLAS) -> 5.52 (1 row), 4.90 with 128-key splits
-WIDE = os.environ.get("SPECDEC_FUSED_LAYER_WIDE", "1") != "0"
+WIDE = env.switch("SPECDEC_FUSED_LAYER_WIDE")
 # split K (a tiling's fifth field): a weight of few output tiles (the qwen3-8b shape's 4096 x 4096 o_proj at 64 outputs
 # a program: 64 programs for 132 SMs) runs each tile as SPLIT programs over K; each writes its fp32 partial sums and the
 # tile's last to finish adds them in split order (the same order whichever finishes last) and writes the output, so a
 # row's bits still depend on its inputs and the weight's tiling alone. SPECDEC_FUSED_SPLIT_K=0: every tiling unsplit
-SPLIT_K = os.environ.get("SPECDEC_FUSED_SPLIT_K", "1") != "0"
+SPLIT_K = env.switch("SPECDEC_FUSED_SPLIT_K")
 # a weight of at most this many bytes is pulled into L2 whole before a PDL wait, a larger one not at all: on the H200
 # (scripts/ab_flags.py, qwen3-8b shape, 1-row step) prefetching the 4096-wide weights whole (33-201 MB, past the
 # 50 MB L2) cost 5.50 -> 7.15 ms, their rows' first 16 MB of lines 5.50 -> 5.70; SmolLM2's weights (1-2 MB) go whole

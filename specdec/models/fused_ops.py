@@ -16,10 +16,10 @@ run (:func:`usable`). ``SPECDEC_FUSED_NORM=0`` turns the kernels off.
 
 from __future__ import annotations
 
-import os
 
 import torch
 
+from .. import env
 from . import pdl
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
@@ -28,7 +28,7 @@ try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
-ENABLED = os.environ.get("SPECDEC_FUSED_NORM", "1") != "0"
+ENABLED = env.switch("SPECDEC_FUSED_NORM")
 
 
 def usable(x: torch.Tensor) -> bool:

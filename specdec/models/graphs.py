@@ -22,11 +22,11 @@ import contextlib
 import dataclasses
 import functools
 import gc
-import os
 from typing import Sequence
 
 import torch
 
+from .. import env
 from ..cache import KVCache, LinearAttnCache, SequenceCache
 from ..errors import CompileError
 from . import layers, split_attention
@@ -41,7 +41,7 @@ from .layers import live_context_attention
 # speculative steps stay equal whichever span each ran. On the H200 (9d33038, real SmolLM2 GGUF, GSM8K first 80,
 # -n 128, alternated): plain 1,003 / 1,001 -> 1,137 / 1,140 tok/s, DFlash 2,395 -> 2,669, MTP 1,629 -> 1,792;
 # every output equal to plain (BENCHMARKS.md). SPECDEC_SHORT_SPAN=0 turns it off.
-SHORT_SPAN = os.environ.get("SPECDEC_SHORT_SPAN", "1") != "0"
+SHORT_SPAN = env.switch("SPECDEC_SHORT_SPAN")
 
 
 def split_kernel_attends(model: CausalLM) -> bool:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import threading
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import env
 from ..cache import KVCache
 from ..cpu_linear import Linear, linear
 from ..errors import ConfigError
@@ -312,10 +312,10 @@ def static_step_attention(span_invariant: bool, on_cuda: bool):
 # On CUDA the span-invariant form is models/split_attention.py's kernel (fixed key splits combined in
 # order: its cost follows the keys a row sees, not the span); SPECDEC_SPAN_ATTENTION=sdpa selects the
 # memory-efficient SDPA kernel instead (what the static steps used before it, for comparison)
-SPLIT_ATTENTION = os.environ.get("SPECDEC_SPAN_ATTENTION", "split") != "sdpa"
+SPLIT_ATTENTION = env.choice("SPECDEC_SPAN_ATTENTION") == "split"
 # RoPE and the KV-cache write of CUDA static steps in one kernel (models/rope_write.py): bitwise the
 # eager ops' results (scripts/check_rope_write.py on the H200); SPECDEC_FUSED_ROPE=0 turns it off
-FUSED_ROPE_WRITE = os.environ.get("SPECDEC_FUSED_ROPE", "1") != "0"
+FUSED_ROPE_WRITE = env.switch("SPECDEC_FUSED_ROPE")
 
 
 # A single sequence's static steps (models/graphs.py: generate, bench) attend over the whole
@@ -338,7 +338,7 @@ def live_context_attention():
 # GSM8K end to end +4..9 % for DFlash and +1..13 % for MTP (BENCHMARKS.md). Drafts only: the target
 # verifies, the output cannot change (the drafts' bf16 rounding can: DFlash tau 3.232 -> 3.211).
 # SPECDEC_DRAFTER_SPLIT=0 gives the memory-efficient SDPA back.
-DRAFTER_SPLIT = os.environ.get("SPECDEC_DRAFTER_SPLIT", "1") != "0"
+DRAFTER_SPLIT = env.switch("SPECDEC_DRAFTER_SPLIT")
 
 
 def drafter_static_attention():

@@ -27,13 +27,13 @@ safetensors slice, GGUF ``*_exps`` as its block of rows (only those are dequanti
 
 from __future__ import annotations
 
-import os
 import re
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import env
 from ..cpu_linear import Linear, linear
 from ..errors import CheckpointError, ConfigError
 from ..parallel.tp import Shard, even_split
@@ -47,7 +47,7 @@ from .source_view import SourceView, ViewTensor, derived, passthrough
 # SPECDEC_MOE_GROUPED_BMM=1. Off until measured (the qwen3.5-35b-a3b shape's 512-token prefill took 1.5 s on the
 # H200, 2026-12-04 (fourth), with the loop's ~7 kernels an expert and layer; scripts/ab_flags.py's prefill_ms, variant
 # defaults+moe-bmm, is the A/B).
-GROUPED_BMM = os.environ.get("SPECDEC_MOE_GROUPED_BMM", "0") == "1"
+GROUPED_BMM = env.switch("SPECDEC_MOE_GROUPED_BMM")
 
 
 class Experts(nn.Module):

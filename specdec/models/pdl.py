@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 
 import torch
+from .. import env
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
     import triton
@@ -30,7 +31,7 @@ try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
-ENABLED = os.environ.get("SPECDEC_PDL", "1") != "0"
+ENABLED = env.switch("SPECDEC_PDL")
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter runs no PTX
 
 

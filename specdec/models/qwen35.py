@@ -20,12 +20,12 @@ value heads, and the SwiGLU block are split (:class:`~specdec.models.layers.Atte
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from .. import env
 from ..cache import KVCache, LinearAttnCache
 from ..config import ModelConfig
 from ..cpu_linear import plain
@@ -47,7 +47,7 @@ LAYER_TYPES = ("linear_attention", "full_attention")
 # SwiGLU, down_proj; a MoE block on its own kernels) in the forwards fused_layer.runs picks: with its LM head there too,
 # the target is row-exact and plain decoding runs 1-row steps instead of 16-row padded ones. SPECDEC_FUSED_HYBRID=0:
 # cuBLAS, padded steps.
-HYBRID_FUSED = os.environ.get("SPECDEC_FUSED_HYBRID", "1") != "0"
+HYBRID_FUSED = env.switch("SPECDEC_FUSED_HYBRID")
 
 
 @dataclass

@@ -34,6 +34,7 @@ import os
 
 import torch
 
+from .. import env
 from ..errors import ConfigError
 from . import pdl
 
@@ -99,11 +100,11 @@ COMBINE_CUT = _combine_cut_env()
 # divides as the split kernel then does (the interpreter test appends dead keys to a one-split span and
 # compares). On the H200 a SmolLM2 16-row step over a 244-position cache went 1.33 -> 1.19 ms, and
 # 1.16 -> 1.04 with fused_layer (scripts/ab_flags.py; BENCHMARKS.md). SPECDEC_SPLIT_DIRECT=0 turns it off.
-DIRECT = os.environ.get("SPECDEC_SPLIT_DIRECT", "1") != "0"
+DIRECT = env.switch("SPECDEC_SPLIT_DIRECT")
 # The split kernel's walk over a split without a branch a block (see _split_kernel), so Triton pipelines its loads:
 # on the H200 a SmolLM2-shape 1-row step at context 512 1.014 -> 0.912 ms (scripts/ab_flags.py --variants defaults
 # defaults-pipeline, session of 2026-12-04 (third)). SPECDEC_SPLIT_PIPELINE=0: a branch a block, as before.
-PIPELINE = os.environ.get("SPECDEC_SPLIT_PIPELINE", "1") != "0"
+PIPELINE = env.switch("SPECDEC_SPLIT_PIPELINE")
 # Tried and removed: past one split, the tile's last split program combining it after an acquire-release
 # ticket (no combine launch). On the H200 it made the 16-row step slower: SmolLM2 at context 300 1.05 ->
 # 1.20 ms, qwen3-8b at 1000 5.35 -> 8.23 ms (scripts/ab_flags.py, BENCHMARKS.md). Its code is at bb0405a.
@@ -123,7 +124,7 @@ def supported(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bo
 # (scripts/sweep_split_attention.py --decode), the whole step 0.996 -> 0.832 ms at one split and 1.207 ->
 # 1.054 at two (scripts/ab_flags.py; BENCHMARKS.md). A fixed choice per head size, like the rest of the
 # tile. SPECDEC_SPLIT_SMALL_TILES=0 gives the 64-row tiles back.
-SMALL_TILES = os.environ.get("SPECDEC_SPLIT_SMALL_TILES", "1") != "0"
+SMALL_TILES = env.switch("SPECDEC_SPLIT_SMALL_TILES")
 
 
 def _tile(d: int) -> tuple[int, int, int]:

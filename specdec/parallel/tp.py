@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .. import env
 from ..cpu_linear import Linear, linear
 from ..errors import ConfigError
 
@@ -83,9 +84,8 @@ def enable_symmetric_memory(shard: Shard, dtype: torch.dtype) -> bool:
     """Set up one-shot all-reduces over symmetric memory (P2P loads, no NVLink multicast) for
     ``shard``'s CUDA rank: a collective call, every rank at once. False (NCCL stays) where torch
     lacks it, the GPUs cannot map each other's memory, or ``SPECDEC_SYMM_ALLREDUCE=0``."""
-    import os
 
-    if not shard.device.startswith("cuda") or os.environ.get("SPECDEC_SYMM_ALLREDUCE", "1") == "0" or shard.world < 2:
+    if not shard.device.startswith("cuda") or not env.switch("SPECDEC_SYMM_ALLREDUCE") or shard.world < 2:
         return False
     try:
         import torch.distributed._symmetric_memory as symm_mem

@@ -1,0 +1,156 @@
+"""specdec's environment variables, in one table, read strictly.
+
+Each switch is read once, where its module is imported. A value that is not one of the spellings
+accepted is a one-line :class:`ConfigError` naming the variable: ``SPECDEC_FUSED_LAYER=off`` turns
+the fused GEMMs off, and ``SPECDEC_FUSED_LAYER=of`` is an error rather than silently "on".
+:func:`check` (the CLI calls it first) reads every variable in the table and warns about a
+``SPECDEC_*`` name that is not in it (a typo would otherwise change nothing, silently).
+
+The switches are for measuring and debugging: the defaults are what the benchmarks measured best.
+The comment beside each switch's use in its module says what it changes and what it measured.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from .errors import ConfigError
+
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
+
+# name -> (default, what it does); the on/off switches
+SWITCHES: dict[str, tuple[bool, str]] = {
+    "SPECDEC_CPU_ONEDNN": (True, "fp32 CPU linears on oneDNN (cpu_linear.py)"),
+    "SPECDEC_DELTA_FUSED": (True, "the Gated DeltaNet's decode step in one Triton kernel"),
+    "SPECDEC_DELTA_PROJ": (True, "the Gated DeltaNet's in-projections as one GEMM"),
+    "SPECDEC_DFLASH_FAST": (True, "DFlash's propose as captured static steps"),
+    "SPECDEC_DFLASH_STATIC_FLUSH": (True, "DFlash's context write as one static step"),
+    "SPECDEC_DRAFTER_SPLIT": (True, "drafters' static steps on the split attention kernel"),
+    "SPECDEC_EXPERT_KERNEL": (True, "MoE experts on the Triton expert kernel"),
+    "SPECDEC_FOLD_RESIDUAL": (True, "a layer's last residual add folded into the next layer's norm"),
+    "SPECDEC_FUSED_HYBRID": (True, "Qwen3.5 layers' GEMMs on the fused Triton GEMM"),
+    "SPECDEC_FUSED_LAYER": (True, "the fused Triton GEMMs of a layer (fused_layer.py)"),
+    "SPECDEC_FUSED_LAYER_WIDE": (True, "the fused GEMM for weights wider than its tile table"),
+    "SPECDEC_FUSED_MOE": (True, "a MoE block's step in three kernels"),
+    "SPECDEC_FUSED_NORM": (True, "RMSNorm (with its residual add) as one Triton kernel"),
+    "SPECDEC_FUSED_ROPE": (True, "RoPE and the KV-cache write of static steps in one kernel"),
+    "SPECDEC_FUSED_SPLIT_K": (True, "split K in the fused GEMM"),
+    "SPECDEC_GREEDY_CHAIN": (True, "greedy plain decoding on the greedy-chain steps"),
+    "SPECDEC_MOE_GROUPED_BMM": (False, "MoE experts by a grouped bmm instead"),
+    "SPECDEC_MTP_FAST": (True, "MTP's propose as captured static steps"),
+    "SPECDEC_MTP_STATIC_SAMPLING": (True, "MTP's sampled drafts inside its static steps"),
+    "SPECDEC_PDL": (True, "programmatic dependent launch between Triton kernels"),
+    "SPECDEC_PLAIN_LOOKAHEAD": (True, "plain decoding queues step i+1 before reading step i's token"),
+    "SPECDEC_ROW_EXACT": (True, "row-exact targets run unpadded steps"),
+    "SPECDEC_SHORT_SPAN": (True, "static steps over the live part of the cache only"),
+    "SPECDEC_SPLIT_DIRECT": (True, "a one-split span written by the split kernel itself"),
+    "SPECDEC_SPLIT_PIPELINE": (True, "the split attention kernel's pipelined walk"),
+    "SPECDEC_SPLIT_SMALL_TILES": (True, "small tiles in the split attention kernel"),
+    "SPECDEC_SYMM_ALLREDUCE": (True, "tensor parallelism's all-reduce on symmetric memory"),
+    "SPECDEC_SYNC_COPIES": (False, "device-to-host copies synchronous (debugging)"),
+}
+
+# name -> (default, lowest, highest, what it sets)
+INTEGERS: dict[str, tuple[int, int, int, str]] = {
+    "SPECDEC_PREFILL_ROWS": (128, 1, 512, "rows of a static prefill chunk (engine/generate.py)"),
+}
+
+# name -> (default, the options, what it chooses)
+CHOICES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "SPECDEC_SPAN_ATTENTION": ("split", ("split", "sdpa"), "the span-invariant attention's kernel (CUDA)"),
+}
+
+# variables read elsewhere, with their own checks (name -> what)
+OTHERS: dict[str, str] = {
+    "SPECDEC_API_KEY": "the key `specdec serve` requires (--api-key)",
+    "SPECDEC_BENCH_DATA": "the folder of bench prompt sets (--data-dir)",
+    "SPECDEC_COMBINE_CUT": "rows,features of the split attention's combine program",
+    "SPECDEC_COMMIT": "the commit the bench records where the tree has no .git",
+    "SPECDEC_DFLASH_CPU_CONFIDENCE": "DFlash's CPU block cut, a probability in 0..1",
+    "SPECDEC_FUSED_LAYER_TILES": "forced tilings of the fused GEMM (JSON)",
+    "SPECDEC_SPLIT_KEYS": "keys per split of the split attention",
+    "SPECDEC_LLAMA_VOCAB_DIR": "tests: the llama.cpp reference vocabularies",
+    "SPECDEC_TRITON_DIR": "tests: the Triton package for the interpreter tests",
+}
+
+
+def switch(name: str) -> bool:
+    """The on/off switch ``name`` (a key of :data:`SWITCHES`): its default when unset or empty,
+    else 1/true/yes/on or 0/false/no/off (any case); a one-line ConfigError otherwise."""
+    default = SWITCHES[name][0]
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    v = raw.strip().lower()
+    if v in _ON:
+        return True
+    if v in _OFF:
+        return False
+    raise ConfigError(f"{name}={raw!r}: want 1 or 0 (or true/false, yes/no, on/off); unset, it is "
+                      f"{'on' if default else 'off'}")
+
+
+def integer(name: str) -> int:
+    """The whole number in ``name`` (a key of :data:`INTEGERS`) within its range, its default when
+    unset or empty; a one-line ConfigError otherwise."""
+    default, lo, hi, _ = INTEGERS[name]
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        v = int(raw.strip())
+    except ValueError:
+        v = None
+    if v is None or not lo <= v <= hi:
+        raise ConfigError(f"{name}={raw!r}: want a whole number in {lo}..{hi} (unset: {default})")
+    return v
+
+
+def choice(name: str) -> str:
+    """One of the options of ``name`` (a key of :data:`CHOICES`), its default when unset or empty;
+    a one-line ConfigError otherwise."""
+    default, options, _ = CHOICES[name]
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    if raw.strip().lower() not in options:
+        raise ConfigError(f"{name}={raw!r}: want one of {', '.join(options)} (unset: {default})")
+    return raw.strip().lower()
+
+
+def check() -> None:
+    """Read every switch (a bad value raises here, before any work) and warn, one line each, about
+    ``SPECDEC_*`` variables that specdec does not read."""
+    for name in SWITCHES:
+        switch(name)
+    for name in INTEGERS:
+        integer(name)
+    for name in CHOICES:
+        choice(name)
+    known = {**SWITCHES, **INTEGERS, **CHOICES, **OTHERS}
+    unknown = sorted(n for n in os.environ if n.startswith("SPECDEC_") and n not in known)
+    for n in unknown:
+        warnings.warn(f"{n} is set but specdec reads no such variable (a typo?); `specdec info --env` lists "
+                      "those it reads", stacklevel=2)
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """``(name, value, what)`` for every variable in the tables: the value set, else its default
+    (``unset`` for the variables read elsewhere)."""
+    rows = []
+    for name, (default, what) in sorted(SWITCHES.items()):
+        raw = os.environ.get(name)
+        rows.append((name, raw if raw is not None else f"default: {'on' if default else 'off'}", what))
+    for name, (default, lo, hi, what) in sorted(INTEGERS.items()):
+        raw = os.environ.get(name)
+        rows.append((name, raw if raw is not None else f"default: {default}", f"{what}, {lo}..{hi}"))
+    for name, (default, options, what) in sorted(CHOICES.items()):
+        raw = os.environ.get(name)
+        rows.append((name, raw if raw is not None else f"default: {default}", f"{what}: {' | '.join(options)}"))
+    for name, what in sorted(OTHERS.items()):
+        raw = os.environ.get(name)
+        shown = "(set)" if name == "SPECDEC_API_KEY" and raw else raw
+        rows.append((name, shown if raw is not None else "unset", what))
+    return rows
