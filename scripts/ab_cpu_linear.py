@@ -1,4 +1,5 @@
-"""The CPU's linear layers on oneDNN (``specdec.cpu_linear``, the default) against MKL's ``F.linear``, in one process.
+"""The CPU's linear layers on oneDNN (``specdec.cpu_linear``, the default) against MKL's ``F.linear``, in one process;
+``--compare pack``: oneDNN with packed weights (the default) against the plain layout.
 
 The embedded SmolLM2-135M-Instruct target and each drafter configuration are loaded once; every prompt
 runs each configuration with ``cpu_linear.ENABLED`` on and off in turn (interleaved, so drift on a shared
@@ -7,7 +8,8 @@ decoding on the same backend, oneDNN's speed-up over MKL, and how many outputs d
 backends (fp32 rounding may move a near-tie; greedy output is still checked equal to plain decoding on
 each backend).
 
-    PYTHONPATH=. python scripts/ab_cpu_linear.py --num-prompts 10 -n 128 [--drafts none mtp dflash] [--json out.json]
+    PYTHONPATH=. python scripts/ab_cpu_linear.py --num-prompts 10 -n 128 [--drafts none mtp dflash] [--compare mkl|pack]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -29,18 +31,26 @@ def main() -> None:
     p.add_argument("--dataset", default="gsm8k")
     p.add_argument("--num-prompts", type=int, default=10)
     p.add_argument("-n", "--max-new-tokens", type=int, default=128)
+    p.add_argument("--compare", choices=("mkl", "pack"), default="mkl")
     p.add_argument("--json")
     a = p.parse_args()
     prompts = [turns[0] for turns in load_prompts(a.dataset, a.num_prompts)]
     llms = {d: LLM(draft=None if d == "none" else d, device="cpu", num_draft_tokens=3 if d.startswith("mtp") else 4)
             for d in a.drafts}
-    backends = {"onednn": True, "mkl": False}
+    new, old = ("onednn", "mkl") if a.compare == "mkl" else ("packed", "unpacked")
+    backends = {new: True, old: False}
+
+    def switch(on: bool) -> None:
+        if a.compare == "mkl":
+            cpu_linear.ENABLED = on
+        else:
+            cpu_linear.PACK = on
     stats = {(d, b): {"tokens": 0, "seconds": 0.0, "steps": 0, "accepted": 0} for d in a.drafts for b in backends}
     outs: dict[tuple[str, str], list[list[int]]] = {k: [] for k in stats}
     for i, prompt in enumerate(prompts):
         for d, llm in llms.items():
             for b, on in (backends.items() if i % 2 == 0 else reversed(backends.items())):
-                cpu_linear.ENABLED = on
+                switch(on)
                 t0 = time.perf_counter()
                 r = llm.generate(prompt, a.max_new_tokens, chat=True)
                 dt = time.perf_counter() - t0
@@ -51,7 +61,7 @@ def main() -> None:
                 s["accepted"] += sum(r.stats.accepted)
                 outs[(d, b)].append(list(r.token_ids))
         print(f"prompt {i + 1}/{len(prompts)} done", flush=True)
-    cpu_linear.ENABLED = True
+    switch(True)
     rows = []
     for d in a.drafts:
         for b in backends:
@@ -63,19 +73,19 @@ def main() -> None:
                          "x_plain_same_backend": round(tps / base, 3),
                          "tau": round((s["accepted"] + s["steps"]) / s["steps"], 3) if s["steps"] else None,
                          "outputs_differing_from_plain": differ_plain})
-        on, off = stats[(d, "onednn")], stats[(d, "mkl")]
-        rows[-2]["x_mkl"] = round((on["tokens"] / on["seconds"]) / (off["tokens"] / off["seconds"]), 3)
-        rows[-2]["outputs_differing_onednn_vs_mkl"] = sum(x != y for x, y in zip(outs[(d, "onednn")], outs[(d, "mkl")]))
+        on, off = stats[(d, new)], stats[(d, old)]
+        rows[-2][f"x_{old}"] = round((on["tokens"] / on["seconds"]) / (off["tokens"] / off["seconds"]), 3)
+        rows[-2][f"outputs_differing_{new}_vs_{old}"] = sum(x != y for x, y in zip(outs[(d, new)], outs[(d, old)]))
     print(f"machine: {torch.get_num_threads()} threads, torch {torch.__version__} | {a.dataset} x{len(prompts)} | "
           f"max_new_tokens {a.max_new_tokens} | T=0 | fp32 cpu")
-    keys = ["draft", "backend", "tokens_per_s", "x_plain_same_backend", "tau", "x_mkl",
-            "outputs_differing_from_plain", "outputs_differing_onednn_vs_mkl"]
+    keys = ["draft", "backend", "tokens_per_s", "x_plain_same_backend", "tau", f"x_{old}",
+            "outputs_differing_from_plain", f"outputs_differing_{new}_vs_{old}"]
     print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
     for r in rows:
         print("| " + " | ".join(str(r.get(k, "")) for k in keys) + " |")
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"dataset": a.dataset, "num_prompts": len(prompts), "max_new_tokens": a.max_new_tokens,
+            json.dump({"compare": a.compare, "dataset": a.dataset, "num_prompts": len(prompts), "max_new_tokens": a.max_new_tokens,
                        "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows}, fh, indent=1)
 
 

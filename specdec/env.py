@@ -23,6 +23,7 @@ _OFF = ("0", "false", "no", "off")
 # name -> (default, what it does); the on/off switches
 SWITCHES: dict[str, tuple[bool, str]] = {
     "SPECDEC_CPU_ONEDNN": (True, "fp32 CPU linears on oneDNN (cpu_linear.py)"),
+    "SPECDEC_CPU_PACK": (True, "oneDNN linears' weights kept packed too (a second copy in memory)"),
     "SPECDEC_DELTA_FUSED": (True, "the Gated DeltaNet's decode step in one Triton kernel"),
     "SPECDEC_DELTA_PROJ": (True, "the Gated DeltaNet's in-projections as one GEMM"),
     "SPECDEC_DFLASH_FAST": (True, "DFlash's propose as captured static steps"),

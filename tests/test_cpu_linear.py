@@ -18,14 +18,20 @@ def calls(monkeypatch):
     """Counts oneDNN calls (the op is wrapped, so a call that silently fell back to F.linear shows); the
     tests' small weights take it too (MIN_WEIGHT 0)."""
     monkeypatch.setattr(cpu_linear, "MIN_WEIGHT", 0)
-    n = {"onednn": 0}
-    real = torch.ops.mkldnn._linear_pointwise
+    n = {"onednn": 0, "packed": 0, "packs": 0}
+    real, reorder = torch.ops.mkldnn._linear_pointwise, torch.ops.mkldnn._reorder_linear_weight
 
     class Ops:
         @staticmethod
         def _linear_pointwise(*args):
             n["onednn"] += 1
+            n["packed"] += args[1].is_mkldnn
             return real(*args)
+
+        @staticmethod
+        def _reorder_linear_weight(*args):
+            n["packs"] += 1
+            return reorder(*args)
 
     monkeypatch.setattr(cpu_linear.torch.ops, "mkldnn", Ops, raising=False)
     return n
@@ -145,3 +151,45 @@ def test_every_family_lossless_on_onednn(kind, tmp_path, calls):
     assert spec.token_ids == plain
     assert sum(spec.stats.accepted) >= 12 and len(spec.stats.accepted) < 24, spec.stats.accepted
     assert calls["onednn"] > 100 or not cpu_linear._probe()
+    assert calls["packed"] > 0.8 * calls["onednn"]  # all but the first use of each weight on packed copies
+
+
+def test_packed_weights(calls):
+    """A weight is packed at its second use and reused; it gives the plain layout's bits at 2 rows or more
+    (the same kernel) and F.linear's values at 1 row; a change of the weight (in place, or a new storage)
+    is seen; a view made anew at each call is never packed."""
+    g = torch.Generator().manual_seed(4)
+    w, b = torch.randn(96, 64, generator=g), torch.randn(96, generator=g)
+    with torch.no_grad():
+        first = linear(torch.randn(3, 64, generator=g), w, b)
+        assert calls["packs"] == 0 and calls["packed"] == 0 and first.shape == (3, 96)
+        for m in (1, 2, 5, 16, 33):
+            x = torch.randn(m, 64, generator=g)
+            y = linear(x, w, b)
+            assert calls["packed"] > 0
+            plain = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+            if m >= 2:
+                assert torch.equal(y, plain), m
+            torch.testing.assert_close(y, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        assert calls["packs"] == 1 and cpu_linear.packed_bytes() >= 96 * 64 * 4
+        x = torch.randn(4, 64, generator=g)
+        w.mul_(2)  # in place: the version moves, the packed copy is dropped
+        torch.testing.assert_close(linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        w.data = torch.randn(96, 64, generator=g)  # a new storage under the same tensor
+        for _ in range(2):
+            torch.testing.assert_close(linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        assert calls["packs"] == 3
+        big = torch.randn(2, 96, 64, generator=g)
+        for _ in range(3):
+            linear(x, big[1])  # a view made anew at each call: never packed
+        assert calls["packs"] == 3
+
+
+def test_packing_off_switch(monkeypatch, calls):
+    monkeypatch.setattr(cpu_linear, "PACK", False)
+    w, x = torch.randn(40, 32), torch.randn(5, 32)
+    with torch.no_grad():
+        for _ in range(3):
+            linear(x, w)
+    assert calls["onednn"] == (3 if cpu_linear._probe() else 0) and calls["packs"] == calls["packed"] == 0
