@@ -16,7 +16,7 @@ showed the op runs here and agrees with ``F.linear``; every other call is ``F.li
 
 A weight used twice (a parameter, or a derived weight such as a fused q/k/v kept between steps) is then
 reordered once into oneDNN's packed layout (``mkldnn::_reorder_linear_weight``) and kept beside it: with the
-plain layout oneDNN packs the weight again at every call of two rows or more. On the 2-core EPYC a 5-row
+plain layout, calls of two rows or more ran 1.4-2.3x slower (a reorder inside every call, by all appearances). On the 2-core EPYC a 5-row
 SmolLM2 step went 49.8 -> 32.8 ms (the cost of a 1-row step), 16 rows 71.3 -> 50.0 ms, 1 row 35.2 -> 32.9 ms;
 the bits are those of the plain layout at two rows or more (checked at every row count 2..64 on the model's
 shapes). It costs a second copy of the weights in memory (SmolLM2: +538 MB), taken only while a weight fits in
