@@ -20,7 +20,8 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "drafter
 # Where ``auto`` picks the shipped DFlash drafter. On the CPU (fp32, 2 cores) ``auto`` is the shipped MTP
 # head behind the history lookup instead (one sequence): with their draft vocabularies (session of
 # 2026-12-03 (eighth), BENCHMARKS.md) ``mtp+ngram`` ran 1.56x / 1.35x / 1.06x plain on GSM8K / HumanEval /
-# MT-Bench, ``dflash+ngram`` 1.47x / 1.25x / 1.04x; without them neither paid there.
+# MT-Bench, ``dflash+ngram`` 1.47x / 1.25x / 1.04x; without them neither paid there. With packed oneDNN weights
+# (2026-12-05, 10 prompts each): ``mtp+ngram`` 2.28x / 2.05x / 1.37x, ``dflash+ngram`` 2.14x / 1.97x / 1.12x.
 AUTO_DEVICES = ("cuda",)
 CPU_AUTO = "mtp+ngram"
 
