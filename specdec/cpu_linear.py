@@ -18,8 +18,8 @@ A weight used twice (a parameter, or a derived weight such as a fused q/k/v kept
 reordered once into oneDNN's packed layout (``mkldnn::_reorder_linear_weight``) and kept beside it: with the
 plain layout, calls of two rows or more ran 1.4-2.3x slower (a reorder inside every call, by all appearances). On the 2-core EPYC a 5-row
 SmolLM2 step went 49.8 -> 32.8 ms (the cost of a 1-row step), 16 rows 71.3 -> 50.0 ms, 1 row 35.2 -> 32.9 ms;
-the bits are those of the plain layout at two rows or more (checked at every row count 2..64 on the model's
-shapes). It costs a second copy of the weights in memory (SmolLM2: +538 MB), taken only while a weight fits in
+the bits are those of the plain layout at two rows or more (checked at 2, 5 and 16 rows; tests/test_cpu_linear.py at
+2, 5, 16 and 33). It costs a second copy of the weights in memory (SmolLM2: +538 MB), taken only while a weight fits in
 half the memory available; ``SPECDEC_CPU_PACK=0`` keeps one copy.
 """
 
