@@ -3,13 +3,19 @@
 1. oneDNN's fp32 matmul (``specdec.cpu_linear``): row 0 of an M-row product against row 0 of a 2-row one, for
    M = 2..600, and every 37th row of a 600-row product against the same row in a 2-row one; then 1 row (a GEMV).
 2. The CPU's SDPA: row 0's bits at 1..16 query rows (masked by position, the live keys only).
-3. An attention written on oneDNN GEMMs (per KV head: scores and the weighted sum as linears, fp32 softmax): the
+3. The packed layout (``cpu_linear.packed``): the plain layout's bits?, 1 row alone and padded to 2 rows.
+4. An attention written on oneDNN GEMMs (per KV head: scores and the weighted sum as linears, fp32 softmax): the
    same check, and its time against SDPA's.
 
     PYTHONPATH=. python scripts/probe_cpu_row_invariance.py [--threads 2]
 
 On the 2-core AMD EPYC of the session of 2026-12-04 (sixth): (1) invariant from 2 rows on, 1 row differs; (2) not
-invariant; (3) invariant at 1-16 rows, 300-380 us a layer against SDPA's 81-399 us (SmolLM2's 9 heads, 3 KV heads).
+invariant; (4) invariant at 1-16 rows, 300-380 us a layer against SDPA's 81-399 us (SmolLM2's 9 heads, 3 KV heads).
+Session of 2026-12-05 (``benchmarks/session33_cpu/probe_cpu_row_invariance.txt``): (3) the plain layout's bits at 2 rows
+or more, a row's bits at 2..64 rows, 1 row alone differs where K > 576 (1,536, 4,096), 1 row padded to 2 rows has
+the bits and costs the same or less (576 x 1,536: 140 -> 117 us; the head 4,685 -> 4,782 us). With packed weights and
+1-row calls padded to 2, every linear is row-invariant at no cost; the attention (4: ~18 us a oneDNN call, 6 a layer)
+is what an exact CPU eager path would pay for.
 """
 
 from __future__ import annotations
@@ -36,6 +42,32 @@ def gemm_check() -> None:
         one = torch.equal(onednn(x[:1], w)[0], ref)
         print(f"oneDNN {n} x {k}: row 0 differs at M = {differ}; rows of a 600-row product that differ: {rows}; "
               f"1 row gives the same bits: {one}")
+
+
+def packed_check() -> None:
+    """oneDNN's packed layout (``cpu_linear.packed``): its bits against the plain layout's at 2, 5 and 16 rows, whether
+    a row keeps them from 2 to 64 rows, and whether 1 row (alone, or padded to 2) has them; time of 1 row alone
+    and padded to 2 rows, weights cycled out of the caches."""
+    for n, k in [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576), (4096, 4096)]:
+        w, x = torch.randn(n, k), torch.randn(64, k)
+        p = torch.ops.mkldnn._reorder_linear_weight(w, 16)
+        as_plain = all(torch.equal(onednn(x[:m], p), onednn(x[:m], w)) for m in (2, 5, 16))
+        full = onednn(x, p)
+        keeps = all(torch.equal(onednn(x[j:j + 2], p)[0], full[j]) for j in range(0, 63, 7))
+        one = torch.equal(onednn(x[:1], p)[0], full[0])
+        padded = torch.equal(onednn(torch.cat([x[:1], torch.zeros(1, k)]), p)[0], full[0])
+        copies = [torch.ops.mkldnn._reorder_linear_weight(torch.randn(n, k), 16) for _ in range(max(2, int(4e7 / (n * k * 4))))]
+        times = []
+        for rows in (x[:1], torch.cat([x[:1], torch.zeros(1, k)])):
+            for c in copies:
+                onednn(rows, c)
+            t0 = time.perf_counter()
+            for _ in range(5):
+                for c in copies:
+                    onednn(rows, c)
+            times.append((time.perf_counter() - t0) / (5 * len(copies)) * 1e6)
+        print(f"packed {n} x {k}: the plain layout's bits at 2/5/16 rows {as_plain}; a row's bits at 2..64 rows {keeps}; "
+              f"1 row has them {one}, padded to 2 rows {padded}; 1 row {times[0]:.0f} us, padded {times[1]:.0f} us")
 
 
 def attention_rowinv(q, k, v, pos0, scale, rep):
@@ -89,6 +121,7 @@ def main() -> None:
     torch.manual_seed(0)
     with torch.inference_mode():
         gemm_check()
+        packed_check()
         attention_check()
 
 
