@@ -25,6 +25,8 @@ half the memory available; ``SPECDEC_CPU_PACK=0`` keeps one copy.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -74,10 +76,50 @@ def usable(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> b
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, w, b)``: ``x [..., K]``, ``w [N, K]`` -> ``[..., N]``, on oneDNN where :func:`usable`."""
+    """``F.linear(x, w, b)``: ``x [..., K]``, ``w [N, K]`` -> ``[..., N]``, on oneDNN where :func:`usable`
+    (within :func:`row_invariant`: every fp32 CPU linear without gradient, by :func:`row_invariant_linear`)."""
+    if getattr(_ROW_INVARIANT, "on", False) and _exact_usable(x, w, b):
+        return row_invariant_linear(x, w, b)
     if usable(x, w, b):
         return torch.ops.mkldnn._linear_pointwise(x, packed(w), b, "none", [], "")
     return F.linear(x, w, b)
+
+
+# specdec.cpu_exact's switch (this thread): see row_invariant
+_ROW_INVARIANT = threading.local()
+
+
+@contextlib.contextmanager
+def row_invariant():
+    """Within it (this thread), every fp32 CPU linear without gradient runs on oneDNN with 1-row calls padded to 2
+    rows (:func:`row_invariant_linear`): a row's bits do not depend on the row count (:mod:`specdec.cpu_exact`)."""
+    prev = getattr(_ROW_INVARIANT, "on", False)
+    _ROW_INVARIANT.on = True
+    try:
+        yield
+    finally:
+        _ROW_INVARIANT.on = prev
+
+
+def _exact_usable(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> bool:
+    if x.dtype != torch.float32 or w.dtype != torch.float32 or x.device.type != "cpu" or x.numel() == 0:
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
+        return False
+    return not torch.compiler.is_compiling() and _probe()
+
+
+def row_invariant_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, pack: bool = True) -> torch.Tensor:
+    """oneDNN's linear (fp32, CPU, no gradient), a 1-row call padded to 2 rows: oneDNN gives a row the same bits at
+    every row count from 2 on, and a 1-row call alone rounds otherwise once K > 576 (scripts/probe_cpu_row_invariance.py).
+    ``pack=False``: ``w`` is used once (an attention's keys), never packed."""
+    k = x.shape[-1]
+    rows = x.reshape(-1, k)
+    one = rows.shape[0] == 1
+    if one:
+        rows = torch.cat([rows, rows.new_zeros(1, k)])
+    y = torch.ops.mkldnn._linear_pointwise(rows, packed(w) if pack else w, b, "none", [], "")
+    return (y[:1] if one else y).reshape(*x.shape[:-1], y.shape[-1])
 
 
 def packed(w: torch.Tensor) -> torch.Tensor:

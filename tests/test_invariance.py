@@ -6,7 +6,8 @@ bf16; here it is checked bit for bit in fp32 on the CPU, with a drafter that is 
 
 Paths: ``static`` is the batch-invariant step (fixed 16 rows, attention over the whole cache
 masked by position) that CUDA runs captured as a graph or, with ``--no-cuda-graphs``, eagerly;
-on the CPU it runs uncaptured. ``eager`` is the CPU default (each step runs its own rows only).
+on the CPU it runs uncaptured (here the llama target takes the CPU's unpadded exact steps instead,
+cpu_exact.py: the same assertion holds). ``eager`` is the CPU default (each step runs its own rows only).
 """
 
 import os
@@ -23,6 +24,7 @@ from specdec.engine import generate as engine_mod  # noqa: E402
 from specdec.models import deltanet  # noqa: E402
 
 TARGETS = ("llama", "qwen35-dense", "qwen35-moe")
+pytestmark = pytest.mark.cpu_exact  # the product's CPU path (tests/conftest.py)
 NEW_TOKENS = 48
 
 
@@ -86,6 +88,16 @@ def test_static_steps_are_per_position_invariant(targets, target, monkeypatch):
         assert same
 
 
+def test_llama_padded_static_steps_too(targets, monkeypatch):
+    """The llama target on the padded static steps (SPECDEC_CPU_EXACT=0; what CUDA runs), not the CPU's exact ones."""
+    monkeypatch.setattr(engine_mod, "CPU_EXACT", False)
+    assert not SpeculativeGenerator(targets["llama"], None, 0, batch_invariant=True).cpu_exact
+    prompt = torch.randint(0, 97, (7,), generator=torch.Generator().manual_seed(0)).tolist()
+    differ, n, stats, same = compare(targets["llama"], prompt, True, monkeypatch)
+    _check_exercised(stats)
+    assert differ == 0 and same
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_eager_cpu_steps_keep_greedy_tokens(targets, target, monkeypatch):
     """The CPU default runs each step's own rows only: padding every step to 16 rows costs CPU
@@ -128,13 +140,19 @@ def test_grouped_moe_in_verify_steps_breaks_invariance(targets, monkeypatch):
 
 def test_too_many_drafts_for_the_padded_step_warn(targets):
     """More drafts than the 16-row step holds cannot be padded: say so instead of silently losing
-    bitwise exactness (the CPU default does not pad, so no warning there)."""
+    bitwise exactness (the CPU default does not pad, so no warning there; nor on the CPU's unpadded exact
+    steps of a Llama-family target, tests/test_cpu_exact.py)."""
     import warnings
 
-    model = targets["llama"]
+    from specdec import cpu_exact
+
+    model = targets["qwen35-dense"]
+    vocab = model.config.vocab_size
     with pytest.warns(UserWarning, match="16 rows"):
-        SpeculativeGenerator(model, SpoiledOracle([], 97), 16, batch_invariant=True)
+        SpeculativeGenerator(model, SpoiledOracle([], vocab), 16, batch_invariant=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        SpeculativeGenerator(model, SpoiledOracle([], 97), 15, batch_invariant=True)
-        SpeculativeGenerator(model, SpoiledOracle([], 97), 16)
+        SpeculativeGenerator(model, SpoiledOracle([], vocab), 15, batch_invariant=True)
+        SpeculativeGenerator(model, SpoiledOracle([], vocab), 16)
+        llama = SpeculativeGenerator(targets["llama"], SpoiledOracle([], 97), 16, batch_invariant=True)
+        assert llama.cpu_exact == cpu_exact.available()

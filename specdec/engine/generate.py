@@ -7,14 +7,14 @@ With no drafter (or k = 0) the same loop is plain autoregressive decoding.
 
 from __future__ import annotations
 
-import os
+import contextlib
 import time
 import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from .. import env
+from .. import cpu_exact, env
 from ..drafters.base import Drafter, Proposal, slice_out
 from ..errors import ContextOverflowError, RequestError
 from ..hostcopy import HostReader, device_ints
@@ -124,6 +124,9 @@ PLAIN_LOOKAHEAD = env.switch("SPECDEC_PLAIN_LOOKAHEAD")
 # host, limits the step), +0.1 % on qwen3-8b; device_check with it on: 0 outputs differing.
 # SPECDEC_GREEDY_CHAIN=0 turns it off.
 GREEDY_CHAIN = env.switch("SPECDEC_GREEDY_CHAIN")
+# --batch-invariant on the CPU as unpadded eager steps in cpu_exact's row-invariant forms (SmolLM2 on 2 cores:
+# see cpu_exact.py for the cost) instead of 16-row static steps over the whole cache; SPECDEC_CPU_EXACT=0 pads
+CPU_EXACT = env.switch("SPECDEC_CPU_EXACT")
 
 
 def cache_positions(need: int, max_context: int) -> int:
@@ -161,6 +164,12 @@ class SpeculativeGenerator:
         on_cuda = target.device.type == "cuda"
         if batch_invariant is None:
             batch_invariant = on_cuda
+        # On the CPU a target whose eager steps are row-exact within cpu_exact.exact() (the Llama family) is exact
+        # without padding: its forwards run their own rows in that context (cpu_exact.py); others pad as on CUDA
+        self.cpu_exact = (bool(batch_invariant) and not on_cuda and not compile and CPU_EXACT
+                          and target.cpu_row_exact() and cpu_exact.available())
+        if self.cpu_exact:
+            batch_invariant = False
         # Under tensor parallelism the captured steps hold their NCCL all-reduces and all-gathers:
         # every rank captures and replays the same steps in the same order, so the collectives match.
         self.shard = getattr(target, "shard", None)
@@ -210,6 +219,10 @@ class SpeculativeGenerator:
         if lookahead is None:
             lookahead = on_cuda and PLAIN_LOOKAHEAD
         self.lookahead = bool(lookahead) and self.k == 0 and self.static and self.shard is None
+
+    def _exact(self):
+        """The context of the target's eager forwards: cpu_exact's row-invariant forms where ``cpu_exact``."""
+        return cpu_exact.exact() if self.cpu_exact else contextlib.nullcontext()
 
     def _cache_for(self, need: int, capture: tuple[int, ...]):
         """A fresh cache, or for static steps a reused one (its captured graphs stay valid)."""
@@ -288,7 +301,11 @@ class SpeculativeGenerator:
             t2 = time.perf_counter()
             start = cache.length
             ids = torch.cat([device_ints([last], dev), drafts])  # no stream sync: the drafter's step may still run
-            out = graphed(ids) if graphed is not None else tgt(ids, cache, capture=capture)
+            if graphed is not None:
+                out = graphed(ids)
+            else:
+                with self._exact():
+                    out = tgt(ids, cache, capture=capture)
             if params.greedy:
                 packed = accept_greedy(drafts, out.logits)
             else:
@@ -384,7 +401,8 @@ class SpeculativeGenerator:
         decoding prefill alike, so their outputs stay equal whatever the chunks."""
         narrow, wide = self.chunk_rows, self.prefill_rows
         if not self.static_prefill or graphed is None or narrow is None:
-            return self.target(prompt, cache, capture=capture, logits="last", snapshots=False)
+            with self._exact():
+                return self.target(prompt, cache, capture=capture, logits="last", snapshots=False)
         n = prompt.numel()
         if n > (STATIC_PREFILL_TOKENS if wide > narrow else STATIC_PREFILL_CHUNKS * narrow):
             return self.target(prompt, cache, capture=capture, logits="last", snapshots=False)

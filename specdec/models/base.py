@@ -176,6 +176,11 @@ class CausalLM(nn.Module):
         at any such row count (see ROW_EXACT): families with fused layers say so (:class:`~.llama.LlamaForCausalLM`)."""
         return False
 
+    def cpu_row_exact(self) -> bool:
+        """Whether this model's eager CPU steps, run within :func:`specdec.cpu_exact.exact`, give a row the same bits
+        at any row count (every op row by row but the linears and attention, which that context makes so)."""
+        return False
+
     def head(self, h: torch.Tensor, exact: bool = True) -> torch.Tensor:
         """Final-normed hidden ``[T, H]`` -> fp32 logits ``[T, V]`` (``exact``: see :meth:`raw_logits`)."""
         return self.soft_cap(self.raw_logits(h, exact))

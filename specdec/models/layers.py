@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import env
+from .. import cpu_exact, env
 from ..cache import KVCache
 from ..cpu_linear import Linear, linear
 from ..errors import ConfigError
@@ -129,8 +129,21 @@ class RotaryEmbedding(nn.Module):
         return inv
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[T]`` positions -> cos, sin ``[T, rotary_dim]`` (:func:`rope_tables`)."""
+        """``[T]`` positions -> cos, sin ``[T, rotary_dim]`` (:func:`rope_tables`). Within
+        :func:`specdec.cpu_exact.exact`, rows of a table of every position so far: the CPU's vectorized cos/sin
+        round otherwise than its scalar tail, so a position's values would depend on how many share its call."""
+        if positions.device.type == "cpu" and cpu_exact.on():
+            return self._table_rows(positions, dtype)
         return rope_tables(positions.float()[:, None] * self.inv_freq(positions.device)[None, :], dtype)
+
+    def _table_rows(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        need = int(positions.max()) + 1 if positions.numel() else 1
+        table = self.__dict__.get("_cpu_table")
+        if table is None or table[0].shape[0] < need or table[0].dtype != dtype:
+            n = max(need, 2 * (table[0].shape[0] if table is not None else 512))
+            pos = torch.arange(n, dtype=torch.float32)
+            table = self.__dict__["_cpu_table"] = rope_tables(pos[:, None] * self.inv_freq(pos.device)[None, :], dtype)
+        return table[0][positions], table[1][positions]
 
 
 def rope_tables(freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,6 +199,8 @@ def sliding_causal_mask(start: int, t: int, window: int, device) -> torch.Tensor
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """Scaled dot-product attention with GQA: q ``[H, T, d]``, k/v ``[Hkv, S, d]`` -> ``[H, T, dv]``;
     batched, q ``[B, H, T, d]``, k/v ``[B, Hkv, S, d]``, mask ``[B, 1, T, S]`` -> ``[B, H, T, dv]``."""
+    if q.dim() == 3 and not q.is_cuda and q.dtype == torch.float32 and cpu_exact.on():
+        return cpu_exact.attention(q, k, v, mask, scale)  # a row's bits at any row count (cpu_exact.py)
     if mask is not None and SPLIT_ATTENTION and getattr(_LIVE_CONTEXT, "on", False):
         o = _attend_live(q, k, v, mask, scale)
         if o is not None:

@@ -106,6 +106,12 @@ class LlamaForCausalLM(CausalLM):
         return base.ROW_EXACT and fused_layer.model_runs(self, rows)
 
 
+    def cpu_row_exact(self) -> bool:
+        """Norms, RoPE, SwiGLU and the embedding work row by row (tests/test_invariance.py checks the bits); one
+        process (a tensor-parallel rank's all-reduce is not covered)."""
+        return self.shard is None
+
+
 class Qwen3ForCausalLM(LlamaForCausalLM):
     qk_norm = True
 
