@@ -13,10 +13,9 @@ break that in the eager path (``scripts/probe_cpu_row_invariance.py``):
   with an fp32 softmax between them; a row's bits then depend neither on the other rows nor on masked keys
   after its own (checked: 0 of 256 positions differ, 8 contexts of 63..1,000 keys, 1..16 rows).
 
-Two smaller things round by the row count too: the CPU softmax over fewer than 16 values (a scalar loop), so
-rows get at least :data:`MIN_KEYS` keys, the extra ones masked; and the vectorized cos/sin of the RoPE tables
-(their scalar tail rounds otherwise), so within :func:`exact` the tables are rows of one table by position
-(``layers.RotaryEmbedding.cos_sin``). Norms, SwiGLU and embeddings work row by row.
+One smaller thing rounds by the row count too: the CPU softmax over fewer than 16 values (a scalar loop), so
+rows get at least :data:`MIN_KEYS` keys, the extra ones masked. Norms, RoPE (its cos/sin keep their bits at any
+length: checked), SwiGLU and embeddings work row by row.
 
 Cost (SmolLM2-135M, 2 cores, GSM8K 4 prompts x 96 tokens, 2026-12-05): plain 28.1 -> 19.3 tok/s, MTP 55.5 ->
 43.4, DFlash 52.5 -> 43.2, against 16.8 / 35.9 / 39.1 for the 16-row padded steps: the attention's oneDNN calls

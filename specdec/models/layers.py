@@ -129,21 +129,8 @@ class RotaryEmbedding(nn.Module):
         return inv
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[T]`` positions -> cos, sin ``[T, rotary_dim]`` (:func:`rope_tables`). Within
-        :func:`specdec.cpu_exact.exact`, rows of a table of every position so far: the CPU's vectorized cos/sin
-        round otherwise than its scalar tail, so a position's values would depend on how many share its call."""
-        if positions.device.type == "cpu" and cpu_exact.on():
-            return self._table_rows(positions, dtype)
+        """``[T]`` positions -> cos, sin ``[T, rotary_dim]`` (:func:`rope_tables`)."""
         return rope_tables(positions.float()[:, None] * self.inv_freq(positions.device)[None, :], dtype)
-
-    def _table_rows(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        need = int(positions.max()) + 1 if positions.numel() else 1
-        table = self.__dict__.get("_cpu_table")
-        if table is None or table[0].shape[0] < need or table[0].dtype != dtype:
-            n = max(need, 2 * (table[0].shape[0] if table is not None else 512))
-            pos = torch.arange(n, dtype=torch.float32)
-            table = self.__dict__["_cpu_table"] = rope_tables(pos[:, None] * self.inv_freq(pos.device)[None, :], dtype)
-        return table[0][positions], table[1][positions]
 
 
 def rope_tables(freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
