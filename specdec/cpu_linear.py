@@ -25,7 +25,6 @@ half the memory available; ``SPECDEC_CPU_PACK=0`` keeps one copy.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 import torch
@@ -34,6 +33,7 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import env
+from .flags import switched_on
 
 ENABLED = env.switch("SPECDEC_CPU_ONEDNN")
 # Smaller weights stay on F.linear: a oneDNN call costs ~13 us more to start, so with weights cycled out of the
@@ -89,16 +89,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
 _ROW_INVARIANT = threading.local()
 
 
-@contextlib.contextmanager
 def row_invariant():
     """Within it (this thread), every fp32 CPU linear without gradient runs on oneDNN with 1-row calls padded to 2
     rows (:func:`row_invariant_linear`): a row's bits do not depend on the row count (:mod:`specdec.cpu_exact`)."""
-    prev = getattr(_ROW_INVARIANT, "on", False)
-    _ROW_INVARIANT.on = True
-    try:
-        yield
-    finally:
-        _ROW_INVARIANT.on = prev
+    return switched_on(_ROW_INVARIANT)
 
 
 def _exact_usable(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> bool:

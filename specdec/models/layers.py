@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import cpu_exact, env
+from ..flags import switched_on
 from ..cache import KVCache
 from ..cpu_linear import Linear, linear
 from ..errors import ConfigError
@@ -271,19 +272,9 @@ def _attend_folded(q, k, v, mask, scale: float, groups: int) -> torch.Tensor:
 _SPAN_INVARIANT = threading.local()
 
 
-@contextlib.contextmanager
-def _switched_on(flag: threading.local):
-    prev = getattr(flag, "on", False)
-    flag.on = True
-    try:
-        yield
-    finally:
-        flag.on = prev
-
-
 def span_invariant_attention():
     """Within it (this thread), batched attention takes the span-invariant form above."""
-    return _switched_on(_SPAN_INVARIANT)
+    return switched_on(_SPAN_INVARIANT)
 
 
 # The CPU's SDPA splits its work across threads by shape, and at T = 1 or 3 (other sizes too, it
@@ -296,7 +287,7 @@ _ROW_BY_ROW = threading.local()
 
 def attention_row_by_row():
     """Within it (this thread), batched CPU attention runs one batch element per call."""
-    return _switched_on(_ROW_BY_ROW)
+    return switched_on(_ROW_BY_ROW)
 
 
 @contextlib.contextmanager
@@ -329,7 +320,7 @@ _LIVE_CONTEXT = threading.local()
 
 def live_context_attention():
     """Within it (this thread), CUDA attention with a boolean mask takes the split kernel where it applies."""
-    return _switched_on(_LIVE_CONTEXT)
+    return switched_on(_LIVE_CONTEXT)
 
 
 # A drafter's static steps of one sequence (the MTP propose, the DFlash block) attend over their whole
