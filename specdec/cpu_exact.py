@@ -13,7 +13,8 @@ break that in the eager path (``scripts/probe_cpu_row_invariance.py``):
   with an fp32 softmax between them; a row's bits then depend neither on the other rows nor on masked keys
   after its own (checked: 0 of 256 positions differ, 8 contexts of 63..1,000 keys, 1..16 rows).
 
-One smaller thing rounds by the row count too: the CPU softmax over fewer than 16 values (a scalar loop), so
+One smaller thing rounds by the row count too: the CPU softmax over fewer than 16 values (another code path,
+a scalar loop by all appearances), so
 rows get at least :data:`MIN_KEYS` keys, the extra ones masked. Norms, RoPE (its cos/sin keep their bits at any
 length: checked), SwiGLU and embeddings work row by row.
 
@@ -30,9 +31,9 @@ import torch
 from . import cpu_linear
 
 
-# The CPU's softmax over fewer than 16 values (an AVX-512 vector of fp32) runs a scalar loop whose exp rounds
-# otherwise than the vectorized one: a row with 15 live keys changed its bits once masked keys followed (seen on
-# the 2-core EPYC). So rows get at least this many, the extra ones masked.
+# The CPU's softmax over fewer than 16 values (an AVX-512 vector of fp32) rounds otherwise than over more (another
+# code path, a scalar loop by all appearances): a row with 15 live keys changed its bits once masked keys followed
+# (seen on the 2-core EPYC). So rows get at least this many, the extra ones masked.
 MIN_KEYS = 16
 
 
