@@ -14,8 +14,7 @@ break that in the eager path (``scripts/probe_cpu_row_invariance.py``):
   after its own (checked: 0 of 256 positions differ, 8 contexts of 63..1,000 keys, 1..16 rows).
 
 One smaller thing rounds by the row count too: the CPU softmax over fewer than 16 values (another code path,
-a scalar loop by all appearances), so
-rows get at least :data:`MIN_KEYS` keys, the extra ones masked. Norms, RoPE (its cos/sin keep their bits at any
+a scalar loop by all appearances), so rows get at least :data:`MIN_KEYS` keys, the extra ones masked. Norms, RoPE (its cos/sin keep their bits at any
 length: checked), SwiGLU and embeddings work row by row.
 
 Cost (SmolLM2-135M, 2 cores, GSM8K 4 prompts x 96 tokens, 2026-12-05): plain 28.1 -> 19.3 tok/s, MTP 55.5 ->
@@ -39,7 +38,7 @@ MIN_KEYS = 16
 
 def on() -> bool:
     """Whether this thread runs inside :func:`exact`."""
-    return getattr(cpu_linear._ROW_INVARIANT, "on", False)
+    return cpu_linear.row_invariant_on()
 
 
 def exact():
@@ -64,7 +63,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         scores = cpu_linear.row_invariant_linear(qg, k[g], pack=False) * scale  # [rep*t, s]
         if mask is not None:
             scores = scores.view(rep, t, s).masked_fill(~mask, float("-inf")).view(rep * t, s)
-        if s < MIN_KEYS:  # rows shorter than a vector take the CPU softmax's scalar loop, which rounds otherwise
+        if s < MIN_KEYS:  # see MIN_KEYS
             scores = torch.cat([scores, scores.new_full((rep * t, MIN_KEYS - s), float("-inf"))], dim=1)
         p = torch.softmax(scores, dim=-1)[:, :s]
         outs.append(cpu_linear.row_invariant_linear(p, v[g].t().contiguous(), pack=False).view(rep, t, -1))

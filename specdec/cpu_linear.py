@@ -42,7 +42,7 @@ MIN_WEIGHT = 65536
 _works: bool | None = None  # the probe's verdict, once run
 PACK = env.switch("SPECDEC_CPU_PACK")
 _packs = WeakIdKeyDictionary()  # weight -> ((data_ptr, version), its packed copy, or None until its second use)
-_packing: bool | None = None  # whether the reorder op runs here (probed with the first weight)
+_pack_failed = False  # the reorder op failed here once
 
 
 def _probe() -> bool:
@@ -65,10 +65,10 @@ def active() -> bool:
     return ENABLED and _probe()
 
 
-def usable(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> bool:
-    """Whether :func:`linear` takes oneDNN for these tensors."""
+def usable(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, any_size: bool = False) -> bool:
+    """Whether :func:`linear` takes oneDNN for these tensors (``any_size``: whatever the weight's size)."""
     if (not ENABLED or x.dtype != torch.float32 or w.dtype != torch.float32 or x.device.type != "cpu"
-            or w.numel() < MIN_WEIGHT):
+            or (w.numel() < MIN_WEIGHT and not any_size)):
         return False
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
         return False
@@ -78,7 +78,7 @@ def usable(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> b
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, w, b)``: ``x [..., K]``, ``w [N, K]`` -> ``[..., N]``, on oneDNN where :func:`usable`
     (within :func:`row_invariant`: every fp32 CPU linear without gradient, by :func:`row_invariant_linear`)."""
-    if getattr(_ROW_INVARIANT, "on", False) and _exact_usable(x, w, b):
+    if row_invariant_on() and usable(x, w, b, any_size=True):
         return row_invariant_linear(x, w, b)
     if usable(x, w, b):
         return torch.ops.mkldnn._linear_pointwise(x, packed(w), b, "none", [], "")
@@ -95,12 +95,9 @@ def row_invariant():
     return switched_on(_ROW_INVARIANT)
 
 
-def _exact_usable(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> bool:
-    if x.dtype != torch.float32 or w.dtype != torch.float32 or x.device.type != "cpu" or x.numel() == 0:
-        return False
-    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
-        return False
-    return not torch.compiler.is_compiling() and _probe()
+def row_invariant_on() -> bool:
+    """Whether this thread runs inside :func:`row_invariant`."""
+    return getattr(_ROW_INVARIANT, "on", False)
 
 
 def row_invariant_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, pack: bool = True) -> torch.Tensor:
@@ -120,8 +117,8 @@ def packed(w: torch.Tensor) -> torch.Tensor:
     """``w`` in oneDNN's packed layout from its second use on (the copy kept while ``w``'s storage and
     version stay the same), else ``w`` itself: views (made anew at every call) and inference tensors (no
     version to tell a change by) are never packed."""
-    global _packing
-    if not PACK or _packing is False or w._base is not None or not w.is_contiguous():
+    global _pack_failed
+    if not PACK or _pack_failed or w._base is not None or not w.is_contiguous():
         return w
     try:
         key = (w.data_ptr(), w._version)
@@ -135,10 +132,9 @@ def packed(w: torch.Tensor) -> torch.Tensor:
             return w
         try:
             p = torch.ops.mkldnn._reorder_linear_weight(w, 16)  # 16 rows: a verify's width (any hint measured alike)
-        except (AttributeError, RuntimeError, NotImplementedError):
-            _packing = False
+        except (AttributeError, RuntimeError, NotImplementedError):  # not in this build: plain layouts from now on
+            _pack_failed = True
             return w
-        _packing = True
         _packs[w] = (key, p)
         return p
     _packs[w] = (key, None)  # first use, or changed since packed: pack at the next use if it stays so

@@ -105,7 +105,6 @@ class LlamaForCausalLM(CausalLM):
         rows a sequence (``fused_layer.runs``: a layer past MAX_HIDDEN takes them up to WIDE_ROWS only), one process."""
         return base.ROW_EXACT and fused_layer.model_runs(self, rows)
 
-
     def cpu_row_exact(self) -> bool:
         """Norms, RoPE, SwiGLU and the embedding work row by row (tests/test_invariance.py checks the bits); one
         process (a tensor-parallel rank's all-reduce is not covered)."""
