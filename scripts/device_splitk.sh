@@ -10,6 +10,10 @@
 #                                          # defaults / defaults-hybrid, bench qwen3.5-9b and qwen3-8b at 512
 #   bash scripts/device_splitk.sh moe      # device_check on random Llama, Qwen3 (split K forced), Qwen3.5 dense and MoE;
 #                                          # ab_flags qwen3.5-35b-a3b defaults / defaults-hybrid; its bench
+#   bash scripts/device_splitk.sh moe-tiles # qwen3.5-35b-a3b: its 2048-wide GEMMs and head swept at 1 row; ab_flags defaults
+#                                          # / defaults+tiles (the sweep's best, AB_TILES) / defaults+moe-bmm; the step's profile
+#   bash scripts/device_splitk.sh moe-final # device_check qwen35moe / qwen35; bench qwen3.5-35b-a3b; ab_flags defaults /
+#                                          # defaults-split-k
 #   bash scripts/device_splitk.sh final    # bench --shape qwen3-8b (512, 16,000), qwen3.5-9b, smollm2-135m; device_check
 #                                          # on random Llama / Qwen3 with every unnamed weight on split K (TILES_STAR);
 #                                          # ab_flags: the shipped split K and cut against none / the old cut
@@ -78,6 +82,35 @@ if [ "${1:-}" = moe ]; then  # the last tree: device_check on every random targe
     tail -4 $R/ab35b.log
     pack
     bench qwen3.5-35b-a3b 512 --draft-vocab 32768
+    cd $OUT && tar czf r.tgz r && rm -rf r
+    exit 0
+fi
+if [ "${1:-}" = moe-tiles ]; then  # the 2048-wide GEMMs of qwen3.5-35b-a3b at 1 row (plain decoding's step): a sweep,
+    # the step with its best tilings against the defaults (and the grouped-GEMM MoE prefill), where the 1-row step goes
+    timeout 300 python scripts/check_fused_layer.py --shape qwen3.5-35b-a3b --sweep --head --rows 1 --no-model \
+        --only qkv delta_in delta_out head --json $R/cfl35b.json > $R/cfl35b.log 2>&1
+    grep -v "^  .*tile .* us$" $R/cfl35b.log | tail -12
+    TILES=$(python -c "import json;print(json.dumps(json.load(open('$R/cfl35b.json'))['best_tiles']))" 2>/dev/null || echo '{}')
+    echo "TILES=$TILES"
+    pack
+    AB_TILES="$TILES" timeout 200 python scripts/ab_flags.py --shape qwen3.5-35b-a3b --context 512 --rounds 3 --no-drafters \
+        --variants defaults defaults+tiles defaults+moe-bmm --json $R/ab35b.json > $R/ab35b.log 2>&1
+    tail -5 $R/ab35b.log
+    pack
+    timeout 120 python scripts/profile_shape_step.py --shape qwen3.5-35b-a3b --rows 1 --context 512 --top 30 > $R/prof35b.log 2>&1
+    grep -E "ms|span|bound" $R/prof35b.log | head -12
+    cd $OUT && tar czf r.tgz r && rm -rf r
+    exit 0
+fi
+if [ "${1:-}" = moe-final ]; then  # the 35b's tiles and grouped MoE prefill as shipped: exactness on random Qwen3.5
+    # dense and MoE targets (graphs), the MoE shape's bench, and its 1-row step's grouped-prefill A/B
+    check qwen35moe qwen35
+    pack
+    bench qwen3.5-35b-a3b 512 --draft-vocab 32768
+    pack
+    timeout 150 python scripts/ab_flags.py --shape qwen3.5-35b-a3b --context 512 --rounds 3 --no-drafters \
+        --variants defaults defaults-split-k --json $R/ab35b_final.json > $R/ab35b_final.log 2>&1
+    tail -4 $R/ab35b_final.log
     cd $OUT && tar czf r.tgz r && rm -rf r
     exit 0
 fi

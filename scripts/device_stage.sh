@@ -48,6 +48,29 @@ vocab)
         grep "^{" /tmp/v/profile_${d//[:\/]/_}.log
     done
     (cd /tmp/v && tar czf $OUT/vocab.tgz *.json *.log) ;;
+matrix)  # COMMIT t0|t1: issue 9's matrix with the shipped drafters (the tree with them; after part1 and join): T=0 on GSM8K (first
+    # 100), HumanEval (164), MT-Bench (80 first turns), T=1 on GSM8K and MT-Bench; none, n-gram and MTP at k = 1..4,
+    # DFlash at block 16 and 8; then DFlash with its draft_vocab.json named (the CUDA default is now the whole head)
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SPECDEC_COMMIT=${2:-unknown}
+    rm -rf /tmp/m && mkdir -p /tmp/m $OUT
+    one() {  # NAME TIMEOUT bench args...
+        local name=$1 t=$2; shift 2
+        timeout $t python -m specdec bench -m $G --max-turns 1 -n 128 --json /tmp/m/$name.json "$@" 2>&1 | tr '\r' '\n' \
+            | grep -v "prompt/s\]$" > /tmp/m/$name.log
+        grep -E "^\| " /tmp/m/$name.log | cut -c1-110
+        (cd /tmp/m && tar czf $OUT/matrix.tgz *.json *.log)
+    }
+    all="--drafts none ngram mtp dflash -k 1 2 3 4 --block-size 16 8"
+    if [ "${3:-t0}" = t0 ]; then
+        one vocab_list 60 --dataset gsm8k --num-prompts 100 --drafts none dflash \
+            --draft-vocab specdec/data/drafters/smollm2_135m_instruct/dflash/draft_vocab.json
+        one t0_gsm8k 150 --dataset gsm8k --num-prompts 100 $all
+        one t0_humaneval 220 --dataset humaneval --num-prompts 164 $all
+        one t0_mt_bench 150 --dataset mt_bench --num-prompts 80 $all
+    else
+        one t1_gsm8k 280 --dataset gsm8k --num-prompts 100 -t 1 $all
+        one t1_mt_bench 280 --dataset mt_bench --num-prompts 80 -t 1 $all
+    fi ;;
 start)
     cat /tmp/p1 .dev/h2/p > $G && md5sum $G
     rm -rf /tmp/repo $W && mkdir -p /tmp/repo $W && cp -r specdec scripts tests pyproject.toml /tmp/repo/  # tests: device_check imports its helpers

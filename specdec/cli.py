@@ -43,7 +43,8 @@ DRAFT_VOCAB_HELP = ("draft only these tokens (a JSON list of token ids, or a .pt
                     "and the prompt's: an MTP or DFlash drafter's LM head then reads those rows only, not the whole "
                     "vocabulary's. Output is unchanged; tau drops where the right token is on neither list. "
                     "Default: the drafter directory's draft_vocab.json where it has one (specdec train writes it; "
-                    "the shipped SmolLM2 drafters have one), else the whole vocabulary; 'none': the whole vocabulary")
+                    "the shipped SmolLM2 drafters have one), on CUDA only where the head rows it skips are 64 MiB or "
+                    "more (a small head reads faster whole), else the whole vocabulary; 'none': the whole vocabulary")
 
 
 def _model_args(p: argparse.ArgumentParser, draft: bool = True, sweep: bool = False) -> None:

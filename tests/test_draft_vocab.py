@@ -183,3 +183,20 @@ def test_a_tensor_parallel_rank_drafts_over_the_whole_head(tmp_path, monkeypatch
     assert make_drafter(f"dflash:{dpath}", loaded).vocab is not None
     monkeypatch.setattr(loaded.model, "shard", object())  # as on a rank
     assert make_drafter(f"dflash:{dpath}", loaded).vocab is None
+
+
+def test_a_directory_list_is_used_where_it_pays():
+    """A drafter directory's list by default: always on the CPU; on CUDA only where the head rows it skips reach
+    CUDA_LIST_MIN_SKIPPED_BYTES (SmolLM2's 57 MB head reads faster whole on the H200; a Qwen3.5 head's 2 GB not)."""
+    import types
+
+    from specdec.drafters.factory import CUDA_LIST_MIN_SKIPPED_BYTES, _list_pays
+
+    def target(dev, v, h):
+        w = torch.empty(v, h, dtype=torch.bfloat16, device="meta")
+        return types.SimpleNamespace(device=torch.device(dev), head_weight=lambda: w)
+    assert _list_pays(target("cpu", 49152, 576), 16384)
+    assert not _list_pays(target("cuda", 49152, 576), 16384)  # skips 38 MB
+    assert _list_pays(target("cuda", 248320, 4096), 32768)  # skips 1.8 GB
+    rows = CUDA_LIST_MIN_SKIPPED_BYTES // (2 * 1024)
+    assert _list_pays(target("cuda", rows + 10, 1024), 10) and not _list_pays(target("cuda", rows + 10, 1024), 11)

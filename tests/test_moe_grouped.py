@@ -1,7 +1,8 @@
-"""models/moe.py's ``Experts._grouped_bmm`` (SPECDEC_MOE_GROUPED_BMM: a long eager forward's experts as two batched
-GEMMs) against the per-expert loop it can replace: the same values (fp32; not the same bits: other GEMM shapes), with
-experts that get no pair, under expert parallelism (this rank's experts only), and in a Qwen3.5 MoE target's prefill
-with speculative decoding equal to plain decoding."""
+"""models/moe.py's ``Experts._grouped_bmm`` (SPECDEC_MOE_GROUPED_BMM, on by default: a long eager forward's experts as
+two batched GEMMs) against the per-expert loop it replaces: the same values (fp32; not the same bits: other GEMM shapes),
+with experts that get no pair, in chunks of GROUPED_TOKENS tokens, with routing too skewed to pad (the loop then), under
+expert parallelism (this rank's experts only), and in a Qwen3.5 MoE target's prefill with speculative decoding equal to
+plain decoding."""
 
 import types
 
@@ -42,6 +43,34 @@ def test_grouped_equals_the_loop(t, skip, monkeypatch):
         monkeypatch.setattr(moe, "GROUPED_BMM", True)
         got = ex.partial(x, idx, w)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
+
+
+def test_grouped_in_chunks_and_skewed_routing_by_the_loop(monkeypatch):
+    """A forward longer than GROUPED_TOKENS is grouped a chunk at a time; a chunk whose busiest expert would pad the
+    others past GROUPED_WASTE times its pairs runs the loop. Both equal the loop's values."""
+    ex = _experts()
+    x = torch.randn(50, 32, generator=torch.Generator().manual_seed(4))
+    idx, w = _route(50, 8, 2)
+    skewed = idx.clone()
+    skewed[:, 0] = 3  # every token's first pair on expert 3: 8 experts x 50 rows padded against 100 pairs
+    calls = {"grouped": 0, "loop": 0}
+    real_g, real_l = Experts._grouped_bmm, Experts._loop
+    monkeypatch.setattr(Experts, "_grouped_bmm", lambda self, *a: calls.__setitem__("grouped", calls["grouped"] + 1) or real_g(self, *a))
+    monkeypatch.setattr(Experts, "_loop", lambda self, *a: calls.__setitem__("loop", calls["loop"] + 1) or real_l(self, *a))
+    with torch.no_grad():
+        monkeypatch.setattr(moe, "GROUPED_BMM", False)
+        want, want_skewed = ex.partial(x, idx, w), ex.partial(x, skewed, w)
+        monkeypatch.setattr(moe, "GROUPED_BMM", True)
+        monkeypatch.setattr(moe, "GROUPED_TOKENS", 16)
+        calls.update(grouped=0, loop=0)
+        got = ex.partial(x, idx, w)
+        assert calls == {"grouped": 4, "loop": 0}  # 16 + 16 + 16 + 2 tokens
+        monkeypatch.setattr(moe, "GROUPED_TOKENS", 1024)
+        monkeypatch.setattr(moe, "GROUPED_WASTE", 3)  # 8 experts x 50+ rows padded > 3 x 100 pairs
+        got_skewed = ex.partial(x, skewed, w)
+        assert calls == {"grouped": 5, "loop": 1}
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
+    assert torch.allclose(got_skewed, want_skewed, atol=1e-5, rtol=1e-5)
 
 
 def test_grouped_under_expert_parallelism(monkeypatch):

@@ -63,8 +63,9 @@ def resolve_spec(spec, loaded, serving: bool = False):
 def make_drafter(spec, loaded, *, block_size: int | None = None, draft_vocab: str | None = None):
     """``loaded`` is the target's :class:`~specdec.loading.LoadedModel`. Returns a drafter or None.
     ``draft_vocab``: a draft-vocabulary file (:mod:`.draft_vocab`) for an MTP or DFlash drafter;
-    None: the drafter directory's ``draft_vocab.json`` where it has one (``specdec train`` writes it) and
-    the target is not a tensor-parallel rank, else the whole vocabulary; ``"none"``: the whole vocabulary."""
+    None: the drafter directory's ``draft_vocab.json`` where it has one (``specdec train`` writes it), the
+    target is not a tensor-parallel rank and the list pays (:func:`_list_pays`), else the whole vocabulary;
+    ``"none"``: the whole vocabulary."""
     check_spec(spec, block_size)
     spec = resolve_spec(spec, loaded)  # auto may pick none: block_size is then moot
     from .draft_vocab import load_token_ids
@@ -81,11 +82,33 @@ def make_drafter(spec, loaded, *, block_size: int | None = None, draft_vocab: st
     folder = getattr(model_drafter, "path", "") if isinstance(spec, str) else ""  # a drafter directory's own list
     sharded = getattr(target, "shard", None) is not None  # a rank's head is its shard: no subset of it
     if draft_vocab is None and folder and not sharded and os.path.isfile(os.path.join(folder, VOCAB_FILE)):
-        draft_vocab = os.path.join(folder, VOCAB_FILE)
-        ids = load_token_ids(draft_vocab, vocab_size)
+        ids = load_token_ids(os.path.join(folder, VOCAB_FILE), vocab_size)
+        if _list_pays(target, len(ids)):
+            draft_vocab = os.path.join(folder, VOCAB_FILE)
+        else:
+            ids = None
     if ids is not None:
         model_drafter.use_draft_vocab(ids, f"draft vocabulary {draft_vocab}")
     return d
+
+
+# On CUDA a draft vocabulary's logits cost a few small kernels more than the whole head's (a -inf row of the
+# vocabulary, the list's and the prompt's logits written into it): the list pays only where the head rows it
+# skips take longer to read than those. On the H200 (session of 2026-12-05 (second), `specdec bench`, 100
+# GSM8K prompts, one process) SmolLM2-135M's shipped drafters, whose 16,384-token lists skip 38 MB of its
+# 57 MB head, ran faster with the whole head (DFlash 2,689 -> 2,850 tok/s, MTP 1,743 -> 1,805); on the
+# qwen3.5-9b shape a 32,768-token list skips 1.8 GB a draft (MTP K=3 step 1.56x -> 1.34x a decode step).
+# On the CPU the list always pays (SmolLM2 MTP 1.45x plain with it on 2 cores).
+CUDA_LIST_MIN_SKIPPED_BYTES = 64 << 20
+
+
+def _list_pays(target, n: int) -> bool:
+    """Whether a drafter directory's list of ``n`` tokens is used by default: on the CPU, or when the head rows
+    it skips are at least CUDA_LIST_MIN_SKIPPED_BYTES."""
+    if target.device.type != "cuda":
+        return True
+    w = target.head_weight()
+    return (w.shape[0] - n) * w.shape[1] * w.element_size() >= CUDA_LIST_MIN_SKIPPED_BYTES
 
 
 def _make(spec, loaded, block_size):

@@ -99,6 +99,13 @@ TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     (4096, 12288, False): (64, 256, 4, 4, 2),
     (151936, 4096, False): (128, 128, 4, 3),  # LM head: 282.55 (303.86)
     (4096, 20480, False): (64, 256, 4, 4, 2),  # a DFlash drafter's fc (5 target layers): 42.16, unsplit 44.89 (43.45)
+    # the qwen3.5-35b-a3b shape (--shape qwen3.5-35b-a3b --sweep --head --rows 1, the 1-row step plain decoding runs; us
+    # at 1 row, _wide_tile's default and cuBLAS in brackets; session of 2026-12-05 (second)); the 1-row step with these
+    # four (scripts/ab_flags.py, defaults+tiles, context 512) 3.317 -> 3.143 ms
+    (12352, 2048, False): (64, 128, 4, 4),  # a Gated DeltaNet's in-projections: 14.63 (16.00; 15.53)
+    (9216, 2048, False): (32, 256, 4, 4),  # the gated attention's q/k/v + gate: 13.55 (14.70; 11.86)
+    (2048, 4096, False): (64, 256, 4, 4, 2),  # o_proj / the DeltaNet's out_proj: 8.76 (10.15 split 4; 9.30)
+    (248320, 2048, False): (128, 128, 4, 4),  # LM head: 226.93 (228.77; 245.52)
 }
 # weights of 2,048 or more outputs and inputs that the table does not name (a Qwen3.5 MTP block's fc, other 4096-wide
 # layers): the qwen3-8b shape's tilings by kind (its default TILE took 24.8 against 17.0 us on its q/k/v, 60.8 against

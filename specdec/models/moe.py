@@ -43,11 +43,14 @@ from .layers import SwiGLU, derived_weight, fuse_linears
 from .source_view import SourceView, ViewTensor, derived, passthrough
 
 
-# Long eager forwards (prefill) as two batched GEMMs (Experts._grouped_bmm) instead of a loop over the experts:
-# SPECDEC_MOE_GROUPED_BMM=1. Off until measured (the qwen3.5-35b-a3b shape's 512-token prefill took 1.5 s on the
-# H200, 2026-12-04 (fourth), with the loop's ~7 kernels an expert and layer; scripts/ab_flags.py's prefill_ms, variant
-# defaults+moe-bmm, is the A/B).
+# Long eager forwards (prefill) as two batched GEMMs (Experts._grouped_bmm) instead of a loop over the experts of ~7
+# kernels an expert: on the H200 (scripts/ab_flags.py, defaults+moe-bmm, session of 2026-12-05 (second)) the
+# qwen3.5-35b-a3b shape's 512-token prefill took 1,068 ms with the loop, 163 ms grouped. SPECDEC_MOE_GROUPED_BMM=0: the
+# loop. A forward is grouped GROUPED_TOKENS tokens at a time (each expert's rows padded to the chunk's busiest expert:
+# memory bounded by experts x chunk x hidden), a chunk whose padding would exceed GROUPED_WASTE times its pairs by the loop.
 GROUPED_BMM = env.switch("SPECDEC_MOE_GROUPED_BMM")
+GROUPED_TOKENS = 1024
+GROUPED_WASTE = 8
 
 
 class Experts(nn.Module):
@@ -113,7 +116,14 @@ class Experts(nn.Module):
                 y = y.masked_fill(~mine[..., None], 0)
             return y.sum(1)
         if GROUPED_BMM:
-            return self._grouped_bmm(x, idx, weights)
+            outs = [self._grouped_bmm(x[i:i + GROUPED_TOKENS], idx[i:i + GROUPED_TOKENS], weights[i:i + GROUPED_TOKENS])
+                    for i in range(0, t, GROUPED_TOKENS)]
+            return outs[0] if len(outs) == 1 else torch.cat(outs)
+        return self._loop(x, idx, weights)
+
+    def _loop(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """:meth:`partial`'s long eager forwards, one expert at a time (its pairs gathered, two GEMMs, added back)."""
+        k = idx.shape[1]
         out = torch.zeros_like(x)
         flat = idx.reshape(-1)
         order = flat.argsort()
@@ -147,6 +157,8 @@ class Experts(nn.Module):
         pair, e = pair[order], e[order]
         counts = torch.bincount(e, minlength=local)
         cap = int(counts.max()) if pair.numel() else 0  # one host sync
+        if local * cap > GROUPED_WASTE * pair.numel():  # routing so skewed that the padded rows would dwarf the pairs
+            return self._loop(x, idx, weights)
         out = torch.zeros_like(x)
         if cap == 0:
             return out
