@@ -46,7 +46,7 @@ def find_data_dir(explicit: str | None = None) -> str:
 def load_prompts(dataset: str, n: int, data_dir: str | None = None) -> list[list[str]]:
     """Up to ``n`` prompts as lists of user turns (one turn except MT-Bench), in the DFlash benchmark's formats."""
     if dataset not in DATASETS and not os.path.isfile(dataset):
-        raise ConfigError(f"dataset '{dataset}': expected one of {', '.join(DATASETS)} or a .jsonl file with 'prompt' or 'turns'")
+        raise ConfigError(f"dataset '{dataset}': expected one of {', '.join(DATASETS)} or a .jsonl file with 'prompt', 'turns' or 'question' (GSM8K's format) in each record")
     path = dataset if os.path.isfile(dataset) else os.path.join(find_data_dir(data_dir), DATASETS[dataset])
     if not os.path.isfile(path):
         raise ConfigError(f"{path}: no such file (the {dataset} prompt set)")
@@ -76,10 +76,17 @@ def _turns(line: str, dataset: str, where: str) -> list[str]:
     if dataset == "humaneval":
         return [f"Write a solution to the following problem and make sure that it passes the tests:\n```python\n{r['prompt']}\n```"]
     if "turns" in r:
-        return list(r["turns"])
+        turns = r["turns"]
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+            raise ConfigError(f"{where}: 'turns' must be a non-empty list of strings")
+        return list(turns)
     if "prompt" in r:
+        if not isinstance(r["prompt"], str):
+            raise ConfigError(f"{where}: 'prompt' must be a string")
         return [r["prompt"]]
-    raise ConfigError(f"{where}: record without 'turns' or 'prompt'")
+    if "question" in r and isinstance(r["question"], str):  # a GSM8K-format file (gsm8k_train.jsonl): GSM8K's prompt
+        return _turns(line, "gsm8k", where)
+    raise ConfigError(f"{where}: record without 'turns', 'prompt' or 'question'")
 
 
 @dataclass

@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--draft-vocab", default=None, metavar="FILE|none|N", help=DRAFT_VOCAB_HELP + " (for every MTP and "
                    "DFlash configuration). With --shape: a number N, the drafters' heads over N of the vocabulary's "
                    "rows (random weights: which rows does not matter)")
-    b.add_argument("--dataset", default="gsm8k", help="gsm8k | humaneval | mt_bench | path.jsonl (default gsm8k)")
+    b.add_argument("--dataset", default="gsm8k", help="gsm8k | humaneval | mt_bench | path.jsonl, a file of records with 'turns' (a list of user turns), 'prompt', or 'question' (GSM8K's format and prompt) (default gsm8k)")
     b.add_argument("--data-dir", default=None, help="folder with the prompt sets (default: $SPECDEC_BENCH_DATA, "
                    "else the sets shipped with specdec)")
     b.add_argument("--num-prompts", type=int, default=8, help="prompts to run (default 8)")
@@ -374,6 +374,10 @@ def _check_model_args(args, drafts: list[str]) -> list[str]:
     for k in ks:
         if k < 0:
             raise RequestError(f"-k/--num-draft-tokens must be >= 0, got {k}")
+        k_drafters = [d for d in drafts if d not in ("none", "auto") and not d.startswith("dflash")]
+        if k == 0 and k_drafters:  # DFlash drafts its block whatever k says
+            raise ConfigError(f"-k/--num-draft-tokens 0 makes {', '.join(repr(d) for d in k_drafters)} draft nothing: "
+                              "give k >= 1, or --draft none for plain decoding")
     if args.block_size is not None:
         if not any(d.startswith("dflash") for d in drafts):
             raise ConfigError(f"--block-size applies to DFlash drafters (--draft dflash or dflash:PATH) only, not to "

@@ -36,6 +36,8 @@ def _run(capsys, *argv):
     (["generate", "-p", "x", "--stop", "ok", "--stop", ""], "stop strings must be non-empty"),
     (["generate", "-p", "x", "-n", "-5"], "-n/--max-new-tokens must be >= 1, got -5"),
     (["generate", "-p", "x", "-k", "-1", "--draft", "ngram"], "-k/--num-draft-tokens"),
+    (["generate", "-p", "x", "-k", "0", "--draft", "mtp"], "-k/--num-draft-tokens 0 makes 'mtp' draft nothing"),
+    (["bench", "-k", "0", "--drafts", "none", "dflash", "ngram"], "-k/--num-draft-tokens 0 makes 'ngram' draft nothing"),
     (["generate", "-p", "x", "--draft", "ngram", "--block-size", "4"], "-k/--num-draft-tokens"),
     (["generate", "-p", "x", "--block-size", "4"], "--block-size"),
     (["generate", "-p", "x", "--draft", "dflash:"], "draft 'dflash:' needs a path: dflash:PATH"),
@@ -309,3 +311,26 @@ def test_report_commit_says_dirty(tmp_path):
     import tempfile
     with tempfile.TemporaryDirectory() as plain:  # no repository: said so
         assert bench.commit_of(plain) == "unknown"
+
+
+def test_bench_prompt_files_of_each_format(tmp_path):
+    """A .jsonl prompt file: records with 'turns', 'prompt', or 'question' (a GSM8K-format file such as
+    gsm8k_train.jsonl gets GSM8K's prompt); anything else is one line naming the file, line and field."""
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in (
+        {"turns": ["a", "b"]}, {"prompt": "c"}, {"question": "What is 2 + 2?", "answer": "4"})) + "\n")
+    got = bench.load_prompts(str(f), 5)
+    assert got[:2] == [["a", "b"], ["c"]]
+    assert got[2] == bench.load_prompts("gsm8k", 1, data_dir=_gsm8k_dir(tmp_path, "What is 2 + 2?"))[0]
+    for bad, msg in (({"turns": "a"}, "'turns' must be a non-empty list of strings"), ({"prompt": 3}, "'prompt' must be a string"),
+                     ({"text": "x"}, "record without 'turns', 'prompt' or 'question'")):
+        f.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps(bad) + "\n")
+        with pytest.raises(bench.ConfigError, match=f"p.jsonl:2: {msg}"):
+            bench.load_prompts(str(f), 5)
+
+
+def _gsm8k_dir(tmp_path, question):
+    d = tmp_path / "g"
+    d.mkdir(exist_ok=True)
+    (d / "gsm8k_test.jsonl").write_text(json.dumps({"question": question}) + "\n")
+    return str(d)
