@@ -14,6 +14,7 @@
 #                                          # / defaults+tiles (the sweep's best, AB_TILES) / defaults+moe-bmm; the step's profile
 #   bash scripts/device_splitk.sh moe-final # device_check qwen35moe / qwen35; bench qwen3.5-35b-a3b; ab_flags defaults /
 #                                          # defaults-split-k
+#   bash scripts/device_splitk.sh moe-check # device_check qwen35moe; bench qwen3.5-35b-a3b
 #   bash scripts/device_splitk.sh final    # bench --shape qwen3-8b (512, 16,000), qwen3.5-9b, smollm2-135m; device_check
 #                                          # on random Llama / Qwen3 with every unnamed weight on split K (TILES_STAR);
 #                                          # ab_flags: the shipped split K and cut against none / the old cut
@@ -99,6 +100,13 @@ if [ "${1:-}" = moe-tiles ]; then  # the 2048-wide GEMMs of qwen3.5-35b-a3b at 1
     pack
     timeout 120 python scripts/profile_shape_step.py --shape qwen3.5-35b-a3b --rows 1 --context 512 --top 30 > $R/prof35b.log 2>&1
     grep -E "ms|span|bound" $R/prof35b.log | head -12
+    cd $OUT && tar czf r.tgz r && rm -rf r
+    exit 0
+fi
+if [ "${1:-}" = moe-check ]; then  # the MoE target's exactness (device_check) and the 35b bench only
+    check qwen35moe
+    pack
+    bench qwen3.5-35b-a3b 512 --draft-vocab 32768
     cd $OUT && tar czf r.tgz r && rm -rf r
     exit 0
 fi

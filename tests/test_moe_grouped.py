@@ -112,3 +112,38 @@ def test_a_moe_target_decodes_alike_with_it(tmp_path, monkeypatch):
     drafter = SpoiledOracle(prompt + ref, m.config.vocab_size, spoil=0.3, seed=3)
     res = SpeculativeGenerator(m, drafter, 4).generate(prompt, 20, SamplingParams())
     assert sum(res.stats.accepted) > 0 and res.token_ids == ref
+
+
+def test_grouped_never_accumulates_into_a_repeated_row(monkeypatch):
+    """No index_add_ (or accumulating index_put_) over repeated rows: on CUDA those are atomics that add in any
+    order, and the same prompt's prefill then had other bits run to run (the H200 saw speculative decoding differ
+    from plain on 2 of 4 prompts of a random Qwen3.5 MoE target). A token's k pairs are summed in pair order."""
+    ex = _experts()
+    x = torch.randn(40, 32, generator=torch.Generator().manual_seed(2))
+    idx, w = _route(40, 8, 2)
+    seen = []
+    real_add, real_put = torch.Tensor.index_add_, torch.Tensor.index_put_
+
+    def add(self, dim, index, source, **kw):
+        seen.append(index.unique().numel() != index.numel())
+        return real_add(self, dim, index, source, **kw)
+
+    def put(self, indices, values, accumulate=False):
+        if accumulate:
+            flat = torch.stack([i.expand(torch.broadcast_shapes(*(j.shape for j in indices))).reshape(-1)
+                                for i in indices], 1)
+            seen.append(flat.unique(dim=0).shape[0] != flat.shape[0])
+        return real_put(self, indices, values, accumulate)
+    monkeypatch.setattr(torch.Tensor, "index_add_", add)
+    monkeypatch.setattr(torch.Tensor, "index_put_", put)
+    monkeypatch.setattr(moe, "GROUPED_BMM", True)
+    with torch.no_grad():
+        got = ex.partial(x, idx, w)
+    assert not any(seen), "an accumulation over repeated rows"
+    ref = torch.stack([sum(w[t, j] * _one(ex, x[t], int(idx[t, j])) for j in range(2)) for t in range(40)])
+    assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def _one(ex, xt, e):
+    gate, up = (ex.gate_up_proj[e] @ xt).chunk(2)
+    return ex.down_proj[e] @ (torch.nn.functional.silu(gate) * up)

@@ -159,16 +159,19 @@ class Experts(nn.Module):
         cap = int(counts.max()) if pair.numel() else 0  # one host sync
         if local * cap > GROUPED_WASTE * pair.numel():  # routing so skewed that the padded rows would dwarf the pairs
             return self._loop(x, idx, weights)
-        out = torch.zeros_like(x)
         if cap == 0:
-            return out
+            return torch.zeros_like(x)
         slot = torch.arange(pair.numel(), device=x.device) - (torch.cumsum(counts, 0) - counts)[e]
         token = pair // k
         buf = x.new_zeros(local, cap, x.shape[-1])
         buf[e, slot] = x[token]
         gate, up = torch.bmm(buf, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)  # [E, cap, I] each
         y = torch.bmm(self.act(gate) * up, self.down_proj.transpose(1, 2))  # [E, cap, H]
-        return out.index_add_(0, token, y[e, slot] * weights.reshape(-1)[pair, None])
+        # each pair's row into its own place, then a token's k rows summed in order: no index_add_ over repeated tokens,
+        # whose CUDA atomics add in any order (the same prompt prefilled to other bits run to run)
+        ys = x.new_zeros(idx.numel(), x.shape[-1])
+        ys[pair] = y[e, slot] * weights.reshape(-1)[pair, None]
+        return ys.view(*idx.shape, -1).sum(1)
 
     def _gather(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """Each pair's output ``[T, k, H]`` from its expert's gathered weights (one GEMV a pair)."""
