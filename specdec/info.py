@@ -112,7 +112,7 @@ def _draft_vocab(path: str) -> dict:
         n = len(raw["token_ids"] if isinstance(raw, dict) else raw)
     except Exception:  # noqa: BLE001 - info describes; loading the drafter names the fault
         return {"draft_vocab": f"{VOCAB_FILE} (unreadable)"}
-    return {"draft_vocab": f"{n} tokens and the prompt's ({VOCAB_FILE}; used unless --draft-vocab none)"}
+    return {"draft_vocab": f"{n} tokens and the prompt's ({VOCAB_FILE}; used by default on the CPU, on CUDA where it skips >= 64 MiB of head rows; --draft-vocab none: never)"}
 
 
 def describe_mtp(path: str) -> dict:
