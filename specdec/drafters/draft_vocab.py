@@ -139,8 +139,8 @@ class DraftVocab:
     def prompt_part(self, prompt_ids: torch.Tensor, part: PromptPart | None = None) -> PromptPart | None:
         """The prompt's tokens off the vocabulary (the last ``prompt_tokens`` distinct ones, the last one
         first) written into ``part`` (made when None); None when ``prompt_tokens`` is 0. The tokens are
-        picked on the host (a device prompt is read back once): on the H200 the device form (a boolean
-        index, a unique, a scatter-min and a sort, each waiting on the device) cost ~2.5 ms a request."""
+        picked on the host (a device prompt is read back once) where the device form (a boolean index, a
+        unique, a scatter-min and a sort) waited on the device several times."""
         if not self.prompt_tokens:
             return None
         part = part or PromptPart.empty(self, self.prompt_tokens)
