@@ -371,10 +371,10 @@ def _check_model_args(args, drafts: list[str]) -> list[str]:
         if not os.path.isfile(vocab_file):
             raise ConfigError(f"draft vocabulary {vocab_file}: no such file")
     ks = args.num_draft_tokens if isinstance(args.num_draft_tokens, list) else [args.num_draft_tokens]
+    k_drafters = [d for d in drafts if d not in ("none", "auto") and not d.startswith("dflash")]
     for k in ks:
         if k < 0:
             raise RequestError(f"-k/--num-draft-tokens must be >= 0, got {k}")
-        k_drafters = [d for d in drafts if d not in ("none", "auto") and not d.startswith("dflash")]
         if k == 0 and k_drafters:  # DFlash drafts its block whatever k says
             raise ConfigError(f"-k/--num-draft-tokens 0 makes {', '.join(repr(d) for d in k_drafters)} draft nothing: "
                               "give k >= 1, or --draft none for plain decoding")

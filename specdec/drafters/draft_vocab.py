@@ -124,9 +124,8 @@ class DraftVocab:
         self.ids = ids.to(weight.device)
         with torch.no_grad():
             self.rows = weight.detach().index_select(0, self.ids).contiguous()
-        self._in = torch.zeros(vocab_size, dtype=torch.bool, device=weight.device)
-        self._in[self.ids] = True
-        self._in_host = None  # its host copy (prompt_part), made at first use
+        self._in = torch.zeros(vocab_size, dtype=torch.bool)  # on the host: prompt_part picks there
+        self._in[ids.cpu()] = True
 
     def __len__(self) -> int:
         return self.ids.numel()
@@ -144,10 +143,8 @@ class DraftVocab:
         if not self.prompt_tokens:
             return None
         part = part or PromptPart.empty(self, self.prompt_tokens)
-        if self._in_host is None:
-            self._in_host = self._in.cpu()
         ids = prompt_ids.reshape(-1).cpu()
-        off = ids[~self._in_host[ids]].flip(0).tolist()  # the last ones first
+        off = ids[~self._in[ids]].flip(0).tolist()  # the last ones first
         new = _first_distinct(off, part.ids.numel())
         n = len(new)
         sel = torch.tensor(new, dtype=torch.int64).to(part.ids.device)
