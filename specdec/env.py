@@ -71,6 +71,7 @@ OTHERS: dict[str, str] = {
     "SPECDEC_COMBINE_CUT": "rows,features of the split attention's combine program",
     "SPECDEC_COMMIT": "the commit the bench records where the tree has no .git",
     "SPECDEC_DFLASH_CPU_CONFIDENCE": "DFlash's CPU block cut, a probability in 0..1",
+    "SPECDEC_DFLASH_CPU_SAMPLED_CONFIDENCE": "DFlash's CPU block cut for sampled blocks, a probability in 0..1",
     "SPECDEC_FUSED_LAYER_TILES": "forced tilings of the fused GEMM (JSON)",
     "SPECDEC_SPLIT_KEYS": "keys per split of the split attention",
     "SPECDEC_LLAMA_VOCAB_DIR": "tests: the llama.cpp reference vocabularies",

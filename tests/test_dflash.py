@@ -33,9 +33,11 @@ pytestmark = pytest.mark.usefixtures("single_thread", "whole_blocks")
 
 @pytest.fixture
 def whole_blocks(monkeypatch):
-    """Greedy CPU blocks uncut (dflash.CPU_MIN_CONFIDENCE 0): these tests drive whole blocks, most with random
-    drafters whose probabilities are all low; the cut itself is tested in test_cpu_blocks_cut_lossless."""
+    """CPU blocks uncut (dflash.CPU_MIN_CONFIDENCE and CPU_MIN_SAMPLED_CONFIDENCE 0): these tests drive whole
+    blocks, most with random drafters whose probabilities are all low; the cut itself is tested in
+    test_cpu_blocks_cut_lossless and test_sampling_with_cut_blocks_follows_target_distribution."""
     monkeypatch.setattr(dflash, "CPU_MIN_CONFIDENCE", 0.0)
+    monkeypatch.setattr(dflash, "CPU_MIN_SAMPLED_CONFIDENCE", 0.0)
 
 
 
@@ -590,6 +592,41 @@ def test_sampling_follows_target_distribution(small_vocab, static, vocab):
     counts = _joint_counts(loaded.model, drafter, PROMPT, PARAMS, 800, v)
     stat, df, pval = pooled_chi2(counts, exact)
     assert pval > ALPHA, f"chi2={stat:.1f} df={df} p={pval:.2e}"
+
+
+def test_sampling_with_cut_blocks_follows_target_distribution(small_vocab, monkeypatch):
+    """Sampled CPU blocks cut at their first unconfident row (CPU_MIN_SAMPLED_CONFIDENCE, at a floor that cuts
+    about half of them here): proposals of 1 and of 2 drafts, and the sampled tokens still follow the target."""
+    loaded, dpath, v = small_vocab
+    drafter = load_dflash_drafter(dpath, loaded)
+    lengths, second = [], []
+    propose = drafter.propose
+
+    def spy(last_token, k, params, gen):
+        p = propose(last_token, k, params, gen)
+        if k == 2:  # the step that samples the 2nd and 3rd tokens (later ones are asked for fewer)
+            lengths.append(int(p.tokens.numel()))
+            if p.tokens.numel() > 1:
+                second.append(float(p.probs[1].max()))
+        return p
+
+    drafter.propose = spy
+    _joint_counts(loaded.model, drafter, PROMPT, PARAMS, 40, v)  # uncut (the fixture): the second rows' confidence
+    assert set(lengths) == {2}
+    monkeypatch.setattr(dflash, "CPU_MIN_SAMPLED_CONFIDENCE", float(torch.tensor(second).median()))
+    lengths.clear()
+    exact = _exact_joint(loaded.model, PROMPT, PARAMS, v)
+    counts = _joint_counts(loaded.model, drafter, PROMPT, PARAMS, 800, v)
+    assert lengths.count(1) > 100 and lengths.count(2) > 100, (lengths.count(1), lengths.count(2))
+    stat, df, pval = pooled_chi2(counts, exact)
+    assert pval > ALPHA, f"chi2={stat:.1f} df={df} p={pval:.2e}"
+    # what keeps it lossless: the cut reads the distributions only, never the tokens sampled from them (a cut at an
+    # unlikely *sampled* draft would skew the drafts); so at one context every seed gets the same length
+    for last in range(v - 1):
+        lengths.clear()
+        for seed in range(30):
+            spy(last, 2, PARAMS, torch.Generator().manual_seed(seed))
+        assert len(set(lengths)) == 1, (last, lengths)
 
 
 def test_sampling_check_detects_broken_acceptance(small_vocab, monkeypatch):
