@@ -20,6 +20,7 @@ import random
 SEED = 20261130
 NUM_CHAT = 4000
 NUM_CODE = 2500
+NUM_FUNCTIONS = 5000
 OUT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "specdec", "data", "train"))
 
 # --- chat: topics by field (pairs within a field are compared) ---------------------------------------
@@ -222,6 +223,161 @@ FUNCS = [
     ("spiral_order", "matrix: list[list[int]]", "returns the elements of a matrix in clockwise spiral order"),
     ("find_duplicates", "items: list", "returns the elements that appear more than once, in order of first repeat"),
     ("balance_after", "transactions: list[tuple[str, float]]", "applies ('deposit'|'withdraw', amount) pairs to a zero balance and returns it"),
+]
+
+# functions for the docstring-stub prompts (name, args, return annotation, what it does); written by hand for this
+# set, none taken from a benchmark
+MORE_FUNCS = [
+    ("interleave", "a: list, b: list", "list", "returns the elements of `a` and `b` alternately, the rest of the longer list at the end"),
+    ("pairwise_differences", "nums: list[int]", "list[int]", "returns the differences between each element and the one before it"),
+    ("running_total", "nums: list[float]", "list[float]", "returns the cumulative sums of `nums`"),
+    ("count_runs", "items: list", "int", "returns the number of maximal runs of equal consecutive elements"),
+    ("longest_run", "items: list", "int", "returns the length of the longest run of equal consecutive elements (0 for an empty list)"),
+    ("split_on_value", "items: list, sep", "list[list]", "splits `items` into the sublists between occurrences of `sep`"),
+    ("index_all", "items: list, value", "list[int]", "returns every index at which `value` occurs in `items`"),
+    ("zip_longest_fill", "a: list, b: list, fill", "list[tuple]", "pairs up `a` and `b`, padding the shorter one with `fill`"),
+    ("top_n", "scores: dict[str, int], n: int", "list[str]", "returns the `n` keys with the highest scores, highest first, ties broken alphabetically"),
+    ("group_consecutive", "nums: list[int]", "list[list[int]]", "groups a sorted list into runs of consecutive integers"),
+    ("ranges_to_string", "nums: list[int]", "str", "describes a sorted list of integers compactly, e.g. [1, 2, 3, 7, 9, 10] -> '1-3,7,9-10'"),
+    ("expand_ranges", "spec: str", "list[int]", "expands a string such as '1-3,7,9-10' into the list of integers it names"),
+    ("dedupe_keep_last", "items: list", "list", "removes duplicates, keeping the last occurrence of each element in its place"),
+    ("partition_by", "items: list[int], pivot: int", "tuple[list[int], list[int]]", "splits `items` into the elements below `pivot` and the rest, keeping their order"),
+    ("every_nth", "items: list, n: int, offset: int = 0", "list", "returns every `n`-th element of `items` starting at `offset`"),
+    ("sliding_max", "nums: list[int], k: int", "list[int]", "returns the maximum of every window of `k` consecutive numbers"),
+    ("majority_element", "items: list", "object", "returns the element that occurs in more than half of `items`, or None when there is none"),
+    ("flatten_dict", "d: dict, sep: str = '.'", "dict", "flattens nested dictionaries into one level, joining the keys with `sep`"),
+    ("unflatten_dict", "d: dict, sep: str = '.'", "dict", "turns keys such as 'a.b.c' back into nested dictionaries"),
+    ("diff_dicts", "old: dict, new: dict", "dict", "returns the keys added, removed and changed between two dictionaries, as three sorted lists"),
+    ("count_by", "items: list, key", "dict", "returns how many items give each value of the function `key`"),
+    ("pick", "d: dict, keys: list", "dict", "returns a new dictionary with only the given keys that `d` has"),
+    ("merge_intervals", "intervals: list[tuple[int, int]]", "list[tuple[int, int]]", "merges overlapping closed intervals and returns them sorted"),
+    ("interval_overlap", "a: tuple[int, int], b: tuple[int, int]", "int", "returns the length of the overlap of two closed intervals (0 when they do not meet)"),
+    ("free_slots", "busy: list[tuple[int, int]], start: int, end: int", "list[tuple[int, int]]", "returns the gaps between the busy intervals inside [start, end]"),
+    ("title_case", "s: str", "str", "capitalises every word of `s` except short words such as 'a', 'of' and 'the' (the first word always)"),
+    ("slugify", "title: str", "str", "turns a title into a lower-case URL slug of letters, digits and single hyphens"),
+    ("kebab_to_snake", "name: str", "str", "converts a kebab-case name to snake_case"),
+    ("count_substring", "text: str, sub: str", "int", "counts the non-overlapping occurrences of `sub` in `text`"),
+    ("longest_word", "sentence: str", "str", "returns the longest word of `sentence`, the first one on ties, ignoring punctuation"),
+    ("initials", "full_name: str", "str", "returns the upper-case initials of a name, e.g. 'ada king lovelace' -> 'AKL'"),
+    ("mask_email", "email: str", "str", "hides the middle of the part before '@', keeping its first and last character"),
+    ("mask_card", "number: str", "str", "replaces all but the last four digits of a card number with '*', keeping spaces"),
+    ("is_isogram", "word: str", "bool", "returns True if no letter occurs twice in `word`, ignoring case, spaces and hyphens"),
+    ("is_pangram", "sentence: str", "bool", "returns True if `sentence` uses every letter of the English alphabet"),
+    ("char_positions", "s: str", "dict[str, list[int]]", "maps each character of `s` to the list of positions where it occurs"),
+    ("compress_spaces", "text: str", "str", "replaces every run of whitespace in `text` with one space and trims both ends"),
+    ("center_text", "text: str, width: int, fill: str = ' '", "str", "centres `text` in a field of `width` characters, the extra fill on the right"),
+    ("dedent_lines", "lines: list[str]", "list[str]", "removes the indentation that all non-blank lines share"),
+    ("parse_duration", "s: str", "int", "converts a duration such as '1h30m15s' into seconds"),
+    ("format_duration", "seconds: int", "str", "formats seconds as a human string such as '2 hours, 5 minutes and 1 second'"),
+    ("parse_query_string", "query: str", "dict[str, list[str]]", "parses 'a=1&b=2&a=3' into {'a': ['1', '3'], 'b': ['2']}"),
+    ("build_query_string", "params: dict[str, str]", "str", "joins parameters into 'key=value' pairs separated by '&', keys sorted"),
+    ("parse_semver", "version: str", "tuple[int, int, int]", "parses a version such as '2.10.3' into a tuple of three integers"),
+    ("compare_versions", "a: str, b: str", "int", "compares two dotted version strings and returns -1, 0 or 1"),
+    ("parse_ini", "text: str", "dict[str, dict[str, str]]", "parses a simple INI text with [sections] and key = value lines"),
+    ("csv_line", "line: str", "list[str]", "splits one CSV line into fields, honouring double-quoted fields that contain commas"),
+    ("tokenize_expression", "expr: str", "list[str]", "splits an arithmetic expression into numbers, operators and parentheses"),
+    ("evaluate_rpn", "tokens: list[str]", "float", "evaluates an expression in reverse Polish notation with + - * /"),
+    ("to_rpn", "expr: str", "list[str]", "converts an infix arithmetic expression to reverse Polish notation (shunting-yard)"),
+    ("hex_to_rgb", "color: str", "tuple[int, int, int]", "converts a colour such as '#1a2b3c' or '1a2b3c' to an (r, g, b) tuple"),
+    ("rgb_to_hex", "r: int, g: int, b: int", "str", "formats a colour as '#rrggbb', clamping each channel to 0..255"),
+    ("bytes_to_human", "n: int", "str", "formats a byte count with the largest fitting unit, e.g. 1536 -> '1.5 KiB'"),
+    ("luhn_valid", "number: str", "bool", "returns True if the digits of `number` pass the Luhn checksum"),
+    ("isbn10_valid", "isbn: str", "bool", "returns True if `isbn` is a valid ISBN-10 (hyphens allowed, 'X' as the last digit)"),
+    ("digital_root", "n: int", "int", "adds the digits of `n` repeatedly until one digit remains"),
+    ("reverse_integer", "n: int", "int", "reverses the decimal digits of `n`, keeping its sign"),
+    ("is_armstrong", "n: int", "bool", "returns True if `n` equals the sum of its digits each raised to the number of digits"),
+    ("lcm_of_list", "nums: list[int]", "int", "returns the least common multiple of a list of positive integers"),
+    ("prime_factors", "n: int", "dict[int, int]", "returns the prime factorisation of `n` as a dict from prime to exponent"),
+    ("divisors", "n: int", "list[int]", "returns all positive divisors of `n` in increasing order"),
+    ("nth_triangular", "n: int", "int", "returns the n-th triangular number"),
+    ("is_power_of_two", "n: int", "bool", "returns True if `n` is a positive power of two, using bit operations"),
+    ("count_set_bits", "n: int", "int", "returns the number of 1 bits in a non-negative integer"),
+    ("gray_code", "n: int", "list[int]", "returns the n-bit Gray code sequence"),
+    ("base_convert", "digits: str, from_base: int, to_base: int", "str", "converts a number written in one base (2..36) to another"),
+    ("binomial", "n: int, k: int", "int", "returns n choose k without computing large factorials"),
+    ("catalan", "n: int", "int", "returns the n-th Catalan number"),
+    ("newton_sqrt", "x: float, tol: float = 1e-10", "float", "approximates the square root of `x` with Newton's method"),
+    ("integrate_trapezoid", "f, a: float, b: float, n: int", "float", "approximates the integral of `f` over [a, b] with `n` trapezoids"),
+    ("solve_quadratic", "a: float, b: float, c: float", "list[float]", "returns the real roots of a x^2 + b x + c = 0 in increasing order"),
+    ("dot_product", "u: list[float], v: list[float]", "float", "returns the dot product of two vectors of equal length"),
+    ("vector_angle", "u: list[float], v: list[float]", "float", "returns the angle between two vectors in degrees"),
+    ("polygon_area", "points: list[tuple[float, float]]", "float", "returns the area of a simple polygon given by its vertices in order (shoelace formula)"),
+    ("point_in_rectangle", "p: tuple[float, float], rect: tuple[float, float, float, float]", "bool", "returns True if point `p` lies inside the rectangle (x, y, width, height), edges included"),
+    ("distance_2d", "a: tuple[float, float], b: tuple[float, float]", "float", "returns the Euclidean distance between two points"),
+    ("closest_pair", "points: list[tuple[float, float]]", "tuple", "returns the two points that are closest to each other"),
+    ("manhattan_path", "start: tuple[int, int], end: tuple[int, int]", "list[tuple[int, int]]", "returns the grid cells of a path that first moves along x, then along y"),
+    ("rotate_matrix", "m: list[list[int]]", "list[list[int]]", "rotates a square matrix 90 degrees clockwise"),
+    ("matrix_diagonals", "m: list[list[int]]", "tuple[int, int]", "returns the sums of the main and the anti-diagonal of a square matrix"),
+    ("count_islands", "grid: list[list[int]]", "int", "counts the groups of 1s connected horizontally or vertically"),
+    ("flood_fill", "grid: list[list[int]], row: int, col: int, color: int", "list[list[int]]", "repaints the region connected to (row, col) with `color`"),
+    ("shortest_path_grid", "grid: list[str]", "int", "returns the fewest steps from 'S' to 'E' through '.' cells, or -1 (breadth-first search)"),
+    ("topological_order", "deps: dict[str, list[str]]", "list[str]", "orders tasks so that each comes after the tasks it depends on, raising ValueError on a cycle"),
+    ("has_cycle", "graph: dict[int, list[int]]", "bool", "returns True if a directed graph has a cycle"),
+    ("connected_components", "edges: list[tuple[int, int]]", "list[set[int]]", "returns the connected components of an undirected graph"),
+    ("dijkstra", "graph: dict[str, dict[str, float]], source: str", "dict[str, float]", "returns the shortest distance from `source` to every reachable node"),
+    ("edit_distance", "a: str, b: str", "int", "returns the Levenshtein distance between two strings"),
+    ("longest_common_subsequence", "a: str, b: str", "str", "returns one longest common subsequence of two strings"),
+    ("longest_increasing_run", "nums: list[int]", "list[int]", "returns the longest strictly increasing contiguous slice of `nums`"),
+    ("coin_change_ways", "amount: int, coins: list[int]", "int", "returns the number of ways to make `amount` from unlimited coins of the given values"),
+    ("min_coins", "amount: int, coins: list[int]", "int", "returns the fewest coins that make `amount`, or -1 if it cannot be made"),
+    ("knapsack", "items: list[tuple[int, int]], capacity: int", "int", "returns the best total value of (weight, value) items that fit in `capacity`"),
+    ("stairs_ways", "n: int, steps: list[int]", "int", "returns how many ways there are to climb `n` stairs taking the given step sizes"),
+    ("word_break", "s: str, words: set[str]", "bool", "returns True if `s` can be split into a sequence of words from `words`"),
+    ("balanced_split", "nums: list[int]", "bool", "returns True if `nums` can be split into two groups of equal sum"),
+    ("rle_decode", "s: str", "str", "expands a run-length code such as 'a3b1c2' into 'aaabcc'"),
+    ("vigenere_encrypt", "text: str, key: str", "str", "encrypts the letters of `text` with the Vigenere cipher, keeping case and other characters"),
+    ("atbash", "text: str", "str", "encodes `text` with the Atbash cipher (a<->z, b<->y, ...), keeping case"),
+    ("morse_encode", "text: str", "str", "translates letters and digits into Morse code, letters separated by spaces and words by ' / '"),
+    ("checksum_mod256", "data: bytes", "int", "returns the sum of the bytes of `data` modulo 256"),
+    ("parse_log_line", "line: str", "dict", "parses '2024-05-01 12:00:03 ERROR disk full' into date, time, level and message"),
+    ("count_levels", "lines: list[str]", "dict[str, int]", "counts the log lines of each level (INFO, WARNING, ERROR, ...)"),
+    ("tail_lines", "path: str, n: int", "list[str]", "returns the last `n` lines of a text file without reading it all into memory"),
+    ("find_files", "root: str, suffix: str", "list[str]", "returns the paths of all files under `root` whose names end with `suffix`, sorted"),
+    ("safe_divide", "a: float, b: float, default: float = 0.0", "float", "returns a / b, or `default` when b is zero"),
+    ("clamp", "x: float, low: float, high: float", "float", "limits `x` to the range [low, high]"),
+    ("lerp", "a: float, b: float, t: float", "float", "interpolates linearly between `a` and `b` at fraction `t`"),
+    ("percent_change", "old: float, new: float", "float", "returns the change from `old` to `new` in percent, rounded to two decimals"),
+    ("weighted_mean", "values: list[float], weights: list[float]", "float", "returns the weighted average of `values`"),
+    ("mode_of", "values: list", "list", "returns the most frequent values, all of them when several tie, in first-seen order"),
+    ("percentile", "values: list[float], p: float", "float", "returns the p-th percentile of `values` with linear interpolation"),
+    ("zscores", "values: list[float]", "list[float]", "returns how many standard deviations each value lies from the mean"),
+    ("bin_values", "values: list[float], edges: list[float]", "list[int]", "counts how many values fall into each bin between consecutive edges"),
+    ("compound_interest", "principal: float, rate: float, years: int, per_year: int = 12", "float", "returns the balance after compounding `per_year` times a year"),
+    ("loan_payment", "principal: float, annual_rate: float, months: int", "float", "returns the fixed monthly payment of an amortised loan"),
+    ("split_bill", "total: float, people: int", "list[float]", "splits a bill into shares in cents that add up exactly to the total"),
+    ("change_breakdown", "cents: int", "dict[int, int]", "returns how many of each coin (100, 50, 20, 10, 5, 2, 1 cents) make the amount with the fewest coins"),
+    ("day_of_year", "date: str", "int", "returns the day of the year (1..366) of a 'YYYY-MM-DD' date without the datetime module"),
+    ("add_business_days", "date: str, days: int", "str", "returns the date `days` working days after a 'YYYY-MM-DD' date, skipping weekends"),
+    ("week_number", "date: str", "int", "returns the ISO week number of a 'YYYY-MM-DD' date"),
+    ("time_to_minutes", "hhmm: str", "int", "converts '13:45' to minutes after midnight"),
+    ("overlapping_meetings", "meetings: list[tuple[str, str]]", "bool", "returns True if any two ('HH:MM', 'HH:MM') meetings overlap"),
+    ("tic_tac_toe_winner", "board: list[str]", "str", "returns 'X', 'O' or '' for a board of three strings of three characters"),
+    ("valid_sudoku_row", "row: list[int]", "bool", "returns True if a sudoku row holds each of 1..9 exactly once"),
+    ("dice_probability", "total: int, dice: int", "float", "returns the probability of rolling `total` with `dice` six-sided dice"),
+    ("shuffle_deck", "seed: int", "list[str]", "returns a 52-card deck such as 'AS', '10H' shuffled with a seeded random generator"),
+    ("bowling_score", "rolls: list[int]", "int", "returns the score of a complete ten-pin bowling game"),
+    ("next_generation", "grid: list[list[int]]", "list[list[int]]", "returns the next state of Conway's Game of Life on a finite grid"),
+    ("lru_get_put", "capacity: int, ops: list[tuple]", "list", "simulates an LRU cache over ('get', k) and ('put', k, v) operations and returns the results of the gets"),
+    ("rate_limiter", "timestamps: list[float], limit: int, window: float", "list[bool]", "returns for each request time whether it is allowed, at most `limit` per `window` seconds"),
+    ("retry_call", "fn, attempts: int, delay: float", "object", "calls `fn` until it succeeds, at most `attempts` times, sleeping `delay` seconds between tries"),
+    ("memoize", "fn", "object", "returns a wrapper that caches the results of `fn` by its positional arguments"),
+    ("chunks_of_text", "text: str, max_chars: int", "list[str]", "splits text into pieces of at most `max_chars` characters at sentence ends where possible"),
+    ("jaccard", "a: set, b: set", "float", "returns the Jaccard similarity of two sets (1.0 for two empty sets)"),
+    ("cosine_similarity", "u: list[float], v: list[float]", "float", "returns the cosine similarity of two vectors"),
+    ("hamming", "a: str, b: str", "int", "returns the number of positions where two equal-length strings differ, raising ValueError otherwise"),
+    ("soundex", "name: str", "str", "returns the four-character Soundex code of a surname"),
+    ("bigrams", "words: list[str]", "dict[tuple[str, str], int]", "counts the pairs of consecutive words"),
+    ("ngram_counts", "text: str, n: int", "dict[str, int]", "counts the character n-grams of `text`"),
+]
+
+# the function set's stubs: a signature and docstring in a code block, the reply writes the body
+DOC_TASKS = [
+    "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{stub}```",
+    "Complete the following Python function:\n```python\n{stub}```",
+    "Implement the function below, keeping its signature.\n```python\n{stub}```",
+    "Fill in the body of this function so that it does what its docstring says:\n```python\n{stub}```",
+    "```python\n{stub}```\nWrite the code for this function and explain it briefly.",
+    "Here is a function stub with its docstring. Write a correct implementation and a few tests for it.\n```python\n{stub}```",
 ]
 
 LANGS = ["JavaScript", "TypeScript", "Go", "Rust", "Java", "C", "C++", "C#", "Ruby", "Kotlin"]
@@ -457,6 +613,29 @@ def code_prompts(rng: random.Random, n: int) -> list[str]:
     return out
 
 
+def _stub(name: str, args: str, ret: str | None, spec: str) -> str:
+    doc = spec[:1].upper() + spec[1:] + "."
+    return f'def {name}({args}){" -> " + ret if ret else ""}:\n    """{doc}\n    """\n'
+
+
+def function_prompts(rng: random.Random, n: int) -> list[str]:
+    """Docstring stubs (DOC_TASKS) of every function, old and new, and the new functions in FUNC_TASKS' phrasings."""
+    cands = [(t, {"stub": _stub(name, args, None, spec)}) for name, args, spec in FUNCS for t in DOC_TASKS]
+    cands += [(t, {"stub": _stub(name, args, ret, spec)}) for name, args, ret, spec in MORE_FUNCS for t in DOC_TASKS]
+    cands += [(t, {"name": name, "args": args, "spec": spec}) for name, args, _, spec in MORE_FUNCS for t in FUNC_TASKS]
+    rng.shuffle(cands)
+    out: list[str] = []
+    seen: set[str] = set()
+    for template, kw in cands:
+        if len(out) == n:
+            break
+        p = _fill(template, rng, **kw)
+        if p not in seen:
+            seen.add(p)
+            out.append(p)
+    return out
+
+
 def write_jsonl(path: str, prompts: list[str]) -> None:
     with open(path, "w", encoding="utf-8", newline="\n") as fh:
         for p in prompts:
@@ -471,13 +650,16 @@ def main(argv=None) -> int:
     rng = random.Random(args.seed)
     chat = chat_prompts(rng, NUM_CHAT)
     code = code_prompts(rng, NUM_CODE)
-    for what, got, want in (("chat", chat, NUM_CHAT), ("code", code, NUM_CODE)):
+    functions = function_prompts(rng, NUM_FUNCTIONS)  # drawn after the others: their files stay as they were
+    for what, got, want in (("chat", chat, NUM_CHAT), ("code", code, NUM_CODE), ("function", functions, NUM_FUNCTIONS)):
         if len(got) < want:
             raise SystemExit(f"only {len(got)} distinct {what} prompts for {want} wanted: add topics or tasks")
     os.makedirs(args.out, exist_ok=True)
     write_jsonl(os.path.join(args.out, "chat_prompts.jsonl"), chat)
     write_jsonl(os.path.join(args.out, "code_prompts.jsonl"), code)
-    print(f"{args.out}: {len(chat)} chat prompts, {len(code)} code prompts (seed {args.seed})")
+    write_jsonl(os.path.join(args.out, "function_prompts.jsonl"), functions)
+    print(f"{args.out}: {len(chat)} chat prompts, {len(code)} code prompts, {len(functions)} function prompts "
+          f"(seed {args.seed})")
     return 0
 
 

@@ -215,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--prompts", nargs="+", default=None, metavar="FILE", help="prompt files (.jsonl with prompt/"
                    "question/instruction/turns, or .txt one per line) or shipped sets: gsm8k_train, chat, code, "
                    "self_instruct (prompts SmolLM2-135M-Instruct wrote itself), math (12,000 templated word problems, "
-                   "asked as GSM8K is) (default: the first four, 31,834 prompts)")
+                   "asked as GSM8K is), functions (5,000 Python function tasks, 1,141 of them docstring stubs to complete) "
+                   "(default: the first four, 31,834 prompts)")
     t.add_argument("--out", required=True, help="output drafter directory")
     t.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
     t.add_argument("--dtype", default=None, help="the target's dtype (default: bf16 on CUDA, fp32 on CPU)")

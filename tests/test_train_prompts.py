@@ -1,5 +1,5 @@
 """The shipped training prompts (specdec/data/train/): they parse, have the counts their README
-states, hold no duplicates, share no question with the test sets, and the templated two are what
+states, hold no duplicates, share no question with the test sets, and the templated three are what
 scripts/make_train_prompts.py writes, byte for byte, as the maths set is what scripts/make_math_prompts.py
 writes (the self-instruct set was sampled on a GPU by scripts/make_self_instruct.py: its provenance is in the README, not reproducible here). The test sets
 are read here only to prove that the training prompts are disjoint from them."""
@@ -13,7 +13,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "specdec", "data", "train")
 BENCH = os.path.join(ROOT, "specdec", "data", "bench")
-TEMPLATED = ("chat_prompts.jsonl", "code_prompts.jsonl")
+TEMPLATED = ("chat_prompts.jsonl", "code_prompts.jsonl", "function_prompts.jsonl")
 FILES = TEMPLATED + ("self_instruct_prompts.jsonl", "math_prompts.jsonl")
 
 

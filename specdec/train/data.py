@@ -22,7 +22,7 @@ GSM8K_SUFFIX = "\nPlease reason step by step, and put your final answer within \
 # short names for the prompt sets shipped with the package
 TRAIN_SETS = {"gsm8k_train": ("bench", "gsm8k_train.jsonl"), "chat": ("train", "chat_prompts.jsonl"),
               "code": ("train", "code_prompts.jsonl"), "self_instruct": ("train", "self_instruct_prompts.jsonl"),
-              "math": ("train", "math_prompts.jsonl")}
+              "math": ("train", "math_prompts.jsonl"), "functions": ("train", "function_prompts.jsonl")}
 
 
 def resolve_prompt_file(name: str) -> str:
