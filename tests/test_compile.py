@@ -88,7 +88,7 @@ def test_compiled_dflash_block_drafts_the_uncompiled_tokens(target, tmp_path):
     assert out.token_ids == plain_gen.generate(prompt, 16).token_ids
 
 
-def test_compiled_dflash_samples_through_the_compiled_block(target, tmp_path):
+def test_compiled_dflash_samples_through_the_compiled_block(target, tmp_path, monkeypatch):
     """At T > 0 with ``compile`` the DFlash drafter samples from its compiled static block's logits,
     never from an eager block forward, and after the first request compiles nothing more. Seen on
     the H200 (bf16, --compile): sampled proposals fell back to the eager block (hundreds of kernel
@@ -97,9 +97,12 @@ def test_compiled_dflash_samples_through_the_compiled_block(target, tmp_path):
 
     from _dflash_util import write_drafter
 
+    from specdec.drafters import dflash
     from specdec.drafters.dflash import load_dflash_drafter
     from specdec.sampling import SamplingParams
 
+    # the eager reference keeps whole sampled blocks, as the compiled (static) block does
+    monkeypatch.setattr(dflash, "CPU_MIN_SAMPLED_CONFIDENCE", 0.0)
     path, m = target
     d_path, _ = write_drafter(tmp_path / "d", hidden=32, num_target_layers=4, n_layers=2, target_layer_ids=(1, 2),
                               block_size=6)
