@@ -4,18 +4,20 @@
 On the 2-core EPYC (session of 2026-12-05 (third)) ``torch.bmm`` gave a row the same bits at any row count from 8
 rows on (not at 3: a decode step's 3 query heads a KV head, so they are padded to 8) and at any number of extra key
 columns in the scores, but the weighted sum's bits changed with its reduction length (192 against 256 keys, trailing
-zeros). So here the keys are padded to a multiple of 64 and the weighted sum is taken per 64-key chunk, the chunks
-added in order (a trailing zero chunk adds exact zeros). The sweep checks every position n < N as a 1-row step
+zeros). So here the keys are padded to a multiple of CHUNK and the weighted sum is taken per CHUNK-key chunk, the
+chunks added in order by a Python loop (``loop``) or by ``sum`` over the chunk dimension (a trailing zero chunk adds
+exact zeros). The sweep checks every position n < N as a 1-row step
 against the same position inside verify steps of 2, 3, 5, 8 and 16 rows (SmolLM2's 9 heads, 3 KV heads, head 64);
-then it times SDPA, ``cpu_exact.attention`` and this form.
+(every STEP-th position); then it times SDPA, ``cpu_exact.attention`` and this form.
 
-    PYTHONPATH=. python scripts/probe_cpu_bmm_attention.py 1100 1
+    PYTHONPATH=. python scripts/probe_cpu_bmm_attention.py N STEP CHUNK loop|sum     (e.g. 1100 1 64 loop)
 """
 import sys, time, torch, torch.nn.functional as F
 from specdec import cpu_exact
 torch.manual_seed(0)
 H, KV, D = 9, 3, 64
-MIN_ROWS, CH = 8, 64
+MIN_ROWS, CH = 8, int(sys.argv[3])
+SUM = sys.argv[4]
 
 def attn(q, k, v, mask, scale):
     h, t, d = q.shape
@@ -43,8 +45,8 @@ def attn(q, k, v, mask, scale):
     pc = p.view(kv, M, c, CH).transpose(1, 2).reshape(kv * c, M, CH)
     vc = v.reshape(kv * c, CH, -1)
     parts = torch.bmm(pc, vc).view(kv, c, M, -1)
-    o = parts[:, 0]
-    for j in range(1, c):
+    o = parts.sum(1) if SUM == "sum" else parts[:, 0]
+    for j in range(1, c if SUM == "loop" else 1):
         o = o + parts[:, j]
     return o[:, :m].reshape(h, t, -1)
 
