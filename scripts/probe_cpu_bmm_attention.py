@@ -2,7 +2,8 @@
 ``cpu_exact.attention``'s six oneDNN calls a layer. Not used by specdec yet.
 
 On the 2-core EPYC (session of 2026-12-05 (third)) ``torch.bmm`` gave a row the same bits at any row count from 8
-rows on (not at 3: a decode step's 3 query heads a KV head, so they are padded to 8) and at any number of extra key
+rows on for SmolLM2's shape (not at 3: a decode step's 3 query heads a KV head, so they are padded to 8; with head 8
+and 512 keys or more it took 16 rows: MKL picks kernels by shape) and at any number of extra key
 columns in the scores, but the weighted sum's bits changed with its reduction length (192 against 256 keys, trailing
 zeros). So here the keys are padded to a multiple of CHUNK and the weighted sum is taken per CHUNK-key chunk, the
 chunks added in order by a Python loop (``loop``) or by ``sum`` over the chunk dimension (a trailing zero chunk adds
