@@ -64,14 +64,18 @@ CHOICES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "SPECDEC_SPAN_ATTENTION": ("split", ("split", "sdpa"), "the span-invariant attention's kernel (CUDA)"),
 }
 
+# name -> (default, what it sets); probabilities in 0..1
+PROBABILITIES: dict[str, tuple[float, str]] = {
+    "SPECDEC_DFLASH_CPU_CONFIDENCE": (0.3, "DFlash's CPU block cut for greedy blocks (drafters/dflash.py)"),
+    "SPECDEC_DFLASH_CPU_SAMPLED_CONFIDENCE": (0.2, "DFlash's CPU block cut for sampled blocks (drafters/dflash.py)"),
+}
+
 # variables read elsewhere, with their own checks (name -> what)
 OTHERS: dict[str, str] = {
     "SPECDEC_API_KEY": "the key `specdec serve` requires (--api-key)",
     "SPECDEC_BENCH_DATA": "the folder of bench prompt sets (--data-dir)",
     "SPECDEC_COMBINE_CUT": "rows,features of the split attention's combine program",
     "SPECDEC_COMMIT": "the commit the bench records where the tree has no .git",
-    "SPECDEC_DFLASH_CPU_CONFIDENCE": "DFlash's CPU block cut, a probability in 0..1",
-    "SPECDEC_DFLASH_CPU_SAMPLED_CONFIDENCE": "DFlash's CPU block cut for sampled blocks, a probability in 0..1",
     "SPECDEC_FUSED_LAYER_TILES": "forced tilings of the fused GEMM (JSON)",
     "SPECDEC_SPLIT_KEYS": "keys per split of the split attention",
     "SPECDEC_LLAMA_VOCAB_DIR": "tests: the llama.cpp reference vocabularies",
@@ -123,6 +127,22 @@ def choice(name: str) -> str:
     return raw.strip().lower()
 
 
+def probability(name: str) -> float:
+    """The probability in ``name`` (a key of :data:`PROBABILITIES`), its default when unset or empty; a
+    one-line ConfigError unless it is a number in 0..1."""
+    default = PROBABILITIES[name][0]
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not 0.0 <= v <= 1.0:
+        raise ConfigError(f"{name}={raw!r}: want a probability in 0..1 (unset: {default})")
+    return v
+
+
 def check() -> None:
     """Read every switch (a bad value raises here, before any work) and warn, one line each, about
     ``SPECDEC_*`` variables that specdec does not read."""
@@ -132,7 +152,9 @@ def check() -> None:
         integer(name)
     for name in CHOICES:
         choice(name)
-    known = {**SWITCHES, **INTEGERS, **CHOICES, **OTHERS}
+    for name in PROBABILITIES:
+        probability(name)
+    known = {**SWITCHES, **INTEGERS, **CHOICES, **PROBABILITIES, **OTHERS}
     unknown = sorted(n for n in os.environ if n.startswith("SPECDEC_") and n not in known)
     for n in unknown:
         warnings.warn(f"{n} is set but specdec reads no such variable (a typo?); `specdec info --env` lists "
@@ -152,6 +174,9 @@ def describe() -> list[tuple[str, str, str]]:
     for name, (default, options, what) in sorted(CHOICES.items()):
         raw = os.environ.get(name)
         rows.append((name, raw if raw is not None else f"default: {default}", f"{what}: {' | '.join(options)}"))
+    for name, (default, what) in sorted(PROBABILITIES.items()):
+        raw = os.environ.get(name)
+        rows.append((name, raw if raw is not None else f"default: {default}", f"{what}, 0..1"))
     for name, what in sorted(OTHERS.items()):
         raw = os.environ.get(name)
         shown = "(set)" if name == "SPECDEC_API_KEY" and raw else raw

@@ -16,6 +16,7 @@ import torch
 import specdec.engine.generate as engine_generate
 from _dflash_util import Steered, drafter_tensors, reference_block_logits, write_drafter
 from _engine_util import build_llama, plain_generate, pooled_chi2, split_kernel_stand_in
+from specdec import env
 from specdec.drafters import dflash
 from specdec.drafters.dflash import confident_prefix, load_dflash_drafter
 from specdec.drafters.dflash_model import DFlashConfig, default_target_layer_ids
@@ -462,13 +463,17 @@ def test_confident_prefix():
     assert confident_prefix(torch.tensor([sure, sure, sure]), 0.99) == 3
 
 
+@pytest.mark.parametrize("name", ["SPECDEC_DFLASH_CPU_CONFIDENCE", "SPECDEC_DFLASH_CPU_SAMPLED_CONFIDENCE"])
 @pytest.mark.parametrize("raw", ["abc", "-0.1", "1.5", "nan"])
-def test_cpu_confidence_env_is_checked(raw, monkeypatch):
-    monkeypatch.setenv("SPECDEC_DFLASH_CPU_CONFIDENCE", raw)
-    with pytest.raises(ConfigError, match="SPECDEC_DFLASH_CPU_CONFIDENCE.*probability in 0..1"):
-        dflash._env_probability("SPECDEC_DFLASH_CPU_CONFIDENCE", "0.3")
-    monkeypatch.setenv("SPECDEC_DFLASH_CPU_CONFIDENCE", "0.25")
-    assert dflash._env_probability("SPECDEC_DFLASH_CPU_CONFIDENCE", "0.3") == 0.25
+def test_cpu_confidence_env_is_checked(raw, name, monkeypatch):
+    """Checked by env.check, which the CLI runs first: a bad value fails even where no DFlash drafter is used."""
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(ConfigError, match=f"{name}.*probability in 0..1"):
+        env.check()
+    monkeypatch.setenv(name, "0.25")
+    assert env.probability(name) == 0.25
+    monkeypatch.delenv(name)
+    assert env.probability(name) == env.PROBABILITIES[name][0]
 
 
 def test_cpu_blocks_cut_lossless(target, monkeypatch):

@@ -70,7 +70,8 @@ def test_cli_one_line_error_and_listing(monkeypatch, capsys):
     assert main(["info", "--env"]) == 0
     out = capsys.readouterr().out.splitlines()
     names = [line.split()[0] for line in out]
-    assert names == sorted(env.SWITCHES) + sorted(env.INTEGERS) + sorted(env.CHOICES) + sorted(env.OTHERS)
+    assert names == (sorted(env.SWITCHES) + sorted(env.INTEGERS) + sorted(env.CHOICES) + sorted(env.PROBABILITIES)
+                     + sorted(env.OTHERS))
     assert [line.split()[1] for line in out if line.startswith("SPECDEC_ROW_EXACT ")] == ["off"]
 
 
@@ -82,10 +83,9 @@ def test_table_matches_the_code():
         if p.name == "env.py":
             continue
         src = p.read_text(encoding="utf-8")
-        read |= set(re.findall(r'env\.(?:switch|integer|choice)\("(SPECDEC_[A-Z_]+)"\)', src))
+        read |= set(re.findall(r'env\.(?:switch|integer|choice|probability)\("(SPECDEC_[A-Z_]+)"\)', src))
         read |= set(re.findall(r'environ(?:\.get)?[(\[]"(SPECDEC_[A-Z_]+)"', src))
-        read |= set(re.findall(r'_env_probability\("(SPECDEC_[A-Z_]+)"', src))
         assert not re.search(r'environ\.get\("SPECDEC_[A-Z_]+", "[01]"\)', src), f"{p}: a switch read outside env.py"
     tests_only = {"SPECDEC_LLAMA_VOCAB_DIR", "SPECDEC_TRITON_DIR"}
-    table = set(env.SWITCHES) | set(env.INTEGERS) | set(env.CHOICES) | set(env.OTHERS)
+    table = set(env.SWITCHES) | set(env.INTEGERS) | set(env.CHOICES) | set(env.PROBABILITIES) | set(env.OTHERS)
     assert read == table - tests_only

@@ -67,18 +67,6 @@ def _grown(t: torch.Tensor, keep: int, cap: int) -> torch.Tensor:
 STATIC_FLUSH = env.switch("SPECDEC_DFLASH_STATIC_FLUSH")
 
 
-def _env_probability(name: str, default: str) -> float:
-    """The probability in the environment variable ``name`` (else ``default``); one-line error otherwise."""
-    raw = os.environ.get(name, default)
-    try:
-        v = float(raw)
-    except ValueError:
-        v = float("nan")
-    if not 0.0 <= v <= 1.0:
-        raise ConfigError(f"{name}={raw!r}: want a probability in 0..1")
-    return v
-
-
 # On the CPU a verify costs by its rows (SmolLM2, 2 cores: 35.7 ms at 1 row, 52.5 at 5, 75.3 at 16), so a greedy
 # block is cut before the first draft after the first to which the drafter itself gives a probability under this:
 # those are rarely accepted (12 GSM8K prompts at 0.3: tau 3.28 -> 3.15, a verify's rows 16 -> 6.0 on average).
@@ -87,13 +75,13 @@ def _env_probability(name: str, default: str) -> float:
 # blocks on the CPU too. Re-checked with packed oneDNN weights (2026-12-05, a 16-row verify 50 against 33 ms for 1-5
 # rows; GSM8K 10 prompts, scripts/ab_dflash_confidence.py): floor 0 1.65x, 0.1 1.64x, 0.2 1.85x, 0.3 1.93x / 1.89x,
 # 0.4 1.85x, 0.5 1.80x plain decoding.
-CPU_MIN_CONFIDENCE = _env_probability("SPECDEC_DFLASH_CPU_CONFIDENCE", "0.3")
+CPU_MIN_CONFIDENCE = env.probability("SPECDEC_DFLASH_CPU_CONFIDENCE")
 # The same cut for sampled blocks (temperature > 0), read off the filtered distributions the drafts are sampled
 # from; lossless for the same reason (acceptance of each kept draft is unchanged). Whole sampled blocks ran slower
 # than plain decoding on the CPU (T=1, 10 prompts x 128 tokens, scripts/ab_dflash_confidence.py -t 1, 2026-12-05):
 # HumanEval 0.80x whole, 1.18x at 0.2, 1.16x at 0.3, 1.11x at 0.5; MT-Bench 0.87x at 0.1, 0.94x at 0.2, 0.92x at
 # 0.3. SPECDEC_DFLASH_CPU_SAMPLED_CONFIDENCE=0 keeps whole sampled blocks.
-CPU_MIN_SAMPLED_CONFIDENCE = _env_probability("SPECDEC_DFLASH_CPU_SAMPLED_CONFIDENCE", "0.2")
+CPU_MIN_SAMPLED_CONFIDENCE = env.probability("SPECDEC_DFLASH_CPU_SAMPLED_CONFIDENCE")
 
 
 def confident_prefix(logits: torch.Tensor, floor: float, probs: bool = False) -> int:
