@@ -600,6 +600,11 @@ def code_prompts(rng: random.Random, n: int) -> list[str]:
     cands += [(t, {"name": c, "what": w}) for c, w in CLASSES for t in CLASS_TASKS]
     cands += [(t, {"c": c}) for c in CONCEPTS for t in CONCEPT_TASKS]
     cands += [(t, {"a": a}) for a in ALGO for t in ALGO_TASKS]
+    return _distinct(cands, rng, n)
+
+
+def _distinct(cands: list[tuple[str, dict]], rng: random.Random, n: int) -> list[str]:
+    """Up to ``n`` distinct prompts: the (template, fields) candidates shuffled, then filled in that order."""
     rng.shuffle(cands)
     out: list[str] = []
     seen: set[str] = set()
@@ -623,17 +628,7 @@ def function_prompts(rng: random.Random, n: int) -> list[str]:
     cands = [(t, {"stub": _stub(name, args, None, spec)}) for name, args, spec in FUNCS for t in DOC_TASKS]
     cands += [(t, {"stub": _stub(name, args, ret, spec)}) for name, args, ret, spec in MORE_FUNCS for t in DOC_TASKS]
     cands += [(t, {"name": name, "args": args, "spec": spec}) for name, args, _, spec in MORE_FUNCS for t in FUNC_TASKS]
-    rng.shuffle(cands)
-    out: list[str] = []
-    seen: set[str] = set()
-    for template, kw in cands:
-        if len(out) == n:
-            break
-        p = _fill(template, rng, **kw)
-        if p not in seen:
-            seen.add(p)
-            out.append(p)
-    return out
+    return _distinct(cands, rng, n)
 
 
 def write_jsonl(path: str, prompts: list[str]) -> None:

@@ -214,6 +214,7 @@ class DFlashDrafter:
         filters and samples them outside it (a handful of kernels, whatever the sampling params).
         """
         self._flush()
+        floor = 0.0  # the sampled block's cut (CPU_MIN_SAMPLED_CONFIDENCE): eager CPU blocks only
         if self.static_steps or self.compile:
             cap = self.kv[0].k.shape[1]
             if self.length + self.block_size > cap and self.fast_weights() is not None:
@@ -224,13 +225,12 @@ class DFlashDrafter:
             logits = block
         else:
             logits = self.block_logits(last_token)[: max(0, k)]
+            cut = self.cut_unconfident and self.target.device.type == "cpu"  # see CPU_MIN_CONFIDENCE
             if params.greedy:
-                if self.cut_unconfident and self.target.device.type == "cpu":  # see CPU_MIN_CONFIDENCE
-                    logits = logits[: confident_prefix(logits, CPU_MIN_CONFIDENCE)]
-                return Proposal(logits.argmax(-1))
+                return Proposal(logits[: confident_prefix(logits, CPU_MIN_CONFIDENCE if cut else 0.0)].argmax(-1))
+            floor = CPU_MIN_SAMPLED_CONFIDENCE if cut else 0.0
         probs = probs_from_logits(logits, params)
-        if self.cut_unconfident and self.target.device.type == "cpu" and not (self.static_steps or self.compile):
-            probs = probs[: confident_prefix(probs, CPU_MIN_SAMPLED_CONFIDENCE, probs=True)]
+        probs = probs[: confident_prefix(probs, floor, probs=True)]
         return Proposal(torch.multinomial(probs, 1, generator=gen).squeeze(1), probs)
 
     @torch.inference_mode()
