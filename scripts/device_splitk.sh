@@ -14,7 +14,8 @@
 #                                          # / defaults+tiles (the sweep's best, AB_TILES) / defaults+moe-bmm; the step's profile
 #   bash scripts/device_splitk.sh moe-final # device_check qwen35moe / qwen35; bench qwen3.5-35b-a3b; ab_flags defaults /
 #                                          # defaults-split-k
-#   bash scripts/device_splitk.sh moe-check # device_check qwen35moe; bench qwen3.5-35b-a3b
+#   bash scripts/device_splitk.sh moe-check # SPECDEC_MOE_GROUPED_BMM=1: device_check qwen35moe, bench qwen3.5-35b-a3b;
+#                                          # ab_flags defaults / defaults+moe-bmm (the prefill)
 #   bash scripts/device_splitk.sh final    # bench --shape qwen3-8b (512, 16,000), qwen3.5-9b, smollm2-135m; device_check
 #                                          # on random Llama / Qwen3 with every unnamed weight on split K (TILES_STAR);
 #                                          # ab_flags: the shipped split K and cut against none / the old cut
@@ -103,10 +104,17 @@ if [ "${1:-}" = moe-tiles ]; then  # the 2048-wide GEMMs of qwen3.5-35b-a3b at 1
     cd $OUT && tar czf r.tgz r && rm -rf r
     exit 0
 fi
-if [ "${1:-}" = moe-check ]; then  # the MoE target's exactness (device_check) and the 35b bench only
+if [ "${1:-}" = moe-check ]; then  # the grouped MoE prefill (moe.GROUPED_BMM, forced on): the MoE target's exactness
+    # (device_check) and the 35b bench (its oracle's output against plain decoding's); then the prefill A/B
+    export SPECDEC_MOE_GROUPED_BMM=1
     check qwen35moe
     pack
     bench qwen3.5-35b-a3b 512 --draft-vocab 32768
+    pack
+    unset SPECDEC_MOE_GROUPED_BMM
+    timeout 150 python scripts/ab_flags.py --shape qwen3.5-35b-a3b --context 512 --rounds 3 --no-drafters \
+        --variants defaults defaults+moe-bmm --json $R/ab35b_bmm.json > $R/ab35b_bmm.log 2>&1
+    tail -4 $R/ab35b_bmm.log
     cd $OUT && tar czf r.tgz r && rm -rf r
     exit 0
 fi

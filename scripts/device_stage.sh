@@ -49,7 +49,7 @@ vocab)
     done
     (cd /tmp/v && tar czf $OUT/vocab.tgz *.json *.log) ;;
 matrix)  # COMMIT t0|t1: issue 9's matrix with the shipped drafters (the tree with them; after part1 and join): T=0 on GSM8K (first
-    # 100), HumanEval (164), MT-Bench (80 first turns), T=1 on GSM8K and MT-Bench; none, n-gram and MTP at k = 1..4,
+    # 100), HumanEval (164), MT-Bench (80 first turns), T=1 on the same three sets; none, n-gram and MTP at k = 1..4,
     # DFlash at block 16 and 8; then DFlash with its draft_vocab.json named (the CUDA default is now the whole head)
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SPECDEC_COMMIT=${2:-unknown}
     rm -rf /tmp/m && mkdir -p /tmp/m $OUT
@@ -68,8 +68,9 @@ matrix)  # COMMIT t0|t1: issue 9's matrix with the shipped drafters (the tree wi
         one t0_humaneval 220 --dataset humaneval --num-prompts 164 $all
         one t0_mt_bench 150 --dataset mt_bench --num-prompts 80 $all
     else
-        one t1_gsm8k 280 --dataset gsm8k --num-prompts 100 -t 1 $all
-        one t1_mt_bench 280 --dataset mt_bench --num-prompts 80 -t 1 $all
+        one t1_gsm8k 165 --dataset gsm8k --num-prompts 100 -t 1 $all
+        one t1_humaneval 240 --dataset humaneval --num-prompts 164 -t 1 $all
+        one t1_mt_bench 165 --dataset mt_bench --num-prompts 80 -t 1 $all
     fi ;;
 start)
     cat /tmp/p1 .dev/h2/p > $G && md5sum $G
