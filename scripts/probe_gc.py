@@ -1,10 +1,14 @@
-"""How much of a generation's host time Python's garbage collector takes, with one drafter configuration
-built in the process and with many (as `specdec bench` builds them), and after ``gc.freeze()``.
+"""Why the DFlash configuration of a `specdec bench` run is slower with more configurations in the process
+(session of 2026-12-05 (second), H200: GSM8K 2.24x plain with 7 configurations, 1.91x with 11; its prefill 0.47 ->
+0.83 s and host draft time 0.37 -> 0.62 s for 100 prompts, its verify +6 %): holding more configurations, Python's
+garbage collector, or running the others between its prompts (as the bench interleaves them).
 
-    PYTHONPATH=. python scripts/probe_gc.py [--device cuda] [--configs 1 9] [--prompts 4] [-n 128]
+    PYTHONPATH=. python scripts/probe_gc.py [--model M] [--device cuda] [--configs 2 11] [--prompts 4] [-n 128]
 
-Prints, per setting: live objects tracked by the collector, collections of each generation during the timed
-generations, their total time, and that time per generated token.
+With N configurations built (none, dflash first; then the bench's sweep), DFlash's generations are timed three
+ways: back to back, back to back after ``gc.freeze()``, and interleaved (every other configuration generates the
+same prompt before it, untimed, as in `specdec bench`). Prints, per way: live objects tracked by the collector,
+collections of each generation, their time, and DFlash's tok/s with its prefill / draft / verify seconds.
 """
 
 from __future__ import annotations
@@ -58,34 +62,42 @@ def main() -> None:
     clock = GcClock()
     params = SamplingParams()
     for n_cfg in a.configs:
-        for freeze in (False, True):
-            gens = []
-            for label, spec, k, bs in every[:n_cfg]:
-                d = make_drafter(spec, loaded, block_size=bs if spec.startswith("dflash") else None)
-                if d is not None and getattr(d, "block_size", None):
-                    k = d.block_size - 1
-                gens.append((label, SpeculativeGenerator(loaded.model, d, k)))
-            for _, g in gens:
-                g.generate(tok.encode("Hello"), 8, params, eos_ids=tok.eos_ids)
+        gens = []
+        for label, spec, k, bs in every[:n_cfg]:
+            d = make_drafter(spec, loaded, block_size=bs if spec.startswith("dflash") else None)
+            if d is not None and getattr(d, "block_size", None):
+                k = d.block_size - 1
+            gens.append((label, SpeculativeGenerator(loaded.model, d, k)))
+        for _, g in gens:
+            g.generate(tok.encode("Hello"), 8, params, eos_ids=tok.eos_ids)
+        g = gens[1][1]
+        for way in ("alone", "alone+freeze", "interleaved"):
             gc.collect()
-            if freeze:
+            if way == "alone+freeze":
                 gc.freeze()
             tracked = len(gc.get_objects())
-            g = gens[1][1]
             clock.reset()
-            t0, toks = time.perf_counter(), 0
+            wall, toks, split = 0.0, 0, [0.0, 0.0, 0.0]
             for ids in prompts:
-                toks += len(g.generate(ids, a.n, params, eos_ids=tok.eos_ids).token_ids)
-            if a.device == "cuda":
-                torch.cuda.synchronize()
-            wall = time.perf_counter() - t0
-            print(f"configs {n_cfg:2d} freeze {freeze!s:5} | tracked objects {tracked:8d} | collections gen0/1/2 "
-                  f"{clock.count} | gc {clock.total * 1e3:8.1f} ms of {wall * 1e3:8.1f} ms "
-                  f"({clock.total / max(toks, 1) * 1e6:6.1f} us a token, {toks} tokens)", flush=True)
+                if way == "interleaved":
+                    for _, other in gens:
+                        if other is not g:
+                            other.generate(ids, a.n, params, eos_ids=tok.eos_ids)
+                if a.device == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                st = g.generate(ids, a.n, params, eos_ids=tok.eos_ids).stats
+                if a.device == "cuda":
+                    torch.cuda.synchronize()
+                wall += time.perf_counter() - t0
+                toks += st.new_tokens
+                split = [split[0] + st.prefill_s, split[1] + st.draft_s, split[2] + st.verify_s]
             gc.unfreeze()
-            del gens, g
-            gc.collect()
-
+            print(f"configs {n_cfg:2d} {way:12s} | tracked {tracked:7d} | gc gen0/1/2 {clock.count} "
+                  f"{clock.total * 1e3:6.1f} ms | dflash {toks / wall:8.1f} tok/s, prefill / draft / verify "
+                  f"{split[0]:.3f} / {split[1]:.3f} / {split[2]:.3f} s of {wall:.3f} s ({toks} tokens)", flush=True)
+        del gens, g
+        gc.collect()
 
 if __name__ == "__main__":
     main()
