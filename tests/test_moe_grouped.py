@@ -1,4 +1,4 @@
-"""models/moe.py's ``Experts._grouped_bmm`` (SPECDEC_MOE_GROUPED_BMM, off by default until the device checks it: a long
+"""models/moe.py's ``Experts._grouped_bmm`` (SPECDEC_MOE_GROUPED_BMM, on by default since the H200 checked it: a long
 eager forward's experts as two batched GEMMs) against the per-expert loop it replaces: the same values (fp32; not the same bits: other GEMM shapes),
 with experts that get no pair, in chunks of GROUPED_TOKENS tokens, with routing too skewed to pad (the loop then), under
 expert parallelism (this rank's experts only), and in a Qwen3.5 MoE target's prefill with speculative decoding equal to

@@ -44,14 +44,15 @@ from .source_view import SourceView, ViewTensor, derived, passthrough
 
 
 # Long eager forwards (prefill) as two batched GEMMs (Experts._grouped_bmm) instead of a loop over the experts of ~7
-# kernels an expert: on the H200 (scripts/ab_flags.py, defaults+moe-bmm, session of 2026-12-05 (second)) the
-# qwen3.5-35b-a3b shape's 512-token prefill took 1,068 ms with the loop, 163 ms grouped. SPECDEC_MOE_GROUPED_BMM=1.
-# Off by default until the device checks its exactness: its first form added each pair's row into its token with
-# index_add_ (CUDA atomics over repeated rows: the same prompt prefilled to other bits run to run; device_check saw
-# speculative decoding differ from plain on 2 of 4 prompts); this form has no such accumulation (a CPU test checks
-# it), not yet run on the GPU (scripts/device_splitk.sh moe-check). A forward is grouped GROUPED_TOKENS tokens at a
-# time (each expert's rows padded to the chunk's busiest expert: memory bounded by experts x chunk x hidden), a chunk
-# whose padding would exceed GROUPED_WASTE times its pairs by the loop.
+# kernels an expert: on the H200 (scripts/ab_flags.py, defaults+moe-bmm) the qwen3.5-35b-a3b shape's 512-token prefill
+# took 1,068 -> 163 ms (session of 2026-12-05 (second)) and 1,923-3,579 -> 753-912 ms (2026-12-05 (fourth), another
+# machine). Its first form added each pair's row into its token with index_add_ (CUDA atomics over repeated rows: the
+# same prompt prefilled to other bits run to run; device_check saw speculative decoding differ from plain on 2 of 4
+# prompts); this form has no such accumulation (a CPU test checks it), and on the H200 device_check (random Qwen3.5
+# MoE, graphs and eager, prompts of 150 and 300 tokens among its 4) and the 35b shape's oracle saw 0 outputs differ.
+# On by default since; SPECDEC_MOE_GROUPED_BMM=0 gives the loop back. Not timed on the CPU. A forward is grouped
+# GROUPED_TOKENS tokens at a time (each expert's rows padded to the chunk's busiest expert: memory bounded by
+# experts x chunk x hidden), a chunk whose padding would exceed GROUPED_WASTE times its pairs by the loop.
 GROUPED_BMM = env.switch("SPECDEC_MOE_GROUPED_BMM")
 GROUPED_TOKENS = 1024
 GROUPED_WASTE = 8
