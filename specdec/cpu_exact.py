@@ -34,9 +34,6 @@ from . import cpu_linear
 # code path, a scalar loop by all appearances): a row with 15 live keys changed its bits once masked keys followed
 # (seen on the 2-core EPYC). So rows get at least this many, the extra ones masked.
 MIN_KEYS = 16
-# Key counts are rounded up to a multiple of this many (the extra keys masked): oneDNN builds, and JIT-compiles on
-# first sight, a matmul for every key count it meets, and a decode step's key count is a new one at every step.
-KEY_BLOCK = 64
 
 
 def on() -> bool:
@@ -54,33 +51,21 @@ def available() -> bool:
     return cpu_linear.active()
 
 
-def _extended(x: torch.Tensor, n: int) -> torch.Tensor:
-    """``x [Hkv, S, d]`` as ``[Hkv, n, d]``, n >= S: a view of the storage it lies in (a cache's later positions,
-    finite: its buffers start zeroed) where that holds them, else a copy padded with zeros."""
-    h, s, d = x.shape
-    st = x.stride()
-    last = x.storage_offset() + (h - 1) * st[0] + (n - 1) * st[1] + (d - 1) * st[2]
-    if st[2] == 1 and st[1] == d and st[0] >= n * d and last < x.untyped_storage().nbytes() // x.element_size():
-        return x.as_strided((h, n, d), st)
-    return torch.cat([x, x.new_zeros(h, n - s, d)], dim=1)
-
-
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """``q [H, T, d]``, ``k [Hkv, S, d]``, ``v [Hkv, S, dv]``, ``mask [T, S]`` (True: seen; None: every key)
     -> ``[H, T, dv]``, each row computed alike at any ``T`` and any number of masked keys after its own."""
     h, t, d = q.shape
     kv, s = k.shape[0], k.shape[1]
     rep = h // kv
-    n = -(-max(s, MIN_KEYS) // KEY_BLOCK) * KEY_BLOCK  # see KEY_BLOCK and MIN_KEYS
-    k, v = _extended(k, n), _extended(v, n)
     outs = []
     for g in range(kv):
         qg = q[g * rep:(g + 1) * rep].reshape(rep * t, d)
-        scores = cpu_linear.row_invariant_linear(qg, k[g], pack=False) * scale  # [rep*t, n]
+        scores = cpu_linear.row_invariant_linear(qg, k[g], pack=False) * scale  # [rep*t, s]
         if mask is not None:
-            scores[:, :s] = scores[:, :s].view(rep, t, s).masked_fill(~mask, float("-inf")).view(rep * t, s)
-        scores[:, s:] = float("-inf")
-        p = torch.softmax(scores, dim=-1)
+            scores = scores.view(rep, t, s).masked_fill(~mask, float("-inf")).view(rep * t, s)
+        if s < MIN_KEYS:  # see MIN_KEYS
+            scores = torch.cat([scores, scores.new_full((rep * t, MIN_KEYS - s), float("-inf"))], dim=1)
+        p = torch.softmax(scores, dim=-1)[:, :s]
         # v[g].t() as it lies (a strided weight): oneDNN takes it with the contiguous copy's bits, 18.6 against 42.8 us
         # alone for 6 rows over 400 keys (the copy included); end to end (SmolLM2, --batch-invariant, 3 alternated
         # runs) plain 18.62 -> 18.73 tok/s, MTP k=3 38.6 -> 40.4: within the runs' spread

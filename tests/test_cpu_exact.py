@@ -71,8 +71,8 @@ def differing(model, prompt, monkeypatch, k=4):
 @pytest.mark.parametrize("k", [4, 20])
 def test_llama_is_bitwise_invariant_unpadded(llama, monkeypatch, k):
     # k = 20: more drafts than the padded static step's 16 rows hold; the unpadded path has no such limit
-    for seed, length in ((0, 7), (1, 16), (2, 50)):  # 50 + 40 tokens: contexts past cpu_exact.KEY_BLOCK keys
-        prompt = torch.randint(0, 97, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+    for seed in (0, 1):
+        prompt = torch.randint(0, 97, (7 + 9 * seed,), generator=torch.Generator().manual_seed(seed)).tolist()
         differ, n, _, same = differing(llama, prompt, monkeypatch, k)
         assert differ == 0, f"{differ} of {n} positions' logits differ between plain and speculative decoding"
         assert same
