@@ -48,7 +48,7 @@ vocab)
         grep "^{" /tmp/v/profile_${d//[:\/]/_}.log
     done
     (cd /tmp/v && tar czf $OUT/vocab.tgz *.json *.log) ;;
-matrix)  # COMMIT t0|t1: issue 9's matrix with the shipped drafters (the tree with them; after part1 and join): T=0 on GSM8K (first
+matrix)  # COMMIT t0|t1|t1-humaneval: issue 9's matrix with the shipped drafters (the tree with them; after part1 and join): T=0 on GSM8K (first
     # 100), HumanEval (164), MT-Bench (80 first turns), T=1 on the same three sets; none, n-gram and MTP at k = 1..4,
     # DFlash at block 16 and 8; then DFlash with its draft_vocab.json named (the CUDA default is now the whole head)
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SPECDEC_COMMIT=${2:-unknown}
@@ -67,10 +67,12 @@ matrix)  # COMMIT t0|t1: issue 9's matrix with the shipped drafters (the tree wi
         one t0_gsm8k 150 --dataset gsm8k --num-prompts 100 $all
         one t0_humaneval 220 --dataset humaneval --num-prompts 164 $all
         one t0_mt_bench 150 --dataset mt_bench --num-prompts 80 $all
+    elif [ "$3" = t1 ]; then  # T=1 runs ~1.6-1.8 s a prompt with the 11 configurations (2026-12-05 (fourth): GSM8K and
+        # HumanEval ran out of 165 / 240 s at 85 / 133 prompts), so it takes two calls: t1, then t1-humaneval
+        one t1_gsm8k 260 --dataset gsm8k --num-prompts 100 -t 1 $all
+        one t1_mt_bench 230 --dataset mt_bench --num-prompts 80 -t 1 $all
     else
-        one t1_gsm8k 165 --dataset gsm8k --num-prompts 100 -t 1 $all
-        one t1_humaneval 240 --dataset humaneval --num-prompts 164 -t 1 $all
-        one t1_mt_bench 165 --dataset mt_bench --num-prompts 80 -t 1 $all
+        one t1_humaneval 380 --dataset humaneval --num-prompts 164 -t 1 $all
     fi ;;
 start)
     cat /tmp/p1 .dev/h2/p > $G && md5sum $G

@@ -161,8 +161,11 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
     drafts = list(gens)
     results = {spec: ConfigResult(spec) for spec in drafts}
     params = SamplingParams(temperature=temperature, seed=seed)
-    # warm-up (allocator, kernels) on a short prompt, not timed
-    warm = tok.encode("Hello")
+    # warm-up (allocator, kernels, captured steps), not timed: the first prompt, so that each configuration's static
+    # prefill captures its wide chunk step here (on the H200 a configuration's first pass over prompts of more than 16
+    # tokens cost ~0.25 s more prefill after a 1-token warm-up: scripts/probe_gc.py, session of 2026-12-05 (fourth))
+    first = prompts[0][0] if prompts and prompts[0] else "Hello"
+    warm = tok.encode(tok.apply_chat_template([{"role": "user", "content": first}]) if chat else first, add_special=not chat)
     for g in gens.values():
         g.generate(warm, 8, params, eos_ids=tok.eos_ids)
     dev = tgt.device
