@@ -38,7 +38,7 @@ vocab)
         set -- $s
         python -m specdec bench -m $G --dataset $1 --num-prompts $2 --max-turns 1 -n 128 -k 3 --json /tmp/v/vocab_$1.json \
             --drafts none dflash dflash:/tmp/v/dflash-whole dflash+ngram dflash:/tmp/v/dflash-whole+ngram mtp mtp:/tmp/v/mtp-whole \
-            2>&1 | tr '\r' '\n' | grep -v "prompt/s\]$" > /tmp/v/vocab_$1.log
+            2>&1 | tr '\r' '\n' | grep -v "/prompt\]\s*$" > /tmp/v/vocab_$1.log
         tail -n 9 /tmp/v/vocab_$1.log
     done
     # where the DFlash path's host and device time go, with and without the draft vocabulary (the 2026-12-04
@@ -56,7 +56,7 @@ matrix)  # COMMIT t0|t1|t1-humaneval: issue 9's matrix with the shipped drafters
     one() {  # NAME TIMEOUT bench args...
         local name=$1 t=$2; shift 2
         timeout $t python -m specdec bench -m $G --max-turns 1 -n 128 --json /tmp/m/$name.json "$@" 2>&1 | tr '\r' '\n' \
-            | grep -v "prompt/s\]$" > /tmp/m/$name.log
+            | grep -v "/prompt\]\s*$" > /tmp/m/$name.log
         grep -E "^\| " /tmp/m/$name.log | cut -c1-110
         (cd /tmp/m && tar czf $OUT/matrix.tgz *.json *.log)
     }
