@@ -161,11 +161,14 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
     drafts = list(gens)
     results = {spec: ConfigResult(spec) for spec in drafts}
     params = SamplingParams(temperature=temperature, seed=seed)
+
+    def encode(messages: list[dict]) -> list[int]:  # a turn's prompt ids (the chat so far, or the last turn alone)
+        return tok.encode(tok.apply_chat_template(messages) if chat else messages[-1]["content"], add_special=not chat)
+
     # warm-up (allocator, kernels, captured steps), not timed: the first prompt, so that each configuration's static
     # prefill captures its wide chunk step here (on the H200 a configuration's first pass over prompts of more than 16
-    # tokens cost ~0.25 s more prefill after a 1-token warm-up: scripts/probe_gc.py, session of 2026-12-05 (fourth))
-    first = prompts[0][0] if prompts and prompts[0] else "Hello"
-    warm = tok.encode(tok.apply_chat_template([{"role": "user", "content": first}]) if chat else first, add_special=not chat)
+    # tokens cost ~0.25 s more prefill after a "Hello" warm-up: scripts/probe_gc.py, session of 2026-12-05 (fourth))
+    warm = encode([{"role": "user", "content": prompts[0][0] if prompts and prompts[0] else "Hello"}])
     for g in gens.values():
         g.generate(warm, 8, params, eos_ids=tok.eos_ids)
     dev = tgt.device
@@ -176,8 +179,7 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
             outs: list[int] = []
             for turn in turns:
                 messages.append({"role": "user", "content": turn})
-                text = tok.apply_chat_template(messages) if chat else turn
-                ids = tok.encode(text, add_special=not chat)
+                ids = encode(messages)
                 _sync(dev)
                 t0 = time.perf_counter()
                 res = g.generate(ids, max_new_tokens, params, eos_ids=tok.eos_ids)
