@@ -6,6 +6,8 @@
 #   call 2 (carry .dev/h2; drafters still out):  bash scripts/device_stage.sh start COMMIT DFLASH_MIN MTP_MIN [BRANCHES]
 #   call 3 (the tree with the shipped drafters):  bash scripts/device_stage.sh drafters
 #   later calls:  bash scripts/device_stage.sh wait SECONDS   (results to $OUT when the job is done)
+# Sampled decoding's captured steps against the eager forms: part1, join, then `sampled COMMIT` (the tree with the
+#   shipped drafters; scripts/ab_sampled.py on MT-Bench and GSM8K at T=1, results in $OUT/sampled.tgz).
 # The draft-vocabulary A/B (no training): part1, then `join` (carry .dev/h2; drafters out), then
 #   bash scripts/device_stage.sh vocab   (the tree with the shipped drafters): `specdec bench` on GSM8K (first 100)
 #   and HumanEval (first 100), T=0, -n 128: each shipped drafter with its draft_vocab.json and with the whole
@@ -74,6 +76,18 @@ matrix)  # COMMIT t0|t1|t1-humaneval: issue 9's matrix with the shipped drafters
     else
         one t1_humaneval 380 --dataset humaneval --num-prompts 164 -t 1 $all
     fi ;;
+sampled)  # COMMIT [SETS]: scripts/ab_sampled.py (sampled acceptance and DFlash's draw in captured steps against the
+    # eager forms, T=1, -n 128; none, ngram and mtp at k = 3, dflash block 16) on each set of SETS (default
+    # "mt_bench:80:200 gsm8k:60:170", name:prompts:timeout); the tree with the shipped drafters, after part1 and join
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    rm -rf /tmp/s && mkdir -p /tmp/s $OUT
+    for s in ${3:-mt_bench:80:200 gsm8k:60:170}; do
+        IFS=: read name n t <<< "$s"
+        timeout $t python scripts/ab_sampled.py --model $G --dataset $name --num-prompts $n -n 128 -t 1 \
+            --json /tmp/s/sampled_$name.json > /tmp/s/sampled_$name.log 2>&1
+        echo "$name rc=$?"; grep "^{" /tmp/s/sampled_$name.log | cut -c1-200
+        (cd /tmp/s && echo "${2:-unknown}" > commit.txt && tar czf $OUT/sampled.tgz *)
+    done ;;
 start)
     cat /tmp/p1 .dev/h2/p > $G && md5sum $G
     rm -rf /tmp/repo $W && mkdir -p /tmp/repo $W && cp -r specdec scripts tests pyproject.toml /tmp/repo/  # tests: device_check imports its helpers

@@ -438,6 +438,7 @@ def dflash_fast() -> None:
     from specdec.engine import SpeculativeGenerator
     from specdec.models.layers import RMSNorm, RotaryEmbedding, apply_rope
     from specdec.models.rope_write import norm_rope_write
+    from specdec.sampling import SamplingParams
     from specdec.shapes import build_shape
     from specdec.train.dflash_batch import new_dflash_config, new_dflash_model
     g = torch.Generator().manual_seed(0)
@@ -478,7 +479,7 @@ def dflash_fast() -> None:
         drafter.catch_up()
         want = drafter.block_logits(last)  # the eager block over the same context
         out = propose(last, k, params, gen)  # the greedy static block
-        st = drafter._static_block(sampled=True)  # its logits (the same fast path, the same writes)
+        st = drafter._static_block(SamplingParams(temperature=1.0), logits=True)  # its logits (the same fast path, the same writes)
         got = st(last, drafter.length)
         blocks.append(st.fast is not None and drafter._static.fast is not None)
         diffs.append((got - want).abs().max().item() / max(1.0, want.abs().max().item()))

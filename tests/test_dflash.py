@@ -349,9 +349,16 @@ def test_static_flush_writes_what_the_eager_flush_writes(tmp_path, llama, monkey
         torch.testing.assert_close(v1, v0, rtol=1e-5, atol=1e-5)
 
 
-def test_static_block_samples_from_the_eager_distributions(tmp_path, llama):
-    """Sampled proposals with static steps come from the static block (built once beside the
-    greedy one, both reused) and carry the eager block's filtered distributions."""
+@pytest.mark.parametrize("in_step", [True, False])
+def test_static_block_samples_from_the_eager_distributions(tmp_path, llama, monkeypatch, in_step):
+    """Sampled proposals with static steps come from the static block (the greedy one built once, a
+    sampled one per set of sampling params, each reused while its params last) and carry the eager
+    block's filtered distributions. ``in_step`` (STATIC_SAMPLING, the default): the drafts are drawn
+    inside the step, by inverse CDF from uniforms the request's generator gave the step; off, the step
+    returns its logits and torch.multinomial draws outside it."""
+    from specdec.drafters import dflash as dflash_mod
+    from specdec.sampling import sample_inverse_cdf
+    monkeypatch.setattr(dflash_mod, "STATIC_SAMPLING", in_step)
     path, _ = _write(tmp_path, block_size=5)
     dr = load_dflash_drafter(path, llama[1])
     dr.static_steps = True
@@ -359,23 +366,28 @@ def test_static_block_samples_from_the_eager_distributions(tmp_path, llama):
 
     def spy(last_token, k, params, gen):
         eager = dr.block_logits(last_token)[:k]
+        before = gen.get_state() if gen is not None else None
         prop = propose(last_token, k, params, gen)
         if params.greedy:
             assert prop.probs is None
         else:
             assert torch.allclose(prop.probs, probs_from_logits(eager, params), atol=1e-5)
             assert bool((prop.probs.gather(1, prop.tokens[:, None]) > 0).all())  # drawn from those probs
+            if in_step:  # the block's uniforms came from the generator: 4 of them, one a row
+                u = torch.rand(4, generator=torch.Generator().set_state(before))
+                assert torch.equal(dr._sampled.u, u) and torch.equal(prop.tokens, sample_inverse_cdf(prop.probs, u[:k]))
         seen.append((dr._static, dr._sampled))
         return prop
 
     dr.propose = spy
     gen = SpeculativeGenerator(llama[1].model, dr, 4)
-    for params in (SamplingParams(temperature=0.8, top_p=0.9, seed=1), SamplingParams(),
-                   SamplingParams(temperature=1.3, top_k=7, seed=2)):
+    a, b = SamplingParams(temperature=0.8, top_p=0.9, seed=1), SamplingParams(temperature=1.3, top_k=7, seed=2)
+    for params in (a, SamplingParams(), a, b):
         gen.generate(_prompt(7), 12, params)
     greedy = {id(g) for g, _ in seen if g is not None}
     sampled = {id(s) for _, s in seen if s is not None}
-    assert len(greedy) == 1 and len(sampled) == 1  # each built once, then reused (``seen`` keeps them alive)
+    # each built once, then reused (``seen`` keeps them alive); in the step, other params build another
+    assert len(greedy) == 1 and len(sampled) == (2 if in_step else 1)
 
 
 def test_default_target_layer_ids():

@@ -166,15 +166,18 @@ def _exact_joint(table, params: SamplingParams) -> torch.Tensor:
     return joint
 
 
-def _run(model, table, mode, params, n: int = E2E_N, k: int = 2, wrap=None) -> torch.Tensor:
+def _run(model, table, mode, params, n: int = E2E_N, k: int = 2, wrap=None, static: bool = False) -> torch.Tensor:
     # the drafter reads the target's logits from the precomputed table (drafting is then free);
-    # ``wrap(drafter)``: the drafter the engine gets instead
+    # ``wrap(drafter)``: the drafter the engine gets instead; ``static``: acceptance on the static step
+    # (StaticAcceptance, CUDA's default; here it runs eagerly)
     lookup = lambda seq: table[tuple(seq[len(PROMPT):])]  # noqa: E731
     counts = torch.zeros([E2E_V] * E2E_NEW)
     for s in range(n):
         p = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=1000 + s)
         d = DistDrafter(lookup, mode)
-        res = SpeculativeGenerator(model, wrap(d) if wrap else d, k).generate(PROMPT, E2E_NEW, p)
+        g = SpeculativeGenerator(model, wrap(d) if wrap else d, k)
+        g.static_accept = static
+        res = g.generate(PROMPT, E2E_NEW, p)
         counts[tuple(res.token_ids)] += 1
     return counts
 
@@ -225,6 +228,78 @@ def test_engine_sampling_detects_broken_rule(tiny, monkeypatch):
     counts = _run(model, table, "uniform", params, n=400)
     with pytest.raises(AssertionError):
         _check(counts, _exact_joint(table, params), "broken rule")
+
+
+def _static_broken(monkeypatch):
+    """The static acceptance step with every draft of nonzero target probability kept (uniforms all 0)."""
+    from specdec.engine import acceptance
+    rows = acceptance.accept_sampled_rows
+    monkeypatch.setattr(acceptance, "accept_sampled_rows", lambda d, n, q, p, u: rows(d, n, q, p, torch.zeros_like(u)))
+
+
+@pytest.mark.parametrize("case", ["adversarial", "argmax", "broken"])
+def test_engine_sampling_lossless_static_accept(tiny, case, monkeypatch):
+    """The acceptance of CUDA's sampled steps (``StaticAcceptance``: drafts padded to k, the draws made
+    outside the step), run eagerly here: its output follows the target; a broken rule inside it is seen."""
+    model, table = tiny
+    params = PARAMS["filtered"]
+    if case == "broken":
+        _static_broken(monkeypatch)
+    counts = _run(model, table, "adversarial" if case == "broken" else case, params,
+                  n=400 if case == "broken" else E2E_N, static=True)
+    if case == "broken":
+        with pytest.raises(AssertionError):
+            _check(counts, _exact_joint(table, params), "broken static rule")
+    else:
+        _check(counts, _exact_joint(table, params), f"{case} drafter, static acceptance")
+
+
+def test_static_acceptance_equals_accept_sampled():
+    """``StaticAcceptance`` returns what ``accept_sampled`` returns from a generator in the same state:
+    the same ``n`` and emitted tokens, for every draft count up to its k (rows past them left stale from
+    earlier calls), argmax and sampled drafts, and the generator left in the same state."""
+    from specdec.engine.acceptance import StaticAcceptance
+    g = torch.Generator().manual_seed(8)
+    K, accepted, outcomes = 4, 0, set()
+    static = StaticAcceptance(K, use_graphs=False)
+    for trial in range(60):
+        params = PARAMS["plain" if trial % 3 else "filtered"]
+        d = [4, 0, 2, 3, 1, 4][trial % 6]
+        logits = torch.randn(d + 1, V, generator=g) * 2
+        p = probs_from_logits(logits, params)
+        drafts = torch.randint(0, V, (d,), generator=g)
+        drafts[: d // 2] = p[: d // 2].argmax(-1)  # likely tokens: some drafts get accepted
+        q = None if trial % 2 else torch.softmax(torch.randn(d, V, generator=g), -1)
+        seed = 1000 + trial
+        a, b = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        want = accept_sampled(drafts, q, p, a)
+        got = static(drafts, q, logits, params, b)
+        n = int(want[0])
+        assert int(got[0]) == n and torch.equal(got[1: n + 2], want[1: n + 2]), (trial, got, want)
+        assert torch.equal(a.get_state(), b.get_state())
+        accepted += n
+        outcomes.add((d, n))
+    assert accepted > 0 and len(outcomes) > 8, outcomes
+    assert len(static.steps) == 2  # argmax / sampled drafts under one params; the other params replaced them
+
+
+def test_engine_static_accept_same_tokens(tiny):
+    """A generator's sampled output on the static acceptance step equals its eager acceptance's, seed for
+    seed: speculative (sampled and argmax drafts) and plain decoding with lookahead on static steps (the
+    path CUDA's plain sampled decoding takes)."""
+    model, _ = tiny
+    drafters = {"uniform": 3, "argmax": 3, None: 0}
+    for mode, k in drafters.items():
+        for seed in range(6):
+            params = SamplingParams(temperature=0.9, top_k=6, seed=seed)
+            outs = []
+            for static in (False, True):
+                d = DistDrafter(model_next_logits(model), mode) if mode else None
+                g = SpeculativeGenerator(model, d, k, batch_invariant=mode is None, lookahead=mode is None)
+                g.static_accept = static
+                outs.append(g.generate(PROMPT, 10, params).token_ids)
+                assert (g._acceptance is not None) == static
+            assert outs[0] == outs[1], (mode, seed, outs)
 
 
 def test_engine_sampling_seeded_is_reproducible(tiny):

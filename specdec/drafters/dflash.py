@@ -21,7 +21,7 @@ from ..models.base import CausalLM, ForwardOut
 from ..models.graphs import capture, maybe_compile
 from ..models.invariant_linear import row_counts
 from ..models.layers import drafter_static_attention, static_step_attention
-from ..sampling import SamplingParams, probs_from_logits
+from ..sampling import SamplingParams, probs_from_logits, sample_inverse_cdf
 from ..weights import load_into
 from ..weights.loader import check_layer_count
 from ..weights.safetensors_io import SafetensorsSource
@@ -82,6 +82,13 @@ CPU_MIN_CONFIDENCE = env.probability("SPECDEC_DFLASH_CPU_CONFIDENCE")
 # HumanEval 0.80x whole, 1.18x at 0.2, 1.16x at 0.3, 1.11x at 0.5; MT-Bench 0.87x at 0.1, 0.94x at 0.2, 0.92x at
 # 0.3. SPECDEC_DFLASH_CPU_SAMPLED_CONFIDENCE=0 keeps whole sampled blocks.
 CPU_MIN_SAMPLED_CONFIDENCE = env.probability("SPECDEC_DFLASH_CPU_SAMPLED_CONFIDENCE")
+# Sampled blocks (temperature > 0) on static steps filter and draw inside the step (one block a set of sampling
+# params; a uniform a row, drawn outside the step from the request's generator; inverse CDF, as MTP's static
+# proposals draw), not from the block's logits by ~8 eager kernels (filter, torch.multinomial): on the H200
+# (c203459, SmolLM2, MT-Bench T=1) a sampled proposal cost 0.487 ms against 0.164 greedy. Another draw than
+# torch.multinomial's, from the same distribution (returned with the drafts: acceptance stays exact).
+# SPECDEC_DFLASH_STATIC_SAMPLING=0 gives the logits out of the step and the eager draw back.
+STATIC_SAMPLING = env.switch("SPECDEC_DFLASH_STATIC_SAMPLING")
 
 
 def confident_prefix(logits: torch.Tensor, floor: float, probs: bool = False) -> int:
@@ -126,8 +133,8 @@ class DFlashDrafter:
         self.min_capacity = 1024  # context K/V rows at least (see begin)
         # torch.compile the static block (set by the engine's ``compile``); compiled blocks are static
         self.compile = False
-        # the static blocks: greedy (the argmax inside the step) and sampled (the logits out of it),
-        # each built at its first use for the current context buffers
+        # the static blocks: greedy (the argmax inside the step) and sampled (the draw inside it, for the
+        # last sampling params; see STATIC_SAMPLING), each built at its first use for the current context buffers
         self._static: _StaticBlock | None = None
         self._sampled: _StaticBlock | None = None
         self._fast_w: dflash_fast.FastWeights | None = None  # the fast steps' weight layout (dflash_fast)
@@ -210,8 +217,9 @@ class DFlashDrafter:
         CPU_MIN_CONFIDENCE). Sampling: each row sampled from the drafter's
         own filtered distribution, returned with it so acceptance stays exact (z-lab does the same;
         on the CPU, eager, up to the first unconfident row: CPU_MIN_SAMPLED_CONFIDENCE).
-        With static steps both run the block as a static step: sampling reads its logits and
-        filters and samples them outside it (a handful of kernels, whatever the sampling params).
+        With static steps both run the block as a static step; sampled blocks filter and draw inside
+        it, from uniforms the generator gives it (STATIC_SAMPLING; off, the step returns its logits
+        and they are filtered and sampled outside it).
         """
         self._flush()
         floor = 0.0  # the sampled block's cut (CPU_MIN_SAMPLED_CONFIDENCE): eager CPU blocks only
@@ -219,10 +227,14 @@ class DFlashDrafter:
             cap = self.kv[0].k.shape[1]
             if self.length + self.block_size > cap and self.fast_weights() is not None:
                 self._grow(2 * cap)  # the fast block writes its keys and values at length .. length + B - 1
-            block = self._static_block(sampled=not params.greedy)(int(last_token), self.length)[: max(0, k)]
             if params.greedy:
-                return Proposal(block)
-            logits = block
+                return Proposal(self._static_block(None)(int(last_token), self.length)[: max(0, k)])
+            if STATIC_SAMPLING:
+                st = self._static_block(params)
+                st.u.uniform_(0.0, 1.0, generator=gen)  # the block's uniforms, drawn outside its step
+                toks, probs = st(int(last_token), self.length)
+                return Proposal(toks[: max(0, k)], probs[: max(0, k)])
+            logits = self._static_block(params, logits=True)(int(last_token), self.length)[: max(0, k)]
         else:
             logits = self.block_logits(last_token)[: max(0, k)]
             cut = self.cut_unconfident and self.target.device.type == "cpu"  # see CPU_MIN_CONFIDENCE
@@ -239,17 +251,20 @@ class DFlashDrafter:
         that rows never pile up past the static flush's ``block_size``."""
         self._flush()
 
-    def _static_block(self, sampled: bool) -> "_StaticBlock":
-        """The greedy or the sampled static block over the current context buffers, (re)built at
-        its first use, for a new request's buffers, or after the context cache grew."""
+    def _static_block(self, params: SamplingParams | None, logits: bool = False) -> "_StaticBlock":
+        """The greedy (``params`` None) or the sampled static block over the current context buffers,
+        (re)built at its first use, for a new request's buffers, after the context cache grew, and for
+        sampled blocks other sampling params (they replace the last ones) or, with ``logits``, the
+        block that returns its logits (STATIC_SAMPLING off)."""
         if not self.kv:
             raise RuntimeError("DFlashDrafter.propose called before begin")
-        st = self._sampled if sampled else self._static
-        if st is None or not st.reads(self.kv):
+        sampled = None if params is None else (None if logits else (params.temperature, params.top_k, params.top_p))
+        st = self._static if params is None else self._sampled
+        if st is None or not st.reads(self.kv) or (params is not None and st.sampling != sampled):
             # free the old step and the buffers it holds first
-            if sampled:
+            if params is not None:
                 self._sampled = None
-                st = self._sampled = _StaticBlock(self, logits=True)
+                st = self._sampled = _StaticBlock(self, None if logits else params, logits=logits)
             else:
                 self._static = None
                 st = self._static = _StaticBlock(self)
@@ -344,17 +359,21 @@ class DFlashDrafter:
 class _StaticBlock:
     """One block with static shapes: the last token and the start position are device buffers,
     attention reads the whole context cache masked by position. It returns the greedy drafts
-    ``[B - 1]`` (the argmax inside the step), or with ``logits`` the drafter's fp32 logits
-    ``[B - 1, V]`` for sampling. On CUDA it is captured once per context buffer and replayed;
-    it writes no drafter state.
+    ``[B - 1]`` (the argmax inside the step); with ``params`` the drafts sampled under them and
+    their filtered probabilities ``([B - 1], [B - 1, V])``, drawn by inverse CDF from the uniforms
+    ``u`` the caller fills before each call; with ``logits`` the drafter's fp32 logits ``[B - 1, V]``.
+    On CUDA it is captured once per context buffer and replayed; it writes no drafter state.
 
     It holds the context buffers it was built for and reads only those: a captured graph
     replays their addresses, so they must stay alive, and the drafter's check that its cache is
     still these buffers (:meth:`reads`) compares objects, not ``id()`` values that a freed
     buffer's successor may reuse."""
 
-    def __init__(self, d: DFlashDrafter, logits: bool = False):
-        self.d, self.logits = d, logits
+    def __init__(self, d: DFlashDrafter, params: SamplingParams | None = None, logits: bool = False):
+        self.d, self.logits, self.params = d, logits, params
+        # a sampled block's (temperature, top-k, top-p), its uniforms (drawn outside the step, one a row)
+        self.sampling = None if params is None else (params.temperature, params.top_k, params.top_p)
+        self.u = torch.zeros(d.block_size - 1, dtype=torch.float32, device=d.target.device)
         self.buffers = [(s.k, s.v) for s in d.kv]
         c, dev = d.model.config, d.target.device
         self.ids = torch.full((d.block_size,), c.mask_token_id, dtype=torch.int64, device=dev)
@@ -380,6 +399,9 @@ class _StaticBlock:
         else:
             h = d.model.block_hidden_static(x, self.start, self.buffers)
         logits = d.logits(h[1:])
+        if self.params is not None:
+            probs = probs_from_logits(logits, self.params)
+            return sample_inverse_cdf(probs, self.u), probs
         return logits if self.logits else logits.argmax(-1)
 
     def reads(self, kv: list[_ContextKV]) -> bool:
@@ -398,6 +420,8 @@ class _StaticBlock:
             with drafter_static_attention():
                 self.graph, self.out = capture(self.fn, self.ids.device)
         self.graph.replay()
+        if isinstance(self.out, tuple):
+            return tuple(t.clone() for t in self.out)
         return self.out.clone()
 
 

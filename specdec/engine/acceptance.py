@@ -88,3 +88,78 @@ def accept_greedy_rows(drafts: torch.Tensor, n_drafts: torch.Tensor, target_logi
     real = torch.arange(k, device=drafts.device)[None, :] < n_drafts[:, None]
     n = ((drafts == target[:, :k]) & real).to(torch.int64).cumprod(1).sum(1, keepdim=True)
     return torch.cat([n, target], dim=1)
+
+
+class StaticAcceptance:
+    """:func:`accept_sampled` as one static step (a CUDA graph on CUDA): the target's filtered
+    probabilities and the whole rejection test, over device buffers the step's inputs are copied
+    into, so a sampled decoding step costs the host a handful of launches (the copies, the
+    uniforms, the replay), not the ~40 small kernels of the eager form.
+
+    One step per (argmax or sampled drafts, logits dtype, vocabulary, sampling params), for up to
+    ``k`` drafts: ``d <= k`` drafts fill the first ``d`` rows and ``n_drafts`` masks the rest
+    (:func:`accept_sampled_rows`). The ``2d + 1`` uniforms are drawn from the request's generator
+    outside the step, as :func:`accept_sampled` draws them, so it returns what
+    :func:`accept_sampled` returns: the same tokens for the same generator (tested on the CPU,
+    where the step runs eagerly; checked on the GPU by scripts/device_check.py). Other sampling
+    params replace the steps held (a request's params are fixed; a server's change rarely here).
+    The returned tensor is the step's output buffer, valid until the next call."""
+
+    def __init__(self, k: int, use_graphs: bool):
+        self.k, self.use_graphs = k, use_graphs
+        self.steps: dict[tuple, _AcceptStep] = {}
+
+    def __call__(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor,
+                 params, gen: torch.Generator) -> torch.Tensor:
+        d = drafts.shape[0]
+        if d > self.k:
+            raise ValueError(f"{d} drafts: this acceptance step takes at most {self.k}")
+        sampling = (params.temperature, params.top_k, params.top_p)
+        key = (draft_probs is not None, logits.dtype, logits.shape[-1], sampling)
+        st = self.steps.get(key)
+        if st is None:
+            self.steps = {kk: s for kk, s in self.steps.items() if kk[3] == sampling}
+            st = self.steps[key] = _AcceptStep(self.k, logits, draft_probs is not None, params, self.use_graphs)
+        return st(drafts, draft_probs, logits, gen)
+
+
+class _AcceptStep:
+    """One :class:`StaticAcceptance` step: static buffers and, on CUDA, its captured graph."""
+
+    def __init__(self, k: int, logits: torch.Tensor, sampled_drafts: bool, params, use_graphs: bool):
+        from ..models.graphs import capture  # the engine's one capture (side-stream warm-ups, no GC)
+
+        dev, v = logits.device, logits.shape[-1]
+        self.params, self.k = params, k
+        self.logits = torch.zeros(k + 1, v, dtype=logits.dtype, device=dev)
+        self.drafts = torch.zeros(k, dtype=torch.int64, device=dev)
+        self.q = torch.zeros(k, v, dtype=torch.float32, device=dev) if sampled_drafts else None
+        self.n = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.u = torch.zeros(2 * k + 1, dtype=torch.float32, device=dev)
+        self._n = 0  # the drafts n holds (written only when it changes)
+        self.graph, self.out = None, None
+        if use_graphs:
+            self.graph, self.out = capture(self._compute, dev)
+
+    def _compute(self) -> torch.Tensor:
+        from ..sampling import probs_from_logits
+        p = probs_from_logits(self.logits, self.params)
+        q = None if self.q is None else self.q[None]
+        return accept_sampled_rows(self.drafts[None], self.n, q, p[None], self.u[None])[0]
+
+    def __call__(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor,
+                 gen: torch.Generator) -> torch.Tensor:
+        d = drafts.shape[0]
+        self.logits[: d + 1].copy_(logits)
+        if d:
+            self.drafts[:d].copy_(drafts)
+            if self.q is not None:
+                self.q[:d].copy_(draft_probs)
+        if d != self._n:
+            self.n.fill_(d)
+            self._n = d
+        self.u[: 2 * d + 1].uniform_(0.0, 1.0, generator=gen)  # torch.rand(2d + 1, generator=gen)'s draws
+        if self.graph is None:
+            return self._compute()
+        self.graph.replay()
+        return self.out

@@ -21,7 +21,7 @@ from ..hostcopy import HostReader, device_ints
 from ..models.base import CausalLM, ForwardOut
 from ..models.graphs import GraphedTarget
 from ..sampling import SamplingParams, make_generator, probs_from_logits, sample_one
-from .acceptance import accept_greedy, accept_sampled
+from .acceptance import StaticAcceptance, accept_greedy, accept_sampled
 
 
 @dataclass
@@ -127,6 +127,11 @@ GREEDY_CHAIN = env.switch("SPECDEC_GREEDY_CHAIN")
 # --batch-invariant on the CPU as unpadded eager steps in cpu_exact's row-invariant forms (SmolLM2 on 2 cores:
 # see cpu_exact.py for the cost) instead of 16-row static steps over the whole cache; SPECDEC_CPU_EXACT=0 pads
 CPU_EXACT = env.switch("SPECDEC_CPU_EXACT")
+# Sampled acceptance (temperature > 0) as one captured step (acceptance.StaticAcceptance) on CUDA graphs, not ~40
+# eager kernels a step: on the H200 (c203459, SmolLM2, MT-Bench T=1) sampling cost ~0.35 ms of host time a step,
+# plain decoding's step 0.749 ms at T=0 against 1.104 at T=1. The same uniforms from the same generator, so the same
+# tokens. SPECDEC_STATIC_ACCEPT=0 gives the eager acceptance back.
+STATIC_ACCEPT = env.switch("SPECDEC_STATIC_ACCEPT")
 
 
 def cache_positions(need: int, max_context: int) -> int:
@@ -219,6 +224,19 @@ class SpeculativeGenerator:
         if lookahead is None:
             lookahead = on_cuda and PLAIN_LOOKAHEAD
         self.lookahead = bool(lookahead) and self.k == 0 and self.static and self.shard is None
+        # sampled acceptance as a captured step (see STATIC_ACCEPT; tests set it on the CPU, where it runs eagerly)
+        self.static_accept = self.use_graphs and STATIC_ACCEPT
+        self._acceptance: StaticAcceptance | None = None
+
+    def _accept_sampled(self, drafts: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor,
+                        params: SamplingParams, gen) -> torch.Tensor:
+        """``accept_sampled`` of the target's ``logits`` under ``params``: on the static step
+        (:class:`StaticAcceptance`) when ``static_accept``, else eagerly; the same draws, the same result."""
+        if not self.static_accept:
+            return accept_sampled(drafts, q, probs_from_logits(logits, params), gen)
+        if self._acceptance is None:
+            self._acceptance = StaticAcceptance(self.k, self.use_graphs)
+        return self._acceptance(drafts, q, logits, params, gen)
 
     def _exact(self):
         """The context of the target's eager forwards: cpu_exact's row-invariant forms where ``cpu_exact``."""
@@ -310,7 +328,7 @@ class SpeculativeGenerator:
                 packed = accept_greedy(drafts, out.logits)
             else:
                 q = prop.probs[: drafts.shape[0]] if prop.probs is not None else None
-                packed = accept_sampled(drafts, q, probs_from_logits(out.logits, params), gen)
+                packed = self._accept_sampled(drafts, q, out.logits, params, gen)
             res = packed.tolist()  # the one host sync of the step
             n, toks = res[0], res[1:res[0] + 2]
             cache.rollback(start + n + 1)
@@ -368,7 +386,7 @@ class SpeculativeGenerator:
                     if params.greedy:
                         packed = accept_greedy(empty, out.logits)
                     else:
-                        packed = accept_sampled(empty, None, probs_from_logits(out.logits, params), gen)
+                        packed = self._accept_sampled(empty, None, out.logits, params, gen)
                     ids = packed[1:2]
                 staged = reader.stage(packed)
                 queued += 1
