@@ -88,11 +88,14 @@ def test_compiled_dflash_block_drafts_the_uncompiled_tokens(target, tmp_path):
     assert out.token_ids == plain_gen.generate(prompt, 16).token_ids
 
 
-def test_compiled_dflash_samples_through_the_compiled_block(target, tmp_path, monkeypatch):
-    """At T > 0 with ``compile`` the DFlash drafter samples from its compiled static block's logits,
-    never from an eager block forward, and after the first request compiles nothing more. Seen on
-    the H200 (bf16, --compile): sampled proposals fell back to the eager block (hundreds of kernel
-    launches from Python per step) and DFlash at T=1 ran at 0.32x plain decoding."""
+@pytest.mark.parametrize("in_step", [True, False])
+def test_compiled_dflash_samples_through_the_compiled_block(target, tmp_path, monkeypatch, in_step):
+    """At T > 0 with ``compile`` the DFlash drafter samples through its compiled static block (``in_step``,
+    dflash.STATIC_SAMPLING: the draw inside it; off: from its logits), never from an eager block forward,
+    and after the first request compiles nothing more. Seen on the H200 (bf16, --compile): sampled
+    proposals fell back to the eager block (hundreds of kernel launches from Python per step) and DFlash
+    at T=1 ran at 0.32x plain decoding. The reference draws alike: the uncompiled static block in the step,
+    or the eager block and torch.multinomial."""
     import torch._dynamo.utils
 
     from _dflash_util import write_drafter
@@ -103,11 +106,14 @@ def test_compiled_dflash_samples_through_the_compiled_block(target, tmp_path, mo
 
     # the eager reference keeps whole sampled blocks, as the compiled (static) block does
     monkeypatch.setattr(dflash, "CPU_MIN_SAMPLED_CONFIDENCE", 0.0)
+    monkeypatch.setattr(dflash, "STATIC_SAMPLING", in_step)
     path, m = target
     d_path, _ = write_drafter(tmp_path / "d", hidden=32, num_target_layers=4, n_layers=2, target_layer_ids=(1, 2),
                               block_size=6)
     prompt = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(3)).tolist()
-    eager = SpeculativeGenerator(m, load_dflash_drafter(d_path, m), 5, batch_invariant=True)
+    ref = load_dflash_drafter(d_path, m)
+    ref.static_steps = in_step
+    eager = SpeculativeGenerator(m, ref, 5, batch_invariant=True)
     d = load_dflash_drafter(d_path, m)
     gen = SpeculativeGenerator(m, d, 5, batch_invariant=True, compile=True)
     eager_blocks, block_logits = [], d.block_logits
