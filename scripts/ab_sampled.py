@@ -3,7 +3,7 @@ eager forms, in one process: the same prompts, seeds and drafters, interleaved p
 
     PYTHONPATH=. python scripts/ab_sampled.py --model M.gguf [--dataset mt_bench] [--num-prompts 80] [-n 128]
         [-t 1] [--drafts none ngram mtp dflash] [-k 3] [--json out.json]
-    PYTHONPATH=. python scripts/ab_sampled.py --shape smollm2-135m [--num-prompts 8]   # random weights: none, ngram
+    PYTHONPATH=. python scripts/ab_sampled.py --shape smollm2-135m [--num-prompts 8]   # random weights and drafters
 
 Variants (each a generator and drafter of its own, so nothing is recaptured between them):
 - ``eager``: acceptance by ~40 eager kernels a step (SPECDEC_STATIC_ACCEPT=0), DFlash's block returning its logits
@@ -33,6 +33,20 @@ from specdec.sampling import SamplingParams
 VARIANTS = {"eager": (False, False), "accept": (True, False), "both": (True, True)}  # (static accept, DFlash in step)
 
 
+def random_drafter(spec: str, model):
+    """A random drafter of the published shape for ``--shape`` (bench --shape's): DFlash 5 layers, block 16;
+    an MTP head (Qwen3.5: its block) drafting sampled tokens. Rarely accepted: the steps' costs are what count."""
+    from specdec.bench_shape import _dflash
+    from specdec.drafters.mtp import MTPDrafter
+    from specdec.drafters.mtp_dir import new_mtp_block
+    torch.manual_seed(0)  # every variant's drafter the same random weights (their tokens are compared)
+    if spec == "dflash":
+        return _dflash(model)[0]
+    if spec == "mtp":
+        return MTPDrafter(new_mtp_block(model).to(model.dtype).eval(), model)
+    raise SystemExit(f"--shape: drafters none, ngram, mtp and dflash, not {spec!r}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
@@ -57,7 +71,6 @@ def main() -> None:
         loaded, eos = model, ()
         g = torch.Generator().manual_seed(0)
         prompts = [torch.randint(0, model.config.vocab_size, (100,), generator=g).tolist() for _ in range(a.num_prompts)]
-        a.drafts = [d for d in a.drafts if d in ("none", "ngram")]
     else:
         from specdec.loading import load_model
         loaded = load_model(a.model, a.device)
@@ -70,7 +83,7 @@ def main() -> None:
         for v in a.variants:
             if v == "both" and not spec.startswith("dflash"):
                 continue  # the same as ``accept`` but for DFlash
-            d = make_drafter(spec, loaded) if spec != "none" else None
+            d = make_drafter(spec, loaded) if (spec in ("none", "ngram") or not a.shape) else random_drafter(spec, model)
             k = (d.block_size - 1) if getattr(d, "block_size", None) else (a.k if d is not None else 0)
             gens[(spec, v)] = SpeculativeGenerator(model, d, k)
             gens[(spec, v)].static_accept = VARIANTS[v][0]
