@@ -353,7 +353,7 @@ def test_static_flush_writes_what_the_eager_flush_writes(tmp_path, llama, monkey
 def test_static_block_samples_from_the_eager_distributions(tmp_path, llama, monkeypatch, in_step):
     """Sampled proposals with static steps come from the static block (the greedy one built once, a
     sampled one per set of sampling params, each reused while its params last) and carry the eager
-    block's filtered distributions. ``in_step`` (STATIC_SAMPLING, the default): the drafts are drawn
+    block's filtered distributions. ``in_step`` (STATIC_SAMPLING, SPECDEC_DFLASH_STATIC_SAMPLING=1): the drafts are drawn
     inside the step, by inverse CDF from uniforms the request's generator gave the step; off, the step
     returns its logits and torch.multinomial draws outside it."""
     from specdec.drafters import dflash as dflash_mod
@@ -596,10 +596,14 @@ PARAMS = SamplingParams(temperature=0.9, top_k=5)
 PROMPT = [1, 4, 2]
 
 
-@pytest.mark.parametrize("static, vocab", [(False, None), (True, None), (True, [0, 2, 3])])
-def test_sampling_follows_target_distribution(small_vocab, static, vocab):
-    """``static``: drafts sampled from the static block's logits (as on CUDA; uncaptured here).
-    ``vocab``: drafts from a draft vocabulary of 3 of the 6 tokens (q is 0 off it)."""
+@pytest.mark.parametrize("static, vocab, in_step", [(False, None, False), (True, None, False), (True, None, True),
+                                                    (True, [0, 2, 3], False), (True, [0, 2, 3], True)])
+def test_sampling_follows_target_distribution(small_vocab, static, vocab, in_step, monkeypatch):
+    """``static``: drafts sampled from the static block (as on CUDA; uncaptured here): from its logits, or
+    ``in_step`` (dflash.STATIC_SAMPLING) drawn inside it. ``vocab``: drafts from a draft vocabulary of 3 of
+    the 6 tokens (q is 0 off it)."""
+    from specdec.drafters import dflash as dflash_mod
+    monkeypatch.setattr(dflash_mod, "STATIC_SAMPLING", in_step)
     loaded, dpath, v = small_vocab
     exact = _exact_joint(loaded.model, PROMPT, PARAMS, v)
     drafter = load_dflash_drafter(dpath, loaded)

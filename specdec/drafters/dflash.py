@@ -86,8 +86,9 @@ CPU_MIN_SAMPLED_CONFIDENCE = env.probability("SPECDEC_DFLASH_CPU_SAMPLED_CONFIDE
 # params; a uniform a row, drawn outside the step from the request's generator; inverse CDF, as MTP's static
 # proposals draw), not from the block's logits by ~8 eager kernels (filter, torch.multinomial): on the H200
 # (c203459, SmolLM2, MT-Bench T=1) a sampled proposal cost 0.487 ms against 0.164 greedy. Another draw than
-# torch.multinomial's, from the same distribution (returned with the drafts: acceptance stays exact).
-# SPECDEC_DFLASH_STATIC_SAMPLING=0 gives the logits out of the step and the eager draw back.
+# torch.multinomial's, from the same distribution (returned with the drafts: acceptance stays exact). Off by default
+# until it has run on a GPU (none could be started in the session that built it, 2026-12-06);
+# SPECDEC_DFLASH_STATIC_SAMPLING=1 turns it on (scripts/ab_sampled.py measures it).
 STATIC_SAMPLING = env.switch("SPECDEC_DFLASH_STATIC_SAMPLING")
 
 

@@ -130,7 +130,9 @@ CPU_EXACT = env.switch("SPECDEC_CPU_EXACT")
 # Sampled acceptance (temperature > 0) as one captured step (acceptance.StaticAcceptance) on CUDA graphs, not ~40
 # eager kernels a step: on the H200 (c203459, SmolLM2, MT-Bench T=1) sampling cost ~0.35 ms of host time a step,
 # plain decoding's step 0.749 ms at T=0 against 1.104 at T=1. The same uniforms from the same generator, so the same
-# tokens. SPECDEC_STATIC_ACCEPT=0 gives the eager acceptance back.
+# tokens (tested on the CPU, where it runs eagerly). Off by default until it has run on a GPU: no device machine
+# could be started in the session that built it (2026-12-06); SPECDEC_STATIC_ACCEPT=1 turns it on, and
+# scripts/ab_sampled.py measures it (device_stage.sh sampled).
 STATIC_ACCEPT = env.switch("SPECDEC_STATIC_ACCEPT")
 
 
