@@ -365,3 +365,17 @@ def test_accept_sampled_rows_equals_each_row_alone():
             m = int(got[i, 0])
             assert torch.equal(got[i, : m + 2], want[i][: m + 2]), (trial, i, got[i], want[i])
     assert accepted > 0
+
+
+def test_static_acceptance_step_has_no_host_sync():
+    """A CUDA graph cannot hold a host sync (``.item()``, data-dependent Python control flow): the static
+    acceptance step compiles as one graph (``fullgraph``), its output equal to the step's own, on the CPU."""
+    from specdec.engine.acceptance import _AcceptStep
+    params = SamplingParams(temperature=0.8, top_k=5, top_p=0.9)
+    st = _AcceptStep(3, torch.randn(4, 50, generator=torch.Generator().manual_seed(0)), True, params, use_graphs=False)
+    st.q.copy_(torch.softmax(torch.randn(3, 50, generator=torch.Generator().manual_seed(1)), -1))
+    st.drafts.copy_(torch.tensor([4, 7, 1]))
+    st.n.fill_(2)
+    st.u.uniform_(generator=torch.Generator().manual_seed(2))
+    compiled = torch.compile(st._compute, fullgraph=True, dynamic=False)
+    assert torch.equal(compiled(), st._compute())
