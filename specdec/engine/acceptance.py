@@ -101,9 +101,9 @@ class StaticAcceptance:
     (:func:`accept_sampled_rows`). The ``2d + 1`` uniforms are drawn from the request's generator
     outside the step, as :func:`accept_sampled` draws them, so it returns what
     :func:`accept_sampled` returns: the same tokens for the same generator (tested on the CPU,
-    where the step runs eagerly; checked on the GPU by scripts/device_check.py). Other sampling
-    params replace the steps held (a request's params are fixed; a server's change rarely here).
-    The returned tensor is the step's output buffer, valid until the next call."""
+    where the step runs eagerly; on the GPU scripts/ab_sampled.py counts the outputs that differ).
+    Other sampling params replace the steps held. The returned tensor is the step's output buffer,
+    valid until the next call."""
 
     def __init__(self, k: int, use_graphs: bool):
         self.k, self.use_graphs = k, use_graphs
