@@ -12,8 +12,8 @@ least likely tokens, including ones top-k/top-p removed) and argmax drafts with 
 
 Statistics: Pearson chi-square with cells of expected count < 5 pooled. A test fails when its
 p-value is below ``ALPHA = 1e-4``: under a correct sampler each chi-square check has a 1e-4 chance
-of failing for a random seed, so the 47 checks in this file together have a false-positive rate
-below 0.5% (seeds are fixed, so a given run is deterministic). The sanity tests show the same
+of failing for a random seed, so the 53 checks in this file together have a false-positive rate
+below 0.6% (seeds are fixed, so a given run is deterministic). The sanity tests show the same
 checks reject broken acceptance rules with p-values far below ALPHA.
 """
 
@@ -169,7 +169,7 @@ def _exact_joint(table, params: SamplingParams) -> torch.Tensor:
 def _run(model, table, mode, params, n: int = E2E_N, k: int = 2, wrap=None, static: bool = False) -> torch.Tensor:
     # the drafter reads the target's logits from the precomputed table (drafting is then free);
     # ``wrap(drafter)``: the drafter the engine gets instead; ``static``: acceptance on the static step
-    # (StaticAcceptance, CUDA's default; here it runs eagerly)
+    # (StaticAcceptance, a CUDA graph under SPECDEC_STATIC_ACCEPT; here it runs eagerly)
     lookup = lambda seq: table[tuple(seq[len(PROMPT):])]  # noqa: E731
     counts = torch.zeros([E2E_V] * E2E_NEW)
     for s in range(n):
@@ -239,8 +239,9 @@ def _static_broken(monkeypatch):
 
 @pytest.mark.parametrize("case", ["adversarial", "argmax", "broken"])
 def test_engine_sampling_lossless_static_accept(tiny, case, monkeypatch):
-    """The acceptance of CUDA's sampled steps (``StaticAcceptance``: drafts padded to k, the draws made
-    outside the step), run eagerly here: its output follows the target; a broken rule inside it is seen."""
+    """The static acceptance (``StaticAcceptance``, captured on CUDA under SPECDEC_STATIC_ACCEPT: drafts padded
+    to k, the draws made outside the step), run eagerly here: its output follows the target; a broken rule
+    inside it is seen."""
     model, table = tiny
     params = PARAMS["filtered"]
     if case == "broken":
