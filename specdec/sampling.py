@@ -35,6 +35,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def filter_key(self) -> tuple:
+        """(temperature, top-k, top-p): what the filtered distribution depends on (steps built per params key on it)."""
+        return (self.temperature, self.top_k, self.top_p)
+
 
 def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
@@ -65,7 +70,7 @@ def probs_from_logits_rows(logits: torch.Tensor, params: list[SamplingParams]) -
     ``params[i]``: one call for each distinct (temperature, top-k, top-p), not one per row."""
     groups: dict[tuple, list[int]] = {}
     for i, p in enumerate(params):
-        groups.setdefault((p.temperature, p.top_k, p.top_p), []).append(i)
+        groups.setdefault(p.filter_key, []).append(i)
     if len(groups) == 1:
         return probs_from_logits(logits, params[0])
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)

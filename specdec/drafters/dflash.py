@@ -259,13 +259,14 @@ class DFlashDrafter:
         block that returns its logits (STATIC_SAMPLING off)."""
         if not self.kv:
             raise RuntimeError("DFlashDrafter.propose called before begin")
-        sampled = None if params is None else (None if logits else (params.temperature, params.top_k, params.top_p))
+        draws = None if logits else params  # the params a sampled block draws under (None: it returns its logits)
         st = self._static if params is None else self._sampled
-        if st is None or not st.reads(self.kv) or (params is not None and st.sampling != sampled):
+        want = None if draws is None else draws.filter_key
+        if st is None or not st.reads(self.kv) or (params is not None and st.sampling != want):
             # free the old step and the buffers it holds first
             if params is not None:
                 self._sampled = None
-                st = self._sampled = _StaticBlock(self, None if logits else params, logits=logits)
+                st = self._sampled = _StaticBlock(self, draws, logits=logits)
             else:
                 self._static = None
                 st = self._static = _StaticBlock(self)
@@ -373,8 +374,8 @@ class _StaticBlock:
     def __init__(self, d: DFlashDrafter, params: SamplingParams | None = None, logits: bool = False):
         self.d, self.logits, self.params = d, logits, params
         # a sampled block's (temperature, top-k, top-p), its uniforms (drawn outside the step, one a row)
-        self.sampling = None if params is None else (params.temperature, params.top_k, params.top_p)
-        self.u = torch.zeros(d.block_size - 1, dtype=torch.float32, device=d.target.device)
+        self.sampling = None if params is None else params.filter_key
+        self.u = None if params is None else torch.zeros(d.block_size - 1, dtype=torch.float32, device=d.target.device)
         self.buffers = [(s.k, s.v) for s in d.kv]
         c, dev = d.model.config, d.target.device
         self.ids = torch.full((d.block_size,), c.mask_token_id, dtype=torch.int64, device=dev)

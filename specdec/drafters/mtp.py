@@ -299,7 +299,7 @@ class MTPDrafter:
                         gen: torch.Generator | None = None) -> Proposal:
         n, rows = toks.shape[0], k + 1
         self._ensure(self.length + rows + k)
-        key = k if params is None else (k, params.temperature, params.top_k, params.top_p)
+        key = k if params is None else (k, *params.filter_key)
         step = self._static.get(key)
         if step is None or step.cache is not self.cache:
             self._static.pop(key, None)  # free the old step (and the buffers it holds) first

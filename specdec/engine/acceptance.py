@@ -114,7 +114,7 @@ class StaticAcceptance:
         d = drafts.shape[0]
         if d > self.k:
             raise ValueError(f"{d} drafts: this acceptance step takes at most {self.k}")
-        sampling = (params.temperature, params.top_k, params.top_p)
+        sampling = params.filter_key
         key = (draft_probs is not None, logits.dtype, logits.shape[-1], sampling)
         st = self.steps.get(key)
         if st is None:
