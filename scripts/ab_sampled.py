@@ -7,9 +7,10 @@ eager forms, in one process: the same prompts, seeds and drafters, interleaved p
 
 Variants (each a generator and drafter of its own, so nothing is recaptured between them):
 - ``eager``: acceptance by ~40 eager kernels a step (SPECDEC_STATIC_ACCEPT=0), DFlash's block returning its logits
-  and torch.multinomial drawing outside it (SPECDEC_DFLASH_STATIC_SAMPLING=0): the defaults today;
+  and torch.multinomial drawing outside it (SPECDEC_DFLASH_STATIC_SAMPLING=0);
 - ``accept``: acceptance on its captured step (engine/acceptance.py StaticAcceptance), DFlash as in ``eager``;
-- ``both``: ``accept`` and DFlash's draw inside its block (DFlash configurations only).
+- ``both``: ``accept`` and DFlash's draw inside its block (DFlash configurations only): the defaults since
+  2026-12-06 (H100 results in BENCHMARKS.md).
 The script sets each variant's switches itself, whatever the environment says.
 ``eager`` and ``accept`` draw the same uniforms from the same generators, so every configuration's tokens must be
 equal between them (counted: ``differ``); ``both`` draws DFlash's drafts another way (inverse CDF), so its DFlash

@@ -29,7 +29,7 @@ SWITCHES: dict[str, tuple[bool, str]] = {
     "SPECDEC_DELTA_PROJ": (True, "the Gated DeltaNet's in-projections as one GEMM"),
     "SPECDEC_DFLASH_FAST": (True, "DFlash's propose as captured static steps"),
     "SPECDEC_DFLASH_STATIC_FLUSH": (True, "DFlash's context write as one static step"),
-    "SPECDEC_DFLASH_STATIC_SAMPLING": (False, "DFlash's sampled drafts drawn inside its static block (not yet run on a GPU)"),
+    "SPECDEC_DFLASH_STATIC_SAMPLING": (True, "DFlash's sampled drafts drawn inside its static block"),
     "SPECDEC_DRAFTER_SPLIT": (True, "drafters' static steps on the split attention kernel"),
     "SPECDEC_EXPERT_KERNEL": (True, "MoE experts on the Triton expert kernel"),
     "SPECDEC_FOLD_RESIDUAL": (True, "a layer's last residual add folded into the next layer's norm"),
@@ -51,7 +51,7 @@ SWITCHES: dict[str, tuple[bool, str]] = {
     "SPECDEC_SPLIT_DIRECT": (True, "a one-split span written by the split kernel itself"),
     "SPECDEC_SPLIT_PIPELINE": (True, "the split attention kernel's pipelined walk"),
     "SPECDEC_SPLIT_SMALL_TILES": (True, "small tiles in the split attention kernel"),
-    "SPECDEC_STATIC_ACCEPT": (False, "sampled acceptance as one captured step (CUDA graphs; not yet run on a GPU)"),
+    "SPECDEC_STATIC_ACCEPT": (True, "sampled acceptance as one captured step (CUDA graphs)"),
     "SPECDEC_SYMM_ALLREDUCE": (True, "tensor parallelism's all-reduce on symmetric memory"),
     "SPECDEC_SYNC_COPIES": (False, "device-to-host copies synchronous (debugging)"),
 }

@@ -57,7 +57,7 @@ def probs_from_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         x = x.masked_fill(x < kth, float("-inf"))
     if p.top_p < 1.0:
         srt, idx = torch.sort(x, dim=-1, descending=True)
-        cum = torch.softmax(srt, dim=-1).cumsum(-1)
+        cum = row_cumsum(torch.softmax(srt, dim=-1))
         # drop a token when the mass before it already reaches top_p (the top token always stays)
         drop = (cum - torch.softmax(srt, dim=-1)) >= p.top_p
         srt = srt.masked_fill(drop, float("-inf"))
@@ -85,9 +85,25 @@ def sample_inverse_cdf(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     token whose cumulative probability exceeds ``u`` times the row's total, so never a token of
     probability 0. No host sync and no generator: CUDA graphs can hold it (the uniforms are drawn
     outside). Where ``u * total`` rounds up to the total, the row's likeliest token."""
-    cdf = q.cumsum(-1)
+    cdf = row_cumsum(q)
     tok = torch.searchsorted(cdf, u.view(-1, 1) * cdf[:, -1:], right=True).view(-1)
     return torch.where(tok < q.shape[-1], tok, q.argmax(-1))
+
+
+def row_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """``x.cumsum(-1)`` whose rows do not depend on how many rows ``x`` has. CUDA scans a lone row
+    (CUB's whole-array scan) in another order than each row of many (one kernel per row), and a
+    draw from a flat distribution turns on the last bit of the sums; so a lone row is scanned as
+    one of two. Batch invariance and the captured acceptance's equality with the eager one (whose
+    shapes differ) rest on it; the CPU scans every row alike, in order."""
+    if _lone_row_scanned_apart(x):
+        two = x.reshape(1, -1).expand(2, -1).contiguous()
+        return two.cumsum(-1)[:1].view(x.shape)
+    return x.cumsum(-1)
+
+
+def _lone_row_scanned_apart(x: torch.Tensor) -> bool:
+    return x.is_cuda and x.numel() == x.shape[-1]
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator:

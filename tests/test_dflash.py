@@ -353,7 +353,7 @@ def test_static_flush_writes_what_the_eager_flush_writes(tmp_path, llama, monkey
 def test_static_block_samples_from_the_eager_distributions(tmp_path, llama, monkeypatch, in_step):
     """Sampled proposals with static steps come from the static block (the greedy one built once, a
     sampled one per set of sampling params, each reused while its params last) and carry the eager
-    block's filtered distributions. ``in_step`` (STATIC_SAMPLING, SPECDEC_DFLASH_STATIC_SAMPLING=1): the drafts are drawn
+    block's filtered distributions. ``in_step`` (STATIC_SAMPLING, on by default): the drafts are drawn
     inside the step, by inverse CDF from uniforms the request's generator gave the step; off, the step
     returns its logits and torch.multinomial draws outside it."""
     from specdec.drafters import dflash as dflash_mod

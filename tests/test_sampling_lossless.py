@@ -333,6 +333,25 @@ def test_inverse_cdf_draws_follow_the_probabilities():
     assert pooled_chi2(wrong[keep], q[0][keep].double())[2] < 1e-6
 
 
+def test_row_cumsum_scans_a_lone_row_as_one_of_two(monkeypatch):
+    """``row_cumsum``'s lone-row form (CUDA only: a lone row is scanned by another kernel than each row
+    of many, and the captured acceptance, with more rows than the eager one, drew other tokens on the
+    H100 until it was used) returns the row's own cumulative sums, whatever the lone row's shape, and
+    is taken for a lone row only. On the GPU, scripts/ab_sampled.py's differ column checks the
+    equality it buys (13 of 30 random-weight n-gram outputs differed without it)."""
+    import specdec.sampling as sampling
+    taken = []
+    monkeypatch.setattr(sampling, "_lone_row_scanned_apart", lambda x: taken.append(x.shape) or x.numel() == x.shape[-1])
+    g = torch.Generator().manual_seed(1)
+    for shape in ((50,), (1, 50), (1, 1, 50), (3, 50)):
+        x = torch.rand(shape, generator=g)
+        out = sampling.row_cumsum(x)
+        assert out.shape == x.shape and torch.equal(out, x.cumsum(-1)), shape
+    assert taken == [(50,), (1, 50), (1, 1, 50), (3, 50)]
+    monkeypatch.setattr(sampling, "_lone_row_scanned_apart", lambda x: False)
+    assert torch.equal(sampling.row_cumsum(x), x.cumsum(-1))
+
+
 def test_accept_sampled_rows_equals_each_row_alone():
     """The serving loop's batched rejection sampling (ragged rows, argmax and sampled drafts mixed,
     rows with different sampling params) gives every row what ``accept_sampled`` gives it alone

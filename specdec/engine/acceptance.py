@@ -65,9 +65,10 @@ def accept_sampled_rows(drafts: torch.Tensor, n_drafts: torch.Tensor, draft_prob
     n = keep.to(torch.int64).cumprod(1).sum(1)  # [b]
     # row j < n_i: the residual max(0, p - q); row n_i (and the padding): p itself
     residual = torch.cat([torch.where(real[..., None], (p[:, :k] - q).clamp_min(0), p[:, :k]), p[:, k:]], dim=1)
-    mass = residual.sum(-1, keepdim=True)
-    # p == q exactly leaves no residual mass; rejection then has probability 0, any row works.
-    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p)
+    # p == q exactly leaves no residual mass; rejection then has probability 0, any row works. Left
+    # unnormalised (the inverse CDF scales by its total): a sum's rounding depends on how many rows
+    # the reduction has, and the captured step has more rows than the eager one.
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
     draws = (n_drafts[:, None] + torch.arange(k + 1, device=dev)[None, :]).clamp_max(2 * k)
     fallback = sample_inverse_cdf(residual.reshape(b * (k + 1), -1), u.gather(1, draws).reshape(-1)).view(b, k + 1)
     out = torch.where(torch.arange(k + 1, device=dev)[None, :] < n[:, None],
