@@ -8,6 +8,7 @@
 #   later calls:  bash scripts/device_stage.sh wait SECONDS   (results to $OUT when the job is done)
 # Sampled decoding's captured steps against the eager forms: part1, join, then `sampled COMMIT` (the tree with the
 #   shipped drafters; scripts/ab_sampled.py on MT-Bench and GSM8K at T=1, results in $OUT/sampled.tgz).
+# Issue 9's main path (generate --compare, the T=0 GSM8K bench, a 2-minute train): part1, join, then `mainpath COMMIT`.
 # The draft-vocabulary A/B (no training): part1, then `join` (carry .dev/h2; drafters out), then
 #   bash scripts/device_stage.sh vocab   (the tree with the shipped drafters): `specdec bench` on GSM8K (first 100)
 #   and HumanEval (first 100), T=0, -n 128: each shipped drafter with its draft_vocab.json and with the whole
@@ -88,6 +89,28 @@ sampled)  # COMMIT [SETS]: scripts/ab_sampled.py (sampled acceptance and DFlash'
         echo "$name rc=$?"; grep "^{" /tmp/s/sampled_$name.log | cut -c1-200
         (cd /tmp/s && echo "${2:-unknown}" > commit.txt && tar czf $OUT/sampled.tgz *)
     done ;;
+mainpath)  # COMMIT: issue 9's main path at COMMIT (the tree with the shipped drafters, after part1 and join): generate
+    # --compare (plain, then the drafter, same prompt) with auto, dflash and mtp; `specdec bench` T=0 on GSM8K (first 100)
+    # with the shipped drafters; a 2-minute `specdec train dflash` from the shipped drafter on 2,000 GSM8K-train prompts
+    # (distillation, progress, held-out tau, the drafter written); results in $OUT/mainpath.tgz
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SPECDEC_COMMIT=${2:-unknown}
+    rm -rf /tmp/mp && mkdir -p /tmp/mp $OUT
+    q="Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
+    for d in auto dflash mtp; do
+        echo "== --draft $d"; python -m specdec generate -m $G --draft $d --compare -n 256 "$q" 2>&1 | tail -8
+    done > /tmp/mp/generate.log
+    cat /tmp/mp/generate.log | grep -v "^\s*$" | tail -30
+    python -m specdec bench -m $G --dataset gsm8k --num-prompts 100 --max-turns 1 -n 128 --drafts none auto dflash mtp ngram -k 3 \
+        --json /tmp/mp/t0_gsm8k.json 2>&1 | tr '\r' '\n' | grep -v "/prompt\]\s*$" > /tmp/mp/t0_gsm8k.log
+    grep -E "^\| " /tmp/mp/t0_gsm8k.log | cut -c1-120
+    (cd /tmp/mp && tar czf $OUT/mainpath.tgz *.log *.json)
+    timeout 220 python -m specdec train dflash --target $G --prompts gsm8k_train --max-prompts 2000 --out /tmp/mp/d \
+        --data-cache /tmp/mp/dc --init specdec/data/drafters/smollm2_135m_instruct/dflash --minutes 2 --eval-prompts 4 \
+        --eval-tokens 96 > /tmp/mp/train_raw.log 2>&1
+    echo "train rc=$?" >> /tmp/mp/train_raw.log
+    tr '\r' '\n' < /tmp/mp/train_raw.log | awk 'NR % 25 == 0 || /tau|epoch|rc=|rror|wrote|distill/' > /tmp/mp/train.log
+    ls -la /tmp/mp/d >> /tmp/mp/train.log 2>&1; tail -15 /tmp/mp/train.log
+    (cd /tmp/mp && tar czf $OUT/mainpath.tgz *.log *.json) ;;
 start)
     cat /tmp/p1 .dev/h2/p > $G && md5sum $G
     rm -rf /tmp/repo $W && mkdir -p /tmp/repo $W && cp -r specdec scripts tests pyproject.toml /tmp/repo/  # tests: device_check imports its helpers
