@@ -97,7 +97,7 @@ mainpath)  # COMMIT: issue 9's main path at COMMIT (the tree with the shipped dr
     rm -rf /tmp/mp && mkdir -p /tmp/mp $OUT
     q="Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
     for d in auto dflash mtp; do
-        echo "== --draft $d"; python -m specdec generate -m $G --draft $d --compare -n 256 "$q" 2>&1 | tail -8
+        echo "== --draft $d"; python -m specdec generate -m $G --draft $d --compare --chat -n 256 "$q" 2>&1 | tail -8
     done > /tmp/mp/generate.log
     cat /tmp/mp/generate.log | grep -v "^\s*$" | tail -30
     python -m specdec bench -m $G --dataset gsm8k --num-prompts 100 --max-turns 1 -n 128 --drafts none auto dflash mtp ngram -k 3 \

@@ -434,9 +434,19 @@ def _generate(shard, args, prompt: str, gen: dict) -> int:
     sys.stdout.write("\n")
     print(f"[{stats['new_tokens']} tokens, {stats['tokens_per_s']} tok/s, tau {stats['tau']}, "
           f"finish {res.finish_reason}]", file=sys.stderr)
+    _hint_chat(args, llm, res)
     if args.trace:
         print(json.dumps(stats.get("trace")), file=sys.stderr)
     return 0
+
+
+def _hint_chat(args, llm, res) -> None:
+    """A raw prompt the model ended at once (an instruct model given a bare question, no --chat): say
+    why the reply is empty, and what gives it one."""
+    n = len(res.token_ids)
+    if not args.chat and not args.stop and res.finish_reason == "stop" and n <= 2 and llm.tokenizer.chat_template:
+        print(f"note: the model stopped after {n} token{'s' * (n != 1)} of plain continuation; for an "
+              "instruct model's reply to a question, add --chat (its chat template)", file=sys.stderr)
 
 
 def _generate_compare(args, llm, prompt, gen: dict) -> int:
@@ -457,6 +467,7 @@ def _generate_compare(args, llm, prompt, gen: dict) -> int:
             print(f"--- plain decoding gave:\n{c.plain.text}", file=sys.stderr if bug else sys.stdout)
         sampling = "greedy" if c.greedy else f"T={args.temperature}, seed {c.seed}"
         print(f"\n[{verdict(c)}]\n\n{sampling}, finish {c.speculative.finish_reason}\n{format_table(c)}")
+        _hint_chat(args, llm, c.speculative)
         if args.trace:
             print(json.dumps(c.speculative.stats.to_dict().get("trace")), file=sys.stderr)
     if bug:

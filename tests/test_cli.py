@@ -76,6 +76,25 @@ def test_generate_cli_on_embedded_model(capsys):
     assert rc == 0 and d["text"] == " Berlin" and d["finish_reason"] == "stop"
 
 
+def test_generate_hints_chat_when_a_bare_question_ends_at_once(capsys):
+    """SmolLM2-Instruct ends a bare question (no chat template) at once: generate says why the reply is
+    empty and that --chat gives one; with --chat, or when a --stop string ended it, it says nothing."""
+    pytest.importorskip("gguf")
+    from specdec.api import default_model_path
+    try:
+        default_model_path()
+    except Exception as e:  # the embedded model is installed by `make setup`
+        pytest.skip(f"embedded model not installed: {e}")
+    q = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+         "How many clips did Natalia sell altogether in April and May?")
+    rc, _, err = _run(capsys, "generate", "-p", q, "-n", "8", "--draft", "none")
+    assert rc == 0 and "add --chat" in err and "finish stop" in err
+    rc, _, err = _run(capsys, "generate", "-p", q, "-n", "4", "--draft", "none", "--chat")
+    assert rc == 0 and "add --chat" not in err
+    rc, _, err = _run(capsys, "generate", "-p", "The capital of Germany is", "-n", "30", "--stop", ".", "--draft", "none")
+    assert rc == 0 and "add --chat" not in err
+
+
 @pytest.mark.parametrize("argv, culprit", [
     (["generate", "-m", "/nonexistent/model.gguf", "-p", "x"], "/nonexistent/model.gguf"),
     (["generate", "-p", "x", "--temperature", "-1"], "temperature"),
