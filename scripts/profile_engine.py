@@ -3,6 +3,7 @@ other) per step, then a torch.profiler table of the heaviest host and device ops
 
     python scripts/profile_engine.py --model M.gguf --draft dflash [--compile] [--prompts 6]
     python scripts/profile_engine.py --shape smollm2-135m --draft dflash   # random weights, random drafter
+    python scripts/profile_engine.py --shape smollm2-135m --draft none -t 1   # sampled decoding's step
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from specdec.bench import load_prompts
 from specdec.drafters.factory import make_drafter
 from specdec.engine import SpeculativeGenerator
 from specdec.loading import load_model
+from specdec.sampling import SamplingParams
 
 
 def main() -> None:
@@ -28,6 +30,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("-t", "--temperature", type=float, default=0.0, help="sampled decoding at this temperature (seeded)")
     ap.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
                     help="padded static steps (default: the engine's, on for CUDA, off for the CPU)")
     ap.add_argument("--shapes", action="store_true", help="group the profile table by input shapes")
@@ -54,8 +57,8 @@ def main() -> None:
 
     def run(ps):
         tot = {"draft": 0.0, "verify": 0.0, "prefill": 0.0, "total": 0.0, "steps": 0, "tokens": 0}
-        for p in ps:
-            r = g.generate(p, a.n, eos_ids=eos)
+        for i, p in enumerate(ps):
+            r = g.generate(p, a.n, SamplingParams(temperature=a.temperature, seed=i), eos_ids=eos)
             s = r.stats
             tot["draft"] += s.draft_s
             tot["verify"] += s.verify_s
@@ -70,7 +73,7 @@ def main() -> None:
     print(f"warm-up {time.perf_counter() - t:.1f}s", flush=True)
     tot = run(prompts[a.prompts:])
     n = max(1, tot["steps"])
-    print({"draft": a.draft, "compile": a.compile, "k": k, "tok_per_s": round(tot["tokens"] / tot["total"], 1),
+    print({"draft": a.draft, "temperature": a.temperature, "compile": a.compile, "k": k, "tok_per_s": round(tot["tokens"] / tot["total"], 1),
            "tau": round(tot["tokens"] / n, 2), "ms_per_step": round(1e3 * (tot["total"] - tot["prefill"]) / n, 3),
            "draft_ms": round(1e3 * tot["draft"] / n, 3), "verify_observe_ms": round(1e3 * tot["verify"] / n, 3),
            "prefill_ms_per_prompt": round(1e3 * tot["prefill"] / a.prompts, 2)}, flush=True)
