@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compare", action="store_true", help="what speculation buys: run the prompt twice, plain decoding "
                    "then with --draft (same sampling and seed), print the speculative text, whether its token ids "
                    "equal the plain ones, and a table of tokens, seconds, tok/s and tau with the speed-up. Greedy "
-                   "output that differs is a bug (exit code 1); sampled output may differ by design. Needs a "
+                   "output that differs is a bug (exit code 1); sampled output may differ by design. Each mode is warmed "
+                   "up untimed first (on CUDA by a whole untimed run, which captures its graphs). Needs a "
                    "drafter (--draft dflash|ngram|mtp|dflash:PATH|mtp:PATH; the default, auto, on CUDA)")
 
     c = sub.add_parser("chat", help="interactive chat in the terminal", description="Multi-turn chat; an empty line, "
