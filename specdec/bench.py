@@ -168,10 +168,14 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
     # warm-up (allocator, kernels, captured steps), not timed: the first prompt, so that each configuration's static
     # prefill captures its wide chunk step here (on the H200 a configuration's first pass over prompts of more than 16
     # tokens cost ~0.25 s more prefill after a "Hello" warm-up: scripts/probe_gc.py, session of 2026-12-05 (fourth))
+    # On CUDA it decodes as far as a timed prompt may: the attention's steps are captured per span of live context, so
+    # a short warm-up leaves captures in the first timed prompts (generate --compare's 4-token one did: 0.76-1.10x
+    # plain on the H100 where this bench measured 2.2x; over 100 prompts here the cost is smaller, not measured).
+    # On the CPU (no graphs) 8 tokens.
     warm = encode([{"role": "user", "content": prompts[0][0] if prompts and prompts[0] else "Hello"}])
-    for g in gens.values():
-        g.generate(warm, 8, params, eos_ids=tok.eos_ids)
     dev = tgt.device
+    for g in gens.values():
+        g.generate(warm, max_new_tokens if dev.type == "cuda" else 8, params, eos_ids=tok.eos_ids)
     for turns in tqdm(prompts, desc="bench", unit="prompt"):
         for spec, g in gens.items():
             r = results[spec]
