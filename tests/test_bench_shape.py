@@ -270,3 +270,22 @@ def test_plain_step_rows_follow_the_padding(monkeypatch):
         assert r["plain_step_ms"] == (r["decode_ms"] if rows == 1 else r["padded_one_real_ms"])
         p = r["contexts"][0]
         assert p["plain_step_ms"] == (p["decode_ms"] if rows == 1 else p["padded_one_real_ms"])
+
+
+def test_step_floors_count_what_bench_counts():
+    """scripts/step_floors.py (issue 10's floors) counts a decode step's bytes as bench's bound does
+    (``decode_bytes`` on the same meta model), and its drafter and verify ratios are ordered as they must be."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+    import step_floors
+
+    from specdec.bench_shape import decode_bytes
+    for name in ("qwen3-8b", "qwen3.5-35b-a3b"):
+        f = step_floors.floors(name)
+        assert f["decode"] * step_floors.BYTES == decode_bytes(meta_model(name, None).to(torch.bfloat16), 0)[1]
+    d = step_floors.floors("qwen3-8b")
+    assert d["dflash_propose_151936"] > d["dflash_propose_32768"] > d["dflash_propose_16384"] > 0.1
+    m = step_floors.floors("qwen3.5-35b-a3b")
+    assert 1 < m["verify_2"] < m["verify_4"] < m["verify_5"] < m["verify_16"] < 16
+    assert m["mtp_k3_248320"] > m["mtp_k3_32768"] > m["verify_4"]
