@@ -433,7 +433,8 @@ def _generate(shard, args, prompt: str, gen: dict) -> int:
         return 0
     stream.finish(res.text)
     sys.stdout.write("\n")
-    print(f"[{stats['new_tokens']} tokens, {stats['tokens_per_s']} tok/s, tau {stats['tau']}, "
+    n = stats['new_tokens']
+    print(f"[{n} token{'s' * (n != 1)}, {stats['tokens_per_s']} tok/s, tau {stats['tau']}, "
           f"finish {res.finish_reason}]", file=sys.stderr)
     _hint_chat(args, llm, res)
     if args.trace:
