@@ -28,6 +28,10 @@
 set -u
 W=/tmp/w
 G=/tmp/smol.gguf
+# the runs on the joined checkpoint: a machine given back between calls (30 s idle) starts bare, without it
+case "$1" in vocab|matrix|sampled|mainpath)
+    [ -s $G ] || { echo "device_stage.sh $1: no $G on this machine (a fresh one: the last was given back); run part1 and join first"; exit 2; } ;;
+esac
 case "$1" in
 part1)
     cp .dev/h1/p /tmp/p1 && pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl && ls -la /tmp/p1 ;;
