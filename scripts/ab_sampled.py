@@ -10,7 +10,10 @@ Variants (each a generator and drafter of its own, so nothing is recaptured betw
   and torch.multinomial drawing outside it (SPECDEC_DFLASH_STATIC_SAMPLING=0);
 - ``accept``: acceptance on its captured step (engine/acceptance.py StaticAcceptance), DFlash as in ``eager``;
 - ``both``: ``accept`` and DFlash's draw inside its block (DFlash configurations only): the defaults since
-  2026-12-06 (H100 results in BENCHMARKS.md).
+  2026-12-06 (H100 results in BENCHMARKS.md);
+- ``eager+scan``, ``accept+scan``, ``both+scan``: the same with sampling's sums by the blocked scan
+  (sampling.BLOCKED_SCAN, off by default): other draws, so compared with each other (``accept+scan``'s ``differ``
+  counts against ``eager+scan``).
 The script sets each variant's switches itself, whatever the environment says.
 ``eager`` and ``accept`` draw the same uniforms from the same generators, so every configuration's tokens must be
 equal between them (counted: ``differ``); ``both`` draws DFlash's drafts another way (inverse CDF), so its DFlash
@@ -27,12 +30,17 @@ import time
 import torch
 
 from specdec.bench import load_prompts
+from specdec import sampling as sampling_mod
 from specdec.drafters import dflash as dflash_mod
 from specdec.drafters.factory import make_drafter
 from specdec.engine import SpeculativeGenerator
 from specdec.sampling import SamplingParams
 
-VARIANTS = {"eager": (False, False), "accept": (True, False), "both": (True, True)}  # (static accept, DFlash in step)
+# name -> (static accept, DFlash's draw in its step, the blocked scan); a variant's ``differ`` counts its outputs that
+# differ from those of the variant with the eager acceptance and the same draws (eager, eager+scan)
+VARIANTS = {"eager": (False, False, False), "accept": (True, False, False), "both": (True, True, False),
+            "eager+scan": (False, False, True), "accept+scan": (True, False, True), "both+scan": (True, True, True)}
+SAME_DRAWS = {"accept": "eager", "accept+scan": "eager+scan"}
 
 
 def random_drafter(spec: str, model):
@@ -49,7 +57,7 @@ def random_drafter(spec: str, model):
     raise SystemExit(f"--shape: drafters none, ngram, mtp and dflash, not {spec!r}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="a checkpoint (HF dir or GGUF) with its tokenizer")
@@ -63,7 +71,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.temperature <= 0:
         ap.error("-t must be > 0: the variants differ in sampled decoding only")
     dev = torch.device(a.device)
@@ -83,7 +91,7 @@ def main() -> None:
     gens = {}
     for spec in a.drafts:
         for v in a.variants:
-            if v == "both" and not spec.startswith("dflash"):
+            if v.startswith("both") and not spec.startswith("dflash"):
                 continue  # the same as ``accept`` but for DFlash
             d = make_drafter(spec, loaded) if (spec in ("none", "ngram") or not a.shape) else random_drafter(spec, model)
             k = (d.block_size - 1) if getattr(d, "block_size", None) else (a.k if d is not None else 0)
@@ -93,6 +101,7 @@ def main() -> None:
     def run(key, ids, seed):
         g = gens[key]
         dflash_mod.STATIC_SAMPLING = VARIANTS[key[1]][1]
+        sampling_mod.BLOCKED_SCAN = VARIANTS[key[1]][2]
         p = SamplingParams(temperature=a.temperature, seed=seed)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
@@ -102,7 +111,7 @@ def main() -> None:
             torch.cuda.synchronize(dev)
         return r, time.perf_counter() - t0
 
-    switch = dflash_mod.STATIC_SAMPLING  # given back after the runs
+    switches = dflash_mod.STATIC_SAMPLING, sampling_mod.BLOCKED_SCAN  # given back after the runs
     for key in gens:  # warm-up: every step captured before the timed prompts
         run(key, prompts[0], 0)
     stats = {key: {"s": 0.0, "tokens": 0, "steps": 0, "accepted": 0, "draft_s": 0.0, "verify_s": 0.0, "outs": []}
@@ -118,18 +127,19 @@ def main() -> None:
             st["draft_s"] += r.stats.draft_s
             st["verify_s"] += r.stats.verify_s
             st["outs"].append(r.token_ids)
-    dflash_mod.STATIC_SAMPLING = switch
+    dflash_mod.STATIC_SAMPLING, sampling_mod.BLOCKED_SCAN = switches
     rows = []
     plain = stats.get(("none", "eager"))
     for (spec, v), st in stats.items():
         ref = stats.get((spec, "eager"))
+        same = stats.get((spec, SAME_DRAWS.get(v)))
         tps = st["tokens"] / st["s"]
         steps = max(st["steps"], 1)
         row = {"drafter": spec, "variant": v, "tok_s": round(tps, 1), "tau": round((st["accepted"] + st["steps"]) / steps, 3),
                "x_eager": round(tps / (ref["tokens"] / ref["s"]), 3) if ref else None,
                "x_plain": round(tps / (plain["tokens"] / plain["s"]), 3) if plain else None,
                "draft_ms": round(1e3 * st["draft_s"] / steps, 3), "verify_ms": round(1e3 * st["verify_s"] / steps, 3),
-               "differ": (sum(x != y for x, y in zip(st["outs"], ref["outs"])) if ref and v == "accept" else None)}
+               "differ": sum(x != y for x, y in zip(st["outs"], same["outs"])) if same else None}
         rows.append(row)
         print(json.dumps(row), flush=True)
     if a.json:
@@ -138,7 +148,8 @@ def main() -> None:
                 "new_tokens": a.new_tokens, "temperature": a.temperature, "k": a.k}
         with open(a.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -83,10 +83,10 @@ matrix)  # COMMIT t0|t1|t1-humaneval: issue 9's matrix with the shipped drafters
     fi ;;
 sampled)  # COMMIT [SETS]: scripts/ab_sampled.py (sampled acceptance and DFlash's draw in captured steps against the
     # eager forms, T=1, -n 128; none, ngram and mtp at k = 3, dflash block 16) on each set of SETS (default
-    # "mt_bench:80:200 gsm8k:60:170", name:prompts:timeout); the tree with the shipped drafters, after part1 and join
+    # "mt_bench:60:300 gsm8k:40:240", name:prompts:timeout; six variants: ab_sampled.py); the tree with the shipped drafters, after part1 and join
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     rm -rf /tmp/s && mkdir -p /tmp/s $OUT
-    for s in ${3:-mt_bench:80:200 gsm8k:60:170}; do
+    for s in ${3:-mt_bench:60:300 gsm8k:40:240}; do
         IFS=: read name n t <<< "$s"
         timeout $t python scripts/ab_sampled.py --model $G --dataset $name --num-prompts $n -n 128 -t 1 \
             --json /tmp/s/sampled_$name.json > /tmp/s/sampled_$name.log 2>&1

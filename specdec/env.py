@@ -22,6 +22,7 @@ _OFF = ("0", "false", "no", "off")
 
 # name -> (default, what it does); the on/off switches
 SWITCHES: dict[str, tuple[bool, str]] = {
+    "SPECDEC_BLOCKED_SCAN": (False, "sampling's cumulative sums in blocks, not CUDA's serial row scan (not yet run on a GPU)"),
     "SPECDEC_CPU_EXACT": (True, "--batch-invariant on the CPU as unpadded row-exact eager steps (cpu_exact.py)"),
     "SPECDEC_CPU_ONEDNN": (True, "fp32 CPU linears on oneDNN (cpu_linear.py)"),
     "SPECDEC_CPU_PACK": (True, "oneDNN linears' weights kept packed too (a second copy in memory)"),

@@ -11,7 +11,16 @@ from dataclasses import dataclass
 
 import torch
 
+from . import env
 from .errors import RequestError
+
+# Sampling's cumulative sums (the inverse-CDF draws of acceptance and of the drafters' static steps, top-p) in
+# blocks (_blocked_cumsum) instead of CUDA's serial per-row scan, which costs 60 us a 49,152-token row on the
+# H100 (profile_engine.py -t 1, 2026-12-06: 0.12 ms of the 0.897 ms sampled plain step against 0.774 greedy).
+# Another rounding, so other tokens for a seed; off until the GPU has run it (SPECDEC_BLOCKED_SCAN=1 on;
+# scripts/ab_sampled.py's +scan variants measure it and count differing outputs between its eager and captured
+# acceptance, which must stay 0).
+BLOCKED_SCAN = env.switch("SPECDEC_BLOCKED_SCAN")
 
 
 @dataclass(frozen=True)
@@ -84,10 +93,14 @@ def sample_inverse_cdf(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """One draw per row of ``q [B, V]`` (probabilities) from uniforms ``u [B]`` in [0, 1): the first
     token whose cumulative probability exceeds ``u`` times the row's total, so never a token of
     probability 0. No host sync and no generator: CUDA graphs can hold it (the uniforms are drawn
-    outside). Where ``u * total`` rounds up to the total, the row's likeliest token."""
+    outside). Where ``u * total`` rounds up to the total, or a rounding of the sums would pick a token
+    of probability 0 (the blocked scan's block boundaries: :func:`_blocked_cumsum`), the row's
+    likeliest token."""
     cdf = row_cumsum(q)
     tok = torch.searchsorted(cdf, u.view(-1, 1) * cdf[:, -1:], right=True).view(-1)
-    return torch.where(tok < q.shape[-1], tok, q.argmax(-1))
+    fits = tok < q.shape[-1]
+    fits &= q.gather(1, tok.clamp_max(q.shape[-1] - 1)[:, None])[:, 0] > 0
+    return torch.where(fits, tok, q.argmax(-1))
 
 
 def row_cumsum(x: torch.Tensor) -> torch.Tensor:
@@ -95,11 +108,37 @@ def row_cumsum(x: torch.Tensor) -> torch.Tensor:
     (CUB's whole-array scan) in another order than each row of many (one kernel per row), and a
     draw from a flat distribution turns on the last bit of the sums; so a lone row is scanned as
     one of two. Batch invariance and the captured acceptance's equality with the eager one (whose
-    shapes differ) rest on it; the CPU scans every row alike, in order."""
+    shapes differ) rest on it; the CPU scans every row alike, in order. With BLOCKED_SCAN, in
+    blocks (:func:`_blocked_cumsum`)."""
+    if BLOCKED_SCAN:
+        return _blocked_cumsum(x)
+    return _scan(x)
+
+
+def _scan(x: torch.Tensor) -> torch.Tensor:
     if _lone_row_scanned_apart(x):
         two = x.reshape(1, -1).expand(2, -1).contiguous()
         return two.cumsum(-1)[:1].view(x.shape)
     return x.cumsum(-1)
+
+
+def _blocked_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """The row scan in two levels: each block of ``b`` (the largest power of two dividing the row, at
+    most 256) scanned alone, then the blocks' totals, added back. CUDA's per-row scan walks a row
+    serially in 32-element steps (60 us a 49,152-token row on the H100, one kernel per sampled token:
+    half of what sampling adds to a SmolLM2 step); blocks run in parallel. Still independent of the
+    row count (every level scans many rows, or a lone row as one of two), and the last element is
+    the row's total. Within a block the sums never decrease; across a block boundary they may by a
+    rounding (a block's offset is the scan of the totals, not its predecessor's last sum), which
+    :func:`sample_inverse_cdf` guards. Another rounding than the serial scan: other tokens for a seed."""
+    v = x.shape[-1]
+    b = min(v & -v, 256, v // 2)  # the largest power of two dividing v (at least two blocks)
+    if b < 2:
+        return _scan(x)
+    blocks = x.reshape(-1, b).cumsum(-1)  # many short rows
+    totals = blocks[:, -1].reshape(-1, v // b)
+    offsets = torch.nn.functional.pad(_scan(totals)[:, :-1], (1, 0))  # each block's exclusive prefix
+    return (blocks.view(-1, v // b, b) + offsets[..., None]).reshape(x.shape)
 
 
 def _lone_row_scanned_apart(x: torch.Tensor) -> bool:

@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import ab_lookahead  # noqa: E402
 import ab_prefill  # noqa: E402
+import ab_sampled  # noqa: E402
 
 
 def test_lookahead_script_runs(tmp_path, single_thread):
@@ -30,6 +31,18 @@ def test_prefill_script_runs(tmp_path, single_thread):
     r = json.loads(out.read_text())
     assert [x["prompt_tokens"] for x in r["rows"]] == [5, 40] and r["wide_rows"] == 128
     assert all(x[f"{v}_ms"] > 0 for x in r["rows"] for v in ("eager", "narrow", "wide"))
+
+
+def test_sampled_script_runs(tmp_path, single_thread):
+    """scripts/ab_sampled.py on the CPU: every variant of every drafter runs, and the variants that draw alike
+    (accept vs eager, accept+scan vs eager+scan) give the same outputs (its differ column: 0)."""
+    out = tmp_path / "s.json"
+    assert ab_sampled.main(["--shape", "tiny", "--device", "cpu", "--num-prompts", "2", "-n", "8", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["drafter"], r["variant"]) for r in rows} >= {("none", "accept+scan"), ("dflash", "both+scan"), ("mtp", "accept")}
+    differ = {(r["drafter"], r["variant"]): r["differ"] for r in rows if r["differ"] is not None}
+    assert len(differ) == 8 and set(differ.values()) == {0}, differ
+    assert all(r["tok_s"] > 0 and r["tau"] >= 1 for r in rows)
 
 
 @pytest.mark.parametrize("main, argv, msg", [

@@ -207,6 +207,18 @@ def test_engine_sampling_lossless(tiny, mode, pname):
     _check(_run(model, table, mode, params), _exact_joint(table, params), f"{mode} drafter, {pname}")
 
 
+@pytest.mark.parametrize("static", [False, True])
+def test_engine_sampling_lossless_blocked_scan(tiny, static, monkeypatch):
+    """Sampling's sums by the blocked scan (SPECDEC_BLOCKED_SCAN; the tiny vocabulary of 8 is 2 blocks of 4):
+    the output still follows the target, through the eager and the static acceptance, top-k and top-p on."""
+    import specdec.sampling as sampling
+    monkeypatch.setattr(sampling, "BLOCKED_SCAN", True)
+    model, table = tiny
+    params = PARAMS["filtered"]
+    _check(_run(model, table, "adversarial", params, static=static), _exact_joint(table, params),
+           f"adversarial drafter, blocked scan, {'static' if static else 'eager'} acceptance")
+
+
 def test_engine_sampling_lossless_ngram_first(tiny):
     """``X+ngram`` (drafters/combined.py): n-gram argmax drafts (here a unigram match is enough, so
     both sides propose) and an adversarial drafter's sampled ones, chosen step by step: the output
@@ -284,10 +296,13 @@ def test_static_acceptance_equals_accept_sampled():
     assert len(static.steps) == 2  # argmax / sampled drafts under one params; the other params replaced them
 
 
-def test_engine_static_accept_same_tokens(tiny):
+@pytest.mark.parametrize("blocked", [False, True])
+def test_engine_static_accept_same_tokens(tiny, blocked, monkeypatch):
     """A generator's sampled output on the static acceptance step equals its eager acceptance's, seed for
     seed: speculative (sampled and argmax drafts) and plain decoding with lookahead on static steps (the
-    path CUDA's plain sampled decoding takes)."""
+    path CUDA's plain sampled decoding takes); with the serial and the blocked scan (SPECDEC_BLOCKED_SCAN)."""
+    import specdec.sampling as sampling
+    monkeypatch.setattr(sampling, "BLOCKED_SCAN", blocked)
     model, _ = tiny
     drafters = {"uniform": 3, "argmax": 3, None: 0}
     for mode, k in drafters.items():
@@ -311,11 +326,15 @@ def test_engine_sampling_seeded_is_reproducible(tiny):
     assert runs[0].token_ids == runs[1].token_ids
 
 
-def test_inverse_cdf_draws_follow_the_probabilities():
+@pytest.mark.parametrize("blocked", [False, True])
+def test_inverse_cdf_draws_follow_the_probabilities(blocked, monkeypatch):
     """``sample_inverse_cdf`` (the static MTP proposal's draw): 40,000 draws of one filtered
     distribution match it (chi-square), never a token of probability 0 (top-k, top-p), also at
-    uniforms next to 1 (tests/test_mtp.py checks that the static MTP step draws with it)."""
+    uniforms next to 1 (tests/test_mtp.py checks that the static MTP step draws with it). ``blocked``:
+    its sums (and top-p's) by the blocked scan (SPECDEC_BLOCKED_SCAN; 40 tokens: 5 blocks of 8)."""
+    import specdec.sampling as sampling
     from specdec.sampling import sample_inverse_cdf
+    monkeypatch.setattr(sampling, "BLOCKED_SCAN", blocked)
     g = torch.Generator().manual_seed(0)
     q = probs_from_logits(torch.randn(1, 40, generator=g) * 2, SamplingParams(temperature=0.9, top_k=12, top_p=0.95))
     n = 40_000
@@ -350,6 +369,47 @@ def test_row_cumsum_scans_a_lone_row_as_one_of_two(monkeypatch):
     assert taken == [(50,), (1, 50), (1, 1, 50), (3, 50)]
     monkeypatch.setattr(sampling, "_lone_row_scanned_apart", lambda x: False)
     assert torch.equal(sampling.row_cumsum(x), x.cumsum(-1))
+
+
+@pytest.mark.parametrize("v", [7, 40, 256, 4096, 49152, 151936])
+def test_blocked_scan_is_a_row_invariant_cdf(v, monkeypatch):
+    """``_blocked_cumsum`` (SPECDEC_BLOCKED_SCAN): each row's sums are within float rounding of the exact
+    ones, decrease nowhere by more than a rounding (block boundaries), and are bit for bit the same whether
+    the row is scanned alone or among others, also where a lone row takes CUDA's other path (emulated
+    here: as one of two). A row of odd length falls back to the serial scan."""
+    import specdec.sampling as sampling
+    g = torch.Generator().manual_seed(v)
+    x = torch.softmax(torch.randn(3, v, generator=g) * 3, -1)
+    for lone_apart in (False, True):
+        monkeypatch.setattr(sampling, "_lone_row_scanned_apart", lambda t: lone_apart and t.numel() == t.shape[-1])
+        out = sampling._blocked_cumsum(x)
+        exact = x.double().cumsum(-1)
+        assert out.shape == x.shape and float((out.double() - exact).abs().max()) < 1e-5
+        drop = (out[:, :-1] - out[:, 1:]).clamp_min(0)
+        assert bool((drop <= 2 * torch.finfo(torch.float32).eps * out[:, 1:]).all())
+        for i in range(3):
+            assert torch.equal(sampling._blocked_cumsum(x[i]), out[i])
+            assert torch.equal(sampling._blocked_cumsum(x[i:i + 1]), out[i:i + 1])
+    if v % 2:
+        assert torch.equal(sampling._blocked_cumsum(x), x.cumsum(-1))
+    else:
+        assert not torch.equal(sampling._blocked_cumsum(x), x.cumsum(-1))  # another rounding: the blocks ran
+
+
+def test_inverse_cdf_never_draws_a_zero_probability_token_across_a_rounding():
+    """Sums that step down across a block boundary (the blocked scan's rounding, made large here) must not
+    let the draw land on a token of probability 0 just after it: it takes the row's likeliest token."""
+    import specdec.sampling as sampling
+    q = torch.tensor([[0.3, 0.19, 0.0, 0.51]])
+    bad_cdf = torch.tensor([[0.3, 0.49, 0.5, 1.0]])  # token 2 (p = 0) starts a block whose offset overshot
+    real = sampling.row_cumsum
+    try:
+        sampling.row_cumsum = lambda x: bad_cdf
+        assert int(torch.searchsorted(bad_cdf, torch.tensor([[0.495]]), right=True)) == 2  # the search lands on it
+        tok = sampling.sample_inverse_cdf(q, torch.tensor([0.495]))
+    finally:
+        sampling.row_cumsum = real
+    assert int(tok) == 3  # the likeliest token
 
 
 def test_accept_sampled_rows_equals_each_row_alone():
