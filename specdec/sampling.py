@@ -66,9 +66,9 @@ def probs_from_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         x = x.masked_fill(x < kth, float("-inf"))
     if p.top_p < 1.0:
         srt, idx = torch.sort(x, dim=-1, descending=True)
-        cum = row_cumsum(torch.softmax(srt, dim=-1))
+        sp = torch.softmax(srt, dim=-1)
         # drop a token when the mass before it already reaches top_p (the top token always stays)
-        drop = (cum - torch.softmax(srt, dim=-1)) >= p.top_p
+        drop = (row_cumsum(sp) - sp) >= p.top_p
         srt = srt.masked_fill(drop, float("-inf"))
         x = torch.full_like(x, float("-inf")).scatter(-1, idx, srt)
     return torch.softmax(x, dim=-1)
