@@ -1,8 +1,9 @@
 """Where a static target step's GPU time goes, on a random-weight target of a published shape:
 the captured step's median ms (uncompiled and compiled), then the kernels of one step, uncaptured and
 (CUDA) one replay of the captured graph (torch.profiler), grouped by name, with the span from the first
-kernel's start to the last one's end (the kernels' sum plus the gaps between them), and the bytes the
-step must read and the bound they imply.
+kernel's start to the last one's end (the kernels' sum plus the gaps between them), what each kernel name
+adds to that span (``span_added_ms``: under PDL a kernel's own duration counts its wait for the kernel
+before it; an idle gap before a kernel counts as its own), and the bytes the step must read and the bound they imply.
 
     python scripts/profile_shape_step.py --shape qwen3-8b [--rows 16] [--pad-to 16] [--context 512] [--cache N] [--compile]
     python scripts/profile_shape_step.py --shape smollm2-135m --drafter dflash|mtp [--context 512] [--compile]
@@ -84,16 +85,32 @@ def kernels(one, dev, top: int, res: dict, pre: str) -> None:
     kern, spans = {}, []
     for e in prof.events():
         if e.device_type == (torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU):
-            spans.append((e.time_range.start, e.time_range.end))
+            spans.append((e.time_range.start, e.time_range.end, e.name[:90]))
             k = kern.setdefault(e.name[:90], [0, 0.0])
             k[0] += 1
             k[1] += e.device_time_total / 1e3 if hasattr(e, "device_time_total") else e.cuda_time_total / 1e3
     ranked = sorted(kern.items(), key=lambda kv: -kv[1][1])[:top]
     if spans:  # first kernel's start to last kernel's end: the busy time plus the gaps
-        res[pre + "span_ms"] = round((max(e for _, e in spans) - min(s for s, _ in spans)) / 1e3, 3)
+        res[pre + "span_ms"] = round((max(e for _, e, _ in spans) - min(s for s, _, _ in spans)) / 1e3, 3)
+        res[pre + "span_added_ms"] = [(n, c, round(ms, 3)) for n, (c, ms) in span_added(spans)[:top]]
     res[pre + "kernels"] = sum(v[0] for v in kern.values())
     res[pre + "kernel_ms_total"] = round(sum(v[1] for v in kern.values()), 3)
     res[pre + "top_kernels"] = [(n, c, round(ms, 3)) for n, (c, ms) in ranked]
+
+
+def span_added(spans: list[tuple[float, float, str]]) -> list[tuple[str, tuple[int, float]]]:
+    """What each kernel name adds to the span, largest first: ``(name, (count, ms))``. Under PDL a kernel starts
+    before the one ahead of it ends and waits, so its own duration counts that wait; here a kernel adds only how
+    far its end passes the latest end before it (in start order; us in, ms out). The adds sum to the span
+    (less the first kernel's start-to-end, which it adds whole)."""
+    added: dict[str, list] = {}
+    last = None
+    for s, e, name in sorted(spans):
+        a = added.setdefault(name, [0, 0.0])
+        a[0] += 1
+        a[1] += (e - s if last is None else max(0.0, e - last)) / 1e3
+        last = e if last is None else max(last, e)
+    return sorted(((n, (c, ms)) for n, (c, ms) in added.items()), key=lambda kv: -kv[1][1])
 
 
 def profile_drafter(m, a, dev) -> dict:

@@ -56,3 +56,13 @@ def test_bad_input_is_one_line(main, argv, msg, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and msg in err[0] and "Traceback" not in err[0]
+
+
+def test_span_added_counts_what_each_kernel_adds():
+    """profile_shape_step.span_added: under PDL a kernel starts early and waits; it adds only how far its end passes
+    the latest end before it (an idle gap before a kernel counts as its own), so the adds sum to the span."""
+    import profile_shape_step
+    spans = [(0.0, 10.0, "gemm"), (2.0, 14.0, "norm"), (3.0, 12.0, "early"), (20.0, 25.0, "gemm")]
+    added = dict(profile_shape_step.span_added(spans))
+    assert added == {"gemm": (2, pytest.approx(21e-3)), "norm": (1, pytest.approx(4e-3)), "early": (1, 0.0)}
+    assert sum(ms for _, ms in added.values()) == pytest.approx(25e-3)
