@@ -12,7 +12,7 @@ Variants (each a generator and drafter of its own, so nothing is recaptured betw
 - ``both``: ``accept`` and DFlash's draw inside its block (DFlash configurations only): the defaults since
   2026-12-06 (H100 results in BENCHMARKS.md);
 - ``eager+scan``, ``accept+scan``, ``both+scan``: the same with sampling's sums by the blocked scan
-  (sampling.BLOCKED_SCAN, off by default): other draws, so compared with each other (``accept+scan``'s ``differ``
+  (sampling.BLOCKED_SCAN, on by default since 2026-12-06 (third)): other draws, so compared with each other (``accept+scan``'s ``differ``
   counts against ``eager+scan``).
 The script sets each variant's switches itself, whatever the environment says.
 ``eager`` and ``accept`` draw the same uniforms from the same generators, so every configuration's tokens must be

@@ -22,7 +22,7 @@ _OFF = ("0", "false", "no", "off")
 
 # name -> (default, what it does); the on/off switches
 SWITCHES: dict[str, tuple[bool, str]] = {
-    "SPECDEC_BLOCKED_SCAN": (False, "sampling's cumulative sums in blocks, not CUDA's serial row scan (not yet run on a GPU)"),
+    "SPECDEC_BLOCKED_SCAN": (True, "sampling's cumulative sums in blocks, not CUDA's serial row scan"),
     "SPECDEC_CPU_EXACT": (True, "--batch-invariant on the CPU as unpadded row-exact eager steps (cpu_exact.py)"),
     "SPECDEC_CPU_ONEDNN": (True, "fp32 CPU linears on oneDNN (cpu_linear.py)"),
     "SPECDEC_CPU_PACK": (True, "oneDNN linears' weights kept packed too (a second copy in memory)"),
@@ -43,6 +43,7 @@ SWITCHES: dict[str, tuple[bool, str]] = {
     "SPECDEC_FUSED_SPLIT_K": (True, "split K in the fused GEMM"),
     "SPECDEC_GREEDY_CHAIN": (True, "greedy plain decoding on the greedy-chain steps"),
     "SPECDEC_MOE_GROUPED_BMM": (True, "a MoE prefill's experts as two batched GEMMs (off: a loop over the experts)"),
+    "SPECDEC_MOE_ROUTE_FOLD": (False, "a MoE block's routing inside its gate/up kernel (one kernel a layer fewer; not yet measured)"),
     "SPECDEC_MTP_FAST": (True, "MTP's propose as captured static steps"),
     "SPECDEC_MTP_STATIC_SAMPLING": (True, "MTP's sampled drafts inside its static steps"),
     "SPECDEC_PDL": (True, "programmatic dependent launch between Triton kernels"),

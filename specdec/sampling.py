@@ -17,9 +17,10 @@ from .errors import RequestError
 # Sampling's cumulative sums (the inverse-CDF draws of acceptance and of the drafters' static steps, top-p) in
 # blocks (_blocked_cumsum) instead of CUDA's serial per-row scan, which costs 60 us a 49,152-token row on the
 # H100 (profile_engine.py -t 1, 2026-12-06: 0.12 ms of the 0.897 ms sampled plain step against 0.774 greedy).
-# Another rounding, so other tokens for a seed; off until the GPU has run it (SPECDEC_BLOCKED_SCAN=1 on;
-# scripts/ab_sampled.py's +scan variants measure it and count differing outputs between its eager and captured
-# acceptance, which must stay 0).
+# Another rounding, so other tokens for a seed. On by default since measured (H100, 2026-12-06 (third),
+# scripts/ab_sampled.py --shape smollm2-135m, T=1, 30 prompts, its +scan variants): the plain sampled step 0.880 ->
+# 0.838 ms, MTP k=3 +10 %, DFlash +7 % tok/s, and 0 outputs differing between its eager and captured acceptance
+# (SPECDEC_BLOCKED_SCAN=0: the serial scan).
 BLOCKED_SCAN = env.switch("SPECDEC_BLOCKED_SCAN")
 
 

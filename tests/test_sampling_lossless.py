@@ -359,6 +359,7 @@ def test_row_cumsum_scans_a_lone_row_as_one_of_two(monkeypatch):
     is taken for a lone row only. On the GPU, scripts/ab_sampled.py's differ column checks the
     equality it buys (13 of 30 random-weight n-gram outputs differed without it)."""
     import specdec.sampling as sampling
+    monkeypatch.setattr(sampling, "BLOCKED_SCAN", False)  # the serial scan's path (the blocked one: the test below)
     taken = []
     monkeypatch.setattr(sampling, "_lone_row_scanned_apart", lambda x: taken.append(x.shape) or x.numel() == x.shape[-1])
     g = torch.Generator().manual_seed(1)
