@@ -43,6 +43,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--device", default="cuda", help="cuda (cpu: a smoke test, nothing captured or profiled)")
     ap.add_argument("--drafter", choices=["dflash", "mtp"], default=None, help="profile this drafter's step instead")
+    ap.add_argument("--timeline", default=None, help="write the captured step's kernels in start order to this JSON "
+                    "file: [name, start us, duration us, us added to the span]")
     a = ap.parse_args()
     dev = torch.device(a.device)
     m = build_shape(a.shape, dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
@@ -69,11 +71,12 @@ def main() -> None:
             key = ("compiled " if comp else "") + ("captured" if graphs else "uncaptured")
             res[key + "_ms"] = round(_median_ms(one, dev, 20), 3)
             if dev.type == "cuda" or not graphs:
-                kernels(one, dev, a.top, res, ("compiled_" if comp else "") + ("captured_" if graphs else ""))
+                kernels(one, dev, a.top, res, ("compiled_" if comp else "") + ("captured_" if graphs else ""),
+                        a.timeline if graphs and not comp else None)
     print(json.dumps(res, indent=1))
 
 
-def kernels(one, dev, top: int, res: dict, pre: str) -> None:
+def kernels(one, dev, top: int, res: dict, pre: str, timeline: str | None = None) -> None:
     """One call of ``one`` (after a warm one) under torch.profiler: its kernels grouped by name into
     ``res`` (count, ms), their sum, and the span from the first kernel's start to the last one's end."""
     one()
@@ -93,9 +96,24 @@ def kernels(one, dev, top: int, res: dict, pre: str) -> None:
     if spans:  # first kernel's start to last kernel's end: the busy time plus the gaps
         res[pre + "span_ms"] = round((max(e for _, e, _ in spans) - min(s for s, _, _ in spans)) / 1e3, 3)
         res[pre + "span_added_ms"] = [(n, c, round(ms, 3)) for n, (c, ms) in span_added(spans)[:top]]
+        if timeline:
+            with open(timeline, "w") as f:
+                json.dump(ordered(spans), f)
     res[pre + "kernels"] = sum(v[0] for v in kern.values())
     res[pre + "kernel_ms_total"] = round(sum(v[1] for v in kern.values()), 3)
     res[pre + "top_kernels"] = [(n, c, round(ms, 3)) for n, (c, ms) in ranked]
+
+
+def ordered(spans: list[tuple[float, float, str]]) -> list[tuple[str, float, float, float]]:
+    """The kernels in start order: ``(name, start, duration, added)`` in us from the first start (``added``:
+    :func:`span_added`'s share of each)."""
+    out, last = [], None
+    spans = sorted(spans)
+    for s, e, name in spans:
+        add = e - s if last is None else max(0.0, e - last)
+        last = e if last is None else max(last, e)
+        out.append((name, round(s - spans[0][0], 2), round(e - s, 2), round(add, 2)))
+    return out
 
 
 def span_added(spans: list[tuple[float, float, str]]) -> list[tuple[str, tuple[int, float]]]:

@@ -269,11 +269,14 @@ def moe() -> None:
     shared = ((torch.randn(2 * inter, hidden) * 0.1).half(), (torch.randn(hidden, inter) * 0.1).half())
     router = (torch.randn(e + 1, hidden) * 0.1).half()  # the shared gate's row last
     x = torch.randn(t, hidden).half()
+    folded = {}
     for name, sh, rw in (("shared expert", shared, router), ("no shared expert", None, router[:e])):
-        for pc in (1, 4):
+        for pc, fold in ((1, False), (4, False), (4, True)):
             tiles = ((16, 128, 4), (8, 32, 4, pc))  # past one BK block of the intermediate too
-            label = f"{name}, {pc} pair{'s' if pc > 1 else ''} a load"
+            label = f"{name}, {pc} pair{'s' if pc > 1 else ''} a load{', routed in gate/up' if fold else ''}"
+            expert_kernel.ROUTE_IN_GATE_UP = fold
             got = expert_kernel.moe(x, rw, k, gate_up, down, sh, tiles=tiles)
+            folded[(name, fold)] = got
             want = expert_kernel.moe_reference(x, rw, k, gate_up, down, sh)
             diff = (got.float() - want.float()).abs()
             ulps = (diff / (want.float().abs() * 2 ** -10 + 1e-3)).max().item()
@@ -284,6 +287,10 @@ def moe() -> None:
             part = expert_kernel.moe(x, rw, k, gate_up, down, sh, torch.tensor(2), tiles=tiles)
             check(f"moe ({label}): the live rows as before, the padding rows zero",
                   torch.equal(part[:2], got[:2]) and not part[2:].any())
+        # SPECDEC_MOE_ROUTE_FOLD: the routing computed by the gate/up programs gives the routing kernel's bits
+        check(f"moe ({name}): routed in the gate/up kernel, the routing kernel's bits",
+              torch.equal(folded[(name, True)], folded[(name, False)]))
+    expert_kernel.ROUTE_IN_GATE_UP = False
     try:
         expert_kernel.moe(x, router[:e], k, gate_up, down, shared)
         check("moe: a router without the shared gate's row is refused", False)
@@ -584,8 +591,13 @@ def pdl_ptx() -> None:
                            {"R": 64, "HALF": 32, "D": 64, "HAS_Q": True}),
              "moe-route": (expert_kernel._route_kernel, {"logits": "*bf16", "idx": "*i32", "wts": "*bf16", "live": "*i64"},
                            {"LIVE": True, "SHARED": True, "K": 8, "KB": 16, "BE": 256}),
-             "moe-gate-up": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "h")}
-                             | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64, "LINES": 32}),
+             "moe-gate-up": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "h", "logits", "wts")}
+                             | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64, "LINES": 32,
+                                                                "ROUTE": False, "SHARED": True, "KC": 8, "KB": 16, "BE": 256}),
+             "moe-gate-up-routed": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "h", "logits", "wts")}
+                                    | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64,
+                                                                       "LINES": 32, "ROUTE": True, "SHARED": True,
+                                                                       "KC": 8, "KB": 16, "BE": 256}),
              "moe-combine": (expert_kernel._combine_kernel, {n: "*bf16" for n in ("hin", "wts", "w", "sw", "y")}
                              | {"idx": "*i32", "live": "*i64"}, {"K": 8, "P": 9, "LIVE": True, "BN": 4, "BK": 512, "PC": 4,
                                                                 "PER_LINE": 64, "LINES": 8}),
@@ -610,7 +622,7 @@ def pdl_ptx() -> None:
             fence, atom = body.find("fence.acq_rel.gpu"), body.find("atom.global")
             check("pdl-ptx gemm-split: the partials' stores, a GPU-scope fence, then the tile's atomic count",
                   0 <= body.find("st.global") < fence < atom)
-        if name in ("gemm", "gemm-split", "moe-gate-up", "moe-combine"):  # weights that never depend on the kernel before
+        if name in ("gemm", "gemm-split", "moe-gate-up", "moe-gate-up-routed", "moe-combine"):  # weights that never depend on the kernel before
             # (the GEMM's, the shared expert's) prefetched before the wait
             check(f"pdl-ptx {name}: the weight rows prefetched into L2 before the wait",
                   0 <= body.find("prefetch.global.L2") < wait)

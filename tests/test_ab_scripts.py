@@ -66,3 +66,5 @@ def test_span_added_counts_what_each_kernel_adds():
     added = dict(profile_shape_step.span_added(spans))
     assert added == {"gemm": (2, pytest.approx(21e-3)), "norm": (1, pytest.approx(4e-3)), "early": (1, 0.0)}
     assert sum(ms for _, ms in added.values()) == pytest.approx(25e-3)
+    assert profile_shape_step.ordered(spans) == [("gemm", 0.0, 10.0, 10.0), ("norm", 2.0, 12.0, 4.0),
+                                                 ("early", 3.0, 9.0, 0.0), ("gemm", 20.0, 5.0, 11.0)]
