@@ -27,7 +27,9 @@ its steps padded), ``defaults+pfall`` / ``defaults+pf0``
 (fused_layer.PREFETCH_BYTES: whole weights or nothing prefetched into L2), ``defaults+cut4`` / ``+cut16`` (the combine's cut: 4 x 8, the default, or 16 x 32), ``defaults+o2`` / ``+qkv4`` / ``+down4`` (the qwen3-8b shape's GEMMs with K
 split, see SETTINGS), ``defaults+moe-bmm`` (moe.GROUPED_BMM: a MoE prefill's experts as two batched GEMMs; its
 ``prefill_ms``), ``defaults+route-fold`` (expert_kernel.ROUTE_IN_GATE_UP: a MoE block's routing inside its gate/up
-kernel). Each
+kernel), ``defaults+norm-rope`` (layers.NORM_ROPE: the q/k norms in the RoPE + cache-write kernel),
+``defaults+gate`` (layers.FUSED_GATE: a gated attention's ``o * sigmoid(gate)`` as one kernel), ``defaults+fewer``
+(those three). Each
 variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs). The flags are module attributes read as a step
 is built, so a variant's steps are built with them set and the defaults come back after.
 """
@@ -68,6 +70,8 @@ SETTINGS["qkv4"] = ("specdec.models.fused_layer", "_FORCED", {(6144, 4096, 0): (
 SETTINGS["down4"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 12288, 0): (64, 256, 4, 3, 4)})
 SETTINGS["moe-bmm"] = ("specdec.models.moe", "GROUPED_BMM", True)  # a MoE prefill's experts as two batched GEMMs
 SETTINGS["route-fold"] = ("specdec.models.expert_kernel", "ROUTE_IN_GATE_UP", True)  # a MoE block's routing in gate/up
+SETTINGS["norm-rope"] = ("specdec.models.layers", "NORM_ROPE", True)  # the q/k norms in the RoPE + cache-write kernel
+SETTINGS["gate"] = ("specdec.models.layers", "FUSED_GATE", True)  # a gated attention's o * sigmoid(gate) as one kernel
 # AB_TILES='{"N,K,silu": [BN, BK, warps, stages(, split)], ...}' (check_fused_layer.py --sweep's best_tiles): defaults+tiles
 # runs those tilings over the table, in the same process as the defaults
 if os.environ.get("AB_TILES"):
@@ -83,6 +87,7 @@ for _n in FLAGS:  # each flag's question against what ships: defaults-fold, defa
     VARIANTS[f"defaults-{_n}"] = tuple(n for n in FLAGS if n != _n)
 for _n in SETTINGS:
     VARIANTS[f"defaults+{_n}"] = tuple(FLAGS) + (_n,)
+VARIANTS["defaults+fewer"] = tuple(FLAGS) + ("route-fold", "norm-rope", "gate")  # the three kernel cuts together
 
 
 @contextlib.contextmanager

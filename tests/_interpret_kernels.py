@@ -383,6 +383,20 @@ def fused() -> None:
         err = (got.float() - want).abs().max().item()
         check(f"fused silu*mul {dtype}: equals the torch ops", err < (1e-5 if dtype == torch.float32 else 1e-2), f"(max diff {err:.1e})")
         check(f"fused silu*mul {dtype}: a row alone has its bits", torch.equal(fused_ops.silu_mul(gu[2:3]), got[2:3]))
+        # a gated attention's o * sigmoid(gate) (layers.FUSED_GATE): o as attend returns it ([H, T, d] seen as
+        # [T, H, d]), the gate a strided view of the q/k/v + gate projection, as Attention._shape_heads leaves it
+        t, h, d = 5, 3, 16
+        o = torch.randn(h, t, d, generator=g).to(dtype).transpose(0, 1)
+        gate = torch.randn(t, h, 3 * d, generator=g).to(dtype)[..., d:2 * d]
+        got = fused_ops.sigmoid_gate(o, gate)
+        check(f"fused sigmoid gate {dtype}: taken on these strides", fused_ops._gate_fits(o, gate)
+              and not fused_ops._gate_fits(o, gate[..., :8]))
+        want = (o * torch.sigmoid(gate)).reshape(t, h * d)
+        err = (got.float() - want.float()).abs().max().item()
+        check(f"fused sigmoid gate {dtype}: equals the torch ops", err < (1e-6 if dtype == torch.float32 else 2e-3),
+              f"(max diff {err:.1e})")
+        check(f"fused sigmoid gate {dtype}: a row alone has its bits", torch.equal(fused_ops.sigmoid_gate(o[2:3], gate[2:3]),
+                                                                                   got[2:3]))
 
 
 def fused_layer() -> None:
@@ -467,6 +481,12 @@ def dflash_fast() -> None:
         check(f"norm+rope+write h={h} d={d} r={r}: queries and keys equal the eager ops", err < 2e-2, f"(max diff {err:.1e})")
         check(f"norm+rope+write h={h} d={d} r={r}: values at their positions, nothing else written",
               torch.equal(cv[:, 7:7 + t], v.transpose(0, 1)) and not ck[:, :7].any() and not ck[:, 7 + t:].any())
+        # a target's static step (layers.NORM_ROPE): cos / sin given a row for each of the step's rows
+        ck3, cv3 = torch.zeros_like(ck), torch.zeros_like(cv)
+        got_q3 = norm_rope_write(q, k, v, qn.fp32_scale(), kn.fp32_scale(), 1e-6, c7.contiguous(), s7.contiguous(),
+                                 ck3, cv3, start, row_tables=True)
+        check(f"norm+rope+write h={h} d={d} r={r}: tables by row, the bits of tables by position",
+              torch.equal(got_q3, got_q) and torch.equal(ck3, ck) and torch.equal(cv3, cv))
         ck2 = torch.zeros_like(ck)
         check(f"norm+rope+write h={h} d={d}: keys alone (no queries) the same",
               norm_rope_write(None, k, v, None, kn.fp32_scale(), 1e-6, cos, sin, ck2, cv, start) is None and torch.equal(ck2, ck))
@@ -589,6 +609,10 @@ def pdl_ptx() -> None:
              "norm-rope": (rope_write._norm_rope_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
                            | {"qw": "*fp32", "kw": "*fp32", "start": "*i64", "eps": "fp32"},
                            {"R": 64, "HALF": 32, "D": 64, "HAS_Q": True}),
+             "gate": (fused_ops._gate_kernel, {"o": "*bf16", "g": "*bf16", "y": "*bf16"}, {"D": 256}),
+             "norm-rope-rows": (rope_write._norm_rope_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
+                                | {"qw": "*fp32", "kw": "*fp32", "start": "*i64", "eps": "fp32"},
+                                {"R": 64, "HALF": 32, "D": 256, "HAS_Q": True, "ROW_TABLES": True}),
              "moe-route": (expert_kernel._route_kernel, {"logits": "*bf16", "idx": "*i32", "wts": "*bf16", "live": "*i64"},
                            {"LIVE": True, "SHARED": True, "K": 8, "KB": 16, "BE": 256}),
              "moe-gate-up": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "h", "logits", "wts")}

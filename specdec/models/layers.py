@@ -309,6 +309,12 @@ SPLIT_ATTENTION = env.choice("SPECDEC_SPAN_ATTENTION") == "split"
 # RoPE and the KV-cache write of CUDA static steps in one kernel (models/rope_write.py): bitwise the
 # eager ops' results (scripts/check_rope_write.py on the H200); SPECDEC_FUSED_ROPE=0 turns it off
 FUSED_ROPE_WRITE = env.switch("SPECDEC_FUSED_ROPE")
+# ... with the q/k norms in the same kernel (rope_write.norm_rope_write: two norm kernels a layer fewer in a q/k-normed
+# target's one-sequence static steps, Qwen3 and Qwen3.5): SPECDEC_NORM_ROPE, off until measured on the GPU
+NORM_ROPE = env.switch("SPECDEC_NORM_ROPE")
+# a gated attention's o * sigmoid(gate) as one kernel (fused_ops.sigmoid_gate) in one sequence's CUDA steps:
+# SPECDEC_FUSED_GATE, off until measured on the GPU
+FUSED_GATE = env.switch("SPECDEC_FUSED_GATE")
 
 
 # A single sequence's static steps (models/graphs.py: generate, bench) attend over the whole
@@ -443,20 +449,23 @@ class Attention(nn.Module):
             return self.split_qkv(linear(x, w, b))
         return self._shape_heads(self.q_proj(x), self.k_proj(x), self.v_proj(x))
 
-    def split_qkv(self, qkv: torch.Tensor):
-        """The fused projection's output ``[..., T, sizes]`` -> :meth:`_heads`' outputs."""
-        return self._shape_heads(*qkv.split(self._fused[2], dim=-1))
+    def split_qkv(self, qkv: torch.Tensor, norm: bool = True):
+        """The fused projection's output ``[..., T, sizes]`` -> :meth:`_heads`' outputs (``norm`` False: q and k
+        not yet q/k-normed, for :meth:`attend_heads` with ``normed=False``)."""
+        return self._shape_heads(*qkv.split(self._fused[2], dim=-1), norm=norm)
 
-    def _shape_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    def _shape_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norm: bool = True):
+        """q ``[..., T, H, d]``, k, v ``[..., T, Hkv, d]``, the gate ``[..., T, H, d]`` (a view) or None; q and k
+        q/k-normed unless ``norm`` is False."""
         lead = q.shape[:-1]
         gate = None
         if self.gated:
             q = q.view(*lead, self.n_heads, 2 * self.head_dim)
-            q, gate = q[..., : self.head_dim], q[..., self.head_dim :].reshape(*lead, -1)
+            q, gate = q[..., : self.head_dim], q[..., self.head_dim :]
         q = q.reshape(*lead, self.n_heads, self.head_dim)
         k = k.view(*lead, self.n_kv, self.head_dim)
         v = v.view(*lead, self.n_kv, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and norm:
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v, gate
 
@@ -466,16 +475,31 @@ class Attention(nn.Module):
 
     @staticmethod
     def gathered(o: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-        """``o [H, T, d]`` -> ``[T, H*d]`` (batched ``[B, T, H*d]``), times ``sigmoid(gate)`` if gated."""
+        """``o [H, T, d]`` -> ``[T, H*d]`` (batched ``[B, H, T, d]`` -> ``[B, T, H*d]``), times ``sigmoid(gate)`` if
+        gated (``gate [T, H, d]``, batched ``[B, T, H, d]``, any strides): on CUDA, one sequence's, one kernel
+        (``FUSED_GATE``)."""
         o = o.transpose(-3, -2)
-        o = o.reshape(*o.shape[:-2], -1)
-        return o if gate is None else o * torch.sigmoid(gate)
+        if gate is not None:
+            if FUSED_GATE and fused_ops.gate_usable(o, gate) and not torch.is_grad_enabled():
+                return fused_ops.sigmoid_gate(o, gate)
+            o = o * torch.sigmoid(gate)
+        return o.reshape(*o.shape[:-2], -1)
 
     def forward(self, x: torch.Tensor, cos, sin, cache: KVCache, start: int, mask: torch.Tensor | None) -> torch.Tensor:
         return self.o_proj(self.attend_heads(self._heads(x), cos, sin, cache, start, mask))
 
-    def attend_heads(self, heads, cos, sin, cache: KVCache, start, mask: torch.Tensor | None) -> torch.Tensor:
-        """:meth:`_heads`' outputs -> the attention output before ``o_proj``, ``[..., T, H*d]`` (gated)."""
+    def attend_heads(self, heads, cos, sin, cache: KVCache, start, mask: torch.Tensor | None,
+                     normed: bool = True) -> torch.Tensor:
+        """:meth:`_heads`' outputs -> the attention output before ``o_proj``, ``[..., T, H*d]`` (gated). ``normed``
+        False: q and k are not yet q/k-normed (``split_qkv(..., norm=False)``); one sequence's CUDA steps then norm
+        them in the RoPE kernel (``NORM_ROPE``), other paths first."""
+        if not normed and self.q_norm is not None and not (
+                NORM_ROPE and FUSED_ROPE_WRITE and heads[0].dim() == 3 and heads[0].is_cuda
+                and not torch.compiler.is_compiling() and self.q_norm.eps == self.k_norm.eps
+                and rope_write.supported(heads[0], heads[1], cos.reshape(-1, cos.shape[-1]), cache, start)):
+            q, k, v, gate = heads
+            heads = self.q_norm(q), self.k_norm(k), v, gate
+            normed = True
         if FUSED_ROPE_WRITE and heads[0].is_cuda and not torch.compiler.is_compiling():
             # a static step on CUDA (batched, or one sequence's): RoPE and the cache write in one kernel
             # (compiled, inductor fuses the eager ops itself)
@@ -485,6 +509,11 @@ class Attention(nn.Module):
                 if q.dim() == 4:
                     q = rope_write.rope_write(q, k, v, rows, sin.reshape(rows.shape), cache, start)
                     k_all, v_all = cache.read(start)
+                elif not normed:  # the q/k norms too (NORM_ROPE)
+                    q = rope_write.norm_rope_write(q, k, v, self.q_norm.fp32_scale(), self.k_norm.fp32_scale(),
+                                                   self.q_norm.eps, rows, sin.reshape(rows.shape), cache.k, cache.v,
+                                                   start, row_tables=True)
+                    k_all, v_all = cache.k, cache.v
                 else:
                     q = rope_write.rope_write_one(q, k, v, cos, sin, cache, start)
                     k_all, v_all = cache.k, cache.v

@@ -72,8 +72,8 @@ class DenseDecoderLayer(nn.Module):
         a, mlp = self.self_attn, self.mlp
         qkv, sizes, gate_up = weights or (a._fused[0], a._fused[2], mlp._fused[0])
         x, h = self.input_layernorm.add(x, delta)
-        heads = a._shape_heads(*fused_layer.linear(h, qkv).split(sizes, dim=-1))
-        o = a.attend_heads(heads, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask)
+        heads = a._shape_heads(*fused_layer.linear(h, qkv).split(sizes, dim=-1), norm=False)
+        o = a.attend_heads(heads, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask, normed=False)
         x, h = self.post_attention_layernorm.add(x, fused_layer.linear(o, a.o_proj.weight))
         return x, fused_layer.linear(fused_layer.linear(h, gate_up, silu=True), mlp.down_proj.weight)
 

@@ -216,8 +216,9 @@ class FullAttentionDecoderLayer(_HybridLayer):
 
     def _mix_fused(self, h: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
         a = self.self_attn
-        heads = a.split_qkv(fused_layer.linear(h, a._fused[0]))
-        return fused_layer.linear(a.attend_heads(heads, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask), a.o_proj.weight)
+        heads = a.split_qkv(fused_layer.linear(h, a._fused[0]), norm=False)
+        return fused_layer.linear(a.attend_heads(heads, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask, normed=False),
+                                  a.o_proj.weight)
 
     def _mixer_eligible(self) -> bool:
         a = self.self_attn

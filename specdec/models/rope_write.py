@@ -134,7 +134,7 @@ if triton is not None:
     def _norm_rope_kernel(q, k, v, qw, kw, cos, sin, q_out, ck, cv, start, T, H, Hkv, eps,
                           sqt, sqh, skt, skh, svt, svh, sot, soh, sch, scp,
                           R: tl.constexpr, HALF: tl.constexpr, D: tl.constexpr, HAS_Q: tl.constexpr,
-                          USE_GDC: tl.constexpr):
+                          USE_GDC: tl.constexpr, ROW_TABLES: tl.constexpr = False):
         if USE_GDC:  # models/pdl.py
             pdl.begin()
         t, head = tl.program_id(0), tl.program_id(1)
@@ -157,8 +157,12 @@ if triton is not None:
         xn = (f * inv * tl.load(w + i)).to(x.dtype)  # the RMSNorm, rounded to the model dtype
         fp = tl.load(src + partner, mask=rot, other=0.0).to(tl.float32)
         xpn = (fp * inv * tl.load(w + partner, mask=rot, other=0.0)).to(x.dtype)  # the normed partner
-        c = tl.load(cos + p * R + i, mask=rot, other=0.0).to(tl.float32)
-        s = tl.load(sin + p * R + i, mask=rot, other=0.0).to(tl.float32)
+        if ROW_TABLES:  # the tables' row: the step's row, or the position
+            tr = t.to(tl.int64)
+        else:
+            tr = p
+        c = tl.load(cos + tr * R + i, mask=rot, other=0.0).to(tl.float32)
+        s = tl.load(sin + tr * R + i, mask=rot, other=0.0).to(tl.float32)
         a = (xn.to(tl.float32) * c).to(x.dtype)
         b = (xpn.to(tl.float32) * s).to(x.dtype)
         y = tl.where(rot, (a.to(tl.float32) + b.to(tl.float32)).to(x.dtype), xn)
@@ -171,13 +175,16 @@ if triton is not None:
 
 def norm_rope_write(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, q_scale: torch.Tensor | None,
                     k_scale: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
-                    ck: torch.Tensor, cv: torch.Tensor, start: torch.Tensor) -> torch.Tensor | None:
+                    ck: torch.Tensor, cv: torch.Tensor, start: torch.Tensor, row_tables: bool = False
+                    ) -> torch.Tensor | None:
     """``q [T, H, d]`` (or None), ``k``/``v [T, Hkv, d]`` (``d`` contiguous), the fp32 norm scales
     ``[d]``, ``cos``/``sin`` tables ``[P, r]`` by position (model dtype), the context buffers ``ck``/``cv
     [Hkv, L, d]`` (contiguous) and ``start`` (a 0-d int64 device tensor): row ``t`` sits at position
     ``start + t``. Keys are normed, rotated and stored with the values at their positions; the normed,
     rotated queries come back as ``[H, T, d]`` (a view of a ``[T, H, d]`` tensor). What the eager
-    ``RMSNorm`` then ``apply_rope`` compute, up to the norm's summation order."""
+    ``RMSNorm`` then ``apply_rope`` compute, up to the norm's summation order. ``row_tables``: ``cos``/``sin``
+    are ``[T, r]``, a row for each of the step's rows (a target's static step, ``layers.NORM_ROPE``), not
+    tables by position. A target's :class:`KVCache` ``k``/``v`` are such buffers."""
     t, hkv, d = k.shape
     h = 0 if q is None else q.shape[1]
     r = cos.shape[-1]
@@ -190,5 +197,5 @@ def norm_rope_write(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, q_
         qq, k, v, k_scale if q_scale is None else q_scale, k_scale, cos, sin, q_out, ck, cv, start, t, h, hkv, eps,
         qq.stride(0), qq.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         q_out.stride(0), q_out.stride(1), ck.stride(0), ck.stride(1),
-        R=r, HALF=r // 2, D=d, HAS_Q=q is not None, **COMPILE_OPTIONS, **pdl.options(k))
+        R=r, HALF=r // 2, D=d, HAS_Q=q is not None, ROW_TABLES=row_tables, **COMPILE_OPTIONS, **pdl.options(k))
     return None if q is None else q_out.transpose(0, 1)

@@ -1,0 +1,43 @@
+#!/bin/bash
+# Issue 10, session of 2026-12-06 (third): three kernel cuts, each behind its switch (off by default until measured):
+# a MoE block's routing in its gate/up kernel (SPECDEC_MOE_ROUTE_FOLD), the q/k norms in the RoPE + cache-write kernel
+# (SPECDEC_NORM_ROPE), a gated attention's o * sigmoid(gate) as one kernel (SPECDEC_FUSED_GATE).
+#   bash scripts/device_fewer.sh ab      # ab_flags, one process a shape: qwen3.5-35b-a3b (each cut, all three),
+#                                        # qwen3-8b (norm-rope), qwen3.5-9b (all three); the 35b step's timeline
+#   bash scripts/device_fewer.sh check   # with all three on: device_check on random Qwen3, Qwen3.5 dense and MoE
+#                                        # (graphs and eager; oracle, n-gram, MTP, DFlash drafts), then bench --shape
+#                                        # qwen3.5-35b-a3b (its oracle against plain decoding)
+# Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl).
+set -u
+pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
+export PYTHONPATH=/tmp/site:$PWD:$PWD/tests:$PWD/scripts PYTHONUNBUFFERED=1
+R=$OUT/r; mkdir -p $R
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+ab() {  # NAME TIMEOUT ab_flags args...
+    local name=$1 t=$2; shift 2
+    timeout $t python scripts/ab_flags.py --context 512 --no-drafters --json $R/ab_$name.json "$@" > $R/ab_$name.log 2>&1
+    echo "== $name rc=$?"; grep -E "^\|" $R/ab_$name.log | cut -c1-150
+}
+case "${1:-}" in
+ab)
+    ab 35b 260 --shape qwen3.5-35b-a3b --rounds 3 \
+        --variants defaults defaults+route-fold defaults+norm-rope defaults+gate defaults+fewer
+    ab 8b 120 --shape qwen3-8b --rounds 3 --variants defaults defaults+norm-rope
+    ab 9b 120 --shape qwen3.5-9b --rounds 3 --variants defaults defaults+fewer ;;
+check)
+    export SPECDEC_MOE_ROUTE_FOLD=1 SPECDEC_NORM_ROPE=1 SPECDEC_FUSED_GATE=1
+    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
+    for t in qwen3 qwen35 qwen35moe; do
+        for m in graphs eager; do
+            timeout 60 python scripts/device_check.py run /tmp/dc --target $t --mode $m --drafters oracle ngram mtp dflash \
+                --prompts 4 --new-tokens 128 --out $R/dc_${t}_$m.json > $R/dc_${t}_$m.log 2>&1 || echo "$t $m rc=$?"
+        done
+    done
+    python scripts/device_check.py compare $R/dc_*.json --out $R/dc_report.json 2>&1 | tail -6
+    timeout 170 python -m specdec bench --shape qwen3.5-35b-a3b --context 512 --oracle-tau 6.5 --draft-vocab 32768 \
+        --reps 10 --json $R/b35b.json > $R/b35b.log 2>&1
+    grep -vE "^ *(verify|k=)" $R/b35b.log | tail -7 ;;
+*)
+    echo "device_fewer.sh: ab | check"; exit 2 ;;
+esac
+cd $OUT && tar czf r.tgz r && rm -rf r
