@@ -3,8 +3,9 @@
 # a MoE block's routing in its gate/up kernel (SPECDEC_MOE_ROUTE_FOLD), the q/k norms in the RoPE + cache-write kernel
 # (SPECDEC_NORM_ROPE), a gated attention's o * sigmoid(gate) as one kernel (SPECDEC_FUSED_GATE).
 #   bash scripts/device_fewer.sh ab      # ab_flags, one process a shape: qwen3.5-35b-a3b (each cut, all three),
-#                                        # qwen3-8b (norm-rope), qwen3.5-9b (all three); the 35b step's timeline
-#   bash scripts/device_fewer.sh check   # with all three on: device_check on random Qwen3, Qwen3.5 dense and MoE
+#                                        # qwen3-8b (norm-rope), qwen3.5-9b (all three)
+#   bash scripts/device_fewer.sh check   # with all three on: the 35b step's profile and timeline (profile_shape_step.py);
+#                                        # device_check on random Qwen3, Qwen3.5 dense and MoE
 #                                        # (graphs and eager; oracle, n-gram, MTP, DFlash drafts), then bench --shape
 #                                        # qwen3.5-35b-a3b (its oracle against plain decoding)
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl).
@@ -26,6 +27,8 @@ ab)
     ab 9b 120 --shape qwen3.5-9b --rounds 3 --variants defaults defaults+fewer ;;
 check)
     export SPECDEC_MOE_ROUTE_FOLD=1 SPECDEC_NORM_ROPE=1 SPECDEC_FUSED_GATE=1
+    timeout 120 python scripts/profile_shape_step.py --shape qwen3.5-35b-a3b --context 512 --rows 1 \
+        --timeline $R/timeline35b.json > $R/prof35b.json 2> $R/prof35b.err; echo "profile rc=$?"
     python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
     for t in qwen3 qwen35 qwen35moe; do
         for m in graphs eager; do
