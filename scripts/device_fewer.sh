@@ -1,13 +1,12 @@
 #!/bin/bash
-# Issue 10, session of 2026-12-06 (third): three kernel cuts, each behind its switch (off by default until measured):
-# a MoE block's routing in its gate/up kernel (SPECDEC_MOE_ROUTE_FOLD), the q/k norms in the RoPE + cache-write kernel
-# (SPECDEC_NORM_ROPE), a gated attention's o * sigmoid(gate) as one kernel (SPECDEC_FUSED_GATE).
-#   bash scripts/device_fewer.sh ab      # ab_flags, one process a shape: qwen3.5-35b-a3b (each cut, all three),
-#                                        # qwen3-8b (norm-rope), qwen3.5-9b (all three)
-#   bash scripts/device_fewer.sh check   # with all three on: the 35b step's profile and timeline (profile_shape_step.py);
-#                                        # device_check on random Qwen3, Qwen3.5 dense and MoE
-#                                        # (graphs and eager; oracle, n-gram, MTP, DFlash drafts), then bench --shape
-#                                        # qwen3.5-35b-a3b (its oracle against plain decoding)
+# Issue 10, session of 2026-12-06 (third): kernel cuts in the hybrid and q/k-normed targets' steps.
+# Ran at 47d91ef (`ab`): ab_flags on qwen3.5-35b-a3b, qwen3-8b and qwen3.5-9b for three cuts, each behind a switch: a MoE
+# block's routing in its gate/up kernel (slower, removed), a gated attention's o * sigmoid(gate) as one kernel (mixed,
+# removed) and the q/k norms in the RoPE + cache-write kernel (faster: layers.NORM_ROPE, on); BENCHMARKS.md.
+#   bash scripts/device_fewer.sh check   # the 35b step's profile and timeline (profile_shape_step.py); device_check on
+#                                        # random Qwen3, Qwen3.5 dense and MoE (graphs and eager; oracle, n-gram, MTP,
+#                                        # DFlash drafts); bench --shape qwen3.5-35b-a3b (its oracle against plain)
+#   bash scripts/device_fewer.sh ab      # ab_flags defaults / defaults-norm-rope on qwen3-8b and qwen3.5-35b-a3b
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl).
 set -u
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
@@ -21,12 +20,9 @@ ab() {  # NAME TIMEOUT ab_flags args...
 }
 case "${1:-}" in
 ab)
-    ab 35b 260 --shape qwen3.5-35b-a3b --rounds 3 \
-        --variants defaults defaults+route-fold defaults+norm-rope defaults+gate defaults+fewer
-    ab 8b 120 --shape qwen3-8b --rounds 3 --variants defaults defaults+norm-rope
-    ab 9b 120 --shape qwen3.5-9b --rounds 3 --variants defaults defaults+fewer ;;
+    ab 35b 200 --shape qwen3.5-35b-a3b --rounds 3 --variants defaults defaults-norm-rope
+    ab 8b 120 --shape qwen3-8b --rounds 3 --variants defaults defaults-norm-rope ;;
 check)
-    export SPECDEC_MOE_ROUTE_FOLD=1 SPECDEC_NORM_ROPE=1 SPECDEC_FUSED_GATE=1
     timeout 120 python scripts/profile_shape_step.py --shape qwen3.5-35b-a3b --context 512 --rows 1 \
         --timeline $R/timeline35b.json > $R/prof35b.json 2> $R/prof35b.err; echo "profile rc=$?"
     python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
@@ -41,6 +37,6 @@ check)
         --reps 10 --json $R/b35b.json > $R/b35b.log 2>&1
     grep -vE "^ *(verify|k=)" $R/b35b.log | tail -7 ;;
 *)
-    echo "device_fewer.sh: ab | check"; exit 2 ;;
+    echo "device_fewer.sh: check | ab"; exit 2 ;;
 esac
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -269,14 +269,11 @@ def moe() -> None:
     shared = ((torch.randn(2 * inter, hidden) * 0.1).half(), (torch.randn(hidden, inter) * 0.1).half())
     router = (torch.randn(e + 1, hidden) * 0.1).half()  # the shared gate's row last
     x = torch.randn(t, hidden).half()
-    folded = {}
     for name, sh, rw in (("shared expert", shared, router), ("no shared expert", None, router[:e])):
-        for pc, fold in ((1, False), (4, False), (4, True)):
+        for pc in (1, 4):
             tiles = ((16, 128, 4), (8, 32, 4, pc))  # past one BK block of the intermediate too
-            label = f"{name}, {pc} pair{'s' if pc > 1 else ''} a load{', routed in gate/up' if fold else ''}"
-            expert_kernel.ROUTE_IN_GATE_UP = fold
+            label = f"{name}, {pc} pair{'s' if pc > 1 else ''} a load"
             got = expert_kernel.moe(x, rw, k, gate_up, down, sh, tiles=tiles)
-            folded[(name, fold)] = got
             want = expert_kernel.moe_reference(x, rw, k, gate_up, down, sh)
             diff = (got.float() - want.float()).abs()
             ulps = (diff / (want.float().abs() * 2 ** -10 + 1e-3)).max().item()
@@ -287,10 +284,6 @@ def moe() -> None:
             part = expert_kernel.moe(x, rw, k, gate_up, down, sh, torch.tensor(2), tiles=tiles)
             check(f"moe ({label}): the live rows as before, the padding rows zero",
                   torch.equal(part[:2], got[:2]) and not part[2:].any())
-        # SPECDEC_MOE_ROUTE_FOLD: the routing computed by the gate/up programs gives the routing kernel's bits
-        check(f"moe ({name}): routed in the gate/up kernel, the routing kernel's bits",
-              torch.equal(folded[(name, True)], folded[(name, False)]))
-    expert_kernel.ROUTE_IN_GATE_UP = False
     try:
         expert_kernel.moe(x, router[:e], k, gate_up, down, shared)
         check("moe: a router without the shared gate's row is refused", False)
@@ -383,20 +376,6 @@ def fused() -> None:
         err = (got.float() - want).abs().max().item()
         check(f"fused silu*mul {dtype}: equals the torch ops", err < (1e-5 if dtype == torch.float32 else 1e-2), f"(max diff {err:.1e})")
         check(f"fused silu*mul {dtype}: a row alone has its bits", torch.equal(fused_ops.silu_mul(gu[2:3]), got[2:3]))
-        # a gated attention's o * sigmoid(gate) (layers.FUSED_GATE): o as attend returns it ([H, T, d] seen as
-        # [T, H, d]), the gate a strided view of the q/k/v + gate projection, as Attention._shape_heads leaves it
-        t, h, d = 5, 3, 16
-        o = torch.randn(h, t, d, generator=g).to(dtype).transpose(0, 1)
-        gate = torch.randn(t, h, 3 * d, generator=g).to(dtype)[..., d:2 * d]
-        got = fused_ops.sigmoid_gate(o, gate)
-        check(f"fused sigmoid gate {dtype}: taken on these strides", fused_ops._gate_fits(o, gate)
-              and not fused_ops._gate_fits(o, gate[..., :8]))
-        want = (o * torch.sigmoid(gate)).reshape(t, h * d)
-        err = (got.float() - want.float()).abs().max().item()
-        check(f"fused sigmoid gate {dtype}: equals the torch ops", err < (1e-6 if dtype == torch.float32 else 2e-3),
-              f"(max diff {err:.1e})")
-        check(f"fused sigmoid gate {dtype}: a row alone has its bits", torch.equal(fused_ops.sigmoid_gate(o[2:3], gate[2:3]),
-                                                                                   got[2:3]))
 
 
 def fused_layer() -> None:
@@ -609,19 +588,13 @@ def pdl_ptx() -> None:
              "norm-rope": (rope_write._norm_rope_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
                            | {"qw": "*fp32", "kw": "*fp32", "start": "*i64", "eps": "fp32"},
                            {"R": 64, "HALF": 32, "D": 64, "HAS_Q": True}),
-             "gate": (fused_ops._gate_kernel, {"o": "*bf16", "g": "*bf16", "y": "*bf16"}, {"D": 256}),
              "norm-rope-rows": (rope_write._norm_rope_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
                                 | {"qw": "*fp32", "kw": "*fp32", "start": "*i64", "eps": "fp32"},
                                 {"R": 64, "HALF": 32, "D": 256, "HAS_Q": True, "ROW_TABLES": True}),
              "moe-route": (expert_kernel._route_kernel, {"logits": "*bf16", "idx": "*i32", "wts": "*bf16", "live": "*i64"},
                            {"LIVE": True, "SHARED": True, "K": 8, "KB": 16, "BE": 256}),
-             "moe-gate-up": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "h", "logits", "wts")}
-                             | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64, "LINES": 32,
-                                                                "ROUTE": False, "SHARED": True, "KC": 8, "KB": 16, "BE": 256}),
-             "moe-gate-up-routed": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "h", "logits", "wts")}
-                                    | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64,
-                                                                       "LINES": 32, "ROUTE": True, "SHARED": True,
-                                                                       "KC": 8, "KB": 16, "BE": 256}),
+             "moe-gate-up": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "h")}
+                             | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64, "LINES": 32}),
              "moe-combine": (expert_kernel._combine_kernel, {n: "*bf16" for n in ("hin", "wts", "w", "sw", "y")}
                              | {"idx": "*i32", "live": "*i64"}, {"K": 8, "P": 9, "LIVE": True, "BN": 4, "BK": 512, "PC": 4,
                                                                 "PER_LINE": 64, "LINES": 8}),
@@ -646,7 +619,7 @@ def pdl_ptx() -> None:
             fence, atom = body.find("fence.acq_rel.gpu"), body.find("atom.global")
             check("pdl-ptx gemm-split: the partials' stores, a GPU-scope fence, then the tile's atomic count",
                   0 <= body.find("st.global") < fence < atom)
-        if name in ("gemm", "gemm-split", "moe-gate-up", "moe-gate-up-routed", "moe-combine"):  # weights that never depend on the kernel before
+        if name in ("gemm", "gemm-split", "moe-gate-up", "moe-combine"):  # weights that never depend on the kernel before
             # (the GEMM's, the shared expert's) prefetched before the wait
             check(f"pdl-ptx {name}: the weight rows prefetched into L2 before the wait",
                   0 <= body.find("prefetch.global.L2") < wait)

@@ -92,6 +92,28 @@ def test_fused_deltanet_projections(loaded, kind, monkeypatch):
         assert all(_rel(f, a) < 1e-6 for f, a in zip(fused, apart))
 
 
+def test_attention_heads_normed_later_are_the_same(loaded):
+    """A q/k-normed attention's heads split without their norms (``split_qkv(..., norm=False)``, as a static step's
+    fused path splits them for the RoPE kernel that norms them on CUDA, layers.NORM_ROPE) give, where that kernel
+    does not run (here the CPU), the heads normed first: the same attention output, bit for bit."""
+    from specdec.cache import KVCache
+    model = loaded["dense"]
+    layer = next(m for m in model.layers if hasattr(m, "self_attn"))
+    a = layer.self_attn
+    assert a.q_norm is not None and a.gated and a._fused is not None
+    x = torch.randn(5, model.config.hidden_size)
+    ctx = model.step_context(0, 5)
+    outs = []
+    with torch.no_grad():
+        qkv = torch.nn.functional.linear(x, a._fused[0])
+        for norm in (True, False):
+            cache = KVCache(a.n_kv, a.head_dim, 16, torch.float32, "cpu")
+            o = a.attend_heads(a.split_qkv(qkv, norm=norm), ctx.cos, ctx.sin, cache, 0, ctx.mask, normed=norm)
+            outs.append((o, cache.k.clone(), cache.v.clone()))
+    assert all(torch.equal(p, q) for p, q in zip(*outs))
+    assert not torch.equal(a.split_qkv(qkv, norm=False)[0], a.split_qkv(qkv)[0])  # the norms do something here
+
+
 def test_checkpoint_mtp_tensors_stay_out_of_the_target(ckpt):
     _, path = ckpt["moe"]
     lm = load_model(str(path), device="cpu", dtype="float32", tokenizer=False)

@@ -68,10 +68,6 @@ COMBINE_TILE = (1, 512, 1, 16)
 # programs did nothing but start (on the H200, qwen3.5-35b-a3b: the two kernels 1.08 -> 1.58 ms a step from 1 to
 # 16 rows with one live). A row's bits do not depend on G: each (row, pair, block) is computed alike.
 ROW_GROUPS = 4
-# the routing inside the gate/up kernel (each program routes its rows itself from the router's logits; one kernel a
-# layer fewer, the routing kernel's launch and wait gone): the same routing code, so the same bits.
-# SPECDEC_MOE_ROUTE_FOLD; off until measured on the GPU (scripts/ab_flags.py defaults+route-fold)
-ROUTE_IN_GATE_UP = env.switch("SPECDEC_MOE_ROUTE_FOLD")
 
 
 def usable(x: torch.Tensor, act) -> bool:
@@ -97,15 +93,11 @@ if triton is not None:
             return T + 0
 
     @triton.jit
-    def _gate_up_kernel(x, idx, w, sw, h, live, T, G, K, P, H, INTER, logits, wts, E, LS, LIVE: tl.constexpr,
-                        BN: tl.constexpr, BK: tl.constexpr, PER_LINE: tl.constexpr, LINES: tl.constexpr,
-                        USE_GDC: tl.constexpr, ROUTE: tl.constexpr = False, SHARED: tl.constexpr = False,
-                        KC: tl.constexpr = 1, KB: tl.constexpr = 1, BE: tl.constexpr = 1):
+    def _gate_up_kernel(x, idx, w, sw, h, live, T, G, K, P, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr,
+                        BK: tl.constexpr, PER_LINE: tl.constexpr, LINES: tl.constexpr, USE_GDC: tl.constexpr):
         # program (row group g and pair slot j: axis 0 = g * P + j; block of BN intermediate channels): pair j of
         # rows g, g + G, ... below the live rows (a padding row's h is never read); pair number K of a row
-        # (P = K + 1) is the shared expert, whose fused gate/up weight is sw. ROUTE: each program routes its rows
-        # itself from the router's logits (_route_row, as _route_kernel does: KC = K), and the programs of pair
-        # slot 0 and block 0 write the routing to idx and wts for the combine (no routing kernel before this one)
+        # (P = K + 1) is the shared expert, whose fused gate/up weight is sw
         g = tl.program_id(0) // P
         j = tl.program_id(0) % P
         nb = tl.program_id(1)
@@ -122,15 +114,7 @@ if triton is not None:
             tl.extra.cuda.gdc_wait()
         for t in range(g, _live_rows(T, live, LIVE), G):
             if j < K:
-                if ROUTE:  # (the shared expert's programs need no routing)
-                    ids, wk = _route_row(logits, t, E, LS, h.dtype.element_ty, SHARED, KC, KB, BE)
-                    if j == 0 and nb == 0:
-                        rk = tl.arange(0, KB)
-                        tl.store(idx + t * KC + rk, ids, mask=rk < KC)
-                        tl.store(wts + t * P + rk, wk, mask=rk < P)
-                    e = tl.sum(tl.where(tl.arange(0, KB) == j, ids, 0), 0).to(tl.int64)
-                else:
-                    e = tl.load(idx + t * K + j).to(tl.int64)
+                e = tl.load(idx + t * K + j).to(tl.int64)
                 base = w + e * (2 * INTER) * H
             else:
                 base = sw + 0
@@ -177,36 +161,12 @@ if triton is not None:
             tl.store(y + p * H + rn, acc.to(y.dtype.element_ty), mask=nm)
 
     @triton.jit
-    def _route_row(logits, t, E, LS, dt, SHARED: tl.constexpr, K: tl.constexpr, KB: tl.constexpr, BE: tl.constexpr):
-        # row t's routing: ``(ids, weights)`` over KB slots, the top K of the softmax of its E logits (row stride LS),
-        # renormalised and rounded to dt, and (SHARED) the shared expert's gate, the sigmoid of logit number E, as
-        # weight number K. The top K in one max a pick: a probability (never negative, so its bits order as it does)
-        # in the high word of an int64 key, BE - 1 - id in the low word (the lowest id wins a tie)
-        rk = tl.arange(0, KB)
-        re = tl.arange(0, BE)
-        em = re < E
-        lg = tl.load(logits + t * LS + re, mask=em, other=float("-inf")).to(tl.float32)
-        ex = tl.exp(lg - tl.max(lg, 0))
-        prob = ex / tl.sum(ex, 0)
-        key = (prob.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BE - 1 - re).to(tl.int64)
-        key = tl.where(em, key, -1)  # taken or past E: below every key
-        top = tl.zeros([KB], dtype=tl.float32)
-        ids = tl.zeros([KB], dtype=tl.int32)
-        for i in tl.static_range(K):
-            best = tl.max(key, 0)
-            top = tl.where(rk == i, (best >> 32).to(tl.int32).to(tl.float32, bitcast=True), top)
-            ids = tl.where(rk == i, (BE - 1 - (best & 0xFFFFFFFF)).to(tl.int32), ids)
-            key = tl.where(key == best, -1, key)
-        wk = (top / tl.sum(top, 0)).to(dt)
-        if SHARED:
-            gl = tl.load(logits + t * LS + E).to(tl.float32)
-            wk = tl.where(rk == K, tl.sigmoid(gl).to(dt), wk)
-        return ids, wk
-
-    @triton.jit
     def _route_kernel(logits, idx, wts, live, E, LS, P, LIVE: tl.constexpr, SHARED: tl.constexpr, K: tl.constexpr,
                       KB: tl.constexpr, BE: tl.constexpr, USE_GDC: tl.constexpr):
-        # program row t: its routing (_route_row) to idx and wts; a padding row routes to expert 0 with weight 0
+        # program row t: the top K of the softmax of its E logits (row stride LS), renormalised, and (SHARED) the
+        # shared expert's gate, the sigmoid of logit number E, as weight number K; a padding row routes to expert 0
+        # with weight 0. The top K in one max a pick: a probability (never negative, so its bits order as it does)
+        # in the high word of an int64 key, BE - 1 - id in the low word (the lowest id wins a tie)
         if USE_GDC:  # models/pdl.py
             pdl.begin()
         t = tl.program_id(0)
@@ -216,8 +176,25 @@ if triton is not None:
             tl.store(idx + t * K + rk, tl.zeros([KB], dtype=tl.int32), mask=rk < K)
             tl.store(wts + t * P + rk, tl.zeros([KB], dtype=tl.float32).to(dt), mask=rk < P)
         else:
-            ids, wk = _route_row(logits, t, E, LS, dt, SHARED, K, KB, BE)
+            re = tl.arange(0, BE)
+            em = re < E
+            lg = tl.load(logits + t * LS + re, mask=em, other=float("-inf")).to(tl.float32)
+            ex = tl.exp(lg - tl.max(lg, 0))
+            prob = ex / tl.sum(ex, 0)
+            key = (prob.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BE - 1 - re).to(tl.int64)
+            key = tl.where(em, key, -1)  # taken or past E: below every key
+            top = tl.zeros([KB], dtype=tl.float32)
+            ids = tl.zeros([KB], dtype=tl.int32)
+            for i in tl.static_range(K):
+                best = tl.max(key, 0)
+                top = tl.where(rk == i, (best >> 32).to(tl.int32).to(tl.float32, bitcast=True), top)
+                ids = tl.where(rk == i, (BE - 1 - (best & 0xFFFFFFFF)).to(tl.int32), ids)
+                key = tl.where(key == best, -1, key)
             tl.store(idx + t * K + rk, ids, mask=rk < K)
+            wk = (top / tl.sum(top, 0)).to(dt)
+            if SHARED:
+                gl = tl.load(logits + t * LS + E).to(tl.float32)
+                wk = tl.where(rk == K, tl.sigmoid(gl).to(dt), wk)
             tl.store(wts + t * P + rk, wk, mask=rk < P)
 
     @triton.jit
@@ -279,8 +256,7 @@ def pairs(x: torch.Tensor, idx: torch.Tensor, gate_up: torch.Tensor, down: torch
     live = live if has_live else idx  # a stand-in pointer, never read without LIVE
     h = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(t * k, triton.cdiv(inter, BN))](x, idx, gate_up, gate_up, h, live, t, t, k, k, hidden, inter,
-                                                     x, x, 0, 0, LIVE=has_live, BN=BN, BK=BK, PER_LINE=1, LINES=1,
-                                                     USE_GDC=False)
+                                                     LIVE=has_live, BN=BN, BK=BK, PER_LINE=1, LINES=1, USE_GDC=False)
     y = torch.empty(t * k, hidden, dtype=x.dtype, device=x.device)
     _down_kernel[(t * k, triton.cdiv(hidden, BN))](h, idx, down, y, live, k, hidden, inter, LIVE=has_live,
                                                    BN=BN, BK=BK)
@@ -314,15 +290,13 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
     gdc = pdl.options(x)
     per_line, h_lines = pdl.l2_lines(hidden, x.element_size())
     i_lines = pdl.l2_lines(inter, x.element_size())[1]
-    route = dict(SHARED=shared is not None, KB=triton.next_power_of_2(p), BE=triton.next_power_of_2(e))
-    if not ROUTE_IN_GATE_UP:
-        _route_kernel[(t,)](logits, idx, wts, live_ptr, e, logits.stride(0), p, LIVE=has_live, K=top_k, **route, **gdc)
+    _route_kernel[(t,)](logits, idx, wts, live_ptr, e, logits.stride(0), p, LIVE=has_live, SHARED=shared is not None,
+                        K=top_k, KB=triton.next_power_of_2(p), BE=triton.next_power_of_2(e), **gdc)
     g = min(t, ROW_GROUPS)
     h = torch.empty(t * p, inter, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(g * p, triton.cdiv(inter, gbn))](x, idx, gate_up, sgu, h, live_ptr, t, g, top_k, p, hidden,
-                                                      inter, logits, wts, e, logits.stride(0), LIVE=has_live, BN=gbn,
-                                                      BK=gbk, PER_LINE=per_line, LINES=h_lines, num_warps=gw,
-                                                      ROUTE=ROUTE_IN_GATE_UP, KC=top_k, **route, **gdc)
+                                                      inter, LIVE=has_live, BN=gbn, BK=gbk, PER_LINE=per_line,
+                                                      LINES=h_lines, num_warps=gw, **gdc)
     y = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
     _combine_kernel[(g, triton.cdiv(hidden, cbn))](h, idx, wts, down, sdown, y, live_ptr, t, g, hidden, inter, K=top_k,
                                                    P=p, LIVE=has_live, BN=cbn, BK=cbk, PC=cpc, PER_LINE=per_line,

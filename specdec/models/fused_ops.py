@@ -6,8 +6,6 @@ RMSNorm three (the fp32 copy, ``rms_norm``, the scaled product), the residual ad
 activation and product two. Here a norm is one kernel, a residual add and the norm after it one, the
 activation and product one.
 
-A gated attention's ``o * sigmoid(gate)`` (Qwen3.5) is one kernel too (:func:`sigmoid_gate`).
-
 Bits: one program per row, the row's sum of squares in a fixed order (the row's width decides it):
 a row's result never depends on the other rows, their count or the step. They are not the bits of
 the torch ops (another summation order), so every eager CUDA forward without gradients takes these
@@ -90,20 +88,6 @@ if triton is not None:
         tl.store(y + row * I + i, (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=m)
 
 
-    @triton.jit(do_not_specialize=["H", "sot", "soh", "sgt", "sgh"])
-    def _gate_kernel(o, g, y, H, sot, soh, sgt, sgh, D: tl.constexpr, USE_GDC: tl.constexpr):
-        # program (row t, head h): y[t, h * D + i] = o[t, h, i] * sigmoid(g[t, h, i]), the sigmoid rounded to the model
-        # dtype and the product rounded, as the torch ops round (o and g at any strides)
-        if USE_GDC:  # models/pdl.py
-            pdl.begin()
-        t, h = tl.program_id(0), tl.program_id(1)
-        i = tl.arange(0, D)
-        ov = tl.load(o + t * sot + h * soh + i)
-        gf = tl.load(g + t * sgt + h * sgh + i).to(tl.float32)
-        s = (1.0 / (1.0 + tl.exp(-gf))).to(ov.dtype)
-        tl.store(y + (t * H + h) * D + i, (ov.to(tl.float32) * s.to(tl.float32)).to(ov.dtype))
-
-
 def _block(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
@@ -139,26 +123,4 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         block = min(1024, _block(i))
         _silu_mul_kernel[(rows, triton.cdiv(i, block))](gate_up, y, i, gate_up.stride(0), BLOCK=block, num_warps=4,
                                                                   **pdl.options(gate_up))
-    return y
-
-
-def gate_usable(o: torch.Tensor, gate: torch.Tensor) -> bool:
-    """Whether :func:`sigmoid_gate` takes ``o``, ``gate`` (:func:`usable`, both ``[T, H, d]`` alike, ``d`` a power of
-    two and contiguous)."""
-    return usable(o) and _gate_fits(o, gate)
-
-
-def _gate_fits(o: torch.Tensor, gate: torch.Tensor) -> bool:
-    d = o.shape[-1]
-    return o.dim() == 3 and gate.shape == o.shape and gate.dtype == o.dtype and d & (d - 1) == 0 and gate.stride(-1) == 1
-
-
-def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """``o [T, H, d] * sigmoid(gate [T, H, d])`` as ``[T, H * d]`` (contiguous), rounded as the torch ops round
-    (a gated attention's output, Qwen3.5): one kernel where the torch ops take two. Callers check :func:`gate_usable`."""
-    t, h, d = o.shape
-    y = torch.empty(t, h * d, dtype=o.dtype, device=o.device)
-    if t:
-        _gate_kernel[(t, h)](o, gate, y, h, o.stride(0), o.stride(1), gate.stride(0), gate.stride(1), D=d,
-                             num_warps=1 if d <= 256 else 4, **pdl.options(o))
     return y

@@ -310,11 +310,10 @@ SPLIT_ATTENTION = env.choice("SPECDEC_SPAN_ATTENTION") == "split"
 # eager ops' results (scripts/check_rope_write.py on the H200); SPECDEC_FUSED_ROPE=0 turns it off
 FUSED_ROPE_WRITE = env.switch("SPECDEC_FUSED_ROPE")
 # ... with the q/k norms in the same kernel (rope_write.norm_rope_write: two norm kernels a layer fewer in a q/k-normed
-# target's one-sequence static steps, Qwen3 and Qwen3.5): SPECDEC_NORM_ROPE, off until measured on the GPU
+# target's one-sequence static steps, Qwen3 and Qwen3.5). On by default since measured (H100, 2026-12-06 (third),
+# scripts/ab_flags.py, one process, 1-row step at context 512): qwen3-8b 6.204 -> 6.127 ms, qwen3.5-35b-a3b 3.689 ->
+# 3.665; SPECDEC_NORM_ROPE=0 off
 NORM_ROPE = env.switch("SPECDEC_NORM_ROPE")
-# a gated attention's o * sigmoid(gate) as one kernel (fused_ops.sigmoid_gate) in one sequence's CUDA steps:
-# SPECDEC_FUSED_GATE, off until measured on the GPU
-FUSED_GATE = env.switch("SPECDEC_FUSED_GATE")
 
 
 # A single sequence's static steps (models/graphs.py: generate, bench) attend over the whole
@@ -476,12 +475,9 @@ class Attention(nn.Module):
     @staticmethod
     def gathered(o: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
         """``o [H, T, d]`` -> ``[T, H*d]`` (batched ``[B, H, T, d]`` -> ``[B, T, H*d]``), times ``sigmoid(gate)`` if
-        gated (``gate [T, H, d]``, batched ``[B, T, H, d]``, any strides): on CUDA, one sequence's, one kernel
-        (``FUSED_GATE``)."""
+        gated (``gate [T, H, d]``, batched ``[B, T, H, d]``, any strides: a view of the projection, never copied)."""
         o = o.transpose(-3, -2)
         if gate is not None:
-            if FUSED_GATE and fused_ops.gate_usable(o, gate) and not torch.is_grad_enabled():
-                return fused_ops.sigmoid_gate(o, gate)
             o = o * torch.sigmoid(gate)
         return o.reshape(*o.shape[:-2], -1)
 
