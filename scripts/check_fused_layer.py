@@ -52,6 +52,10 @@ WIDE_HEAD_SWEEP = [(bn, bk, wp, st) for bn in (32, 64, 128) for bk in (64, 128) 
 L2_BYTES = 256 << 20  # a timed call cycles over copies of its weight at least this large: no call finds it in L2
 # the LM head (vocab outputs): wider output tiles too
 HEAD_SWEEP = SWEEP + [(bn, bk, wp, st) for bn in (128,) for bk in (64, 128) for wp in (4, 8) for st in (2, 3, 4)]
+# a MoE router (+ the shared expert's gate: a few hundred outputs over a wide hidden size): few output tiles, so K split
+# too (2-8 ways)
+ROUTER_SWEEP = [(bn, bk, wp, st, sp) for bn in (16, 32) for bk in (128, 256) for wp in (2, 4) for st in (2, 3)
+                for sp in (1, 2, 4, 8)]
 
 
 def weight_shapes(shape: str) -> dict:
@@ -61,6 +65,7 @@ def weight_shapes(shape: str) -> dict:
     (a MoE block's experts run their own kernels), the LM head."""
     from specdec.models.deltanet import GatedDeltaNet
     from specdec.models.layers import Attention, SwiGLU
+    from specdec.models.moe import SparseMoeBlock
     from specdec.shapes import meta_model
     m = meta_model(shape)
     m.fuse_projections()
@@ -82,6 +87,9 @@ def weight_shapes(shape: str) -> dict:
             elif isinstance(mod, SwiGLU):
                 add("gate_up+silu", mod._fused[0], True)
                 add("down", mod.down_proj.weight)
+            elif isinstance(mod, SparseMoeBlock):  # the router (+ the shared expert's gate) on the fused GEMM
+                mod.fuse()
+                add("router", mod._router_weight())
     hidden = m.config.hidden_size
     if hidden > fl.MAX_HIDDEN:  # a drafter's weights on a wide target: DFlash's fc (5 target layers) and context K/V
         # (5 layers x 8 KV heads of 128), an MTP block's fc
@@ -127,8 +135,8 @@ def kernels(shapes: dict, rows: int, res: dict, sweep: bool = False) -> None:
         print(f"  {name}: {rows} rows, triton {fused_us:.2f} us, cuBLAS{' + silu_mul' if silu else ''} {unfused_us:.2f} us", flush=True)
         if sweep:
             times = {}
-            for tile in ({True: WIDE_HEAD_SWEEP, False: HEAD_SWEEP} if name == "head" else
-                         {True: WIDE_SWEEP, False: SWEEP})[min(w.shape) > fl.MAX_HIDDEN]:
+            for tile in (ROUTER_SWEEP if name == "router" else ({True: WIDE_HEAD_SWEEP, False: HEAD_SWEEP} if name == "head"
+                         else {True: WIDE_SWEEP, False: SWEEP})[min(w.shape) > fl.MAX_HIDDEN]):
                 try:
                     times[tile] = graph_us(lambda: fl.linear(xi, nxt(), silu=silu, tile=tile))
                 except Exception as e:  # a tiling the compiler refuses (shared memory)
