@@ -26,7 +26,7 @@ every GEMM tiling unsplit), ``defaults-hybrid`` (qwen35.HYBRID_FUSED off: a dens
 its steps padded), ``defaults+pfall`` / ``defaults+pf0``
 (fused_layer.PREFETCH_BYTES: whole weights or nothing prefetched into L2), ``defaults+cut4`` / ``+cut16`` (the combine's cut: 4 x 8, the default, or 16 x 32), ``defaults+o2`` / ``+qkv4`` / ``+down4`` (the qwen3-8b shape's GEMMs with K
 split, see SETTINGS), ``defaults+moe-bmm`` (moe.GROUPED_BMM: a MoE prefill's experts as two batched GEMMs; its
-``prefill_ms``), ``defaults+route1`` (expert_kernel.ROUTE_WARPS 1: the MoE routing kernel on one warp), ``defaults-norm-rope`` (layers.NORM_ROPE off: the q/k norms as kernels of their own). Each
+``prefill_ms``), ``defaults-norm-rope`` (layers.NORM_ROPE off: the q/k norms as kernels of their own). Each
 variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs). The flags are module attributes read as a step
 is built, so a variant's steps are built with them set and the defaults come back after.
 """
@@ -67,7 +67,6 @@ SETTINGS["o2"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 4096, 0): (64
 SETTINGS["qkv4"] = ("specdec.models.fused_layer", "_FORCED", {(6144, 4096, 0): (64, 128, 4, 4, 4)})
 SETTINGS["down4"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 12288, 0): (64, 256, 4, 3, 4)})
 SETTINGS["moe-bmm"] = ("specdec.models.moe", "GROUPED_BMM", True)  # a MoE prefill's experts as two batched GEMMs
-SETTINGS["route1"] = ("specdec.models.expert_kernel", "ROUTE_WARPS", 1)  # the MoE routing kernel on one warp
 
 # AB_TILES='{"N,K,silu": [BN, BK, warps, stages(, split)], ...}' (check_fused_layer.py --sweep's best_tiles): defaults+tiles
 # runs those tilings over the table, in the same process as the defaults
@@ -84,8 +83,6 @@ for _n in FLAGS:  # each flag's question against what ships: defaults-fold, defa
     VARIANTS[f"defaults-{_n}"] = tuple(n for n in FLAGS if n != _n)
 for _n in SETTINGS:
     VARIANTS[f"defaults+{_n}"] = tuple(FLAGS) + (_n,)
-if "tiles" in SETTINGS:  # AB_TILES and the one-warp routing kernel
-    VARIANTS["defaults+tiles+route1"] = tuple(FLAGS) + ("tiles", "route1")
 
 
 @contextlib.contextmanager

@@ -8,8 +8,8 @@
 #                                        # DFlash drafts); bench --shape qwen3.5-35b-a3b (its oracle against plain)
 #   bash scripts/device_fewer.sh ab      # ab_flags defaults / defaults-norm-rope on qwen3-8b and qwen3.5-35b-a3b
 #   bash scripts/device_fewer.sh router  # the 35b's MoE router GEMM (257 x 2048) swept at 1 row (K split too), then
-#                                        # ab_flags defaults / defaults+tiles (the sweep's best) / defaults+route1 (the
-#                                        # routing kernel on one warp) / both
+#                                        # ab_flags defaults / defaults+tiles (the sweep's best); ran at 9db4584 with a
+#                                        # one-warp routing kernel too (no gain, removed)
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl).
 set -u
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
@@ -44,7 +44,7 @@ router)
         --json $R/sweep_router.json > $R/sweep_router.log 2>&1; echo "sweep rc=$?"; grep -E "router|failed" $R/sweep_router.log | tail -4
     export AB_TILES=$(python -c "import json; print(json.dumps(json.load(open('$R/sweep_router.json'))['best_tiles']))")
     echo "AB_TILES=$AB_TILES"
-    ab 35b_router 280 --shape qwen3.5-35b-a3b --rounds 3 --variants defaults defaults+tiles defaults+route1 defaults+tiles+route1 ;;
+    ab 35b_router 200 --shape qwen3.5-35b-a3b --rounds 3 --variants defaults defaults+tiles ;;
 *)
     echo "device_fewer.sh: check | ab | router"; exit 2 ;;
 esac

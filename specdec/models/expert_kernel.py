@@ -68,9 +68,6 @@ COMBINE_TILE = (1, 512, 1, 16)
 # programs did nothing but start (on the H200, qwen3.5-35b-a3b: the two kernels 1.08 -> 1.58 ms a step from 1 to
 # 16 rows with one live). A row's bits do not depend on G: each (row, pair, block) is computed alike.
 ROW_GROUPS = 4
-# the routing kernel's warps (a row's softmax and top-k reductions over at most BE logits; fewer warps, cheaper
-# reductions, other summation orders: fixed per build, a row's bits its own either way)
-ROUTE_WARPS = 4
 
 
 def usable(x: torch.Tensor, act) -> bool:
@@ -294,8 +291,7 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
     per_line, h_lines = pdl.l2_lines(hidden, x.element_size())
     i_lines = pdl.l2_lines(inter, x.element_size())[1]
     _route_kernel[(t,)](logits, idx, wts, live_ptr, e, logits.stride(0), p, LIVE=has_live, SHARED=shared is not None,
-                        K=top_k, KB=triton.next_power_of_2(p), BE=triton.next_power_of_2(e), num_warps=ROUTE_WARPS,
-                        **gdc)
+                        K=top_k, KB=triton.next_power_of_2(p), BE=triton.next_power_of_2(e), **gdc)
     g = min(t, ROW_GROUPS)
     h = torch.empty(t * p, inter, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(g * p, triton.cdiv(inter, gbn))](x, idx, gate_up, sgu, h, live_ptr, t, g, top_k, p, hidden,

@@ -106,6 +106,10 @@ TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     (9216, 2048, False): (32, 256, 4, 4),  # the gated attention's q/k/v + gate: 13.55 (14.70; 11.86)
     (2048, 4096, False): (64, 256, 4, 4, 2),  # o_proj / the DeltaNet's out_proj: 8.76 (10.15 split 4; 9.30)
     (248320, 2048, False): (128, 128, 4, 4),  # LM head: 226.93 (228.77; 245.52)
+    # its MoE router + the shared expert's gate (2026-12-06 (third), H100, --only router --sweep --rows 1, 64 tilings
+    # with K split 1-8 ways): 4.58 us (the default TILE 5.41; cuBLAS 3.09); the 1-row step (ab_flags defaults+tiles)
+    # 3.691 / 3.709 -> 3.660 / 3.621 ms in two rounds
+    (257, 2048, False): (16, 128, 2, 3, 8),
 }
 # weights of 2,048 or more outputs and inputs that the table does not name (a Qwen3.5 MTP block's fc, other 4096-wide
 # layers): the qwen3-8b shape's tilings by kind (its default TILE took 24.8 against 17.0 us on its q/k/v, 60.8 against
