@@ -10,6 +10,10 @@
 #   bash scripts/device_fewer.sh router  # the 35b's MoE router GEMM (257 x 2048) swept at 1 row (K split too), then
 #                                        # ab_flags defaults / defaults+tiles (the sweep's best); ran at 9db4584 with a
 #                                        # one-warp routing kernel too (no gain, removed)
+#   bash scripts/device_fewer.sh final   # bench --shape: qwen3.5-35b-a3b, qwen3-8b (512, then 4,096 and 16,384), qwen3.5-9b
+#                                        # (--draft-vocab 32768), smollm2-135m
+#   bash scripts/device_fewer.sh compare # after device_stage.sh part1 and join (the real SmolLM2 GGUF at /tmp/smol.gguf;
+#                                        # the tree with the shipped drafters): generate --compare with auto, dflash, mtp
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl).
 set -u
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
@@ -45,7 +49,25 @@ router)
     export AB_TILES=$(python -c "import json; print(json.dumps(json.load(open('$R/sweep_router.json'))['best_tiles']))")
     echo "AB_TILES=$AB_TILES"
     ab 35b_router 200 --shape qwen3.5-35b-a3b --rounds 3 --variants defaults defaults+tiles ;;
+final)
+    bench() {  # NAME CONTEXT [bench args]: the log's summary lines
+        local name=$1 ctx=$2; shift 2
+        timeout 200 python -m specdec bench --shape $name --context $ctx --oracle-tau 6.5 --json $R/b_${name}_$ctx.json "$@" \
+            > $R/b_${name}_$ctx.log 2>&1
+        echo "== $name $ctx rc=$?"; grep -vE "^ *(verify|k=)" $R/b_${name}_$ctx.log | tail -9 | cut -c1-260
+    }
+    bench qwen3.5-35b-a3b 512 --draft-vocab 32768 --reps 10
+    bench qwen3-8b 512 --contexts 4096,16384 --draft-vocab 32768 --reps 10
+    bench qwen3.5-9b 512 --draft-vocab 32768 --reps 10
+    bench smollm2-135m 512 ;;
+compare)
+    [ -s /tmp/smol.gguf ] || { echo "device_fewer.sh compare: no /tmp/smol.gguf (run device_stage.sh part1 and join)"; exit 2; }
+    q="Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
+    for d in auto dflash mtp; do
+        echo "== --draft $d"; timeout 100 python -m specdec generate -m /tmp/smol.gguf --draft $d --compare --chat -n 256 "$q" 2>&1 | tail -8
+    done > $R/compare.log
+    grep -v "^\s*$" $R/compare.log | tail -30 ;;
 *)
-    echo "device_fewer.sh: check | ab | router"; exit 2 ;;
+    echo "device_fewer.sh: check | ab | router | final | compare"; exit 2 ;;
 esac
 cd $OUT && tar czf r.tgz r && rm -rf r
