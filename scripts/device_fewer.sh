@@ -12,6 +12,7 @@
 #                                        # one-warp routing kernel too (no gain, removed)
 #   bash scripts/device_fewer.sh final   # bench --shape: qwen3.5-35b-a3b, qwen3-8b (512, then 4,096 and 16,384), qwen3.5-9b
 #                                        # (--draft-vocab 32768), smollm2-135m
+#   bash scripts/device_fewer.sh llama   # bench --shape smollm2-135m; device_check on random Llama and Qwen3 (graphs)
 #   bash scripts/device_fewer.sh compare # after device_stage.sh part1 and join (the real SmolLM2 GGUF at /tmp/smol.gguf;
 #                                        # the tree with the shipped drafters): generate --compare with auto, dflash, mtp
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl).
@@ -60,6 +61,15 @@ final)
     bench qwen3-8b 512 --contexts 4096,16384 --draft-vocab 32768 --reps 10
     bench qwen3.5-9b 512 --draft-vocab 32768 --reps 10
     bench smollm2-135m 512 ;;
+llama)
+    timeout 120 python -m specdec bench --shape smollm2-135m --context 512 --oracle-tau 6.5 --json $R/b_smollm2.json \
+        > $R/b_smollm2.log 2>&1; echo "bench rc=$?"; grep -vE "^ *(verify|k=)" $R/b_smollm2.log | tail -9 | cut -c1-260
+    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
+    for t in llama qwen3; do
+        timeout 60 python scripts/device_check.py run /tmp/dc --target $t --mode graphs --drafters oracle ngram dflash \
+            --prompts 4 --new-tokens 128 --out $R/dc_${t}_graphs.json > $R/dc_${t}_graphs.log 2>&1 || echo "$t rc=$?"
+    done
+    python scripts/device_check.py compare $R/dc_*.json --out $R/dc_report.json 2>&1 | tail -8 ;;
 compare)
     [ -s /tmp/smol.gguf ] || { echo "device_fewer.sh compare: no /tmp/smol.gguf (run device_stage.sh part1 and join)"; exit 2; }
     q="Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
@@ -68,6 +78,6 @@ compare)
     done > $R/compare.log
     grep -v "^\s*$" $R/compare.log | tail -30 ;;
 *)
-    echo "device_fewer.sh: check | ab | router | final | compare"; exit 2 ;;
+    echo "device_fewer.sh: check | ab | router | final | llama | compare"; exit 2 ;;
 esac
 cd $OUT && tar czf r.tgz r && rm -rf r

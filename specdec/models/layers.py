@@ -489,13 +489,14 @@ class Attention(nn.Module):
         """:meth:`_heads`' outputs -> the attention output before ``o_proj``, ``[..., T, H*d]`` (gated). ``normed``
         False: q and k are not yet q/k-normed (``split_qkv(..., norm=False)``); one sequence's CUDA steps then norm
         them in the RoPE kernel (``NORM_ROPE``), other paths first."""
-        if not normed and self.q_norm is not None and not (
-                NORM_ROPE and FUSED_ROPE_WRITE and heads[0].dim() == 3 and heads[0].is_cuda
-                and not torch.compiler.is_compiling() and self.q_norm.eps == self.k_norm.eps
-                and rope_write.supported(heads[0], heads[1], cos.reshape(-1, cos.shape[-1]), cache, start)):
+        normed = normed or self.q_norm is None
+        in_rope = not normed and (  # the q/k norms in the RoPE kernel (NORM_ROPE), else first
+            NORM_ROPE and FUSED_ROPE_WRITE and heads[0].dim() == 3 and heads[0].is_cuda
+            and not torch.compiler.is_compiling() and self.q_norm.eps == self.k_norm.eps
+            and rope_write.supported(heads[0], heads[1], cos.reshape(-1, cos.shape[-1]), cache, start))
+        if not normed and not in_rope:
             q, k, v, gate = heads
             heads = self.q_norm(q), self.k_norm(k), v, gate
-            normed = True
         if FUSED_ROPE_WRITE and heads[0].is_cuda and not torch.compiler.is_compiling():
             # a static step on CUDA (batched, or one sequence's): RoPE and the cache write in one kernel
             # (compiled, inductor fuses the eager ops itself)
@@ -505,7 +506,7 @@ class Attention(nn.Module):
                 if q.dim() == 4:
                     q = rope_write.rope_write(q, k, v, rows, sin.reshape(rows.shape), cache, start)
                     k_all, v_all = cache.read(start)
-                elif not normed:  # the q/k norms too (NORM_ROPE)
+                elif in_rope:  # the q/k norms too (NORM_ROPE)
                     q = rope_write.norm_rope_write(q, k, v, self.q_norm.fp32_scale(), self.k_norm.fp32_scale(),
                                                    self.q_norm.eps, rows, sin.reshape(rows.shape), cache.k, cache.v,
                                                    start, row_tables=True)
