@@ -112,6 +112,18 @@ def test_attention_heads_normed_later_are_the_same(loaded):
             outs.append((o, cache.k.clone(), cache.v.clone()))
     assert all(torch.equal(p, q) for p, q in zip(*outs))
     assert not torch.equal(a.split_qkv(qkv, norm=False)[0], a.split_qkv(qkv)[0])  # the norms do something here
+    # an attention without q/k norms (Llama) takes normed=False as normed (the fused layers pass it for every model)
+    from specdec.models.layers import Attention
+    plain = Attention(32, 4, 2, 8)
+    plain.fuse()
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        heads = plain._heads(x)
+        rot = model.rotary.__class__(8, 10000.0)
+        cos, sin = rot.cos_sin(torch.arange(5), torch.float32)
+        got = [plain.attend_heads(heads, cos, sin, KVCache(2, 8, 16, torch.float32, "cpu"), 0, ctx.mask, normed=n)
+               for n in (True, False)]
+    assert torch.equal(*got)
 
 
 def test_checkpoint_mtp_tensors_stay_out_of_the_target(ckpt):
