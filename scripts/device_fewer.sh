@@ -8,7 +8,7 @@
 #                                        # DFlash drafts); bench --shape qwen3.5-35b-a3b (its oracle against plain)
 #   bash scripts/device_fewer.sh ab      # ab_flags defaults / defaults-norm-rope on qwen3-8b and qwen3.5-35b-a3b
 #   bash scripts/device_fewer.sh router  # the 35b's MoE router GEMM (257 x 2048) swept at 1 row (K split too), then
-#                                        # ab_flags defaults / defaults+tiles (the sweep's best); ran at 9db4584 with a
+#                                        # ab_flags defaults / defaults+tiles (the sweep's best); ran at b9fd3f7 with a
 #                                        # one-warp routing kernel too (no gain, removed)
 #   bash scripts/device_fewer.sh final   # bench --shape: qwen3.5-35b-a3b, qwen3-8b (512, then 4,096 and 16,384), qwen3.5-9b
 #                                        # (--draft-vocab 32768), smollm2-135m
