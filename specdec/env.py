@@ -50,6 +50,7 @@ SWITCHES: dict[str, tuple[bool, str]] = {
     "SPECDEC_PLAIN_LOOKAHEAD": (True, "plain decoding queues step i+1 before reading step i's token"),
     "SPECDEC_ROW_EXACT": (True, "row-exact targets run unpadded steps"),
     "SPECDEC_SHORT_SPAN": (True, "static steps over the live part of the cache only"),
+    "SPECDEC_SPAN_BUCKETS": (False, "one-sequence steps over power-of-two spans of the first split, not the whole cache (not yet measured)"),
     "SPECDEC_SPLIT_DIRECT": (True, "a one-split span written by the split kernel itself"),
     "SPECDEC_SPLIT_PIPELINE": (True, "the split attention kernel's pipelined walk"),
     "SPECDEC_SPLIT_SMALL_TILES": (True, "small tiles in the split attention kernel"),

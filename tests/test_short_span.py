@@ -124,3 +124,40 @@ def test_a_narrower_mask_needs_the_split_kernel():
     mask = torch.ones(2, 6, dtype=torch.bool)
     with layers.live_context_attention(), pytest.raises(RuntimeError, match="split kernel"):
         layers.attend(q, k, k, mask, 0.3)
+
+
+def test_span_buckets_follow_the_live_context(monkeypatch):
+    """SPECDEC_SPAN_BUCKETS: past the first split a step attends over the smallest of 2, 4, ... splits' positions that
+    holds its rows (the whole cache last), each row count's steps made for every span at once; every step's logits
+    equal those of the steps over the whole cache, bit for bit (the split kernel's torch form stands in)."""
+    m = tiny_llama(max_pos=2048)
+    monkeypatch.setattr(m, "row_exact", lambda rows=1: True, raising=False)
+    monkeypatch.setattr(graphs, "split_kernel_attends", lambda model: True)
+    split_kernel_stand_in(monkeypatch)
+    keys = []  # the span of each attention call
+    monkeypatch.setattr(split_attention, "split_attention",
+                        lambda q, k_, v, mask, scale: keys.append(k_.shape[2]) or
+                        split_attention.split_attention_reference(q, k_, v, mask, scale))
+    prompt = torch.randint(1, 90, (2 * SPLIT - 6,), generator=torch.Generator().manual_seed(5))
+    made = {}
+    for buckets in (False, True):
+        monkeypatch.setattr(graphs, "SPAN_BUCKETS", buckets)
+        made[buckets] = GraphedTarget(m, m.new_cache(4 * SPLIT + 40, spare=16), use_graphs=False)
+        with torch.inference_mode():
+            m(prompt, made[buckets].cache, logits="none", snapshots=False)
+    g, ref = made[True], made[False]
+    assert g.spans == (SPLIT, 2 * SPLIT, 4 * SPLIT, g.cache.max_len) and ref.spans == (SPLIT, ref.cache.max_len)
+    last, seen = int(prompt[-1]), []
+    for _ in range(12):  # positions 2 * SPLIT - 6 .. 2 * SPLIT + 5: across the second bucket's end
+        keys.clear()
+        a = g(torch.tensor([last]))
+        seen.append(keys[0])
+        b = ref(torch.tensor([last]))
+        assert torch.equal(a.logits, b.logits) and torch.equal(a.hidden, b.hidden)
+        last = int(b.logits[0].argmax())
+    assert seen == [2 * SPLIT] * 6 + [4 * SPLIT] * 6  # a step at position p holds p + 1 positions
+    assert {span for _, span in g.steps} == set(g.spans)  # the 1-row step made for every span
+    rows4 = torch.tensor([last] * 4)
+    keys.clear()
+    g(rows4)
+    assert keys[0] == 4 * SPLIT and {span for r, span in g.steps if r == 4} == set(g.spans)

@@ -42,6 +42,13 @@ from .layers import live_context_attention
 # -n 128, alternated): plain 1,003 / 1,001 -> 1,137 / 1,140 tok/s, DFlash 2,395 -> 2,669, MTP 1,629 -> 1,792;
 # every output equal to plain (BENCHMARKS.md). SPECDEC_SHORT_SPAN=0 turns it off.
 SHORT_SPAN = env.switch("SPECDEC_SHORT_SPAN")
+# ... and past the first split, over the smallest of twice, four times, ... the first split's positions that holds the
+# step's rows (the whole cache last): the split kernel launches a program for every split of the span and its combine
+# walks them, so a step over a cache much longer than its context paid for the empty splits (H100, 2026-12-06 (third),
+# scripts/profile_shape_step.py, qwen3-8b shape, 1-row step at 512 live keys: 6.16 ms with a cache of ~1k positions,
+# 6.39 with 16,900: the split kernel 0.355 -> 0.598 ms, its combine 0.076 -> 0.152). A row's bits as with SHORT_SPAN;
+# a row count's steps are captured for every span at once. SPECDEC_SPAN_BUCKETS=1 on; off until measured on the GPU.
+SPAN_BUCKETS = env.switch("SPECDEC_SPAN_BUCKETS")
 
 
 def split_kernel_attends(model: CausalLM) -> bool:
@@ -176,7 +183,10 @@ class GraphedTarget:
         # (not compiled: each span would compile its own steps, and the generator runs no row-exact steps then)
         self.short_span = (short if short and SHORT_SPAN and not compile and cache.max_len > short and model.row_exact()
                            and split_kernel_attends(model) else None)
-        self.spans = (self.short_span, cache.max_len) if self.short_span else (cache.max_len,)
+        spans = [self.short_span] if self.short_span else []
+        while SPAN_BUCKETS and spans and spans[-1] * 2 < cache.max_len:
+            spans.append(spans[-1] * 2)
+        self.spans = tuple(spans) + (cache.max_len,)  # ascending: a step takes the first that holds its rows
         self.max_steps = max(max_steps, pad_to or 0)
         # Batch invariance: run every step of <= pad_to tokens as one pad_to-row step, so a
         # position's logits never depend on how many tokens were verified beside it (cuBLAS and
@@ -200,9 +210,9 @@ class GraphedTarget:
         return tuple(c.version for c in self.linear)
 
     def _span(self, rows: int) -> int:
-        """The positions a step of ``rows`` rows at the cache's length attends over (see SHORT_SPAN)."""
-        short = self.short_span
-        return short if short is not None and self.cache.length + rows <= short else self.cache.max_len
+        """The positions a step of ``rows`` rows at the cache's length attends over (see SHORT_SPAN, SPAN_BUCKETS)."""
+        need = self.cache.length + rows
+        return next(span for span in self.spans if need <= span or span == self.cache.max_len)
 
     def _step(self, rows: int, greedy: bool = False) -> _Step:
         """The captured step of ``rows`` rows for the current position's span; a row count's steps are
