@@ -69,7 +69,6 @@ SETTINGS["qkv4"] = ("specdec.models.fused_layer", "_FORCED", {(6144, 4096, 0): (
 SETTINGS["down4"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 12288, 0): (64, 256, 4, 3, 4)})
 SETTINGS["moe-bmm"] = ("specdec.models.moe", "GROUPED_BMM", True)  # a MoE prefill's experts as two batched GEMMs
 SETTINGS["buckets"] = ("specdec.models.graphs", "SPAN_BUCKETS", True)  # steps over power-of-two spans (-n large)
-
 # AB_TILES='{"N,K,silu": [BN, BK, warps, stages(, split)], ...}' (check_fused_layer.py --sweep's best_tiles): defaults+tiles
 # runs those tilings over the table, in the same process as the defaults
 if os.environ.get("AB_TILES"):

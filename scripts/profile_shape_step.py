@@ -104,30 +104,29 @@ def kernels(one, dev, top: int, res: dict, pre: str, timeline: str | None = None
     res[pre + "top_kernels"] = [(n, c, round(ms, 3)) for n, (c, ms) in ranked]
 
 
-def ordered(spans: list[tuple[float, float, str]]) -> list[tuple[str, float, float, float]]:
-    """The kernels in start order: ``(name, start, duration, added)`` in us from the first start (``added``:
-    :func:`span_added`'s share of each)."""
-    out, last = [], None
-    spans = sorted(spans)
-    for s, e, name in spans:
-        add = e - s if last is None else max(0.0, e - last)
+def _adds(spans: list[tuple[float, float, str]]):
+    """``(start, end, name, added)`` in start order: under PDL a kernel starts before the one ahead of it ends and
+    waits, so its own duration counts that wait; it adds only how far its end passes the latest end before it (the
+    first kernel its start-to-end). The adds sum to the span."""
+    last = None
+    for s, e, name in sorted(spans):
+        yield s, e, name, (e - s if last is None else max(0.0, e - last))
         last = e if last is None else max(last, e)
-        out.append((name, round(s - spans[0][0], 2), round(e - s, 2), round(add, 2)))
-    return out
+
+
+def ordered(spans: list[tuple[float, float, str]]) -> list[tuple[str, float, float, float]]:
+    """The kernels in start order: ``(name, start, duration, added)`` in us from the first start (:func:`_adds`)."""
+    first = min(s for s, _, _ in spans)
+    return [(name, round(s - first, 2), round(e - s, 2), round(add, 2)) for s, e, name, add in _adds(spans)]
 
 
 def span_added(spans: list[tuple[float, float, str]]) -> list[tuple[str, tuple[int, float]]]:
-    """What each kernel name adds to the span, largest first: ``(name, (count, ms))``. Under PDL a kernel starts
-    before the one ahead of it ends and waits, so its own duration counts that wait; here a kernel adds only how
-    far its end passes the latest end before it (in start order; us in, ms out). The adds sum to the span
-    (less the first kernel's start-to-end, which it adds whole)."""
+    """What each kernel name adds to the span (:func:`_adds`), largest first: ``(name, (count, ms))`` (us in)."""
     added: dict[str, list] = {}
-    last = None
-    for s, e, name in sorted(spans):
+    for _, _, name, add in _adds(spans):
         a = added.setdefault(name, [0, 0.0])
         a[0] += 1
-        a[1] += (e - s if last is None else max(0.0, e - last)) / 1e3
-        last = e if last is None else max(last, e)
+        a[1] += add / 1e3
     return sorted(((n, (c, ms)) for n, (c, ms) in added.items()), key=lambda kv: -kv[1][1])
 
 
