@@ -55,6 +55,8 @@ def main() -> None:
     bw = bandwidth(dev, 256 << 20, 10)
     if a.pad_to and a.pad_to < a.rows:
         ap.error("--pad-to must be at least --rows")
+    if a.timeline and dev.type != "cuda":
+        ap.error("--timeline profiles the captured step: CUDA only")
     res = {"shape": a.shape, "rows": a.rows, "pad_to": a.pad_to or None, "context": a.context, "cache": a.cache or None, "bound_ms": round(per_token / bw * 1e3, 3)}
     ids = torch.randint(0, min(1000, m.config.vocab_size), (a.rows,), device=dev)
     for comp in ([False, True] if a.compile else [False]):
