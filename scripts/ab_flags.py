@@ -26,8 +26,9 @@ every GEMM tiling unsplit), ``defaults-hybrid`` (qwen35.HYBRID_FUSED off: a dens
 its steps padded), ``defaults+pfall`` / ``defaults+pf0``
 (fused_layer.PREFETCH_BYTES: whole weights or nothing prefetched into L2), ``defaults+cut4`` / ``+cut16`` (the combine's cut: 4 x 8, the default, or 16 x 32), ``defaults+o2`` / ``+qkv4`` / ``+down4`` (the qwen3-8b shape's GEMMs with K
 split, see SETTINGS), ``defaults+moe-bmm`` (moe.GROUPED_BMM: a MoE prefill's experts as two batched GEMMs; its
-``prefill_ms``), ``defaults+buckets`` (graphs.SPAN_BUCKETS: steps over power-of-two multiples of the first split, not the
-whole cache; with a cache much longer than the context, ``-n``), ``defaults-norm-rope`` (layers.NORM_ROPE off: the q/k norms as kernels of their own). Each
+``prefill_ms``), ``defaults-buckets`` (graphs.SPAN_BUCKETS off: steps over the whole cache, not power-of-two multiples of the first split;
+with a cache much longer than the context, ``-n``), ``defaults+far0`` (split_attention.schedule without far splits: one
+split size at any context), ``defaults-norm-rope`` (layers.NORM_ROPE off: the q/k norms as kernels of their own). Each
 variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs). The flags are module attributes read as a step
 is built, so a variant's steps are built with them set and the defaults come back after.
 """
@@ -54,7 +55,8 @@ FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.m
          "wide": ("specdec.models.fused_layer", "WIDE"),
          "split-k": ("specdec.models.fused_layer", "SPLIT_K"),
          "hybrid": ("specdec.models.qwen35", "HYBRID_FUSED"),
-         "norm-rope": ("specdec.models.layers", "NORM_ROPE")}
+         "norm-rope": ("specdec.models.layers", "NORM_ROPE"),
+         "buckets": ("specdec.models.graphs", "SPAN_BUCKETS")}
 # settings other than on/off, each on top of the defaults: defaults+split64 (SPECDEC_SPLIT_KEYS=64), ...
 SETTINGS = {f"split{n}": ("specdec.models.split_attention", "_SPLIT_ENV", n) for n in (64, 128, 256, 512)}
 SETTINGS["rowgroups16"] = ("specdec.models.expert_kernel", "ROW_GROUPS", 16)  # the MoE kernels: a program a row
@@ -68,7 +70,7 @@ SETTINGS["o2"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 4096, 0): (64
 SETTINGS["qkv4"] = ("specdec.models.fused_layer", "_FORCED", {(6144, 4096, 0): (64, 128, 4, 4, 4)})
 SETTINGS["down4"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 12288, 0): (64, 256, 4, 3, 4)})
 SETTINGS["moe-bmm"] = ("specdec.models.moe", "GROUPED_BMM", True)  # a MoE prefill's experts as two batched GEMMs
-SETTINGS["buckets"] = ("specdec.models.graphs", "SPAN_BUCKETS", True)  # steps over power-of-two spans (-n large)
+SETTINGS["far0"] = ("specdec.models.split_attention", "_FAR_ENV", (0, 0))  # one split size (no far splits)
 # AB_TILES='{"N,K,silu": [BN, BK, warps, stages(, split)], ...}' (check_fused_layer.py --sweep's best_tiles): defaults+tiles
 # runs those tilings over the table, in the same process as the defaults
 if os.environ.get("AB_TILES"):

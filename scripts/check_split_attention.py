@@ -80,26 +80,27 @@ def main() -> None:
     failures = 0
     for name, (h, hkv, d) in SHAPES.items():
         scale = d ** -0.5
-        for b, t in ((1, 1), (4, 16), (32, 16), (1, 128)):
-            starts = [(97 * i + 200) % 1800 for i in range(b)]
-            q, k, v, mask = inputs(b, h, hkv, d, t, 2048, starts)
+        # spans of 8,192: rows past 4,096 positions (split_attention.schedule's far splits for heads of 128)
+        for b, t, span in ((1, 1, 2048), (4, 16, 2048), (32, 16, 2048), (1, 128, 2048), (1, 1, 8192), (4, 16, 8192)):
+            starts = [(97 * i + 200) % 1800 + span - 2048 for i in range(b)]
+            q, k, v, mask = inputs(b, h, hkv, d, t, span, starts)
             assert supported(q, k, mask)
             o = split_attention(q, k, v, mask, scale)
             ref = split_attention_reference(q, k, v, mask, scale)
             sd = memeff(q, k, v, mask, scale)
-            row = {"shape": name, "b": b, "t": t, "max_diff_reference": (o.float() - ref.float()).abs().max().item(),
+            row = {"shape": name, "b": b, "t": t, "span": span, "max_diff_reference": (o.float() - ref.float()).abs().max().item(),
                    "max_diff_sdpa": (o.float() - sd.float()).abs().max().item(),
                    "sdpa_vs_reference": (sd.float() - ref.float()).abs().max().item()}
             # the same rows at a larger span (masked keys appended): bitwise
-            q2, k2, v2, mask2 = inputs(b, h, hkv, d, t, 4096, starts)
-            k2[:, :, :2048], v2[:, :, :2048] = k, v
-            row["span_2048_vs_4096_equal"] = torch.equal(o, split_attention(q, k2, v2, mask2, scale))
+            q2, k2, v2, mask2 = inputs(b, h, hkv, d, t, 2 * span, starts)
+            k2[:, :, :span], v2[:, :, :span] = k, v
+            row["span_doubled_equal"] = torch.equal(o, split_attention(q, k2, v2, mask2, scale))
             # each query position alone (width 1), and sequence 0 alone (batch 1): bitwise
             alone = [split_attention(q[:, :, i:i + 1], k, v, mask[:, :, i:i + 1], scale) for i in range(min(t, 4))]
             row["width_1_equal"] = all(torch.equal(x, o[:, :, i:i + 1]) for i, x in enumerate(alone))
             row["batch_1_equal"] = torch.equal(split_attention(q[:1], k[:1], v[:1], mask[:1], scale), o[:1])
             row["pipeline_off_equal"] = torch.equal(o, without_pipeline(lambda: split_attention(q, k, v, mask, scale)))
-            ok = row["span_2048_vs_4096_equal"] and row["width_1_equal"] and row["batch_1_equal"] and \
+            ok = row["span_doubled_equal"] and row["width_1_equal"] and row["batch_1_equal"] and \
                 row["pipeline_off_equal"] and row["max_diff_reference"] < 2e-2
             failures += not ok
             row["ok"] = ok

@@ -13,8 +13,7 @@
 #   bash scripts/device_fewer.sh final   # bench --shape: qwen3.5-35b-a3b, qwen3-8b (512, then 4,096 and 16,384), qwen3.5-9b
 #                                        # (--draft-vocab 32768), smollm2-135m
 #   bash scripts/device_fewer.sh llama   # bench --shape smollm2-135m; device_check on random Llama and Qwen3 (graphs)
-#   bash scripts/device_fewer.sh buckets # not yet run: ab_flags defaults / defaults+buckets (graphs.SPAN_BUCKETS) on
-#                                        # qwen3-8b at context 512 in a cache of 16,900 positions, and at 4,096
+# (Its `buckets` case moved to scripts/device_long.sh, session of 2026-12-06 (fourth).)
 #   bash scripts/device_fewer.sh compare # after device_stage.sh part1 and join (the real SmolLM2 GGUF at /tmp/smol.gguf;
 #                                        # the tree with the shipped drafters): generate --compare with auto, dflash, mtp
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl).
@@ -72,11 +71,6 @@ llama)
             --prompts 4 --new-tokens 128 --out $R/dc_${t}_graphs.json > $R/dc_${t}_graphs.log 2>&1 || echo "$t rc=$?"
     done
     python scripts/device_check.py compare $R/dc_*.json --out $R/dc_report.json 2>&1 | tail -8 ;;
-buckets)
-    ab 8b_buckets_512 150 --shape qwen3-8b --rounds 3 -n 16384 --variants defaults defaults+buckets
-    timeout 150 python scripts/ab_flags.py --context 4096 --no-drafters --shape qwen3-8b --rounds 3 -n 12800 \
-        --variants defaults defaults+buckets --json $R/ab_8b_buckets_4096.json > $R/ab_8b_buckets_4096.log 2>&1
-    grep -E "^\|" $R/ab_8b_buckets_4096.log ;;
 compare)
     [ -s /tmp/smol.gguf ] || { echo "device_fewer.sh compare: no /tmp/smol.gguf (run device_stage.sh part1 and join)"; exit 2; }
     q="Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
@@ -85,6 +79,6 @@ compare)
     done > $R/compare.log
     grep -v "^\s*$" $R/compare.log | tail -30 ;;
 *)
-    echo "device_fewer.sh: check | ab | router | final | llama | buckets | compare"; exit 2 ;;
+    echo "device_fewer.sh: check | ab | router | final | llama | compare"; exit 2 ;;
 esac
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -7,6 +7,12 @@ and the bandwidth that implies. A sweep for choosing the constants, not a check:
     python scripts/sweep_split_attention.py [--json F]
     python scripts/sweep_split_attention.py --decode [--json F]
 
+``--long``: qwen3-8b's attention at 512, 4k and 16k live keys, 1 and 16 rows, 30 calls in a graph on 30 layers' own
+keys and values (2 GB at 16k, past the L2): the tile (query rows, inner block, warps, pipeline depth ``_stages``) by the
+split schedule (``schedule``: SPLIT-key splits over the first NEAR positions, FAR-key ones past them), then the combine's
+chunk (``COMBINE``) 32 for the three of least summed time; each case is timed with the split kernel alone too
+("... split", the combine launched as nothing).
+
 ``--decode``: the short contexts of a decode step instead (SmolLM2's 16-row step at the spans the static
 steps use, qwen3-8b's at 512), with the query tile (16, 32, 64 rows) swept too; 30 calls in a graph,
 each on its own layer's keys and values (as a step runs them).
@@ -39,7 +45,8 @@ DECODE = [  # name, heads, kv heads, d, rows, span, live context
 
 
 def decode(path: str | None) -> None:
-    shipped = (sa.split_keys, sa._tile)
+    shipped = (sa.split_keys, sa._tile, sa._stages, sa.FAR)
+    sa._stages, sa.FAR = (lambda d: None), {}  # Triton's pipeline depth, one split size (as this sweep was written)
     rows = []
     for split, bm, block, warps in itertools.product((256, 512), (16, 32, 64), (64, 128), (2, 4, 8)):
         for name, h, hkv, d, t, span, ctx in DECODE:
@@ -56,7 +63,58 @@ def decode(path: str | None) -> None:
                 row["error"] = f"{type(e).__name__}: {str(e)[:80]}"
             rows.append(row)
             print(json.dumps(row), flush=True)
-    sa.split_keys, sa._tile = shipped
+    sa.split_keys, sa._tile, sa._stages, sa.FAR = shipped
+    if path:
+        json.dump(rows, open(path, "w"), indent=1)
+
+
+LONG = [  # name, heads, kv heads, d, rows, span, live context
+    ("1 row ctx 512 span 1024", 32, 8, 128, 1, 1024, 512),
+    ("1 row ctx 4k", 32, 8, 128, 1, 4224, 4096),
+    ("1 row ctx 16k", 32, 8, 128, 1, 16512, 16384),
+    ("16 rows ctx 512 span 1024", 32, 8, 128, 16, 1024, 512),
+    ("16 rows ctx 4k", 32, 8, 128, 16, 4224, 4096),
+    ("16 rows ctx 16k", 32, 8, 128, 16, 16512, 16384),
+]
+LONG_TILES = [(64, 128, 4, None), (64, 128, 4, 2), (16, 128, 4, None), (16, 128, 4, 2), (16, 64, 4, 2)]  # + stages
+LONG_SCHEDULES = [(256, 0, 256), (256, 4096, 1024), (256, 2048, 512), (256, 4096, 512), (256, 2048, 1024),
+                  (128, 2048, 512)]  # (SPLIT, NEAR, FAR): split_attention.schedule
+
+
+class _NoLaunch:  # stands in for the combine kernel: split_us times the split kernel alone
+    def __getitem__(self, grid):
+        return lambda *a, **k: None
+
+
+def long(path: str | None) -> None:
+    shipped = (sa.schedule, sa._tile, sa._stages, sa.COMBINE, sa._combine_kernel)
+    cases = [(c, [inputs(1, *c[1:6], [c[6] - c[4]], seed=i) for i in range(30)]) for c in LONG]
+    rows = []
+
+    def run(tile, sched, chunk=sa.COMBINE):
+        bm, block, warps, stages = tile
+        sa.schedule = lambda d, s=sched: s
+        sa._tile = lambda d, m=bm, n=block, w=warps: (m, n, w)
+        sa._stages, sa.COMBINE = (lambda d, n=stages: n), chunk
+        row = {"tile": tile, "schedule": sched, "chunk": chunk}
+        for (name, h, hkv, d, t, span, ctx), layers in cases:
+            call = lambda: [sa.split_attention(q, k, v, m, d ** -0.5) for q, k, v, m in layers]  # noqa: E731
+            try:
+                row[name] = round(timed(call, n=2) / 30, 2)
+                sa._combine_kernel = _NoLaunch()
+                row[name + " split"] = round(timed(call, n=2) / 30, 2)
+            except Exception as e:  # e.g. out of shared memory: recorded, not fatal
+                row[name] = f"{type(e).__name__}: {str(e)[:80]}"
+            sa._combine_kernel = shipped[4]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    for tile, sched in itertools.product(LONG_TILES, LONG_SCHEDULES):
+        run(tile, sched)
+    ok = [r for r in rows if all(isinstance(r[c[0]], float) for c in LONG)]
+    for r in sorted(ok, key=lambda r: sum(r[c[0]] for c in LONG))[:3]:
+        run(r["tile"], r["schedule"], 32)
+    sa.schedule, sa._tile, sa._stages, sa.COMBINE, sa._combine_kernel = shipped
     if path:
         json.dump(rows, open(path, "w"), indent=1)
 
@@ -65,12 +123,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--decode", action="store_true", help="the decode step's short contexts (see above)")
+    ap.add_argument("--long", action="store_true", help="qwen3-8b's decode at long context (see above)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("sweep_split_attention: needs CUDA (a GPU run; tests/_interpret_kernels.py split checks the kernel on the CPU)")
     if a.decode:
         return decode(a.json)
-    shipped = (sa.split_keys, sa._tile)
+    if a.long:
+        return long(a.json)
+    shipped = (sa.split_keys, sa._tile, sa._stages, sa.FAR)
+    sa._stages, sa.FAR = (lambda d: None), {}  # Triton's pipeline depth, one split size (as this sweep was written)
     rows = []
     for split, block, warps in itertools.product((128, 256, 512), (32, 64, 128), (4, 8)):
         if block > split:
@@ -88,7 +150,7 @@ def main() -> None:
                    "GB_s": round(kv / us / 1e3, 1) if isinstance(us, float) else None}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    sa.split_keys, sa._tile = shipped
+    sa.split_keys, sa._tile, sa._stages, sa.FAR = shipped
     if a.json:
         json.dump(rows, open(a.json, "w"), indent=1)
 

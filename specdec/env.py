@@ -50,7 +50,7 @@ SWITCHES: dict[str, tuple[bool, str]] = {
     "SPECDEC_PLAIN_LOOKAHEAD": (True, "plain decoding queues step i+1 before reading step i's token"),
     "SPECDEC_ROW_EXACT": (True, "row-exact targets run unpadded steps"),
     "SPECDEC_SHORT_SPAN": (True, "static steps over the live part of the cache only"),
-    "SPECDEC_SPAN_BUCKETS": (False, "one-sequence steps over power-of-two spans of the first split, not the whole cache (not yet measured)"),
+    "SPECDEC_SPAN_BUCKETS": (True, "one-sequence steps over power-of-two spans of the first split, not the whole cache"),
     "SPECDEC_SPLIT_DIRECT": (True, "a one-split span written by the split kernel itself"),
     "SPECDEC_SPLIT_PIPELINE": (True, "the split attention kernel's pipelined walk"),
     "SPECDEC_SPLIT_SMALL_TILES": (True, "small tiles in the split attention kernel"),
@@ -83,6 +83,7 @@ OTHERS: dict[str, str] = {
     "SPECDEC_COMMIT": "the commit the bench records where the tree has no .git",
     "SPECDEC_FUSED_LAYER_TILES": "forced tilings of the fused GEMM (JSON)",
     "SPECDEC_SPLIT_KEYS": "keys per split of the split attention",
+    "SPECDEC_SPLIT_FAR": "NEAR,FAR: the split attention's FAR-key splits past the first NEAR positions (0: one size)",
     "SPECDEC_LLAMA_VOCAB_DIR": "tests: the llama.cpp reference vocabularies",
     "SPECDEC_TRITON_DIR": "tests: the Triton package for the interpreter tests",
 }

@@ -49,6 +49,7 @@ def test_short_span_steps_give_the_whole_cache_steps_tokens(model, monkeypatch, 
                         split_attention.split_attention_reference(q, k_, v, mask, scale))
     drafter, k = (NgramDrafter(), 3) if case == "ngram" else (None, 0)
     assert graphs.SHORT_SPAN  # the default
+    monkeypatch.setattr(graphs, "SPAN_BUCKETS", False)  # the first split's span alone (the buckets: below)
     monkeypatch.setattr(graphs, "SHORT_SPAN", False)
     want, ref = generate(model, drafter, k, lookahead=case == "chain", chain=case == "chain")
     assert ref.spans == (ref.cache.max_len,) and ref.short_span is None

@@ -157,3 +157,51 @@ def test_split_keys_by_head_size_and_from_the_environment():
     assert run("64").stdout.split() == ["128", "128", "64"]
     bad = run("300")
     assert bad.returncode != 0 and "SPECDEC_SPLIT_KEYS='300': want 64, 128, 256, 512 or 1024" in bad.stderr
+
+
+def test_far_splits_past_the_first_positions():
+    """split_attention.schedule: heads of 128 walk 256-key splits over the first 4,096 positions and 512-key ones past
+    them (other head sizes one split size); the bounds tile the span at fixed absolute offsets, one program each
+    (n_splits); SPECDEC_SPLIT_FAR=NEAR,FAR sets them for every head size, 0 turns them off, anything else is a
+    one-line error naming it."""
+    import subprocess
+
+    from specdec.models import split_attention as sa
+
+    if "SPECDEC_SPLIT_FAR" not in os.environ and "SPECDEC_SPLIT_KEYS" not in os.environ:
+        assert sa.schedule(128) == (256, 4096, 512) and sa.schedule(64) == (256, 0, 256) and sa.schedule(256) == (64, 0, 64)
+    for span in (200, 4096, 4097, 5000, 16384 + 128):
+        bounds = sa.split_bounds(span, 128)
+        assert bounds[0][0] == 0 and bounds[-1][1] == span and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+        assert len(bounds) == sa.n_splits(span, *sa.schedule(128))
+        assert all(e - s == (256 if s < 4096 else 512) for s, e in bounds[:-1])
+    assert sa.split_bounds(5000, 128)[-2:] == [(4096, 4608), (4608, 5000)]
+    assert sa.n_splits(5000, 256, 0, 256) == 20  # one size: ceil(5000 / 256)
+
+    def run(value):
+        env = {**os.environ, "SPECDEC_SPLIT_FAR": value}
+        env.pop("SPECDEC_SPLIT_KEYS", None)
+        return subprocess.run([sys.executable, "-c", "from specdec.models import split_attention as s; "
+                               "print(s.schedule(64), s.schedule(128))"], env=env, capture_output=True, text=True)
+    assert run("2048,1024").stdout.split("\n")[0] == "(256, 2048, 1024) (256, 2048, 1024)"
+    assert run("0").stdout.split("\n")[0] == "(256, 0, 256) (256, 0, 256)"
+    for bad in ("4096", "4000,512", "4096,300", "x,y"):
+        r = run(bad)
+        assert r.returncode != 0 and f"SPECDEC_SPLIT_FAR={bad!r}: want NEAR,FAR" in r.stderr.strip().splitlines()[-1]
+
+
+def test_reference_with_far_splits(monkeypatch):
+    """Far splits (here 256-key splits over the first 512 positions, 1,024-key ones past them) equal SDPA, a row's bits
+    do not change with dead keys appended, and they are other bits than one split size (the schedule is used)."""
+    from specdec.models import split_attention as sa
+
+    monkeypatch.setattr(sa, "FAR", {16: (512, 1024)})
+    monkeypatch.setattr(sa, "_FAR_ENV", None)
+    span = 2800
+    q, k, v, mask = _case(2, 4, 2, 3, span, 16, [span - 3, 1500])
+    got = split_attention_reference(q, k, v, mask, 0.3)
+    assert torch.allclose(got, _sdpa(q, k, v, mask, 0.3), atol=1e-5)
+    k2, v2 = torch.cat([k, torch.randn_like(k)], 2), torch.cat([v, torch.randn_like(v)], 2)
+    assert torch.equal(got, split_attention_reference(q, k2, v2, torch.cat([mask, torch.zeros_like(mask)], -1), 0.3))
+    monkeypatch.setattr(sa, "FAR", {})
+    assert not torch.equal(got, split_attention_reference(q, k, v, mask, 0.3))

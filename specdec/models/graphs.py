@@ -47,7 +47,10 @@ SHORT_SPAN = env.switch("SPECDEC_SHORT_SPAN")
 # walks them, so a step over a cache much longer than its context paid for the empty splits (H100, 2026-12-06 (third),
 # scripts/profile_shape_step.py, qwen3-8b shape, 1-row step at 512 live keys: 6.16 ms with a cache of ~1k positions,
 # 6.39 with 16,900: the split kernel 0.355 -> 0.598 ms, its combine 0.076 -> 0.152). A row's bits as with SHORT_SPAN;
-# a row count's steps are captured for every span at once. SPECDEC_SPAN_BUCKETS=1 on; off until measured on the GPU.
+# a row count's steps are captured for every span at once (a 16,900-position cache: 7 spans, not 2). On since the session
+# of 2026-12-06 (fourth): on an H100 (scripts/ab_flags.py, one process, 3 rounds, qwen3-8b shape at 512 live keys in a
+# 16,900-position cache) the 1-row step 6.500 -> 6.183 ms and the padded one 7.097 -> 6.563; bench --shape qwen3-8b's
+# step at 4,096 live keys 77.2 -> 84.1 % of the bound, its oracle's output equal to plain. SPECDEC_SPAN_BUCKETS=0 off.
 SPAN_BUCKETS = env.switch("SPECDEC_SPAN_BUCKETS")
 
 

@@ -78,6 +78,60 @@ def split_keys(d: int) -> int:
     return {128: 256, 256: 64}.get(d, 256)
 
 
+def _far_env() -> tuple[int, int] | None:
+    """``SPECDEC_SPLIT_FAR=NEAR,FAR`` (FAR-key splits past the first NEAR positions), ``0`` (one split size)."""
+    raw = os.environ.get("SPECDEC_SPLIT_FAR")
+    if raw is None:
+        return None
+    if raw.strip() == "0":
+        return (0, 0)
+    try:
+        near, far = (int(v) for v in raw.split(","))
+    except ValueError:
+        near = far = -1
+    if near <= 0 or far not in (256, 512, 1024, 2048) or near % far:
+        raise ConfigError(f"SPECDEC_SPLIT_FAR={raw!r}: want NEAR,FAR (FAR-key splits past the first NEAR positions of "
+                          "the split attention: FAR 256, 512, 1024 or 2048, NEAR a multiple of it) or 0 (one split size)")
+    return near, far
+
+
+_FAR_ENV = _far_env()
+# head size -> (NEAR, FAR): FAR-key splits past the first NEAR positions (schedule()). Heads of 128: 512-key splits past
+# 4,096 positions, since the session of 2026-12-06 (fourth). On an H100 (sweep_split_attention.py --long, us a layer of
+# qwen3-8b's heads, 16-row tiles) a 1-row step's attention at 16k live keys 37.25 -> 34.15 and a 16-row step's
+# 85.56 -> 76.30 against 256-key splits throughout; at 4k and below the splits are the same. 512-key splits past 2,048
+# positions were as fast at 16k and slower at 4k (18.93 against 15.00: too few programs), 1,024-key ones past 4,096 slower
+# for one row at 16k (42.26).
+FAR = {128: (4096, 512)}
+
+
+def schedule(d: int) -> tuple[int, int, int]:
+    """``(SPLIT, NEAR, FAR)`` for heads of ``d`` features: splits of :func:`split_keys` keys over the first NEAR
+    positions, of FAR keys past them, each at fixed absolute offsets (so a row's bits still depend on the keys it sees
+    only). Short contexts keep many small splits (programs enough to fill the GPU); long ones walk fewer, longer splits,
+    whose loads pipeline. ``FAR == SPLIT`` (NEAR 0): one split size. ``SPECDEC_SPLIT_FAR`` sets (NEAR, FAR) for every
+    head size."""
+    split = split_keys(d)
+    near, far = _FAR_ENV if _FAR_ENV is not None else FAR.get(d, (0, 0))
+    if far <= split:
+        return split, 0, split
+    return split, near - near % split, far
+
+
+def n_splits(s: int, split: int, near: int, far: int) -> int:
+    """The splits of a span of ``s`` positions under the schedule ``(split, near, far)``."""
+    if s <= near or far == split:
+        return -(-s // split)
+    return near // split + -(-(s - near) // far)
+
+
+def split_bounds(s: int, d: int) -> list[tuple[int, int]]:
+    """Each split's ``(first, last + 1)`` positions of a span of ``s`` for heads of ``d`` features (schedule())."""
+    split, near, far = schedule(d)
+    starts = list(range(0, min(s, near), split)) + list(range(near, s, far)) if far > split else list(range(0, s, split))
+    return [(c, min(c + (split if c < near or far == split else far), s)) for c in starts]
+
+
 COMBINE = 16  # splits the combine sums at once (chunks at fixed multiples)
 # (rows, features) of a combine program: one fixed cut. Each row and feature sums its own splits, but on the GPU the
 # order of tl.sum's tree over a chunk follows the block's shape: a (4, 8) cut for steps of at most 4 rows and (16, 32)
@@ -119,35 +173,49 @@ def supported(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bo
             and d & (d - 1) == 0 and q.stride(-1) == 1 and k.stride(-1) == 1 and mask.shape[1] == 1)
 
 
-# Heads of at most 64 channels (SmolLM2's) in 16-row query tiles: on the H200 a SmolLM2 16-row step's
+# 16-row query tiles for heads of at most 64 channels (SmolLM2's): on the H200 a SmolLM2 16-row step's
 # attention over a 244-position cache took 4.64 us against 9.25 with 64-row tiles
 # (scripts/sweep_split_attention.py --decode), the whole step 0.996 -> 0.832 ms at one split and 1.207 ->
-# 1.054 at two (scripts/ab_flags.py; BENCHMARKS.md). A fixed choice per head size, like the rest of the
-# tile. SPECDEC_SPLIT_SMALL_TILES=0 gives the 64-row tiles back.
+# 1.054 at two (scripts/ab_flags.py; BENCHMARKS.md). For heads of 128 (Qwen3's) since the session of
+# 2026-12-06 (fourth), walked two stages deep (_stages): on an H100 (sweep_split_attention.py --long, us a layer, 30
+# layers' own keys in a graph, qwen3-8b's heads, with schedule()'s far splits) a 1-row step's attention at 512 / 4k /
+# 16k live keys 13.18 / 17.40 / 53.60 -> 9.77 / 15.00 / 34.15, a 16-row step's 18.18 / 24.88 / 75.35 -> 14.94 / 27.73
+# / 76.30 (64-row tiles cost a 1-row step's 4 query rows a 64-row tile's registers and exps; without the second stage
+# the 16-row step at 16k took 120 us). A fixed choice per head size, like the rest of the tile.
+# SPECDEC_SPLIT_SMALL_TILES=0 gives the 64-row tiles (and Triton's pipeline depth) back.
 SMALL_TILES = env.switch("SPECDEC_SPLIT_SMALL_TILES")
 
 
 def _tile(d: int) -> tuple[int, int, int]:
     """(query rows per tile, keys per inner block, warps) for head size ``d``: fixed per model, never
-    per shape. Up to d = 128: 128-key blocks and 4 warps, the fastest of the sweep on the H200 at every
+    per shape. Up to d = 128: 128-key blocks and 4 warps, the fastest of the sweeps on the H200 and the H100 at every
     context and step width measured (scripts/sweep_split_attention.py, BENCHMARKS.md), in 16-row query
-    tiles up to d = 64 (SMALL_TILES), else 64; larger heads (Qwen3.5's 256) keep the blocks they were
-    checked with."""
-    if d <= 64 and SMALL_TILES:
+    tiles (SMALL_TILES), else 64; larger heads (Qwen3.5's 256) keep the blocks they were checked with."""
+    if d <= 128 and SMALL_TILES:
         return 16, 128, 4
     return (64, 128, 4) if d <= 128 else (32, 64, 8)
+
+
+def _stages(d: int) -> int | None:
+    """The split kernel's software-pipeline depth (Triton's ``num_stages``) for head size ``d``: 2 for the 16-row tiles
+    of heads of 128 (SMALL_TILES), else Triton's default (None). No bit depends on it."""
+    return 2 if d == 128 and SMALL_TILES else None
 
 
 if triton is not None:
     @triton.jit(do_not_specialize=["T", "S", "Hkv", "rows"])
     def _split_kernel(q, k, v, mask, m_out, l_out, a_out, T, S, Hkv, rows, scale,
                       sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sms, o, sob, soh, sot,
-                      G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
-                      DIRECT: tl.constexpr, USE_GDC: tl.constexpr, PIPELINE: tl.constexpr):
+                      G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, NEAR: tl.constexpr,
+                      FAR: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr, USE_GDC: tl.constexpr, PIPELINE: tl.constexpr):
         if USE_GDC:  # models/pdl.py
             pdl.begin()
         pid_bh, pid_m, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         b, kh = pid_bh // Hkv, pid_bh % Hkv
+        # the split's keys (schedule()): SPLIT keys a split over the first NEAR positions, FAR keys past them
+        near = pid_s < NEAR // SPLIT
+        start = tl.where(near, pid_s * SPLIT, NEAR + (pid_s - NEAR // SPLIT) * FAR)
+        size = tl.where(near, SPLIT, FAR)
         r = pid_m * BM + tl.arange(0, BM)
         live = r < rows
         g, t = r // T, r % T
@@ -163,15 +231,15 @@ if triton is not None:
         # scores are -inf: the rescale is exp(0) = 1, or 0 times a state still 0, and the added terms are zeros).
         n_blk = 0
         if PIPELINE:
-            for jb in tl.static_range(SPLIT // BN):
-                s = pid_s * SPLIT + jb * BN + tl.arange(0, BN)
+            for jb in tl.static_range(FAR // BN):  # FAR >= SPLIT: a near split's blocks past its size are masked
+                s = start + jb * BN + tl.arange(0, BN)
                 seen = tl.load(mask + b * smb + t[:, None] * smt + s[None, :] * sms,
-                               mask=live[:, None] & (s < S)[None, :], other=0) != 0
+                               mask=live[:, None] & ((s < S) & (jb * BN < size))[None, :], other=0) != 0
                 n_blk = tl.where(tl.max(tl.max(seen.to(tl.int32), 1), 0) > 0, jb + 1, n_blk)
         else:
-            n_blk = SPLIT // BN
+            n_blk = size // BN
         for j in range(0, n_blk * BN, BN):
-            s = pid_s * SPLIT + j + tl.arange(0, BN)
+            s = start + j + tl.arange(0, BN)
             inside = s < S
             seen = tl.load(mask + b * smb + t[:, None] * smt + s[None, :] * sms,
                            mask=live[:, None] & inside[None, :], other=0) != 0
@@ -283,8 +351,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     g = h // hkv
     bm, bn, warps = _tile(d)
     rows = g * t
-    split = split_keys(d)
-    n_m, n_s = -(-rows // bm), -(-s // split)
+    split, near, far = schedule(d)
+    n_m, n_s = -(-rows // bm), n_splits(s, split, near, far)
     direct = DIRECT and n_s == 1
     # the partial states (a direct launch writes none: one-element stand-ins)
     m_out = torch.empty(1 if direct else b * hkv * n_m * n_s * bm, dtype=torch.float32, device=q.device)
@@ -298,7 +366,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), mask.stride(0), mask.stride(2), mask.stride(3),
         o, o.stride(0), o.stride(1), o.stride(2),
-        G=g, BM=bm, BN=bn, SPLIT=split, D=d, DIRECT=direct, PIPELINE=PIPELINE, num_warps=warps, **pdl.options(q))
+        G=g, BM=bm, BN=bn, SPLIT=split, NEAR=near, FAR=far, D=d, DIRECT=direct, PIPELINE=PIPELINE, num_warps=warps,
+        **({} if _stages(d) is None else {"num_stages": _stages(d)}), **pdl.options(q))
     if direct:
         return out
     rb, db = COMBINE_CUT[0], min(d, COMBINE_CUT[1])
@@ -314,22 +383,22 @@ def split_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """:func:`split_attention`'s algorithm in torch ops, fp32 throughout (any device and dtype):
     blocks of ``block`` keys (default: the kernel's for the head size) at fixed offsets with the
     online softmax, a block no query of the sequence sees skipped, the partial states of each
-    ``split`` keys (default :func:`split_keys`) combined as the kernel does (the maximum, then the rescaled
+    split (``split`` keys each; default: :func:`schedule`'s splits) combined as the kernel does (the maximum, then the rescaled
     sums ``chunk`` splits at a time, chunks in order)."""
     b, h, t, d = q.shape
-    split = split or split_keys(d)
     block = block or _tile(d)[1]
     hkv, s = k.shape[1], k.shape[2]
+    bounds = [(c, min(c + split, s)) for c in range(0, s, split)] if split else split_bounds(s, d)
     g = h // hkv
     qf = q.float().reshape(b, hkv, g * t, d)
     seen = mask[:, 0].bool().unsqueeze(1).expand(b, g, t, s).reshape(b, 1, g * t, s).expand(b, hkv, g * t, s)
     parts = []
-    for c0 in range(0, s, split):
+    for c0, c1 in bounds:
         m = torch.full((b, hkv, g * t), -math.inf, device=q.device)
         l = torch.zeros_like(m)
         acc = torch.zeros(b, hkv, g * t, d, device=q.device)
-        for j in range(c0, min(c0 + split, s), block):
-            sl = slice(j, min(j + block, s))
+        for j in range(c0, c1, block):
+            sl = slice(j, min(j + block, c1))
             if not seen[..., sl].any():
                 continue
             sc = torch.where(seen[..., sl], qf @ k[:, :, sl].float().transpose(-1, -2) * scale, -math.inf)

@@ -1,0 +1,64 @@
+#!/bin/bash
+# Issue 10, session of 2026-12-06 (fourth): attention at long context on the qwen3-8b shape (heads of 128), and the span
+# buckets (graphs.SPAN_BUCKETS). Call 1 ran scripts/device_fewer.sh with a first form of `sweep_split_attention.py --long`
+# (split keys x query tile x block x warps at one split size; BENCHMARKS.md) and ab_flags on the buckets.
+#   bash scripts/device_long.sh schedule  # sweep_split_attention.py --long (tiles x split schedules, 1 and 16 rows at 512,
+#                                         # 4k, 16k live keys); bench --shape qwen3-8b --contexts 4096,16384 with buckets on
+#   bash scripts/device_long.sh split128  # ab_flags on qwen3-8b: at 16,000 live keys defaults / defaults-small-tiles
+#                                         # (64-row tiles for heads of 128) / defaults+far0 (one split size); at 512
+#                                         # defaults / defaults-small-tiles; device_check on random Llama and Qwen3 (graphs
+#                                         # and eager; oracle, n-gram, DFlash drafts, MTP on Qwen3); check_split_attention
+#                                         # (a row's bits at a doubled span, alone, in a batch of one; spans to 8,192)
+#   bash scripts/device_long.sh final     # bench --shape qwen3-8b (512, then 4,096 and 16,384), qwen3.5-9b, smollm2-135m
+# Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl).
+set -u
+pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
+export PYTHONPATH=/tmp/site:$PWD:$PWD/tests:$PWD/scripts PYTHONUNBUFFERED=1
+R=$OUT/r; mkdir -p $R
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+ab() {  # NAME TIMEOUT CONTEXT ab_flags args...
+    local name=$1 t=$2 c=$3; shift 3
+    timeout $t python scripts/ab_flags.py --context $c --no-drafters --json $R/ab_$name.json "$@" > $R/ab_$name.log 2>&1
+    echo "== $name rc=$?"; grep -E "^\|" $R/ab_$name.log | cut -c1-150
+}
+bench() {  # NAME CONTEXT [bench args]: the log's summary lines
+    local name=$1 ctx=$2; shift 2
+    timeout 200 python -m specdec bench --shape $name --context $ctx --oracle-tau 6.5 --json $R/b_${name}_$ctx.json "$@" \
+        > $R/b_${name}_$ctx.log 2>&1
+    echo "== $name $ctx rc=$?"; grep -vE "^ *(verify|k=)" $R/b_${name}_$ctx.log | tail -9 | cut -c1-260
+}
+case "${1:-}" in
+schedule)
+    timeout 270 python scripts/sweep_split_attention.py --long --json $R/sweep_long.json > $R/sweep_long.log 2>&1
+    echo "sweep rc=$?"; grep -E "Error|error" $R/sweep_long.log | head -3
+    python - $R/sweep_long.json <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+cases = [k for k in rows[0] if k not in ("tile", "schedule", "chunk") and not k.endswith(" split")]
+print("tile | schedule | chunk | " + " | ".join(cases))
+for r in sorted(rows, key=lambda r: sum(r[c] if isinstance(r[c], float) else 1e4 for c in cases)):
+    print(r["tile"], r["schedule"], r["chunk"], [r[c] if isinstance(r[c], float) else "err" for c in cases])
+PY
+    bench qwen3-8b 512 --contexts 4096,16384 --draft-vocab 32768 --reps 10 ;;
+split128)
+    ab 8b_16k 200 16000 --shape qwen3-8b --rounds 3 --variants defaults defaults-small-tiles defaults+far0
+    ab 8b_512 120 512 --shape qwen3-8b --rounds 3 --variants defaults defaults-small-tiles
+    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
+    for t in llama qwen3; do
+        d="oracle ngram dflash"; [ $t = qwen3 ] && d="$d mtp"
+        for m in graphs eager; do
+            timeout 60 python scripts/device_check.py run /tmp/dc --target $t --mode $m --drafters $d \
+                --prompts 4 --new-tokens 128 --out $R/dc_${t}_$m.json > $R/dc_${t}_$m.log 2>&1 || echo "$t $m rc=$?"
+        done
+    done
+    timeout 150 python scripts/check_split_attention.py --json $R/check_split.json > $R/check_split.log 2>&1
+    echo "check_split rc=$?"; grep -E "failures|\"ok\": false" $R/check_split.log | cut -c1-200
+    python scripts/device_check.py compare $R/dc_*.json --out $R/dc_report.json 2>&1 | tail -6 ;;
+final)
+    bench qwen3-8b 512 --contexts 4096,16384 --draft-vocab 32768 --reps 10
+    bench qwen3.5-9b 512 --draft-vocab 32768 --reps 10
+    bench smollm2-135m 512 ;;
+*)
+    echo "device_long.sh: schedule | split128 | final"; exit 2 ;;
+esac
+cd $OUT && tar czf r.tgz r && rm -rf r
