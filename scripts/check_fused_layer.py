@@ -8,7 +8,8 @@ with the fused layers on and off.
     PYTHONPATH=. python scripts/check_fused_layer.py --shape qwen3.5-35b-a3b --list   # the shape's weights (no GPU)
 
 Prints one line per check (``ok`` / ``FAIL``) and the kernel times (us, CUDA graphs of 50 calls); with
-``--sweep`` the fastest tilings and the ``SPECDEC_FUSED_LAYER_TILES`` value that selects them. Exits 1
+``--sweep`` the fastest tilings and the ``SPECDEC_FUSED_LAYER_TILES`` value that selects them (a MoE router: ROUTER_SWEEP;
+an output projection of at most 2,048 outputs over twice as many inputs: NARROW_SWEEP, K split too). Exits 1
 if a check failed.
 """
 
@@ -56,6 +57,10 @@ HEAD_SWEEP = SWEEP + [(bn, bk, wp, st) for bn in (128,) for bk in (64, 128) for 
 # too (2-8 ways)
 ROUTER_SWEEP = [(bn, bk, wp, st, sp) for bn in (16, 32) for bk in (128, 256) for wp in (2, 4) for st in (2, 3)
                 for sp in (1, 2, 4, 8)]
+# an output projection with few outputs over a wider K (qwen3.5-35b-a3b's o_proj / out_proj, 2048 x 4096: 32 tiles of 64
+# outputs): narrower tiles and K split 1-4 ways, so the programs fill the SMs
+NARROW_SWEEP = [(bn, bk, wp, st, sp) for bn in (16, 32, 64) for bk in (128, 256) for wp in (2, 4) for st in (3, 4)
+                for sp in (1, 2, 4)]
 
 
 def weight_shapes(shape: str) -> dict:
@@ -135,8 +140,10 @@ def kernels(shapes: dict, rows: int, res: dict, sweep: bool = False) -> None:
         print(f"  {name}: {rows} rows, triton {fused_us:.2f} us, cuBLAS{' + silu_mul' if silu else ''} {unfused_us:.2f} us", flush=True)
         if sweep:
             times = {}
-            for tile in (ROUTER_SWEEP if name == "router" else ({True: WIDE_HEAD_SWEEP, False: HEAD_SWEEP} if name == "head"
-                         else {True: WIDE_SWEEP, False: SWEEP})[min(w.shape) > fl.MAX_HIDDEN]):
+            narrow = not silu and w.shape[0] <= 2048 and w.shape[1] >= 2 * w.shape[0]
+            for tile in (ROUTER_SWEEP if name == "router" else NARROW_SWEEP if narrow and name != "head" else
+                         ({True: WIDE_HEAD_SWEEP, False: HEAD_SWEEP} if name == "head"
+                          else {True: WIDE_SWEEP, False: SWEEP})[min(w.shape) > fl.MAX_HIDDEN]):
                 try:
                     times[tile] = graph_us(lambda: fl.linear(xi, nxt(), silu=silu, tile=tile))
                 except Exception as e:  # a tiling the compiler refuses (shared memory)

@@ -9,6 +9,14 @@
 #                                         # defaults / defaults-small-tiles; device_check on random Llama and Qwen3 (graphs
 #                                         # and eager; oracle, n-gram, DFlash drafts, MTP on Qwen3); check_split_attention
 #                                         # (a row's bits at a doubled span, alone, in a batch of one; spans to 8,192)
+#   bash scripts/device_long.sh probe     # profile_engine --draft oracle (k 15) on qwen3-8b and smollm2-135m (the engine's
+#                                         # time around the verify); the 35b's out/o_proj (2048 x 4096) swept at 1 row
+#                                         # (check_fused_layer NARROW_SWEEP, K split too) and its MoE kernels' tiles
+#                                         # (sweep_moe_kernel.py)
+#   bash scripts/device_long.sh dflash    # profile_shape_step --drafter dflash on qwen3-8b (its propose's kernels)
+#   bash scripts/device_long.sh wide      # check_dflash_fast.py on qwen3-8b and qwen3.5-9b (a 4096-wide drafter's fast
+#                                         # steps against its eager block; tok/s with them on and off); bench --shape
+#                                         # qwen3-8b and qwen3.5-9b (their DFlash propose on the fast steps)
 #   bash scripts/device_long.sh final     # bench --shape qwen3-8b (512, then 4,096 and 16,384), qwen3.5-9b, smollm2-135m
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl).
 set -u
@@ -54,11 +62,30 @@ split128)
     timeout 150 python scripts/check_split_attention.py --json $R/check_split.json > $R/check_split.log 2>&1
     echo "check_split rc=$?"; grep -E "failures|\"ok\": false" $R/check_split.log | cut -c1-200
     python scripts/device_check.py compare $R/dc_*.json --out $R/dc_report.json 2>&1 | tail -6 ;;
+probe)
+    for s in qwen3-8b smollm2-135m; do
+        timeout 150 python scripts/profile_engine.py --shape $s --draft oracle -k 15 --prompts 3 -n 128 --rows 30 \
+            > $R/prof_engine_$s.log 2>&1; echo "== profile_engine $s rc=$?"; grep -E "^\{" $R/prof_engine_$s.log
+    done
+    timeout 150 python scripts/check_fused_layer.py --shape qwen3.5-35b-a3b --only delta_out --sweep --rows 1 --no-model \
+        --json $R/sweep_out.json > $R/sweep_out.log 2>&1; echo "out sweep rc=$?"; grep -E "delta_out|FAIL|TILES" $R/sweep_out.log | tail -4
+    timeout 220 python scripts/sweep_moe_kernel.py --shape qwen3.5-35b-a3b --json $R/sweep_moe.json > $R/sweep_moe.log 2>&1
+    echo "moe sweep rc=$?"; grep -E "fused|best|bits" $R/sweep_moe.log | tail -8 ;;
+dflash)
+    timeout 200 python scripts/profile_shape_step.py --shape qwen3-8b --drafter dflash --rows 16 --context 512 --top 40 \
+        > $R/prof_dflash.json 2> $R/prof_dflash.err; echo "profile rc=$?"; tail -3 $R/prof_dflash.err ;;
+wide)
+    for s in qwen3-8b qwen3.5-9b; do
+        timeout 150 python scripts/check_dflash_fast.py --shape $s --json $R/dflash_fast_$s.json > $R/dflash_fast_$s.log 2>&1
+        echo "== check_dflash_fast $s rc=$?"; tail -25 $R/dflash_fast_$s.log | tr -d '\n' | cut -c1-900; echo
+    done
+    bench qwen3-8b 512 --draft-vocab 32768 --reps 10
+    bench qwen3.5-9b 512 --draft-vocab 32768 --reps 10 ;;
 final)
     bench qwen3-8b 512 --contexts 4096,16384 --draft-vocab 32768 --reps 10
     bench qwen3.5-9b 512 --draft-vocab 32768 --reps 10
     bench smollm2-135m 512 ;;
 *)
-    echo "device_long.sh: schedule | split128 | final"; exit 2 ;;
+    echo "device_long.sh: schedule | split128 | probe | dflash | wide | final"; exit 2 ;;
 esac
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -4,6 +4,11 @@ other) per step, then a torch.profiler table of the heaviest host and device ops
     python scripts/profile_engine.py --model M.gguf --draft dflash [--compile] [--prompts 6]
     python scripts/profile_engine.py --shape smollm2-135m --draft dflash   # random weights, random drafter
     python scripts/profile_engine.py --shape smollm2-135m --draft none -t 1   # sampled decoding's step
+    python scripts/profile_engine.py --shape qwen3-8b --draft oracle -k 15 --tau 6.5   # bench --shape's oracle
+
+``--draft oracle`` (``--shape`` only): bench --shape's ORACLE drafter (each prompt's plain greedy continuation, spoiled
+to a mean of ``--tau`` tokens a step; not a real drafter), so the step's split shows the engine's own time around a
+verify whose drafts it does not wait for.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ def main() -> None:
     ap.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
                     help="padded static steps (default: the engine's, on for CUDA, off for the CPU)")
     ap.add_argument("--shapes", action="store_true", help="group the profile table by input shapes")
+    ap.add_argument("--tau", type=float, default=6.5, help="--draft oracle: the mean tokens a step it aims at")
     a = ap.parse_args()
     if a.shape:
         from specdec.bench_shape import _dflash
@@ -41,7 +47,8 @@ def main() -> None:
 
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         model = build_shape(a.shape, dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
-        d = _dflash(model)[0] if a.draft == "dflash" else make_drafter(a.draft, model)
+        d = (_dflash(model)[0] if a.draft == "dflash" else None if a.draft == "oracle"
+             else make_drafter(a.draft, model))
         eos = ()
         gen = torch.Generator().manual_seed(0)
         prompts = [torch.randint(0, min(1000, model.config.vocab_size), (int(torch.randint(60, 200, (1,), generator=gen)),), generator=gen).tolist()
@@ -54,10 +61,23 @@ def main() -> None:
                    for (q,) in load_prompts("gsm8k", 2 * a.prompts)]
     k = a.k if a.k is not None else (d.block_size - 1 if hasattr(d, "block_size") else 4) if d else 0
     g = SpeculativeGenerator(model, d, k, batch_invariant=a.batch_invariant, compile=a.compile)
+    oracles = {}
+    if a.draft == "oracle":
+        if not a.shape:
+            raise SystemExit("profile_engine: --draft oracle needs --shape")
+        from specdec.bench_shape import OracleDrafter, oracle_spoil
+        k = a.k or 15
+        plain = SpeculativeGenerator(model, None, 0, batch_invariant=a.batch_invariant, compile=a.compile)
+        for i, p in enumerate(prompts):
+            ref = p + plain.generate(p, a.n, SamplingParams()).token_ids
+            oracles[i] = OracleDrafter(ref, model.config.vocab_size, oracle_spoil(a.tau, k), i)
+        g = SpeculativeGenerator(model, oracles[0], k, batch_invariant=a.batch_invariant, compile=a.compile)
 
     def run(ps):
         tot = {"draft": 0.0, "verify": 0.0, "prefill": 0.0, "total": 0.0, "steps": 0, "tokens": 0}
         for i, p in enumerate(ps):
+            if oracles:  # each prompt's own continuation (the generator takes no drafter state of its own)
+                g.drafter = oracles[prompts.index(p)]
             r = g.generate(p, a.n, SamplingParams(temperature=a.temperature, seed=i), eos_ids=eos)
             s = r.stats
             tot["draft"] += s.draft_s

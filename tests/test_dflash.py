@@ -698,3 +698,23 @@ def test_static_block_with_the_split_attention(tmp_path, llama, monkeypatch, spl
     # every static block ran its layers' attention through the kernel (none without the flag)
     layers = dr.model.config.num_hidden_layers
     assert (len(calls) > 0) == split and len(calls) % layers == 0, (len(calls), layers)
+
+
+def test_fast_steps_take_wide_drafters_with_the_wide_kernels(monkeypatch):
+    """drafters/dflash_fast.eligible: a drafter wider than fused_layer.MAX_HIDDEN (the qwen3-8b shape's 4096) takes the
+    fused kernels when fused_layer.WIDE is on and a block fits WIDE_ROWS rows (the fast steps run a block or its
+    committed rows, never a prompt); not with WIDE off or a block wider than WIDE_ROWS."""
+    from specdec.drafters import dflash_fast
+    from specdec.models import fused_layer
+    from specdec.shapes import build_shape
+    from specdec.train.dflash_batch import new_dflash_config, new_dflash_model
+
+    model = build_shape("tiny", torch.device("cpu"), torch.float32)
+    drafter = new_dflash_model(model, new_dflash_config(model, 1, 8, mask_token_id=model.config.vocab_size - 1),
+                               init="random")
+    assert dflash_fast.eligible(drafter)  # within MAX_HIDDEN
+    monkeypatch.setattr(fused_layer, "MAX_HIDDEN", drafter.config.hidden_size // 2)  # now wider than MAX_HIDDEN
+    for wide, rows, want in ((True, 32, True), (False, 32, False), (True, 4, False)):
+        monkeypatch.setattr(fused_layer, "WIDE", wide)
+        monkeypatch.setattr(fused_layer, "WIDE_ROWS", rows)
+        assert dflash_fast.eligible(drafter) is want, (wide, rows)

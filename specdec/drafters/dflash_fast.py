@@ -43,12 +43,15 @@ ENABLED = env.switch("SPECDEC_DFLASH_FAST")
 def eligible(model) -> bool:
     """Whether a :class:`~.dflash_model.DFlashDraftModel` has what the fast steps compute: full
     attention layers, bidirectional in the block, no window; heads of a power-of-two size (the split
-    kernel's), an even rotary part; a hidden size the fused GEMMs serve (``fused_layer.MAX_HIDDEN``)."""
+    kernel's), an even rotary part; a hidden size the fused GEMMs serve: up to ``fused_layer.MAX_HIDDEN``, or wider
+    with ``fused_layer.WIDE`` (the target's 4096-wide layers' kernels) where a block's rows are at most
+    ``fused_layer.WIDE_ROWS`` (the fast steps run a block or a block's committed rows, never a prompt)."""
     c = model.config
     r = model.rotary.rotary_dim
     d = c.head_dim
+    width = c.hidden_size <= fused_layer.MAX_HIDDEN or (fused_layer.WIDE and c.block_size <= fused_layer.WIDE_ROWS)
     return (all(w is None for w in c.windows) and not any(c.causal) and d & (d - 1) == 0 and 16 <= d <= 256
-            and r % 2 == 0 and 0 < r <= d and c.hidden_size <= fused_layer.MAX_HIDDEN
+            and r % 2 == 0 and 0 < r <= d and width
             and type(model.layers[0].mlp).act is fused_layer._silu_act())
 
 
