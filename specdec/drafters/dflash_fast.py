@@ -25,8 +25,12 @@ Which drafters take it: :func:`eligible` (full-attention, non-causal layers, the
 kernels serve). Measured on the H200 (BENCHMARKS.md, session of 2026-12-03 (third)): the proposal 0.54 ->
 0.25 ms (55 kernels), the context write 0.27 -> 0.12 ms (11 kernels); the shipped SmolLM2 drafter end to end
 on GSM8K (first 80, T=0) 1.98x -> 2.33x and 1.88x -> 2.40x plain decoding in two alternated rounds,
-HumanEval 1.35x -> 1.70x, the same tau and outputs equal to plain. On by default; ``SPECDEC_DFLASH_FAST=0``
-gives the eager ops back.
+HumanEval 1.35x -> 1.70x, the same tau and outputs equal to plain. Drafters wider than ``fused_layer.MAX_HIDDEN``
+take it since the session of 2026-12-06 (fourth), on the target's wide kernels (``fused_layer.WIDE``): on an H100
+(``specdec bench --shape``, random 5-layer drafters, 32,768-token draft vocabulary) the qwen3-8b shape's proposal
+1.488 -> 1.110 ms (0.177x a decode step) and qwen3.5-9b's 1.482 -> 1.116; ``scripts/check_dflash_fast.py``: each fast
+block's logits within 1.9e-2 (relative) of the eager block's, outputs equal to plain. On by default;
+``SPECDEC_DFLASH_FAST=0`` gives the eager ops back.
 """
 
 from __future__ import annotations
