@@ -28,8 +28,7 @@ its steps padded), ``defaults+pfall`` / ``defaults+pf0``
 split, see SETTINGS), ``defaults+moe-bmm`` (moe.GROUPED_BMM: a MoE prefill's experts as two batched GEMMs; its
 ``prefill_ms``), ``defaults-buckets`` (graphs.SPAN_BUCKETS off: steps over the whole cache, not power-of-two multiples of the first split;
 with a cache much longer than the context, ``-n``), ``defaults+far0`` (split_attention.schedule without far splits: one
-split size at any context), ``defaults-gate-fold`` (layers.GATE_FOLD off: a gated attention's sigmoid(gate)
-product as torch ops after the split kernel), ``defaults-norm-rope`` (layers.NORM_ROPE off: the q/k norms as kernels of their own). Each
+split size at any context), ``defaults-norm-rope`` (layers.NORM_ROPE off: the q/k norms as kernels of their own). Each
 variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs). The flags are module attributes read as a step
 is built, so a variant's steps are built with them set and the defaults come back after.
 """
@@ -57,8 +56,7 @@ FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.m
          "split-k": ("specdec.models.fused_layer", "SPLIT_K"),
          "hybrid": ("specdec.models.qwen35", "HYBRID_FUSED"),
          "norm-rope": ("specdec.models.layers", "NORM_ROPE"),
-         "buckets": ("specdec.models.graphs", "SPAN_BUCKETS"),
-         "gate-fold": ("specdec.models.layers", "GATE_FOLD")}
+         "buckets": ("specdec.models.graphs", "SPAN_BUCKETS")}
 # settings other than on/off, each on top of the defaults: defaults+split64 (SPECDEC_SPLIT_KEYS=64), ...
 SETTINGS = {f"split{n}": ("specdec.models.split_attention", "_SPLIT_ENV", n) for n in (64, 128, 256, 512)}
 SETTINGS["rowgroups16"] = ("specdec.models.expert_kernel", "ROW_GROUPS", 16)  # the MoE kernels: a program a row

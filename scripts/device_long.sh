@@ -17,9 +17,9 @@
 #   bash scripts/device_long.sh wide      # check_dflash_fast.py on qwen3-8b and qwen3.5-9b (a 4096-wide drafter's fast
 #                                         # steps against its eager block; tok/s with them on and off); bench --shape
 #                                         # qwen3-8b and qwen3.5-9b (their DFlash propose on the fast steps)
-#   bash scripts/device_long.sh gate      # device_check on random Qwen3.5 MoE and dense (graphs; oracle, MTP drafts) with
-#                                         # the gate in the split kernel's store (layers.GATE_FOLD), then ab_flags on
-#                                         # qwen3.5-35b-a3b: defaults / defaults-gate-fold
+#   bash scripts/device_long.sh gate      # ran at 7cb7b8e (layers.GATE_FOLD, removed after: no gain): device_check on
+#                                         # random Qwen3.5 MoE and dense (graphs; oracle, MTP drafts), then ab_flags on
+#                                         # qwen3.5-35b-a3b: defaults / defaults-gate-fold (that variant exists at 7cb7b8e)
 #   bash scripts/device_long.sh final     # bench --shape qwen3-8b (512, then 4,096 and 16,384), qwen3.5-9b, smollm2-135m
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl).
 set -u

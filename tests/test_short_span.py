@@ -162,30 +162,3 @@ def test_span_buckets_follow_the_live_context(monkeypatch):
     keys.clear()
     g(rows4)
     assert keys[0] == 4 * SPLIT and {span for r, span in g.steps if r == 4} == set(g.spans)
-
-
-def test_gate_fold_gives_the_torch_products_tokens(monkeypatch, tmp_path):
-    """layers.GATE_FOLD: a gated attention's (Qwen3.5's) sigmoid(gate) product goes to the split kernel (its torch form
-    here, which rounds as the kernel does) with the gate, once a step; every verify step's logits and the tokens, plain
-    and with accepted n-gram drafts, equal those with the product as torch ops after the kernel (fold off)."""
-    from _mtp_util import build_qwen35
-
-    from specdec.loading import load_model
-
-    m = load_model(build_qwen35(tmp_path, moe=False, mtp=False, seed=4), "cpu", tokenizer=False).model
-    monkeypatch.setattr(m, "row_exact", lambda rows=1: True, raising=False)
-    monkeypatch.setattr(graphs, "split_kernel_attends", lambda model: True)
-    split_kernel_stand_in(monkeypatch)
-    gated = []
-    monkeypatch.setattr(split_attention, "split_attention",
-                        lambda q, k_, v, mask, scale, gate=None: gated.append(gate is not None) or
-                        split_attention.split_attention_reference(q, k_, v, mask, scale, gate=gate))
-    runs = {}
-    for fold in (False, True):
-        monkeypatch.setattr(layers, "GATE_FOLD", fold)
-        gated.clear()
-        runs[fold] = [generate(m, d, k)[0] for d, k in ((None, 0), (NgramDrafter(), 3))]
-        assert gated and all(g == fold for g in gated)  # every kernel call got the gate, or none did
-    for (t_off, l_off), (t_on, l_on) in zip(runs[False], runs[True]):
-        assert t_on == t_off and len(l_on) == len(l_off) > 0 and all(torch.equal(a, b) for a, b in zip(l_on, l_off))
-    assert runs[True][0][0] == runs[True][1][0]  # speculative equals plain

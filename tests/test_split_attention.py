@@ -205,19 +205,3 @@ def test_reference_with_far_splits(monkeypatch):
     assert torch.equal(got, split_attention_reference(q, k2, v2, torch.cat([mask, torch.zeros_like(mask)], -1), 0.3))
     monkeypatch.setattr(sa, "FAR", {})
     assert not torch.equal(got, split_attention_reference(q, k, v, mask, 0.3))
-
-
-def test_gate_in_the_store_rounds_as_the_torch_product():
-    """A gated attention's sigmoid(gate) product in the split kernel's store (layers.GATE_FOLD): the reference's gated
-    output equals Attention.gathered's ``o * torch.sigmoid(gate)`` on the ungated output, bit for bit in bf16 (the
-    gate a strided view of the projection, as the model hands it over)."""
-    from specdec.models.layers import Attention
-
-    q, k, v, mask = _case(2, 6, 2, 3, 300, 16, [100, 290])
-    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
-    proj = torch.randn(2, 3, 6, 32, generator=torch.Generator().manual_seed(3)).mul(3).bfloat16()
-    gate = proj[..., 16:]  # [B, T, H, d], the second half of each head's rows
-    got = split_attention_reference(q, k, v, mask, 0.25, gate=gate)
-    want = Attention.gathered(split_attention_reference(q, k, v, mask, 0.25), gate)
-    assert got.dtype == torch.bfloat16 and torch.equal(got.transpose(1, 2).reshape(2, 3, 96), want)
-    assert not torch.equal(got, split_attention_reference(q, k, v, mask, 0.25))  # the gate did something

@@ -187,25 +187,10 @@ def sliding_causal_mask(start: int, t: int, window: int, device) -> torch.Tensor
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """Scaled dot-product attention with GQA: q ``[H, T, d]``, k/v ``[Hkv, S, d]`` -> ``[H, T, dv]``;
     batched, q ``[B, H, T, d]``, k/v ``[B, Hkv, S, d]``, mask ``[B, 1, T, S]`` -> ``[B, H, T, dv]``."""
-    return attend_gated(q, k, v, mask, scale, None)[0]
-
-
-# A gated attention's (Qwen3.5's) o * sigmoid(gate) in the split kernel's final store, where that kernel runs (the static
-# steps on CUDA), instead of two torch kernels after it (whose launch also cost the o_proj after them its PDL prefetch):
-# the same rounding (o and sigmoid(gate) each rounded to the dtype, their product rounded). SPECDEC_GATE_FOLD=0 off.
-GATE_FOLD = env.switch("SPECDEC_GATE_FOLD")
-
-
-def attend_gated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-                 gate: torch.Tensor | None) -> tuple[torch.Tensor, bool]:
-    """:func:`attend`, with a gated attention's ``gate`` (``[T, H, d]``, batched ``[B, T, H, d]``, or None): ``(o,
-    whether o is already times sigmoid(gate))`` (the split kernel applies it where it runs, GATE_FOLD; the caller
-    applies it otherwise)."""
-    gate = gate if GATE_FOLD else None
     if q.dim() == 3 and not q.is_cuda and q.dtype == torch.float32 and cpu_exact.on():
-        return cpu_exact.attention(q, k, v, mask, scale), False  # a row's bits at any row count (cpu_exact.py)
+        return cpu_exact.attention(q, k, v, mask, scale)  # a row's bits at any row count (cpu_exact.py)
     if mask is not None and SPLIT_ATTENTION and getattr(_LIVE_CONTEXT, "on", False):
-        o = _attend_live(q, k, v, mask, scale, gate)
+        o = _attend_live(q, k, v, mask, scale)
         if o is not None:
             return o
     if mask is not None and mask.shape[-1] != k.shape[-2]:
@@ -216,12 +201,12 @@ def attend_gated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
         q, k, v = q[None], k[None], v[None]
     if not single and q.shape[0] > 1 and not q.is_cuda and getattr(_ROW_BY_ROW, "on", False):
         return torch.cat([attend(q[i:i + 1], k[i:i + 1], v[i:i + 1], None if mask is None else mask[i:i + 1], scale)
-                          for i in range(q.shape[0])]), False
+                          for i in range(q.shape[0])])
     groups = q.shape[1] // k.shape[1]
     if not single and getattr(_SPAN_INVARIANT, "on", False):
-        return _attend_span_invariant(q, k, v, mask, scale, groups, gate)
+        return _attend_span_invariant(q, k, v, mask, scale, groups)
     if not single and groups > 1 and FOLD_GQA_BATCHED:
-        return _attend_folded(q, k, v, mask, scale, groups), False
+        return _attend_folded(q, k, v, mask, scale, groups)
     if q.is_cuda and not torch.compiler.is_compiling():
         o = _sdpa_cuda(q, k, v, mask, scale, groups)
     else:
@@ -232,7 +217,7 @@ def attend_gated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         else:
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    return (o[0] if single else o), False
+    return o[0] if single else o
 
 
 # Eager CUDA attention (prefills, a drafter's catch-up over a prompt) leaves SDPA's cuDNN kernel out.
@@ -359,14 +344,9 @@ def drafter_static_attention():
     return live_context_attention() if DRAFTER_SPLIT else contextlib.nullcontext()
 
 
-def _kernel_gate(gate: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
-    """``gate`` where the split kernel takes it (its last stride 1, q's dtype), else None (torch ops apply it)."""
-    return gate if gate is not None and gate.stride(-1) == 1 and gate.dtype == q.dtype else None
-
-
-def _attend_live(q, k, v, mask, scale: float, gate=None) -> tuple[torch.Tensor, bool] | None:
-    """:func:`attend_gated` of one sequence (``[H, T, d]``, a ``[T, S]`` mask, a ``[T, H, d]`` gate) by the split
-    kernel as a batch of one, or None where the kernel does not take the inputs (batched steps choose theirs
+def _attend_live(q, k, v, mask, scale: float) -> torch.Tensor | None:
+    """:func:`attend` of one sequence (``[H, T, d]``, a ``[T, S]`` mask) by the split kernel as a
+    batch of one, or None where the kernel does not take the inputs (batched steps choose theirs
     by :func:`span_invariant_attention`)."""
     if q.dim() != 3 or mask.dim() != 2 or mask.shape[-1] > k.shape[-2]:
         return None
@@ -374,26 +354,22 @@ def _attend_live(q, k, v, mask, scale: float, gate=None) -> tuple[torch.Tensor, 
     q, k, v, mask = q[None], k[None, :, :span], v[None, :, :span], mask.view(1, 1, *mask.shape)
     if not split_attention.supported(q, k, mask):
         return None
-    gate = _kernel_gate(gate, q)
-    kw = {} if gate is None else {"gate": gate[None]}
-    return split_attention.split_attention(q, k, v, mask, scale, **kw)[0], gate is not None
+    return split_attention.split_attention(q, k, v, mask, scale)[0]
 
 
-def _attend_span_invariant(q, k, v, mask, scale: float, groups: int, gate=None) -> tuple[torch.Tensor, bool]:
+def _attend_span_invariant(q, k, v, mask, scale: float, groups: int) -> torch.Tensor:
     if SPLIT_ATTENTION and split_attention.supported(q, k, mask):
-        gate = _kernel_gate(gate, q)
-        kw = {} if gate is None else {"gate": gate}
-        return split_attention.split_attention(q, k, v, mask, scale, **kw), gate is not None
+        return split_attention.split_attention(q, k, v, mask, scale)
 
     def run():
         if groups > 1:
             return _attend_folded(q, k, v, mask, scale, groups)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     if not q.is_cuda:
-        return run(), False
+        return run()
     from torch.nn.attention import SDPBackend, sdpa_kernel
     with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
-        return run(), False
+        return run()
 
 
 def _sdpa_has_gqa() -> bool:
@@ -538,15 +514,10 @@ class Attention(nn.Module):
                 else:
                     q = rope_write.rope_write_one(q, k, v, cos, sin, cache, start)
                     k_all, v_all = cache.k, cache.v
-                return self._gathered_attention(q, k_all, v_all, mask, gate)
+                return self.gathered(attend(q, k_all, v_all, mask, self.scale), gate)
         q, k, v, gate = self._rotate(*heads, cos, sin)
         k_all, v_all = cache.update(start, k, v)
-        return self._gathered_attention(q, k_all, v_all, mask, gate)
-
-    def _gathered_attention(self, q, k_all, v_all, mask, gate) -> torch.Tensor:
-        """:func:`attend_gated` then :meth:`gathered`, the gate applied once (by the split kernel or here)."""
-        o, gated = attend_gated(q, k_all, v_all, mask, self.scale, gate)
-        return self.gathered(o, None if gated else gate)
+        return self.gathered(attend(q, k_all, v_all, mask, self.scale), gate)
 
 
 class SwiGLU(nn.Module):

@@ -162,6 +162,10 @@ PIPELINE = env.switch("SPECDEC_SPLIT_PIPELINE")
 # Tried and removed: past one split, the tile's last split program combining it after an acquire-release
 # ticket (no combine launch). On the H200 it made the 16-row step slower: SmolLM2 at context 300 1.05 ->
 # 1.20 ms, qwen3-8b at 1000 5.35 -> 8.23 ms (scripts/ab_flags.py, BENCHMARKS.md). Its code is at bb0405a.
+# Tried and removed (session of 2026-12-06 (fourth)): a gated attention's o * sigmoid(gate) in the final store, for
+# the one-sequence and batched steps alike (no torch kernels between the attention and o_proj). On an H100
+# (scripts/ab_flags.py, qwen3.5-35b-a3b at 512, 2 rounds) the 1-row step took 3.659 ms against 3.634 without it (the
+# padded one 3.902 / 3.901); device_check: 0 outputs differing. Its code and tests are at 7cb7b8e.
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
@@ -206,7 +210,6 @@ if triton is not None:
     @triton.jit(do_not_specialize=["T", "S", "Hkv", "rows"])
     def _split_kernel(q, k, v, mask, m_out, l_out, a_out, T, S, Hkv, rows, scale,
                       sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sms, o, sob, soh, sot,
-                      gate, sgb, sgt, sgh, GATED: tl.constexpr,
                       G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, NEAR: tl.constexpr,
                       FAR: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr, USE_GDC: tl.constexpr, PIPELINE: tl.constexpr):
         if USE_GDC:  # models/pdl.py
@@ -257,9 +260,6 @@ if triton is not None:
                 m_i = m_new
         if DIRECT:  # the only split: what the combine would write (its sums of one split are these)
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            if GATED:
-                out = _gated(out, gate + b * sgb + t[:, None] * sgt + (kh * G + g)[:, None] * sgh + d[None, :],
-                             live[:, None], o.dtype.element_ty)
             tl.store(o + b * sob + (kh * G + g)[:, None] * soh + t[:, None] * sot + d[None, :],
                      out.to(o.dtype.element_ty), mask=live[:, None])
             return
@@ -273,17 +273,8 @@ if triton is not None:
         tl.store(l_out + base + i, l_i, mask=sees)
         tl.store(a_out + (base + i)[:, None] * D + d[None, :], acc, mask=sees[:, None])
 
-    @triton.jit
-    def _gated(out, at, live, dt: tl.constexpr):
-        """``out`` (fp32) rounded to ``dt``, times ``sigmoid(gate)`` rounded to ``dt``, the product in fp32 (rounded by
-        the caller's store): the rounding of ``o * torch.sigmoid(gate)`` on ``dt`` tensors (GATE_FOLD)."""
-        gv = tl.load(at, mask=live, other=0.0).to(tl.float32)
-        sig = tl.sigmoid(gv).to(dt).to(tl.float32)
-        return out.to(dt).to(tl.float32) * sig
-
     @triton.jit(do_not_specialize=["T", "Hkv", "rows", "n_s", "n_m"])
     def _combine_kernel(m_out, l_out, a_out, o, T, Hkv, rows, n_s, n_m, sob, soh, sot,
-                        gate, sgb, sgt, sgh, GATED: tl.constexpr,
                         G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, RB: tl.constexpr,
                         DB: tl.constexpr, CB: tl.constexpr, USE_GDC: tl.constexpr):
         if USE_GDC:  # models/pdl.py
@@ -327,25 +318,18 @@ if triton is not None:
             acc = tl.where(any_c[:, None], acc + tl.sum(a_c * w[:, :, None], 0), acc)
         g, t = r // T, r % T
         out = acc / tl.where(l > 0, l, 1.0)[:, None]
-        if GATED:
-            out = _gated(out, gate + b * sgb + t[:, None] * sgt + (kh * G + g)[:, None] * sgh + d[None, :],
-                         live[:, None], o.dtype.element_ty)
         tl.store(o + b * sob + (kh * G + g)[:, None] * soh + t[:, None] * sot + d[None, :],
                  out.to(o.dtype.element_ty), mask=live[:, None])
 
 
-def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-                    gate: torch.Tensor | None = None) -> torch.Tensor:
+def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+                    ) -> torch.Tensor:
     """``q [B, H, T, d]``, ``k``/``v [B, Hkv, S, d]`` (head ``h`` reads KV head ``h // (H / Hkv)``),
     ``mask [B, 1, T, S]`` (True: seen) -> ``[B, H, T, d]`` (a view of a ``[B, T, H, d]`` tensor).
-    CUDA, bf16/fp16, ``d`` a power of two in 16..256 (:func:`supported`). ``gate [B, T, H, d]`` (any strides, the last
-    1): the output times ``sigmoid(gate)``, rounded as ``o * torch.sigmoid(gate)`` rounds, in the kernels' final store
-    (GATE_FOLD). Under torch.compile the kernels run as one opaque custom op (``specdec::split_attention``), the same
-    launches, and the gate as torch ops."""
-    if torch.compiler.is_compiling():
-        o = split_attention_op(q, k, v, mask, scale).transpose(1, 2)
-        return o if gate is None else o * torch.sigmoid(gate).transpose(1, 2)
-    return (_launch(q, k, v, mask, scale) if gate is None else _launch(q, k, v, mask, scale, gate)).transpose(1, 2)
+    CUDA, bf16/fp16, ``d`` a power of two in 16..256 (:func:`supported`). Under torch.compile the
+    kernels run as one opaque custom op (``specdec::split_attention``), the same launches."""
+    run = split_attention_op if torch.compiler.is_compiling() else _launch
+    return run(q, k, v, mask, scale).transpose(1, 2)
 
 
 @torch.library.custom_op("specdec::split_attention", mutates_args=())
@@ -364,8 +348,7 @@ def _(q, k, v, mask, scale):
     return q.new_empty(b, t, h, d)
 
 
-def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-            gate: torch.Tensor | None = None) -> torch.Tensor:
+def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """The two kernels: ``[B, T, H, d]`` (contiguous) from :func:`split_attention`'s inputs."""
     b, h, t, d = q.shape
     hkv, s = k.shape[1], k.shape[2]
@@ -382,35 +365,30 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     out = torch.empty(b, t, h, d, dtype=q.dtype, device=q.device)
     o = out.transpose(1, 2)
     mask = mask.view(torch.uint8)  # a boolean mask (supported()), read as bytes
-    if gate is not None and (gate.shape != (b, t, h, d) or gate.stride(-1) != 1 or gate.dtype != q.dtype):
-        raise ValueError(f"split_attention: gate {tuple(gate.shape)} {gate.dtype} (last stride {gate.stride(-1)}) for "
-                         f"an output of {(b, t, h, d)} {q.dtype}: want that shape and dtype, the last stride 1")
-    gated = gate is not None
-    gate_args = (gate, gate.stride(0), gate.stride(1), gate.stride(2)) if gated else (q, 0, 0, 0)  # q: never read
     _split_kernel[(b * hkv, n_m, n_s)](
         q, k, v, mask, m_out, l_out, a_out, t, s, hkv, rows, scale,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), mask.stride(0), mask.stride(2), mask.stride(3),
-        o, o.stride(0), o.stride(1), o.stride(2), *gate_args, GATED=gated,
+        o, o.stride(0), o.stride(1), o.stride(2),
         G=g, BM=bm, BN=bn, SPLIT=split, NEAR=near, FAR=far, D=d, DIRECT=direct, PIPELINE=PIPELINE, num_warps=warps,
         **({} if _stages(d) is None else {"num_stages": _stages(d)}), **pdl.options(q))
     if direct:
         return out
     rb, db = COMBINE_CUT[0], min(d, COMBINE_CUT[1])
     _combine_kernel[(b * hkv, -(-rows // rb), d // db)](
-        m_out, l_out, a_out, o, t, hkv, rows, n_s, n_m, o.stride(0), o.stride(1), o.stride(2), *gate_args, GATED=gated,
+        m_out, l_out, a_out, o, t, hkv, rows, n_s, n_m, o.stride(0), o.stride(1), o.stride(2),
         G=g, BM=bm, D=d, RB=rb, DB=db, CB=COMBINE, num_warps=4, **pdl.options(q))
     return out
 
 
 def split_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                               scale: float, split: int | None = None, block: int | None = None,
-                              chunk: int = COMBINE, gate: torch.Tensor | None = None) -> torch.Tensor:
+                              chunk: int = COMBINE) -> torch.Tensor:
     """:func:`split_attention`'s algorithm in torch ops, fp32 throughout (any device and dtype):
     blocks of ``block`` keys (default: the kernel's for the head size) at fixed offsets with the
     online softmax, a block no query of the sequence sees skipped, the partial states of each
     split (``split`` keys each; default: :func:`schedule`'s splits) combined as the kernel does (the maximum, then the rescaled
-    sums ``chunk`` splits at a time, chunks in order); ``gate [B, T, H, d]``: times its sigmoid as the kernels do."""
+    sums ``chunk`` splits at a time, chunks in order)."""
     b, h, t, d = q.shape
     block = block or _tile(d)[1]
     hkv, s = k.shape[1], k.shape[2]
@@ -456,8 +434,5 @@ def split_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         any_c = sees.any(0)
         l = torch.where(any_c, l + (l_c * w).sum(0), l)
         acc = torch.where(any_c[..., None], acc + (a_c * w[..., None]).sum(0), acc)
-    out = (acc / torch.where(l > 0, l, 1.0)[..., None]).reshape(b, h, t, d).to(q.dtype)
-    if gate is not None:  # ``gate [B, T, H, d]``: the kernels' rounding (_gated), o * torch.sigmoid(gate)'s
-        sig = torch.sigmoid(gate.float()).to(q.dtype).float().transpose(1, 2)
-        out = (out.float() * sig).to(q.dtype)
-    return out
+    out = acc / torch.where(l > 0, l, 1.0)[..., None]
+    return out.reshape(b, h, t, d).to(q.dtype)
