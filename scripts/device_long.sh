@@ -17,12 +17,12 @@
 #   bash scripts/device_long.sh wide      # check_dflash_fast.py on qwen3-8b and qwen3.5-9b (a 4096-wide drafter's fast
 #                                         # steps against its eager block; tok/s with them on and off); bench --shape
 #                                         # qwen3-8b and qwen3.5-9b (their DFlash propose on the fast steps)
-#   bash scripts/device_long.sh gate      # ran at 7cb7b8e (layers.GATE_FOLD, removed after: no gain): device_check on
-#                                         # random Qwen3.5 MoE and dense (graphs; oracle, MTP drafts), then ab_flags on
-#                                         # qwen3.5-35b-a3b: defaults / defaults-gate-fold (that variant exists at 7cb7b8e)
+#   (call 13's `gate` case, with layers.GATE_FOLD, is at 7cb7b8e: the fold was removed after it, no gain)
 #   bash scripts/device_long.sh final     # bench --shape qwen3-8b (512, then 4,096 and 16,384), qwen3.5-9b, smollm2-135m
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl).
 set -u
+case "${1:-}" in schedule|split128|probe|dflash|wide|final) ;; *)
+    echo "device_long.sh: schedule | split128 | probe | dflash | wide | final"; exit 2 ;; esac
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests:$PWD/scripts PYTHONUNBUFFERED=1
 R=$OUT/r; mkdir -p $R
@@ -84,19 +84,9 @@ wide)
     done
     bench qwen3-8b 512 --draft-vocab 32768 --reps 10
     bench qwen3.5-9b 512 --draft-vocab 32768 --reps 10 ;;
-gate)
-    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
-    for t in qwen35moe qwen35; do
-        timeout 50 python scripts/device_check.py run /tmp/dc --target $t --mode graphs --drafters oracle mtp \
-            --prompts 4 --new-tokens 128 --out $R/dc_${t}_graphs.json > $R/dc_${t}_graphs.log 2>&1 || echo "$t rc=$?"
-    done
-    python scripts/device_check.py compare $R/dc_*.json --out $R/dc_report.json 2>&1 | tail -6
-    ab 35b_gate 170 512 --shape qwen3.5-35b-a3b --rounds 2 --variants defaults defaults-gate-fold ;;
 final)
     bench qwen3-8b 512 --contexts 4096,16384 --draft-vocab 32768 --reps 10
     bench qwen3.5-9b 512 --draft-vocab 32768 --reps 10
     bench smollm2-135m 512 ;;
-*)
-    echo "device_long.sh: schedule | split128 | probe | dflash | wide | gate | final"; exit 2 ;;
 esac
 cd $OUT && tar czf r.tgz r && rm -rf r

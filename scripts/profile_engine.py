@@ -41,6 +41,9 @@ def main() -> None:
     ap.add_argument("--shapes", action="store_true", help="group the profile table by input shapes")
     ap.add_argument("--tau", type=float, default=6.5, help="--draft oracle: the mean tokens a step it aims at")
     a = ap.parse_args()
+    if a.draft == "oracle" and not a.shape:
+        raise SystemExit("profile_engine: --draft oracle needs --shape (its drafter proposes a random target's own "
+                         "continuation)")
     if a.shape:
         from specdec.bench_shape import _dflash
         from specdec.shapes import build_shape
@@ -63,8 +66,6 @@ def main() -> None:
     g = SpeculativeGenerator(model, d, k, batch_invariant=a.batch_invariant, compile=a.compile)
     oracles = {}
     if a.draft == "oracle":
-        if not a.shape:
-            raise SystemExit("profile_engine: --draft oracle needs --shape")
         from specdec.bench_shape import OracleDrafter, oracle_spoil
         k = a.k or 15
         plain = SpeculativeGenerator(model, None, 0, batch_invariant=a.batch_invariant, compile=a.compile)
