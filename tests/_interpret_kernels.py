@@ -591,14 +591,14 @@ def rope_ptx() -> None:
 def pdl_ptx() -> None:
     """models/pdl.py's promise, in the PTX compiled for an H100/H200 (sm_90) with USE_GDC on: every
     global load and store of the fused layer's GEMM, the fused norm, RoPE + the cache write, the q/k norm +
-    RoPE + write kernel, the three MoE kernels and the three Gated DeltaNet step kernels comes
+    RoPE + write kernel, the three MoE kernels, the three Gated DeltaNet step kernels and the L2 look-ahead comes
     after ``griddepcontrol.wait`` (so a kernel launched early reads nothing before the one before it has
     finished), and ``launch_dependents`` comes first."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from specdec.models import delta_kernel, expert_kernel, fused_layer, fused_ops, rope_write
+    from specdec.models import delta_kernel, expert_kernel, fused_layer, fused_ops, pdl, rope_write
     gemm_ptrs = {"x": "*bf16", "w": "*bf16", "y": "*bf16", "ws": "*fp32", "cnt": "*i32"}
     gemm_const = {"SILU": True, "BM": 16, "BN": 32, "BK": 64, "PER_LINE": 64, "LINES": 16, "FENCE": True}
     cases = {"gemm": (fused_layer._kernel, gemm_ptrs, {**gemm_const, "SPLIT": 1}),
@@ -615,8 +615,10 @@ def pdl_ptx() -> None:
                                 {"R": 64, "HALF": 32, "D": 256, "HAS_Q": True, "ROW_TABLES": True}),
              "moe-route": (expert_kernel._route_kernel, {"logits": "*bf16", "idx": "*i32", "wts": "*bf16", "live": "*i64"},
                            {"LIVE": True, "SHARED": True, "K": 8, "KB": 16, "BE": 256}),
-             "moe-gate-up": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "h")}
-                             | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64, "LINES": 32}),
+             "moe-gate-up": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "d", "sd", "h")}
+                             | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64, "LINES": 32,
+                                                                "AHEAD": True}),
+             "ahead": (pdl._ahead_kernel, {"w": "*bf16"}, {"CHUNK": 16384, "PER": 64, "ES": 2}),
              "moe-combine": (expert_kernel._combine_kernel, {n: "*bf16" for n in ("hin", "wts", "w", "sw", "y")}
                              | {"idx": "*i32", "live": "*i64"}, {"K": 8, "P": 9, "LIVE": True, "BN": 4, "BK": 512, "PC": 4,
                                                                 "PER_LINE": 64, "LINES": 8}),
@@ -641,6 +643,9 @@ def pdl_ptx() -> None:
             fence, atom = body.find("fence.acq_rel.gpu"), body.find("atom.global")
             check("pdl-ptx gemm-split: the partials' stores, a GPU-scope fence, then the tile's atomic count",
                   0 <= body.find("st.global") < fence < atom)
+        if name in ("ahead", "moe-gate-up"):  # the look-ahead's bulk prefetches (pdl.AHEAD) after the wait
+            check(f"pdl-ptx {name}: bulk L2 prefetches after the wait",
+                  wait < body.find("cp.async.bulk.prefetch.L2.global"))
         if name in ("gemm", "gemm-split", "moe-gate-up", "moe-combine"):  # weights that never depend on the kernel before
             # (the GEMM's, the shared expert's) prefetched before the wait
             check(f"pdl-ptx {name}: the weight rows prefetched into L2 before the wait",

@@ -83,9 +83,9 @@ def test_table_matches_the_code():
         if p.name == "env.py":
             continue
         src = p.read_text(encoding="utf-8")
-        read |= set(re.findall(r'env\.(?:switch|integer|choice|probability)\("(SPECDEC_[A-Z_]+)"\)', src))
-        read |= set(re.findall(r'environ(?:\.get)?[(\[]"(SPECDEC_[A-Z_]+)"', src))
-        assert not re.search(r'environ\.get\("SPECDEC_[A-Z_]+", "[01]"\)', src), f"{p}: a switch read outside env.py"
+        read |= set(re.findall(r'env\.(?:switch|integer|choice|probability)\("(SPECDEC_[A-Z0-9_]+)"\)', src))
+        read |= set(re.findall(r'environ(?:\.get)?[(\[]"(SPECDEC_[A-Z0-9_]+)"', src))
+        assert not re.search(r'environ\.get\("SPECDEC_[A-Z0-9_]+", "[01]"\)', src), f"{p}: a switch read outside env.py"
     tests_only = {"SPECDEC_LLAMA_VOCAB_DIR", "SPECDEC_TRITON_DIR"}
     table = set(env.SWITCHES) | set(env.INTEGERS) | set(env.CHOICES) | set(env.PROBABILITIES) | set(env.OTHERS)
     assert read == table - tests_only

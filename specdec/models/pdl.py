@@ -16,6 +16,15 @@ without the attribute, cuBLAS's and torch's, are serialized as before.) On by de
 5.447 -> 5.321 ms, SmolLM2's 1.005 -> 1.000 ms (one split) and 1.261 -> 1.229 (two splits); a random
 Llama and Qwen3.5 decoded with it gave plain decoding's tokens (``scripts/device_check.py``).
 ``SPECDEC_PDL=0`` turns it off.
+
+**L2 look-ahead** (``SPECDEC_L2_AHEAD``; off until measured): a prefetch before a GEMM's own wait starts only
+one kernel ahead. Between a mixer's in-projection and its output projection a step runs small kernels (a Gated
+DeltaNet's conv + gates, recurrence and gated norm; attention's RoPE + cache write, split kernel and combine) that
+leave the memory bus nearly idle, and between a MoE block's gate/up and its combine, none. ``out``: :func:`ahead`,
+a one-warp kernel first among those small ones, asks for the output projection's weight in bulk L2 prefetches
+(``cp.async.bulk.prefetch.L2``) after its wait; the projection then reads it from L2. ``down``: the MoE gate/up
+kernel, once it knows the step's first row's experts, asks for their down projections (expert_kernel.py), which
+then stream in beside its own weights. ``all``: both. A prefetch loads nothing into a register: every bit stays.
 """
 
 from __future__ import annotations
@@ -32,6 +41,9 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 ENABLED = env.switch("SPECDEC_PDL")
+AHEAD = env.choice("SPECDEC_L2_AHEAD")
+AHEAD_CHUNK = 1 << 15  # bytes one bulk prefetch asks for
+AHEAD_PROGRAMS = 8  # programs of :func:`ahead`'s kernel (at most)
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter runs no PTX
 
 
@@ -41,6 +53,27 @@ def options(x: torch.Tensor) -> dict:
     not Triton's interpreter), else ``USE_GDC=False`` alone."""
     on = ENABLED and x.is_cuda and not INTERPRETED and _hopper(x.device)
     return {"USE_GDC": True, "launch_pdl": True} if on else {"USE_GDC": False}
+
+
+def ahead_on(site: str, x: torch.Tensor) -> bool:
+    """Whether the look-ahead ``site`` (``out`` or ``down``) runs in a step on ``x``'s device: chosen by
+    ``AHEAD`` (``SPECDEC_L2_AHEAD``), under PDL (whose wait keeps :func:`ahead`'s kernel in the step's order)."""
+    return AHEAD in (site, "all") and options(x)["USE_GDC"]
+
+
+def ahead(w: torch.Tensor) -> None:
+    """Pull ``w`` (contiguous, on a device where :func:`ahead_on`) into L2 from this point of the step on: a
+    kernel that waits for the kernel before it (so the kernels after it still see that one's writes) and then
+    asks for ``w``'s bytes in :data:`AHEAD_CHUNK`-byte bulk prefetches. A weight whose bytes are not whole
+    16-byte units at a 16-byte address is left alone (a bulk prefetch's rule)."""
+    nbytes = w.numel() * w.element_size()
+    if nbytes == 0 or nbytes % 16 or w.data_ptr() % 16 or not w.is_contiguous():
+        return
+    es = w.element_size()
+    chunks = triton.cdiv(nbytes, AHEAD_CHUNK)
+    per = triton.next_power_of_2(triton.cdiv(chunks, AHEAD_PROGRAMS))
+    _ahead_kernel[(triton.cdiv(chunks, per),)](w, w.numel(), CHUNK=AHEAD_CHUNK // es, PER=per, ES=es,
+                                               USE_GDC=True, num_warps=1, launch_pdl=True)
 
 
 def l2_lines(n: int, element_size: int) -> tuple[int, int]:
@@ -80,3 +113,20 @@ if triton is not None:
         one before to complete (before any global access)."""
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
+
+    @triton.jit
+    def bulk_to_l2(ptrs, nbytes):
+        """``cp.async.bulk.prefetch.L2`` of ``nbytes`` (int32, a multiple of 16) from each pointer (16-byte aligned):
+        one instruction a pointer, the TMA unit's to carry out (:func:`ahead`; expert_kernel's ``down`` site)."""
+        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+                                  [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def _ahead_kernel(w, n, CHUNK: tl.constexpr, PER: tl.constexpr, ES: tl.constexpr, USE_GDC: tl.constexpr):
+        # program p: chunks p * PER ... of w's n elements (CHUNK each), after the kernel before it; chunks past the
+        # end repeat the last one (a prefetch has no mask)
+        if USE_GDC:
+            begin()
+        start = (tl.program_id(0) * PER + tl.arange(0, PER)).to(tl.int64) * CHUNK
+        start = tl.minimum(start, ((n - 1) // CHUNK) * CHUNK)
+        bulk_to_l2(w + start, (tl.minimum(n - start, CHUNK) * ES).to(tl.int32))
