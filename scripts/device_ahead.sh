@@ -1,8 +1,8 @@
 #!/bin/bash
 # Issue 10, session of 2026-12-06 (fifth): the L2 look-ahead (models/pdl.py, SPECDEC_L2_AHEAD: a later GEMM's weights
-# pulled into L2 while the small kernels before it run).
-#   bash scripts/device_ahead.sh ab     # ab_flags defaults / +ahead-out / +ahead-down / +ahead-all on qwen3.5-35b-a3b,
-#                                       # defaults / +ahead-out on qwen3-8b (1-row and padded steps at 512); the 35b's
+# pulled into L2 while the small kernels before it run). Call 1 ran `ab` with the bulk form (14f39e3).
+#   bash scripts/device_ahead.sh ab     # ab_flags defaults / +ahead-out / +ahead-down / +ahead-all (+last) on
+#                                       # qwen3.5-35b-a3b, defaults / +ahead-out (+last) on qwen3-8b (1-row and padded steps at 512); the 35b's
 #                                       # timeline with SPECDEC_L2_AHEAD=all (profile_shape_step.py --timeline)
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl).
 set -u
@@ -18,9 +18,9 @@ ab() {  # NAME TIMEOUT ab_flags args...
 }
 case "$1" in
 ab)
-    ab 35b 260 --shape qwen3.5-35b-a3b --rounds 3 --variants defaults defaults+ahead-out defaults+ahead-down \
-        defaults+ahead-all
-    ab 8b 120 --shape qwen3-8b --rounds 3 --variants defaults defaults+ahead-out
+    ab 35b 300 --shape qwen3.5-35b-a3b --rounds 3 --variants defaults defaults+ahead-out defaults+ahead-down \
+        defaults+ahead-all defaults+ahead-all+last
+    ab 8b 150 --shape qwen3-8b --rounds 3 --variants defaults defaults+ahead-out defaults+ahead-out+last
     SPECDEC_L2_AHEAD=all timeout 120 python scripts/profile_shape_step.py --shape qwen3.5-35b-a3b --context 512 --rows 1 \
         --timeline $R/timeline35b_all.json > $R/prof35b_all.json 2> $R/prof35b_all.err; echo "profile rc=$?"
     tail -3 $R/prof35b_all.err ;;

@@ -21,10 +21,11 @@ Llama and Qwen3.5 decoded with it gave plain decoding's tokens (``scripts/device
 one kernel ahead. Between a mixer's in-projection and its output projection a step runs small kernels (a Gated
 DeltaNet's conv + gates, recurrence and gated norm; attention's RoPE + cache write, split kernel and combine) that
 leave the memory bus nearly idle, and between a MoE block's gate/up and its combine, none. ``out``: :func:`ahead`,
-a one-warp kernel first among those small ones, asks for the output projection's weight in bulk L2 prefetches
-(``cp.async.bulk.prefetch.L2``) after its wait; the projection then reads it from L2. ``down``: the MoE gate/up
-kernel, once it knows the step's first row's experts, asks for their down projections (expert_kernel.py), which
-then stream in beside its own weights. ``all``: both. A prefetch loads nothing into a register: every bit stays.
+a kernel first among those small ones, asks for each line of the output projection's weight after its wait; the
+projection then reads it from L2. ``down``: the MoE gate/up kernel, once it knows the step's first row's experts,
+asks for their down projections (expert_kernel.py), which then stream in beside its own weights. ``all``: both. A
+prefetch loads nothing into a register: every bit stays. (A first form asked in bulk, ``cp.async.bulk.prefetch.L2``
+from 8 programs: its kernel lived until the copies landed, ~20-30 us a weight, and held the step back: 14f39e3.)
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ except ImportError:  # pragma: no cover - depends on the install
 
 ENABLED = env.switch("SPECDEC_PDL")
 AHEAD = env.choice("SPECDEC_L2_AHEAD")
-AHEAD_CHUNK = 1 << 15  # bytes one bulk prefetch asks for
-AHEAD_PROGRAMS = 8  # programs of :func:`ahead`'s kernel (at most)
+AHEAD_PROGRAMS = 128  # programs of :func:`ahead`'s kernel (at most)
+AHEAD_LAST = False  # its prefetches ::evict_last
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter runs no PTX
 
 
@@ -63,17 +64,16 @@ def ahead_on(site: str, x: torch.Tensor) -> bool:
 
 def ahead(w: torch.Tensor) -> None:
     """Pull ``w`` (contiguous, on a device where :func:`ahead_on`) into L2 from this point of the step on: a
-    kernel that waits for the kernel before it (so the kernels after it still see that one's writes) and then
-    asks for ``w``'s bytes in :data:`AHEAD_CHUNK`-byte bulk prefetches. A weight whose bytes are not whole
-    16-byte units at a 16-byte address is left alone (a bulk prefetch's rule)."""
-    nbytes = w.numel() * w.element_size()
-    if nbytes == 0 or nbytes % 16 or w.data_ptr() % 16 or not w.is_contiguous():
+    kernel of :data:`AHEAD_PROGRAMS` programs that waits for the kernel before it (so the kernels after it still
+    see that one's writes) and then asks for each 128-byte line of ``w`` (``prefetch.global.L2``, which no thread
+    waits for; ``AHEAD_LAST``: ``::evict_last``)."""
+    n = w.numel()
+    if n == 0 or not w.is_contiguous():
         return
-    es = w.element_size()
-    chunks = triton.cdiv(nbytes, AHEAD_CHUNK)
-    per = triton.next_power_of_2(triton.cdiv(chunks, AHEAD_PROGRAMS))
-    _ahead_kernel[(triton.cdiv(chunks, per),)](w, w.numel(), CHUNK=AHEAD_CHUNK // es, PER=per, ES=es,
-                                               USE_GDC=True, num_warps=1, launch_pdl=True)
+    line = max(128 // w.element_size(), 1)
+    per = triton.cdiv(triton.cdiv(n, AHEAD_PROGRAMS), line) * line
+    _ahead_kernel[(triton.cdiv(n, per),)](w, n, per, LINE=line, BLOCK=1024, LAST=AHEAD_LAST, USE_GDC=True,
+                                          num_warps=4, launch_pdl=True)
 
 
 def l2_lines(n: int, element_size: int) -> tuple[int, int]:
@@ -115,18 +115,21 @@ if triton is not None:
         tl.extra.cuda.gdc_wait()
 
     @triton.jit
-    def bulk_to_l2(ptrs, nbytes):
-        """``cp.async.bulk.prefetch.L2`` of ``nbytes`` (int32, a multiple of 16) from each pointer (16-byte aligned):
-        one instruction a pointer, the TMA unit's to carry out (:func:`ahead`; expert_kernel's ``down`` site)."""
-        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-                                  [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+    def lines_to_l2(ptrs, LAST: tl.constexpr):
+        """:func:`to_l2`, or with ``LAST`` ``prefetch.global.L2::evict_last`` (kept past lines loaded normally)."""
+        if LAST:
+            tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            to_l2(ptrs)
 
     @triton.jit
-    def _ahead_kernel(w, n, CHUNK: tl.constexpr, PER: tl.constexpr, ES: tl.constexpr, USE_GDC: tl.constexpr):
-        # program p: chunks p * PER ... of w's n elements (CHUNK each), after the kernel before it; chunks past the
-        # end repeat the last one (a prefetch has no mask)
+    def _ahead_kernel(w, n, per, LINE: tl.constexpr, BLOCK: tl.constexpr, LAST: tl.constexpr, USE_GDC: tl.constexpr):
+        # program p: the lines (LINE elements each) of elements p * per ... of w's n, BLOCK lines a pass, after the
+        # kernel before it; lines past the end repeat the last (a prefetch has no mask)
         if USE_GDC:
             begin()
-        start = (tl.program_id(0) * PER + tl.arange(0, PER)).to(tl.int64) * CHUNK
-        start = tl.minimum(start, ((n - 1) // CHUNK) * CHUNK)
-        bulk_to_l2(w + start, (tl.minimum(n - start, CHUNK) * ES).to(tl.int32))
+        lo = tl.program_id(0).to(tl.int64) * per
+        hi = tl.minimum(lo + per, n)
+        for s0 in range(lo, hi, BLOCK * LINE):
+            lines_to_l2(w + tl.minimum(s0 + tl.arange(0, BLOCK).to(tl.int64) * LINE, hi - 1), LAST)
