@@ -67,8 +67,6 @@ INTEGERS: dict[str, tuple[int, int, int, str]] = {
 # name -> (default, the options, what it chooses)
 CHOICES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "SPECDEC_SPAN_ATTENTION": ("split", ("split", "sdpa"), "the span-invariant attention's kernel (CUDA)"),
-    "SPECDEC_L2_AHEAD": ("off", ("off", "out", "down", "all"),
-                         "weights pulled into L2 kernels ahead of their GEMM (models/pdl.py; CUDA, Hopper)"),
 }
 
 # name -> (default, what it sets); probabilities in 0..1

@@ -591,14 +591,14 @@ def rope_ptx() -> None:
 def pdl_ptx() -> None:
     """models/pdl.py's promise, in the PTX compiled for an H100/H200 (sm_90) with USE_GDC on: every
     global load and store of the fused layer's GEMM, the fused norm, RoPE + the cache write, the q/k norm +
-    RoPE + write kernel, the three MoE kernels, the three Gated DeltaNet step kernels and the L2 look-ahead comes
+    RoPE + write kernel, the three MoE kernels and the three Gated DeltaNet step kernels comes
     after ``griddepcontrol.wait`` (so a kernel launched early reads nothing before the one before it has
     finished), and ``launch_dependents`` comes first."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from specdec.models import delta_kernel, expert_kernel, fused_layer, fused_ops, pdl, rope_write
+    from specdec.models import delta_kernel, expert_kernel, fused_layer, fused_ops, rope_write
     gemm_ptrs = {"x": "*bf16", "w": "*bf16", "y": "*bf16", "ws": "*fp32", "cnt": "*i32"}
     gemm_const = {"SILU": True, "BM": 16, "BN": 32, "BK": 64, "PER_LINE": 64, "LINES": 16, "FENCE": True}
     cases = {"gemm": (fused_layer._kernel, gemm_ptrs, {**gemm_const, "SPLIT": 1}),
@@ -615,10 +615,8 @@ def pdl_ptx() -> None:
                                 {"R": 64, "HALF": 32, "D": 256, "HAS_Q": True, "ROW_TABLES": True}),
              "moe-route": (expert_kernel._route_kernel, {"logits": "*bf16", "idx": "*i32", "wts": "*bf16", "live": "*i64"},
                            {"LIVE": True, "SHARED": True, "K": 8, "KB": 16, "BE": 256}),
-             "moe-gate-up": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "d", "sd", "h")}
-                             | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64, "LINES": 32,
-                                                                "AHEAD": 128, "LAST": True}),
-             "ahead": (pdl._ahead_kernel, {"w": "*bf16"}, {"LINE": 64, "BLOCK": 1024, "LAST": False}),
+             "moe-gate-up": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "h")}
+                             | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64, "LINES": 32}),
              "moe-combine": (expert_kernel._combine_kernel, {n: "*bf16" for n in ("hin", "wts", "w", "sw", "y")}
                              | {"idx": "*i32", "live": "*i64"}, {"K": 8, "P": 9, "LIVE": True, "BN": 4, "BK": 512, "PC": 4,
                                                                 "PER_LINE": 64, "LINES": 8}),
@@ -636,17 +634,13 @@ def pdl_ptx() -> None:
         ptx = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
         body = ptx[ptx.index(".entry"):]
         wait = body.find("griddepcontrol.wait")
-        first_mem = min([i for i in (body.find("ld.global"), body.find("st.global"), body.find("cp.async")) if i >= 0]
-                        or [len(body)])  # (the look-ahead's kernel has none: its prefetches are checked below)
+        first_mem = min(i for i in (body.find("ld.global"), body.find("st.global"), body.find("cp.async")) if i >= 0)
         check(f"pdl-ptx {name}: launch_dependents, then wait, then the first global access",
               0 <= body.find("griddepcontrol.launch_dependents") < wait < first_mem)
         if name == "gemm-split":  # a program's partials fenced at GPU scope before it counts in, the count atomic
             fence, atom = body.find("fence.acq_rel.gpu"), body.find("atom.global")
             check("pdl-ptx gemm-split: the partials' stores, a GPU-scope fence, then the tile's atomic count",
                   0 <= body.find("st.global") < fence < atom)
-        if name in ("ahead", "moe-gate-up"):  # the look-ahead's prefetches (pdl.AHEAD) after the wait
-            pf = "prefetch.global.L2::evict_last" if name == "moe-gate-up" else "prefetch.global.L2 "
-            check(f"pdl-ptx {name}: L2 prefetches after the wait", wait < body.find(pf, wait) and pf in body[wait:])
         if name in ("gemm", "gemm-split", "moe-gate-up", "moe-combine"):  # weights that never depend on the kernel before
             # (the GEMM's, the shared expert's) prefetched before the wait
             check(f"pdl-ptx {name}: the weight rows prefetched into L2 before the wait",

@@ -31,7 +31,7 @@ from .. import cpu_linear
 from ..cpu_linear import Linear
 from ..errors import ConfigError
 from ..parallel.tp import Blocks, Shard, Slice, row_parallel
-from . import delta_kernel, pdl
+from . import delta_kernel
 from .layers import derived_weight, fuse_linears
 
 
@@ -324,8 +324,6 @@ class GatedDeltaNet(nn.Module):
         the torch form up to rounding, written into ``cache`` as :meth:`LinearAttnCache.write` would
         (the state before the step at row 0, the state after each position, the conv inputs).
         ``live``: a static step's real rows (``StepContext.live``; the rest pad it), None: all."""
-        if pdl.ahead_on("out", proj):  # the out-projection's weight into L2 while the three step kernels run
-            pdl.ahead(self.out_proj.weight)
         q, k, v, g, beta = delta_kernel.conv_gates(
             proj, cache.conv, cache.cur_t, self.conv_weight_fp32(), b, a,
             self.A_log, self.dt_bias, self.hk, self.hv, self.dk, self.dv)

@@ -93,15 +93,11 @@ if triton is not None:
             return T + 0
 
     @triton.jit
-    def _gate_up_kernel(x, idx, w, sw, d, sd, h, live, T, G, K, P, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr, PER_LINE: tl.constexpr, LINES: tl.constexpr, AHEAD: tl.constexpr,
-                        LAST: tl.constexpr, USE_GDC: tl.constexpr):
+    def _gate_up_kernel(x, idx, w, sw, h, live, T, G, K, P, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr,
+                        BK: tl.constexpr, PER_LINE: tl.constexpr, LINES: tl.constexpr, USE_GDC: tl.constexpr):
         # program (row group g and pair slot j: axis 0 = g * P + j; block of BN intermediate channels): pair j of
         # rows g, g + G, ... below the live rows (a padding row's h is never read); pair number K of a row
-        # (P = K + 1) is the shared expert, whose fused gate/up weight is sw. AHEAD > 0 (pdl.py's "down" site):
-        # row 0's programs first ask for the lines (AHEAD of them, PER_LINE elements each) of the BN * H elements of
-        # their pair's down projection (d, [E, H, INTER]; shared: sd) that their block number picks, into L2, for the
-        # combine kernel after this one
+        # (P = K + 1) is the shared expert, whose fused gate/up weight is sw
         g = tl.program_id(0) // P
         j = tl.program_id(0) % P
         nb = tl.program_id(1)
@@ -116,14 +112,6 @@ if triton is not None:
                 pdl.rows_to_l2(sw, rows, H, PER_LINE, LINES)
                 pdl.rows_to_l2(sw, rows + INTER, H, PER_LINE, LINES)
             tl.extra.cuda.gdc_wait()
-            if AHEAD > 0:
-                if g == 0 and _live_rows(T, live, LIVE) > 0:
-                    if j < K:
-                        dbase = d + tl.load(idx + j).to(tl.int64) * H * INTER
-                    else:
-                        dbase = sd + 0
-                    off = nb.to(tl.int64) * BN * H + tl.arange(0, AHEAD).to(tl.int64) * PER_LINE
-                    pdl.lines_to_l2(dbase + tl.minimum(off, H * INTER - 1), LAST)
         for t in range(g, _live_rows(T, live, LIVE), G):
             if j < K:
                 e = tl.load(idx + t * K + j).to(tl.int64)
@@ -267,9 +255,8 @@ def pairs(x: torch.Tensor, idx: torch.Tensor, gate_up: torch.Tensor, down: torch
     has_live = live is not None
     live = live if has_live else idx  # a stand-in pointer, never read without LIVE
     h = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
-    _gate_up_kernel[(t * k, triton.cdiv(inter, BN))](x, idx, gate_up, gate_up, down, down, h, live, t, t, k, k, hidden,
-                                                     inter, LIVE=has_live, BN=BN, BK=BK, PER_LINE=1, LINES=1,
-                                                     AHEAD=0, LAST=False, USE_GDC=False)
+    _gate_up_kernel[(t * k, triton.cdiv(inter, BN))](x, idx, gate_up, gate_up, h, live, t, t, k, k, hidden, inter,
+                                                     LIVE=has_live, BN=BN, BK=BK, PER_LINE=1, LINES=1, USE_GDC=False)
     y = torch.empty(t * k, hidden, dtype=x.dtype, device=x.device)
     _down_kernel[(t * k, triton.cdiv(hidden, BN))](h, idx, down, y, live, k, hidden, inter, LIVE=has_live,
                                                    BN=BN, BK=BK)
@@ -307,11 +294,9 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
                         K=top_k, KB=triton.next_power_of_2(p), BE=triton.next_power_of_2(e), **gdc)
     g = min(t, ROW_GROUPS)
     h = torch.empty(t * p, inter, dtype=x.dtype, device=x.device)
-    ahead = triton.next_power_of_2(triton.cdiv(gbn * hidden, per_line)) if pdl.ahead_on("down", x) else 0
-    _gate_up_kernel[(g * p, triton.cdiv(inter, gbn))](x, idx, gate_up, sgu, down, sdown, h, live_ptr, t, g, top_k, p,
-                                                      hidden, inter, LIVE=has_live, BN=gbn, BK=gbk, PER_LINE=per_line,
-                                                      LINES=h_lines, AHEAD=ahead, LAST=pdl.AHEAD_LAST,
-                                                      num_warps=gw, **gdc)
+    _gate_up_kernel[(g * p, triton.cdiv(inter, gbn))](x, idx, gate_up, sgu, h, live_ptr, t, g, top_k, p, hidden,
+                                                      inter, LIVE=has_live, BN=gbn, BK=gbk, PER_LINE=per_line,
+                                                      LINES=h_lines, num_warps=gw, **gdc)
     y = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
     _combine_kernel[(g, triton.cdiv(hidden, cbn))](h, idx, wts, down, sdown, y, live_ptr, t, g, hidden, inter, K=top_k,
                                                    P=p, LIVE=has_live, BN=cbn, BK=cbk, PC=cpc, PER_LINE=per_line,

@@ -16,7 +16,7 @@ from ..cache import KVCache
 from ..config import ModelConfig
 from ..errors import ConfigError
 from ..parallel.tp import Shard
-from . import base, fused_layer, pdl
+from . import base, fused_layer
 from .base import CausalLM, StepContext
 from .gguf_names import dense_block_names, gguf_meta
 from .layers import Attention, RMSNorm, SwiGLU
@@ -73,8 +73,6 @@ class DenseDecoderLayer(nn.Module):
         qkv, sizes, gate_up = weights or (a._fused[0], a._fused[2], mlp._fused[0])
         x, h = self.input_layernorm.add(x, delta)
         heads = a._shape_heads(*fused_layer.linear(h, qkv).split(sizes, dim=-1), norm=False)
-        if pdl.ahead_on("out", h):  # o_proj's weight into L2 while the attention's kernels run
-            pdl.ahead(a.o_proj.weight)
         o = a.attend_heads(heads, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask, normed=False)
         x, h = self.post_attention_layernorm.add(x, fused_layer.linear(o, a.o_proj.weight))
         return x, fused_layer.linear(fused_layer.linear(h, gate_up, silu=True), mlp.down_proj.weight)

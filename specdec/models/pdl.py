@@ -17,15 +17,11 @@ without the attribute, cuBLAS's and torch's, are serialized as before.) On by de
 Llama and Qwen3.5 decoded with it gave plain decoding's tokens (``scripts/device_check.py``).
 ``SPECDEC_PDL=0`` turns it off.
 
-**L2 look-ahead** (``SPECDEC_L2_AHEAD``; off until measured): a prefetch before a GEMM's own wait starts only
-one kernel ahead. Between a mixer's in-projection and its output projection a step runs small kernels (a Gated
-DeltaNet's conv + gates, recurrence and gated norm; attention's RoPE + cache write, split kernel and combine) that
-leave the memory bus nearly idle, and between a MoE block's gate/up and its combine, none. ``out``: :func:`ahead`,
-a kernel first among those small ones, asks for each line of the output projection's weight after its wait; the
-projection then reads it from L2. ``down``: the MoE gate/up kernel, once it knows the step's first row's experts,
-asks for their down projections (expert_kernel.py), which then stream in beside its own weights. ``all``: both. A
-prefetch loads nothing into a register: every bit stays. (A first form asked in bulk, ``cp.async.bulk.prefetch.L2``
-from 8 programs: its kernel lived until the copies landed, ~20-30 us a weight, and held the step back: 14f39e3.)
+Measured and removed (session of 2026-12-06 (fifth), H100; the code at ffc55ab): an L2 look-ahead, a kernel
+early among a mixer's small kernels pulling the output projection's weight into L2 (and the MoE gate/up kernel
+its row's down projections). The qwen3.5-35b-a3b 1-row step went 3.641 -> 3.806 ms (out), 3.946 (both): the
+2048-wide projections and the MoE combine took as long with their weights in L2 (7.7-8.7 and 10-12.6 us), so
+what they wait on is not the memory bus, and the look-ahead's kernel only added its own time.
 """
 
 from __future__ import annotations
@@ -42,9 +38,6 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 ENABLED = env.switch("SPECDEC_PDL")
-AHEAD = env.choice("SPECDEC_L2_AHEAD")
-AHEAD_PROGRAMS = 128  # programs of :func:`ahead`'s kernel (at most)
-AHEAD_LAST = False  # its prefetches ::evict_last
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter runs no PTX
 
 
@@ -54,26 +47,6 @@ def options(x: torch.Tensor) -> dict:
     not Triton's interpreter), else ``USE_GDC=False`` alone."""
     on = ENABLED and x.is_cuda and not INTERPRETED and _hopper(x.device)
     return {"USE_GDC": True, "launch_pdl": True} if on else {"USE_GDC": False}
-
-
-def ahead_on(site: str, x: torch.Tensor) -> bool:
-    """Whether the look-ahead ``site`` (``out`` or ``down``) runs in a step on ``x``'s device: chosen by
-    ``AHEAD`` (``SPECDEC_L2_AHEAD``), under PDL (whose wait keeps :func:`ahead`'s kernel in the step's order)."""
-    return AHEAD in (site, "all") and options(x)["USE_GDC"]
-
-
-def ahead(w: torch.Tensor) -> None:
-    """Pull ``w`` (contiguous, on a device where :func:`ahead_on`) into L2 from this point of the step on: a
-    kernel of :data:`AHEAD_PROGRAMS` programs that waits for the kernel before it (so the kernels after it still
-    see that one's writes) and then asks for each 128-byte line of ``w`` (``prefetch.global.L2``, which no thread
-    waits for; ``AHEAD_LAST``: ``::evict_last``)."""
-    n = w.numel()
-    if n == 0 or not w.is_contiguous():
-        return
-    line = max(128 // w.element_size(), 1)
-    per = triton.cdiv(triton.cdiv(n, AHEAD_PROGRAMS), line) * line
-    _ahead_kernel[(triton.cdiv(n, per),)](w, n, per, LINE=line, BLOCK=1024, LAST=AHEAD_LAST, USE_GDC=True,
-                                          num_warps=4, launch_pdl=True)
 
 
 def l2_lines(n: int, element_size: int) -> tuple[int, int]:
@@ -113,23 +86,3 @@ if triton is not None:
         one before to complete (before any global access)."""
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-
-    @triton.jit
-    def lines_to_l2(ptrs, LAST: tl.constexpr):
-        """:func:`to_l2`, or with ``LAST`` ``prefetch.global.L2::evict_last`` (kept past lines loaded normally)."""
-        if LAST:
-            tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                                      dtype=tl.int32, is_pure=False, pack=1)
-        else:
-            to_l2(ptrs)
-
-    @triton.jit
-    def _ahead_kernel(w, n, per, LINE: tl.constexpr, BLOCK: tl.constexpr, LAST: tl.constexpr, USE_GDC: tl.constexpr):
-        # program p: the lines (LINE elements each) of elements p * per ... of w's n, BLOCK lines a pass, after the
-        # kernel before it; lines past the end repeat the last (a prefetch has no mask)
-        if USE_GDC:
-            begin()
-        lo = tl.program_id(0).to(tl.int64) * per
-        hi = tl.minimum(lo + per, n)
-        for s0 in range(lo, hi, BLOCK * LINE):
-            lines_to_l2(w + tl.minimum(s0 + tl.arange(0, BLOCK).to(tl.int64) * LINE, hi - 1), LAST)

@@ -31,7 +31,7 @@ from ..config import ModelConfig
 from ..cpu_linear import plain
 from ..errors import ConfigError
 from ..parallel.tp import Shard
-from . import base, fused_layer, pdl
+from . import base, fused_layer
 from .base import CausalLM, StepContext
 from .deltanet import GatedDeltaNet
 from .layers import Attention, RMSNorm, SwiGLU
@@ -217,8 +217,6 @@ class FullAttentionDecoderLayer(_HybridLayer):
     def _mix_fused(self, h: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
         a = self.self_attn
         heads = a.split_qkv(fused_layer.linear(h, a._fused[0]), norm=False)
-        if pdl.ahead_on("out", h):  # o_proj's weight into L2 while the attention's kernels run
-            pdl.ahead(a.o_proj.weight)
         return fused_layer.linear(a.attend_heads(heads, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask, normed=False),
                                   a.o_proj.weight)
 
