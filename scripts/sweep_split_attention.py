@@ -78,7 +78,7 @@ LONG = [  # name, heads, kv heads, d, rows, span, live context
 ]
 LONG_TILES = [(64, 128, 4, None), (64, 128, 4, 2), (16, 128, 4, None), (16, 128, 4, 2), (16, 64, 4, 2)]  # + stages
 LONG_SCHEDULES = [(256, 0, 256), (256, 4096, 1024), (256, 2048, 512), (256, 4096, 512), (256, 2048, 1024),
-                  (128, 2048, 512)]  # (SPLIT, NEAR, FAR): split_attention.schedule
+                  (128, 2048, 512), (128, 1024, 256, 4096, 512)]  # (SPLIT, NEAR, FAR), or split_attention.schedule's 5
 
 
 class _NoLaunch:  # stands in for the combine kernel: split_us times the split kernel alone
@@ -93,7 +93,7 @@ def long(path: str | None) -> None:
 
     def run(tile, sched, chunk=sa.COMBINE):
         bm, block, warps, stages = tile
-        sa.schedule = lambda d, s=sched: s
+        sa.schedule = lambda d, s=sched: (s[0], s[1], s[2], s[1], s[2]) if len(s) == 3 else s  # (SPLIT, NEAR, FAR): 2 tiers
         sa._tile = lambda d, m=bm, n=block, w=warps: (m, n, w)
         sa._stages, sa.COMBINE = (lambda d, n=stages: n), chunk
         row = {"tile": tile, "schedule": sched, "chunk": chunk}

@@ -107,12 +107,12 @@ def split() -> None:
         finally:
             sa.PIPELINE = saved_pipe
         check(f"split {name}: the pipelined walk has the branching walk's bits", torch.equal(got, other))
-    # sa.schedule's far splits: 256-key splits over the first 512 positions, 1,024-key ones past them (five splits:
-    # a far split cut by the span, a window across the near/far boundary and across two far splits)
-    saved_far, sa.FAR = sa.FAR, {16: (512, 1024)}
+    # sa.schedule's tiers: 256-key splits over the first 512 positions, 512-key ones to 1,536, 1,024-key ones past them
+    # (six splits: a far split cut by the span, a window across the tiers' boundaries and across two far splits)
+    saved_far, sa.FAR = sa.FAR, {16: (512, 512, 1536, 1024)}
     try:
         span = 2800
-        check("split far: five splits", len(sa.split_bounds(span, 16)) == 5 == sa.n_splits(span, *sa.schedule(16)))
+        check("split far: six splits", len(sa.split_bounds(span, 16)) == 6 == sa.n_splits(span, *sa.schedule(16)))
         for name, starts, window in [("far", [span - 3, 300], 0), ("far, window", [1800, 2700], 700)]:
             q, k, v, mask = _attn_case(2, 4, 2, 16, 3, span, starts, window=window)
             got = _kernel(q, k, v, mask, 0.25)
@@ -120,7 +120,7 @@ def split() -> None:
             check(f"split {name}: equals the reference", err < 4e-3, f"(max diff {err:.2e})")
             sa.FAR = {}
             one_size = _kernel(q, k, v, mask, 0.25)
-            sa.FAR = {16: (512, 1024)}
+            sa.FAR = {16: (512, 512, 1536, 1024)}
             check(f"split {name}: other bits than one split size (the schedule is used)", not torch.equal(got, one_size))
             k2, v2 = torch.cat([k, torch.randn_like(k)], 2), torch.cat([v, torch.randn_like(v)], 2)
             mask2 = torch.cat([mask, torch.zeros_like(mask)], -1)

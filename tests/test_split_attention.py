@@ -138,7 +138,8 @@ def test_split_attention_under_torch_compile(monkeypatch):
 
 
 def test_split_keys_by_head_size_and_from_the_environment():
-    """Keys a split: 256 for heads of 128 features (512 until 2026-12-04), 64 for heads of 256, 256 for the others; SPECDEC_SPLIT_KEYS
+    """Keys a (first) split: 128 for heads of 128 features (512 until 2026-12-04, 256 until 2026-12-06 (fifth)), 64 for
+    heads of 256, 256 for the others; SPECDEC_SPLIT_KEYS
     (64, 128, 256, 512 or 1024) sets one value for every head size, raised to the tile's block of keys (128 up to
     128 features); anything else is a one-line error naming it."""
     import subprocess
@@ -151,7 +152,7 @@ def test_split_keys_by_head_size_and_from_the_environment():
                                "print(s.split_keys(64), s.split_keys(128), s.split_keys(256))"],
                               env=env, capture_output=True, text=True)
     if "SPECDEC_SPLIT_KEYS" not in os.environ:
-        assert [split_attention.split_keys(d) for d in (16, 64, 128, 256)] == [256, 256, 256, 64]
+        assert [split_attention.split_keys(d) for d in (16, 64, 128, 256)] == [256, 256, 128, 64]
     assert run("512").stdout.split() == ["512"] * 3
     assert run("256").stdout.split() == ["256"] * 3
     assert run("64").stdout.split() == ["128", "128", "64"]
@@ -160,42 +161,47 @@ def test_split_keys_by_head_size_and_from_the_environment():
 
 
 def test_far_splits_past_the_first_positions():
-    """split_attention.schedule: heads of 128 walk 256-key splits over the first 4,096 positions and 512-key ones past
-    them (other head sizes one split size); the bounds tile the span at fixed absolute offsets, one program each
-    (n_splits); SPECDEC_SPLIT_FAR=NEAR,FAR sets them for every head size, 0 turns them off, anything else is a
-    one-line error naming it."""
+    """split_attention.schedule: heads of 128 walk 128-key splits over the first 1,024 positions, 256-key ones to 4,096
+    and 512-key ones past them (other head sizes one split size); the bounds tile the span at fixed absolute offsets,
+    one program each (n_splits); SPECDEC_SPLIT_FAR=NEAR,FAR sets two tiers for every head size, 0 turns them off,
+    anything else is a one-line error naming it."""
     import subprocess
 
     from specdec.models import split_attention as sa
 
     if "SPECDEC_SPLIT_FAR" not in os.environ and "SPECDEC_SPLIT_KEYS" not in os.environ:
-        assert sa.schedule(128) == (256, 4096, 512) and sa.schedule(64) == (256, 0, 256) and sa.schedule(256) == (64, 0, 64)
-    for span in (200, 4096, 4097, 5000, 16384 + 128):
-        bounds = sa.split_bounds(span, 128)
-        assert bounds[0][0] == 0 and bounds[-1][1] == span and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
-        assert len(bounds) == sa.n_splits(span, *sa.schedule(128))
-        assert all(e - s == (256 if s < 4096 else 512) for s, e in bounds[:-1])
-    assert sa.split_bounds(5000, 128)[-2:] == [(4096, 4608), (4608, 5000)]
-    assert sa.n_splits(5000, 256, 0, 256) == 20  # one size: ceil(5000 / 256)
+        assert sa.schedule(128) == (128, 1024, 256, 4096, 512)
+        assert sa.schedule(64) == (256, 0, 256, 0, 256) and sa.schedule(256) == (64, 0, 64, 0, 64)
+        for span in (100, 200, 1024, 1025, 4096, 4097, 5000, 16384 + 128):
+            bounds = sa.split_bounds(span, 128)
+            assert bounds[0][0] == 0 and bounds[-1][1] == span and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+            assert len(bounds) == sa.n_splits(span, *sa.schedule(128))
+            assert all(e - s == (128 if s < 1024 else 256 if s < 4096 else 512) for s, e in bounds[:-1])
+        assert sa.split_bounds(5000, 128)[-2:] == [(4096, 4608), (4608, 5000)]
+        assert sa.split_bounds(1300, 128)[-3:] == [(896, 1024), (1024, 1280), (1280, 1300)]
+        assert sa.n_splits(5000, 128, 1024, 256, 4096, 512) == 8 + 12 + 2
+    assert sa.n_splits(5000, 256, 0, 256, 0, 256) == 20  # one size: ceil(5000 / 256)
+    assert sa.n_splits(5000, 256, 4096, 512, 4096, 512) == 16 + 2  # two tiers
 
     def run(value):
         env = {**os.environ, "SPECDEC_SPLIT_FAR": value}
         env.pop("SPECDEC_SPLIT_KEYS", None)
         return subprocess.run([sys.executable, "-c", "from specdec.models import split_attention as s; "
                                "print(s.schedule(64), s.schedule(128))"], env=env, capture_output=True, text=True)
-    assert run("2048,1024").stdout.split("\n")[0] == "(256, 2048, 1024) (256, 2048, 1024)"
-    assert run("0").stdout.split("\n")[0] == "(256, 0, 256) (256, 0, 256)"
+    assert run("2048,1024").stdout.split("\n")[0] == "(256, 2048, 1024, 2048, 1024) (128, 2048, 1024, 2048, 1024)"
+    assert run("0").stdout.split("\n")[0] == "(256, 0, 256, 0, 256) (128, 0, 128, 0, 128)"
     for bad in ("4096", "4000,512", "4096,300", "x,y"):
         r = run(bad)
         assert r.returncode != 0 and f"SPECDEC_SPLIT_FAR={bad!r}: want NEAR,FAR" in r.stderr.strip().splitlines()[-1]
 
 
 def test_reference_with_far_splits(monkeypatch):
-    """Far splits (here 256-key splits over the first 512 positions, 1,024-key ones past them) equal SDPA, a row's bits
-    do not change with dead keys appended, and they are other bits than one split size (the schedule is used)."""
+    """Far splits (here 256-key splits over the first 512 positions, 512-key ones to 1,536, 1,024-key ones past them)
+    equal SDPA, a row's bits do not change with dead keys appended, and they are other bits than one split size (the
+    schedule is used)."""
     from specdec.models import split_attention as sa
 
-    monkeypatch.setattr(sa, "FAR", {16: (512, 1024)})
+    monkeypatch.setattr(sa, "FAR", {16: (512, 512, 1536, 1024)})
     monkeypatch.setattr(sa, "_FAR_ENV", None)
     span = 2800
     q, k, v, mask = _case(2, 4, 2, 3, span, 16, [span - 3, 1500])

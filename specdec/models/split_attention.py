@@ -76,7 +76,7 @@ def split_keys(d: int) -> int:
     scripts/ab_flags.py, session of 2026-12-04)."""
     if _SPLIT_ENV:  # never fewer keys than one inner block of the head size's tile
         return max(_SPLIT_ENV, _tile(d)[1])
-    return {128: 256, 256: 64}.get(d, 256)
+    return {128: 128, 256: 64}.get(d, 256)
 
 
 def _far_env() -> tuple[int, int] | None:
@@ -97,40 +97,54 @@ def _far_env() -> tuple[int, int] | None:
 
 
 _FAR_ENV = _far_env()
-# head size -> (NEAR, FAR): FAR-key splits past the first NEAR positions (schedule()). Heads of 128: 512-key splits past
-# 4,096 positions, since the session of 2026-12-06 (fourth). On an H100 (sweep_split_attention.py --long, us a layer of
-# qwen3-8b's heads, 16-row tiles) a 1-row step's attention at 16k live keys 37.25 -> 34.15 and a 16-row step's
-# 85.56 -> 76.30 against 256-key splits throughout; at 4k and below the splits are the same. 512-key splits past 2,048
-# positions were as fast at 16k and slower at 4k (18.93 against 15.00: too few programs), 1,024-key ones past 4,096 slower
-# for one row at 16k (42.26).
-FAR = {128: (4096, 512)}
+# head size -> (MID, SIZE, NEAR, FAR): past the first split size's first MID positions, SIZE-key splits up to NEAR, then
+# FAR-key ones (schedule()). Heads of 128 since the session of 2026-12-06 (fifth): 128-key splits over the first 1,024
+# positions, 256-key ones to 4,096, 512-key ones past it. The far splits (session of 2026-12-06 (fourth)): on an H100
+# (sweep_split_attention.py --long, us a layer of qwen3-8b's heads, 16-row tiles) a 1-row step's attention at 16k live
+# keys 37.25 -> 34.15 and a 16-row step's 85.56 -> 76.30 against 256-key splits throughout; 512-key splits past 2,048
+# positions were as fast at 16k and slower at 4k (18.93 against 15.00: too few programs), 1,024-key ones past 4,096
+# slower for one row at 16k (42.26). The 128-key ones (scripts/ab_flags.py, qwen3-8b shape, ms, 1-row / padded step,
+# split128 against the 256-key first splits, both with the far splits): 6.128 / 6.512 -> 6.018 / 6.389 at context 512,
+# 6.345 / 7.210 -> 6.247 / 7.436 at 4,000 and 7.018 / 8.779 -> 7.111 / 9.003 at 16,000 with 128-key splits to 4,096:
+# more programs help short contexts, and past ~1k the 16-row steps pay for the splits' partials.
+FAR = {128: (1024, 256, 4096, 512)}
 
 
-def schedule(d: int) -> tuple[int, int, int]:
-    """``(SPLIT, NEAR, FAR)`` for heads of ``d`` features: splits of :func:`split_keys` keys over the first NEAR
-    positions, of FAR keys past them, each at fixed absolute offsets (so a row's bits still depend on the keys it sees
-    only). Short contexts keep many small splits (programs enough to fill the GPU); long ones walk fewer, longer splits,
-    whose loads pipeline. ``FAR == SPLIT`` (NEAR 0): one split size. ``SPECDEC_SPLIT_FAR`` sets (NEAR, FAR) for every
-    head size."""
-    split = split_keys(d)
-    near, far = _FAR_ENV if _FAR_ENV is not None else FAR.get(d, (0, 0))
-    if far <= split:
-        return split, 0, split
-    return split, near - near % split, far
+def schedule(d: int) -> tuple[int, int, int, int, int]:
+    """``(S1, E1, S2, E2, S3)`` for heads of ``d`` features: splits of S1 = :func:`split_keys` keys over the first E1
+    positions, of S2 keys up to E2, of S3 keys past it, each at fixed absolute offsets (so a row's bits still depend on
+    the keys it sees only). Short contexts keep many small splits (programs enough to fill the GPU); long ones walk
+    fewer, longer splits, whose loads pipeline. One split size: ``(S, 0, S, 0, S)``. ``SPECDEC_SPLIT_FAR=NEAR,FAR`` sets
+    two tiers for every head size: S1 to NEAR, FAR past it. Sizes never shrink from tier to tier; each tier's end is
+    a whole number of its splits past the one before."""
+    s1 = split_keys(d)
+    if _FAR_ENV is not None:
+        near, far = _FAR_ENV
+        e1, s2, e2, s3 = near, far, near, far
+    else:
+        e1, s2, e2, s3 = FAR.get(d, (0, s1, 0, s1))
+    s2 = max(s2, s1)
+    s3 = max(s3, s2)
+    e1 -= e1 % s1
+    e2 = max(e2 - (e2 - e1) % s2, e1)
+    return s1, e1, s2, e2, s3
 
 
-def n_splits(s: int, split: int, near: int, far: int) -> int:
-    """The splits of a span of ``s`` positions under the schedule ``(split, near, far)``."""
-    if s <= near or far == split:
-        return -(-s // split)
-    return near // split + -(-(s - near) // far)
+def n_splits(s: int, s1: int, e1: int, s2: int, e2: int, s3: int) -> int:
+    """The splits of a span of ``s`` positions under the schedule ``(s1, e1, s2, e2, s3)`` (:func:`schedule`)."""
+    if s <= e1:
+        return -(-s // s1)
+    if s <= e2:
+        return e1 // s1 + -(-(s - e1) // s2)
+    return e1 // s1 + (e2 - e1) // s2 + -(-(s - e2) // s3)
 
 
 def split_bounds(s: int, d: int) -> list[tuple[int, int]]:
     """Each split's ``(first, last + 1)`` positions of a span of ``s`` for heads of ``d`` features (schedule())."""
-    split, near, far = schedule(d)
-    starts = list(range(0, min(s, near), split)) + list(range(near, s, far)) if far > split else list(range(0, s, split))
-    return [(c, min(c + (split if c < near or far == split else far), s)) for c in starts]
+    s1, e1, s2, e2, s3 = schedule(d)
+    starts = [(c, s1) for c in range(0, min(s, e1), s1)] + [(c, s2) for c in range(e1, min(s, e2), s2)]
+    starts += [(c, s3) for c in range(e2, s, s3)]
+    return [(c, min(c + n, s)) for c, n in starts]
 
 
 COMBINE = 16  # splits the combine sums at once (chunks at fixed multiples)
@@ -211,16 +225,18 @@ if triton is not None:
     @triton.jit(do_not_specialize=["T", "S", "Hkv", "rows"])
     def _split_kernel(q, k, v, mask, m_out, l_out, a_out, T, S, Hkv, rows, scale,
                       sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sms, o, sob, soh, sot,
-                      G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, NEAR: tl.constexpr,
-                      FAR: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr, USE_GDC: tl.constexpr, PIPELINE: tl.constexpr):
+                      G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, S1: tl.constexpr, E1: tl.constexpr,
+                      S2: tl.constexpr, E2: tl.constexpr, S3: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr,
+                      USE_GDC: tl.constexpr, PIPELINE: tl.constexpr):
         if USE_GDC:  # models/pdl.py
             pdl.begin()
         pid_bh, pid_m, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         b, kh = pid_bh // Hkv, pid_bh % Hkv
-        # the split's keys (schedule()): SPLIT keys a split over the first NEAR positions, FAR keys past them
-        near = pid_s < NEAR // SPLIT
-        start = tl.where(near, pid_s * SPLIT, NEAR + (pid_s - NEAR // SPLIT) * FAR)
-        size = tl.where(near, SPLIT, FAR)
+        # the split's keys (schedule()): S1 keys a split over the first E1 positions, S2 keys up to E2, S3 keys past it
+        n1 = E1 // S1
+        n2 = n1 + (E2 - E1) // S2
+        start = tl.where(pid_s < n1, pid_s * S1, tl.where(pid_s < n2, E1 + (pid_s - n1) * S2, E2 + (pid_s - n2) * S3))
+        size = tl.where(pid_s < n1, S1, tl.where(pid_s < n2, S2, S3))
         r = pid_m * BM + tl.arange(0, BM)
         live = r < rows
         g, t = r // T, r % T
@@ -236,7 +252,7 @@ if triton is not None:
         # scores are -inf: the rescale is exp(0) = 1, or 0 times a state still 0, and the added terms are zeros).
         n_blk = 0
         if PIPELINE:
-            for jb in tl.static_range(FAR // BN):  # FAR >= SPLIT: a near split's blocks past its size are masked
+            for jb in tl.static_range(S3 // BN):  # S3 the largest: a shorter split's blocks past its size are masked
                 s = start + jb * BN + tl.arange(0, BN)
                 seen = tl.load(mask + b * smb + t[:, None] * smt + s[None, :] * sms,
                                mask=live[:, None] & ((s < S) & (jb * BN < size))[None, :], other=0) != 0
@@ -356,8 +372,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     g = h // hkv
     bm, bn, warps = _tile(d)
     rows = g * t
-    split, near, far = schedule(d)
-    n_m, n_s = -(-rows // bm), n_splits(s, split, near, far)
+    sched = schedule(d)
+    n_m, n_s = -(-rows // bm), n_splits(s, *sched)
     direct = DIRECT and n_s == 1
     # the partial states (a direct launch writes none: one-element stand-ins)
     m_out = torch.empty(1 if direct else b * hkv * n_m * n_s * bm, dtype=torch.float32, device=q.device)
@@ -371,7 +387,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), mask.stride(0), mask.stride(2), mask.stride(3),
         o, o.stride(0), o.stride(1), o.stride(2),
-        G=g, BM=bm, BN=bn, SPLIT=split, NEAR=near, FAR=far, D=d, DIRECT=direct, PIPELINE=PIPELINE, num_warps=warps,
+        G=g, BM=bm, BN=bn, S1=sched[0], E1=sched[1], S2=sched[2], E2=sched[3], S3=sched[4], D=d, DIRECT=direct,
+        PIPELINE=PIPELINE, num_warps=warps,
         **({} if _stages(d) is None else {"num_stages": _stages(d)}), **pdl.options(q))
     if direct:
         return out
