@@ -82,7 +82,7 @@ OTHERS: dict[str, str] = {
     "SPECDEC_COMBINE_CUT": "rows,features of the split attention's combine program",
     "SPECDEC_COMMIT": "the commit the bench records where the tree has no .git",
     "SPECDEC_FUSED_LAYER_TILES": "forced tilings of the fused GEMM (JSON)",
-    "SPECDEC_SPLIT_KEYS": "keys per split of the split attention",
+    "SPECDEC_SPLIT_KEYS": "keys per split of the split attention's first tier (every head size)",
     "SPECDEC_SPLIT_FAR": "NEAR,FAR: the split attention's FAR-key splits past the first NEAR positions (0: one size)",
     "SPECDEC_LLAMA_VOCAB_DIR": "tests: the llama.cpp reference vocabularies",
     "SPECDEC_TRITON_DIR": "tests: the Triton package for the interpreter tests",

@@ -61,15 +61,16 @@ _SPLIT_ENV = _split_keys_env()
 
 
 def split_keys(d: int) -> int:
-    """Keys per split (walked by one program, at fixed absolute offsets) for heads of ``d`` features: 256 for
-    d = 128, 64 for d = 256, 256 otherwise; ``SPECDEC_SPLIT_KEYS`` sets one value for every head size (raised to
-    the tile's block of keys, :func:`_tile`, where that is larger: 128 up to d = 128, 64 for d = 256). A span of one split
+    """Keys per split (walked by one program, at fixed absolute offsets) of :func:`schedule`'s first tier for heads of
+    ``d`` features: 128 for d = 128 (256 until the session of 2026-12-06 (fifth); see FAR), 64 for d = 256, 256
+    otherwise; ``SPECDEC_SPLIT_KEYS`` sets one value for every head size (raised to the tile's block of keys,
+    :func:`_tile`, where that is larger: 128 up to d = 128, 64 for d = 256). A span of one split
     needs no combine kernel (DIRECT, and graphs.SHORT_SPAN's steps within the first split). Every attention
     of a model takes the same value, so plain and speculative decoding stay equal at any of them (their bits
     differ from one value to another). Measured on the H200: for d = 128, with the qwen3-8b shape's steps unpadded
     1-row steps (fused_layer.WIDE, session of 2026-12-04 (third), scripts/ab_flags.py, ms): 128 / 256 / 512 keys
     4.98 / 5.21-5.26 / 5.34-5.52 at context 512, 5.42 / 5.38 / 5.46 at 4,096, 7.47-7.65 / 6.54-6.67 / 6.26-6.39 at
-    16,000: 256 is within 5 % of the fastest at each (512 had made the padded 16-row steps 4-9 % faster at
+    16,000: 256 was within 5 % of the fastest at each (512 had made the padded 16-row steps 4-9 % faster at
     contexts 128-16k, session of 2026-12-03 (sixth)). SmolLM2 (d = 64): 512 keys 2 % slower on MT-Bench's two
     turns. For d = 256 (Qwen3.5, Gemma) a decode step's grid is a few programs a layer (2 KV heads x the splits):
     64-key splits made the qwen3.5-9b shape's plain step 5.624 -> 5.502 ms at context 512 (128 keys: 5.533;
@@ -103,10 +104,11 @@ _FAR_ENV = _far_env()
 # (sweep_split_attention.py --long, us a layer of qwen3-8b's heads, 16-row tiles) a 1-row step's attention at 16k live
 # keys 37.25 -> 34.15 and a 16-row step's 85.56 -> 76.30 against 256-key splits throughout; 512-key splits past 2,048
 # positions were as fast at 16k and slower at 4k (18.93 against 15.00: too few programs), 1,024-key ones past 4,096
-# slower for one row at 16k (42.26). The 128-key ones (scripts/ab_flags.py, qwen3-8b shape, ms, 1-row / padded step,
-# split128 against the 256-key first splits, both with the far splits): 6.128 / 6.512 -> 6.018 / 6.389 at context 512,
-# 6.345 / 7.210 -> 6.247 / 7.436 at 4,000 and 7.018 / 8.779 -> 7.111 / 9.003 at 16,000 with 128-key splits to 4,096:
-# more programs help short contexts, and past ~1k the 16-row steps pay for the splits' partials.
+# slower for one row at 16k (42.26). The 128-key first tier (H100, scripts/ab_flags.py, qwen3-8b shape, ms, 1-row /
+# padded step against the 256-key first splits of before, one process): 6.251 / 6.564 -> 6.131 / 6.510 at context 512,
+# 6.329 / 7.094 -> 6.404 / 7.083 at 4,000, 7.054 / 8.859 -> 7.121 / 8.924 at 16,000 (past 16 splits the combine walks
+# a second chunk). 128-key splits all the way to 4,096 had given 6.018 / 6.389, 6.247 / 7.436 and 7.111 / 9.003: the
+# padded steps paid for the partials past ~1k.
 FAR = {128: (1024, 256, 4096, 512)}
 
 
