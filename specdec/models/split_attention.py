@@ -98,8 +98,8 @@ def _far_env() -> tuple[int, int] | None:
 
 
 _FAR_ENV = _far_env()
-# head size -> (MID, SIZE, NEAR, FAR): past the first split size's first MID positions, SIZE-key splits up to NEAR, then
-# FAR-key ones (schedule()). Heads of 128 since the session of 2026-12-06 (fifth): 128-key splits over the first 1,024
+# head size -> (E1, S2, E2, S3) of schedule(): split_keys(d)-key splits over the first E1 positions, S2-key ones up to
+# E2, S3-key ones past it. Heads of 128 since the session of 2026-12-06 (fifth): 128-key splits over the first 1,024
 # positions, 256-key ones to 4,096, 512-key ones past it. The far splits (session of 2026-12-06 (fourth)): on an H100
 # (sweep_split_attention.py --long, us a layer of qwen3-8b's heads, 16-row tiles) a 1-row step's attention at 16k live
 # keys 37.25 -> 34.15 and a 16-row step's 85.56 -> 76.30 against 256-key splits throughout; 512-key splits past 2,048
