@@ -28,8 +28,7 @@ its steps padded), ``defaults+pfall`` / ``defaults+pf0``
 split, see SETTINGS), ``defaults+moe-bmm`` (moe.GROUPED_BMM: a MoE prefill's experts as two batched GEMMs; its
 ``prefill_ms``), ``defaults-buckets`` (graphs.SPAN_BUCKETS off: steps over the whole cache, not power-of-two multiples of the first split;
 with a cache much longer than the context, ``-n``), ``defaults+far0`` (split_attention.schedule without far splits: one
-split size at any context), ``defaults+far2048`` (512-key splits past 2,048 positions; also ``defaults+split128+far2048``), ``defaults+early``
-(expert_kernel.EARLY_COMBINE: the MoE combine's first row's weights loaded before its PDL wait), ``defaults-norm-rope`` (layers.NORM_ROPE off: the q/k norms as kernels of their own). Each
+split size at any context), ``defaults+far2048`` (512-key splits past 2,048 positions; also ``defaults+split128+far2048``), ``defaults-norm-rope`` (layers.NORM_ROPE off: the q/k norms as kernels of their own). Each
 variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs). The flags are module attributes read as a step
 is built, so a variant's steps are built with them set and the defaults come back after.
 """
@@ -73,7 +72,6 @@ SETTINGS["down4"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 12288, 0):
 SETTINGS["moe-bmm"] = ("specdec.models.moe", "GROUPED_BMM", True)  # a MoE prefill's experts as two batched GEMMs
 SETTINGS["far0"] = ("specdec.models.split_attention", "_FAR_ENV", (0, 0))  # one split size (no far splits)
 SETTINGS["far2048"] = ("specdec.models.split_attention", "_FAR_ENV", (2048, 512))  # 512-key splits past 2,048 positions
-SETTINGS["early"] = ("specdec.models.expert_kernel", "EARLY_COMBINE", True)  # the MoE combine's weights before its wait
 # AB_TILES='{"N,K,silu": [BN, BK, warps, stages(, split)], ...}' (check_fused_layer.py --sweep's best_tiles): defaults+tiles
 # runs those tilings over the table, in the same process as the defaults
 if os.environ.get("AB_TILES"):

@@ -8,12 +8,11 @@
 #                                       # (a row's bits at a doubled span, alone, in a batch of one); device_check on random
 #                                       # Llama and Qwen3 (graphs; oracle, n-gram, DFlash, MTP drafts)
 #   bash scripts/device_split.sh final  # bench --shape qwen3-8b (512, 4,096, 16,384) with them
-#   bash scripts/device_split.sh early  # the MoE combine's weights before its wait (expert_kernel.EARLY_COMBINE):
-#                                       # check_moe_early.py (bits in every replay, us a layer); ab_flags defaults /
-#                                       # defaults+early on qwen3.5-35b-a3b; device_check on random Qwen3.5 MoE with it
+#   (call 6's `early` case, the MoE combine's weights loaded before its wait with check_moe_early.py, is at 442c10c:
+#   measured slower, removed)
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl).
 set -u
-case "${1:-}" in ab|tiers|final|early) ;; *) echo "device_split.sh: ab | tiers | final | early"; exit 2 ;; esac
+case "${1:-}" in ab|tiers|final) ;; *) echo "device_split.sh: ab | tiers | final"; exit 2 ;; esac
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests:$PWD/scripts PYTHONUNBUFFERED=1
 R=$OUT/r; mkdir -p $R
@@ -50,16 +49,5 @@ final)
     timeout 200 python -m specdec bench --shape qwen3-8b --context 512 --contexts 4096,16384 --oracle-tau 6.5 \
         --draft-vocab 32768 --reps 10 --json $R/b8b_tiers.json > $R/b8b_tiers.log 2>&1
     echo "== bench rc=$?"; grep -vE "^ *(verify|k=)" $R/b8b_tiers.log | tail -9 | cut -c1-260 ;;
-early)
-    timeout 150 python scripts/check_moe_early.py --json $R/check_moe_early.json > $R/check_moe_early.log 2>&1
-    echo "check_moe_early rc=$?"; tail -5 $R/check_moe_early.log | cut -c1-300
-    ab 35b 150 512 --shape qwen3.5-35b-a3b --rounds 3 --variants defaults defaults+early
-    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
-    for m in graphs eager; do
-        SPECDEC_MOE_EARLY_COMBINE=1 timeout 60 python scripts/device_check.py run /tmp/dc --target qwen35moe --mode $m \
-            --drafters oracle mtp --prompts 4 --new-tokens 128 --out $R/dc_qwen35moe_$m.json > $R/dc_qwen35moe_$m.log 2>&1 \
-            || echo "qwen35moe $m rc=$?"
-    done
-    python scripts/device_check.py compare $R/dc_*.json --out $R/dc_report.json 2>&1 | tail -6 ;;
 esac
 cd $OUT && tar czf r.tgz r && rm -rf r

@@ -42,7 +42,6 @@ SWITCHES: dict[str, tuple[bool, str]] = {
     "SPECDEC_FUSED_ROPE": (True, "RoPE and the KV-cache write of static steps in one kernel"),
     "SPECDEC_FUSED_SPLIT_K": (True, "split K in the fused GEMM"),
     "SPECDEC_GREEDY_CHAIN": (True, "greedy plain decoding on the greedy-chain steps"),
-    "SPECDEC_MOE_EARLY_COMBINE": (False, "the MoE combine's first row's weights loaded before its PDL wait"),
     "SPECDEC_MOE_GROUPED_BMM": (True, "a MoE prefill's experts as two batched GEMMs (off: a loop over the experts)"),
     "SPECDEC_MTP_FAST": (True, "MTP's propose as captured static steps"),
     "SPECDEC_MTP_STATIC_SAMPLING": (True, "MTP's sampled drafts inside its static steps"),

@@ -306,22 +306,6 @@ def moe() -> None:
             part = expert_kernel.moe(x, rw, k, gate_up, down, sh, torch.tensor(2), tiles=tiles)
             check(f"moe ({label}): the live rows as before, the padding rows zero",
                   torch.equal(part[:2], got[:2]) and not part[2:].any())
-    # EARLY_COMBINE: the combine's first row of each group loaded ahead (a row's pairs in one load: BK 64 >= 40) gives
-    # the bits of the walk that loads every row (5 rows in 4 groups: group 0 walks a second row; live 2: groups 2, 3
-    # have none)
-    tiles = ((16, 128, 4), (8, 64, 4, 4))
-    saved = expert_kernel.EARLY_COMBINE
-    try:
-        for name, sh, rw in (("shared expert", shared, router), ("no shared expert", None, router[:e])):
-            outs = []
-            for early in (False, True):
-                expert_kernel.EARLY_COMBINE = early
-                outs.append((expert_kernel.moe(x, rw, k, gate_up, down, sh, tiles=tiles),
-                             expert_kernel.moe(x, rw, k, gate_up, down, sh, torch.tensor(2), tiles=tiles)))
-            check(f"moe early combine ({name}): the bits of the combine without it, all rows and 2 live",
-                  torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]) and not outs[1][1][2:].any())
-    finally:
-        expert_kernel.EARLY_COMBINE = saved
     try:
         expert_kernel.moe(x, router[:e], k, gate_up, down, shared)
         check("moe: a router without the shared gate's row is refused", False)
@@ -632,11 +616,10 @@ def pdl_ptx() -> None:
              "moe-route": (expert_kernel._route_kernel, {"logits": "*bf16", "idx": "*i32", "wts": "*bf16", "live": "*i64"},
                            {"LIVE": True, "SHARED": True, "K": 8, "KB": 16, "BE": 256}),
              "moe-gate-up": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "h")}
-                             | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64, "LINES": 32,
-                                                                "LATE": False}),
+                             | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64, "LINES": 32}),
              "moe-combine": (expert_kernel._combine_kernel, {n: "*bf16" for n in ("hin", "wts", "w", "sw", "y")}
                              | {"idx": "*i32", "live": "*i64"}, {"K": 8, "P": 9, "LIVE": True, "BN": 4, "BK": 512, "PC": 4,
-                                                                "PER_LINE": 64, "LINES": 8, "EARLY": False}),
+                                                                "PER_LINE": 64, "LINES": 8}),
              "delta-conv": (delta_kernel._conv_gates_kernel, {n: "*bf16" for n in ("proj", "conv", "bo", "ao", "a_log", "dt_bias")}
                             | {n: "*fp32" for n in ("w", "q", "k", "v", "g", "beta")} | {"cur": "*i64", "scale": "fp32"},
                             {"DK": 128, "DV": 128, "KS": 4, "BLOCK": 128, "RB": 16, "WB": 4}),
@@ -662,23 +645,6 @@ def pdl_ptx() -> None:
             # (the GEMM's, the shared expert's) prefetched before the wait
             check(f"pdl-ptx {name}: the weight rows prefetched into L2 before the wait",
                   0 <= body.find("prefetch.global.L2") < wait)
-    # EARLY_COMBINE's pair: the gate/up kernel lets the combine launch only after its wait (LATE), and the combine
-    # reads its first row's expert ids past L1 (ld.global.cg) and loads their weight rows before its own wait
-    early = {"gate-up-late": (expert_kernel._gate_up_kernel, cases["moe-gate-up"][1], {**cases["moe-gate-up"][2], "LATE": True}),
-             "combine-early": (expert_kernel._combine_kernel, cases["moe-combine"][1], {**cases["moe-combine"][2], "PC": 16,
-                                                                                       "EARLY": True})}
-    for name, (fn, ptrs, const) in early.items():
-        const = {**const, "USE_GDC": True}
-        sig = {n: ptrs.get(n, "constexpr" if n in const else "i32") for n in fn.arg_names}
-        ptx = triton.compile(ASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
-        body = ptx[ptx.index(".entry"):]
-        wait, launch = body.find("griddepcontrol.wait"), body.find("griddepcontrol.launch_dependents")
-        if name == "gate-up-late":
-            first_mem = min(i for i in (body.find("ld.global"), body.find("st.global")) if i >= 0)
-            check("pdl-ptx gate-up-late: wait, then launch_dependents, then the first global load", 0 <= wait < launch < first_mem)
-        else:
-            check("pdl-ptx combine-early: launch_dependents, the ids past L1 and the weight rows, then the wait",
-                  0 <= launch < body.find("ld.global.cg") < wait and body.count("ld.global", 0, wait) > 1)
 
 
 if __name__ == "__main__":

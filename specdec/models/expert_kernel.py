@@ -68,12 +68,10 @@ COMBINE_TILE = (1, 512, 1, 16)
 # programs did nothing but start (on the H200, qwen3.5-35b-a3b: the two kernels 1.08 -> 1.58 ms a step from 1 to
 # 16 rows with one live). A row's bits do not depend on G: each (row, pair, block) is computed alike.
 ROW_GROUPS = 4
-# The combine's first row's weights loaded before its PDL wait (moe(), where a row's pairs take one load: P <= PC and
-# INTER <= BK): they stream in while the gate/up kernel runs, and after the wait the combine reads only the gate/up
-# output. Its expert ids come from the route kernel, two kernels back: the gate/up kernel then lets it launch only
-# after its own wait, that is once the route kernel has completed. Same bits (the same loads, earlier).
-# SPECDEC_MOE_EARLY_COMBINE=0 turns it off.
-EARLY_COMBINE = env.switch("SPECDEC_MOE_EARLY_COMBINE")
+# Tried and removed (session of 2026-12-06 (fifth), H100; code at 442c10c): the combine loading its first row's weights
+# before its PDL wait (the gate/up kernel letting it launch only after its own wait, once the routing was complete).
+# Same bits in 50 replays a case, but slower: the qwen3.5-35b-a3b block 32.38 -> 35.44 us a layer (1 row) and 35.25 ->
+# 42.15 (16 rows, 1 live) in scripts/check_moe_early.py; the shape's padded step 3.975 -> 4.202 ms (1-row 3.683 -> 3.646).
 
 
 def usable(x: torch.Tensor, act) -> bool:
@@ -100,8 +98,7 @@ if triton is not None:
 
     @triton.jit
     def _gate_up_kernel(x, idx, w, sw, h, live, T, G, K, P, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr, PER_LINE: tl.constexpr, LINES: tl.constexpr, LATE: tl.constexpr,
-                        USE_GDC: tl.constexpr):
+                        BK: tl.constexpr, PER_LINE: tl.constexpr, LINES: tl.constexpr, USE_GDC: tl.constexpr):
         # program (row group g and pair slot j: axis 0 = g * P + j; block of BN intermediate channels): pair j of
         # rows g, g + G, ... below the live rows (a padding row's h is never read); pair number K of a row
         # (P = K + 1) is the shared expert, whose fused gate/up weight is sw
@@ -112,17 +109,13 @@ if triton is not None:
         nm = rn < INTER
         dt = h.dtype.element_ty
         if USE_GDC:  # models/pdl.py; meanwhile a shared-expert program pulls its weight rows into L2 (the routed
-            # experts are known only after the wait). LATE (EARLY_COMBINE): the next kernel launches only after the
-            # wait, once the route kernel has completed (the combine reads its expert ids before its own wait)
-            if not LATE:
-                tl.extra.cuda.gdc_launch_dependents()
+            # experts are known only after the wait)
+            tl.extra.cuda.gdc_launch_dependents()
             if j == K:  # the gate rows, then the up rows
                 rows = tl.minimum(rn, INTER - 1)
                 pdl.rows_to_l2(sw, rows, H, PER_LINE, LINES)
                 pdl.rows_to_l2(sw, rows + INTER, H, PER_LINE, LINES)
             tl.extra.cuda.gdc_wait()
-            if LATE:
-                tl.extra.cuda.gdc_launch_dependents()
         for t in range(g, _live_rows(T, live, LIVE), G):
             if j < K:
                 e = tl.load(idx + t * K + j).to(tl.int64)
@@ -211,37 +204,23 @@ if triton is not None:
     @triton.jit
     def _combine_kernel(hin, idx, wts, w, sw, y, live, T, G, H, INTER, K: tl.constexpr, P: tl.constexpr,
                         LIVE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PC: tl.constexpr,
-                        PER_LINE: tl.constexpr, LINES: tl.constexpr, EARLY: tl.constexpr, USE_GDC: tl.constexpr):
+                        PER_LINE: tl.constexpr, LINES: tl.constexpr, USE_GDC: tl.constexpr):
         # program (row group g, block of BN hidden channels): for rows g, g + G, ... the row's pairs' down
         # projections, each rounded, times its weight (rounded), summed in pair order in fp32 (pair K, P = K + 1,
         # the shared expert); a padding row gives zeros. PC pairs' weight rows are loaded at once ([PC, BN, BK]):
-        # the pairs' loads in flight together, where a pair at a time waited for each in turn. EARLY (EARLY_COMBINE; a
-        # row's pairs in one load, P <= PC and INTER <= BK): row g's weight rows (w0) are loaded first, under PDL
-        # before the wait (its expert ids are the route kernel's, complete once this kernel launches: see LATE in
-        # the gate/up kernel; read past L1), and the walk below takes them in place of its own load of them
+        # the pairs' loads in flight together, where a pair at a time waited for each in turn
         g = tl.program_id(0)
         nb = tl.program_id(1)
         rn = nb * BN + tl.arange(0, BN)
         nm = rn < H
         dt = y.dtype.element_ty
-        rc = tl.arange(0, PC)
         if USE_GDC:  # models/pdl.py; meanwhile the shared expert's down rows into L2 (never the kernel before's)
             tl.extra.cuda.gdc_launch_dependents()
             if P > K:
                 pdl.rows_to_l2(sw, tl.minimum(rn, H - 1), INTER, PER_LINE, LINES)
-        if EARLY:
-            n = _live_rows(T, live, LIVE)  # (the step's live rows: written before the route kernel ran)
-            ok0 = g < n
-            e0 = tl.load(idx + g * K + rc, mask=(rc < K) & ok0, other=0, cache_modifier=".cg").to(tl.int64)
-            rows0 = rn[None, :, None] * INTER
-            at0 = tl.where((rc < K)[:, None, None], w + e0[:, None, None] * H * INTER + rows0, sw + rows0)
-            k_0 = tl.arange(0, BK)
-            w0 = tl.load(at0 + k_0[None, None, :], mask=(rc < P)[:, None, None] & nm[None, :, None] &
-                         (k_0 < INTER)[None, None, :] & ok0, other=0.0)
-        if USE_GDC:
             tl.extra.cuda.gdc_wait()
-        if not EARLY:
-            n = _live_rows(T, live, LIVE)
+        n = _live_rows(T, live, LIVE)
+        rc = tl.arange(0, PC)
         for t in range(g, T, G):
             tot = tl.zeros([BN], dtype=tl.float32)
             if t < n:
@@ -257,14 +236,8 @@ if triton is not None:
                         km = rk < INTER
                         hv = tl.load(hin + (t * P + pj)[:, None] * INTER + rk[None, :], mask=pm[:, None] & km[None, :],
                                      other=0.0).to(tl.float32)
-                        if EARLY:  # row g's rows are w0 (one load a row: k0 is 0)
-                            pre = t == g
-                            wd = tl.load(at + rk[None, None, :], mask=pm[:, None, None] & nm[None, :, None] &
-                                         km[None, None, :] & (t != g), other=0.0)
-                            wd = tl.where(pre, w0, wd)
-                        else:
-                            wd = tl.load(at + rk[None, None, :], mask=pm[:, None, None] & nm[None, :, None] &
-                                         km[None, None, :], other=0.0)
+                        wd = tl.load(at + rk[None, None, :], mask=pm[:, None, None] & nm[None, :, None] &
+                                     km[None, None, :], other=0.0)
                         acc += tl.sum(wd.to(tl.float32) * hv[:, None, :], axis=2)
                     wj = tl.load(wts + t * P + pj, mask=pm, other=0.0).to(tl.float32)
                     c = (acc.to(dt).to(tl.float32) * wj[:, None]).to(dt).to(tl.float32)
@@ -287,8 +260,7 @@ def pairs(x: torch.Tensor, idx: torch.Tensor, gate_up: torch.Tensor, down: torch
     live = live if has_live else idx  # a stand-in pointer, never read without LIVE
     h = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(t * k, triton.cdiv(inter, BN))](x, idx, gate_up, gate_up, h, live, t, t, k, k, hidden, inter,
-                                                     LIVE=has_live, BN=BN, BK=BK, PER_LINE=1, LINES=1, LATE=False,
-                                                     USE_GDC=False)
+                                                     LIVE=has_live, BN=BN, BK=BK, PER_LINE=1, LINES=1, USE_GDC=False)
     y = torch.empty(t * k, hidden, dtype=x.dtype, device=x.device)
     _down_kernel[(t * k, triton.cdiv(hidden, BN))](h, idx, down, y, live, k, hidden, inter, LIVE=has_live,
                                                    BN=BN, BK=BK)
@@ -326,14 +298,13 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
                         K=top_k, KB=triton.next_power_of_2(p), BE=triton.next_power_of_2(e), **gdc)
     g = min(t, ROW_GROUPS)
     h = torch.empty(t * p, inter, dtype=x.dtype, device=x.device)
-    early = EARLY_COMBINE and p <= cpc and inter <= cbk  # the combine's first row's rows in one load (see there)
     _gate_up_kernel[(g * p, triton.cdiv(inter, gbn))](x, idx, gate_up, sgu, h, live_ptr, t, g, top_k, p, hidden,
                                                       inter, LIVE=has_live, BN=gbn, BK=gbk, PER_LINE=per_line,
-                                                      LINES=h_lines, LATE=early and gdc["USE_GDC"], num_warps=gw, **gdc)
+                                                      LINES=h_lines, num_warps=gw, **gdc)
     y = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
     _combine_kernel[(g, triton.cdiv(hidden, cbn))](h, idx, wts, down, sdown, y, live_ptr, t, g, hidden, inter, K=top_k,
                                                    P=p, LIVE=has_live, BN=cbn, BK=cbk, PC=cpc, PER_LINE=per_line,
-                                                   LINES=i_lines, EARLY=early, num_warps=cw, **gdc)
+                                                   LINES=i_lines, num_warps=cw, **gdc)
     return y
 
 
