@@ -8,11 +8,13 @@
 #                                       # (a row's bits at a doubled span, alone, in a batch of one); device_check on random
 #                                       # Llama and Qwen3 (graphs; oracle, n-gram, DFlash, MTP drafts)
 #   bash scripts/device_split.sh final  # bench --shape qwen3-8b (512, 4,096, 16,384) with them
+#   bash scripts/device_split.sh probe  # ab_flags defaults / +split128 on smollm2-135m at 300 (its heads of 64); bench
+#                                       # --shape qwen3-8b -n 512 (the oracle over more steps: its realized tau nearer 6.5)
 #   (call 6's `early` case, the MoE combine's weights loaded before its wait with check_moe_early.py, is at 442c10c:
 #   measured slower, removed)
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl).
 set -u
-case "${1:-}" in ab|tiers|final) ;; *) echo "device_split.sh: ab | tiers | final"; exit 2 ;; esac
+case "${1:-}" in ab|tiers|final|probe) ;; *) echo "device_split.sh: ab | tiers | final | probe"; exit 2 ;; esac
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests:$PWD/scripts PYTHONUNBUFFERED=1
 R=$OUT/r; mkdir -p $R
@@ -49,5 +51,10 @@ final)
     timeout 200 python -m specdec bench --shape qwen3-8b --context 512 --contexts 4096,16384 --oracle-tau 6.5 \
         --draft-vocab 32768 --reps 10 --json $R/b8b_tiers.json > $R/b8b_tiers.log 2>&1
     echo "== bench rc=$?"; grep -vE "^ *(verify|k=)" $R/b8b_tiers.log | tail -9 | cut -c1-260 ;;
+probe)
+    ab smollm2_300 100 300 --shape smollm2-135m --rounds 5 --variants defaults defaults+split128
+    timeout 300 python -m specdec bench --shape qwen3-8b --context 512 -n 512 --oracle-tau 6.5 --draft-vocab 32768 \
+        --reps 5 --json $R/b8b_n512.json > $R/b8b_n512.log 2>&1
+    echo "== bench rc=$?"; grep -vE "^ *(verify|k=)" $R/b8b_n512.log | tail -4 | cut -c1-260 ;;
 esac
 cd $OUT && tar czf r.tgz r && rm -rf r
