@@ -2,7 +2,7 @@
 other) per step, then a torch.profiler table of the heaviest host and device ops.
 
     python scripts/profile_engine.py --model M.gguf --draft dflash [--compile] [--prompts 6]
-    python scripts/profile_engine.py --shape smollm2-135m --draft dflash   # random weights, random drafter
+    python scripts/profile_engine.py --shape smollm2-135m --draft dflash   # random weights, random drafter (dflash, mtp)
     python scripts/profile_engine.py --shape smollm2-135m --draft none -t 1   # sampled decoding's step
     python scripts/profile_engine.py --shape qwen3-8b --draft oracle -k 15 --tau 6.5   # bench --shape's oracle
 
@@ -45,13 +45,17 @@ def main() -> None:
         raise SystemExit("profile_engine: --draft oracle needs --shape (its drafter proposes a random target's own "
                          "continuation)")
     if a.shape:
-        from specdec.bench_shape import _dflash
+        from specdec.bench_shape import _dflash, _mtp
         from specdec.shapes import build_shape
 
+        makers = {"none": lambda m: None, "oracle": lambda m: None, "dflash": lambda m: _dflash(m)[0],
+                  "mtp": lambda m: _mtp(m)[0]}  # bench --shape's random drafters
+        if a.draft not in makers:
+            raise SystemExit(f"profile_engine: --shape takes --draft {', '.join(makers)} (random drafters), "
+                             f"not {a.draft!r}")
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         model = build_shape(a.shape, dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
-        d = (_dflash(model)[0] if a.draft == "dflash" else None if a.draft == "oracle"
-             else make_drafter(a.draft, model))
+        d = makers[a.draft](model)
         eos = ()
         gen = torch.Generator().manual_seed(0)
         prompts = [torch.randint(0, min(1000, model.config.vocab_size), (int(torch.randint(60, 200, (1,), generator=gen)),), generator=gen).tolist()
