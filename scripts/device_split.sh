@@ -10,11 +10,13 @@
 #   bash scripts/device_split.sh final  # bench --shape qwen3-8b (512, 4,096, 16,384) with them
 #   bash scripts/device_split.sh probe  # ab_flags defaults / +split128 on smollm2-135m at 300 (its heads of 64); bench
 #                                       # --shape qwen3-8b -n 512 (the oracle over more steps: its realized tau nearer 6.5)
+#   bash scripts/device_split.sh mtp    # profile_engine --shape smollm2-135m: the engine's split of a step with a random
+#                                       # MTP head (k 3), a random DFlash drafter (k 15) and none (where MTP's propose goes)
 #   (call 6's `early` case, the MoE combine's weights loaded before its wait with check_moe_early.py, is at 442c10c:
 #   measured slower, removed)
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl).
 set -u
-case "${1:-}" in ab|tiers|final|probe) ;; *) echo "device_split.sh: ab | tiers | final | probe"; exit 2 ;; esac
+case "${1:-}" in ab|tiers|final|probe|mtp) ;; *) echo "device_split.sh: ab | tiers | final | probe | mtp"; exit 2 ;; esac
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests:$PWD/scripts PYTHONUNBUFFERED=1
 R=$OUT/r; mkdir -p $R
@@ -56,5 +58,11 @@ probe)
     timeout 300 python -m specdec bench --shape qwen3-8b --context 512 -n 512 --oracle-tau 6.5 --draft-vocab 32768 \
         --reps 5 --json $R/b8b_n512.json > $R/b8b_n512.log 2>&1
     echo "== bench rc=$?"; grep -vE "^ *(verify|k=)" $R/b8b_n512.log | tail -4 | cut -c1-260 ;;
+mtp)
+    for d in mtp dflash none; do
+        k=3; [ $d = dflash ] && k=15; [ $d = none ] && k=0
+        timeout 100 python scripts/profile_engine.py --shape smollm2-135m --draft $d -k $k --prompts 4 -n 128 --rows 30 \
+            > $R/prof_engine_$d.log 2>&1; echo "== $d rc=$?"; grep -E "^\{|step" $R/prof_engine_$d.log | head -4 | cut -c1-400
+    done ;;
 esac
 cd $OUT && tar czf r.tgz r && rm -rf r
