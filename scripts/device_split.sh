@@ -12,11 +12,13 @@
 #                                       # --shape qwen3-8b -n 512 (the oracle over more steps: its realized tau nearer 6.5)
 #   bash scripts/device_split.sh mtp    # profile_engine --shape smollm2-135m: the engine's split of a step with a random
 #                                       # MTP head (k 3), a random DFlash drafter (k 15) and none (where MTP's propose goes)
+#   bash scripts/device_split.sh mtpreal  # after device_stage.sh part1 and join: profile_engine on the real SmolLM2 GGUF
+#                                         # with its shipped MTP head (k 3), the tree with the shipped drafters
 #   (call 6's `early` case, the MoE combine's weights loaded before its wait with check_moe_early.py, is at 442c10c:
 #   measured slower, removed)
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl).
 set -u
-case "${1:-}" in ab|tiers|final|probe|mtp) ;; *) echo "device_split.sh: ab | tiers | final | probe | mtp"; exit 2 ;; esac
+case "${1:-}" in ab|tiers|final|probe|mtp|mtpreal) ;; *) echo "device_split.sh: ab | tiers | final | probe | mtp | mtpreal"; exit 2 ;; esac
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests:$PWD/scripts PYTHONUNBUFFERED=1
 R=$OUT/r; mkdir -p $R
@@ -64,5 +66,9 @@ mtp)
         timeout 100 python scripts/profile_engine.py --shape smollm2-135m --draft $d -k $k --prompts 4 -n 128 --rows 30 \
             > $R/prof_engine_$d.log 2>&1; echo "== $d rc=$?"; grep -E "^\{|step" $R/prof_engine_$d.log | head -4 | cut -c1-400
     done ;;
+mtpreal)
+    [ -s /tmp/smol.gguf ] || { echo "device_split.sh mtpreal: no /tmp/smol.gguf (run device_stage.sh part1 and join)"; exit 2; }
+    timeout 150 python scripts/profile_engine.py --model /tmp/smol.gguf --draft mtp -k 3 --prompts 6 -n 128 --rows 40 \
+        > $R/prof_engine_real_mtp.log 2>&1; echo "== real mtp rc=$?"; grep -E "^\{" $R/prof_engine_real_mtp.log | cut -c1-400 ;;
 esac
 cd $OUT && tar czf r.tgz r && rm -rf r
