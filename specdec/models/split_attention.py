@@ -7,8 +7,8 @@ span, but it walks the keys of a (sequence, head) in one program: on the H200 a 
 calls took 17 us each at span 256, and a 1-slot step cost 2.81 ms at span 256 against 9.49 ms at 4096
 (BENCHMARKS.md, session 3).
 
-Here the keys are cut into splits of :func:`split_keys` positions at fixed absolute offsets (past the first 4,096
-positions, longer splits for heads of 128: :func:`schedule`), one program per
+Here the keys are cut into splits of :func:`split_keys` positions at fixed absolute offsets (for heads of 128, longer
+splits past the first 1,024 and 4,096 positions: :func:`schedule`), one program per
 (sequence, KV head, query tile, split): it walks its split in blocks of keys (:func:`_tile`) with the
 online softmax (fp32), skipping a block where no query sees a key, and writes its partial max, sum
 and output. A second kernel combines a row's splits: their maximum first, then their sums rescaled
