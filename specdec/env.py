@@ -43,6 +43,7 @@ SWITCHES: dict[str, tuple[bool, str]] = {
     "SPECDEC_FUSED_SPLIT_K": (True, "split K in the fused GEMM"),
     "SPECDEC_GREEDY_CHAIN": (True, "greedy plain decoding on the greedy-chain steps"),
     "SPECDEC_MOE_GROUPED_BMM": (True, "a MoE prefill's experts as two batched GEMMs (off: a loop over the experts)"),
+    "SPECDEC_MTP_CATCHUP": (False, "MTP's prompt rows through its block at begin, padded to 16-row tiles"),
     "SPECDEC_MTP_FAST": (True, "MTP's propose as captured static steps"),
     "SPECDEC_MTP_STATIC_SAMPLING": (True, "MTP's sampled drafts inside its static steps"),
     "SPECDEC_NORM_ROPE": (True, "the q/k norms in the RoPE + cache-write kernel (one sequence's CUDA steps)"),
