@@ -72,6 +72,7 @@ SETTINGS["down4"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 12288, 0):
 SETTINGS["moe-bmm"] = ("specdec.models.moe", "GROUPED_BMM", True)  # a MoE prefill's experts as two batched GEMMs
 SETTINGS["far0"] = ("specdec.models.split_attention", "_FAR_ENV", (0, 0))  # one split size (no far splits)
 SETTINGS["far2048"] = ("specdec.models.split_attention", "_FAR_ENV", (2048, 512))  # 512-key splits past 2,048 positions
+SETTINGS["rope-table"] = ("specdec.models.layers", "ROPE_TABLE", True)  # a static step's cos/sin from a table
 # AB_TILES='{"N,K,silu": [BN, BK, warps, stages(, split)], ...}' (check_fused_layer.py --sweep's best_tiles): defaults+tiles
 # runs those tilings over the table, in the same process as the defaults
 if os.environ.get("AB_TILES"):

@@ -2,13 +2,17 @@
 # Session of 2026-12-06 (sixth), issue 10 follow-ups on the device machine:
 #   bash scripts/device_mtp.sh probe    # after device_stage.sh part1 and join (the tree with the shipped drafters):
 #                                       # scripts/probe_mtp_bench.py on the real SmolLM2: `specdec bench` (GSM8K 40, -n 128,
-#                                       # k 3) with MTP alone, among the four drafters, alone again (a cold Triton cache);
-#                                       # then among the four with SPECDEC_MTP_CATCHUP off / on alternated; then the catch-up
+#                                       # k 3) with MTP alone, then among the four drafters (a cold Triton cache); then
+#                                       # among the four with SPECDEC_MTP_CATCHUP on, then off; then the catch-up
 #                                       # first with a cold Triton cache of its own; every propose timed
+#   bash scripts/device_mtp.sh rope     # SPECDEC_ROPE_TABLE: cos_sin_static's bits against cos_sin on CUDA (4 rotaries,
+#                                       # bf16, 40,000 positions); ab_flags defaults / defaults+rope-table on smollm2-135m
+#                                       # at 300 (drafters' proposes too) and qwen3-8b at 512; device_check with it on
+#                                       # (random Llama, Qwen3.5 dense and MoE, graphs; oracle and MTP drafts)
 #   bash scripts/device_mtp.sh oracle   # bench --shape qwen3-8b -n 512 with the oracle's low-discrepancy cuts (764d9d9)
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl) for probe.
 set -u
-case "${1:-}" in probe|oracle) ;; *) echo "device_mtp.sh: probe | oracle"; exit 2 ;; esac
+case "${1:-}" in probe|rope|oracle) ;; *) echo "device_mtp.sh: probe | rope | oracle"; exit 2 ;; esac
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/scripts PYTHONUNBUFFERED=1
 R=$OUT/r; mkdir -p $R
@@ -22,9 +26,44 @@ probe)
             --json $R/probe_$1.json > $R/probe_$1.log 2>&1
         echo "== $1 rc=$?"; grep -E "^\{|Error" $R/probe_$1.log | cut -c1-700
     }
-    p A 150 alone,four,alone
-    p B 200 four,four+catchup,four,four+catchup
-    export TRITON_CACHE_DIR=/tmp/tc_cold; p C 120 alone+catchup,alone ;;
+    p A 150 alone,four
+    p B 120 four+catchup,four
+    export TRITON_CACHE_DIR=/tmp/tc_cold; p C 100 alone+catchup ;;
+rope)
+    python - <<'PY' 2>&1 | tee $R/rope_bits.log
+import torch
+from specdec.models import layers
+from specdec.models.layers import RotaryEmbedding
+layers.ROPE_TABLE = True
+cases = {"default": dict(head_dim=128, theta=1e6), "partial": dict(head_dim=256, theta=1e7, partial_factor=0.25),
+         "llama3": dict(head_dim=64, theta=5e5, scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+         "smollm2": dict(head_dim=64, theta=1e5)}
+bad = 0
+for name, kw in cases.items():
+    r = RotaryEmbedding(**kw)
+    for start in range(0, 40000, 997):
+        for t in (1, 4, 16):
+            pos = torch.arange(start, start + t, device="cuda")
+            a, b = r.cos_sin_static(pos, torch.bfloat16, 40016), r.cos_sin(pos, torch.bfloat16)
+            bad += not (torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]))
+print("rope table: positions differing from cos_sin:", bad)
+PY
+    ab() {  # NAME TIMEOUT CONTEXT ab_flags args...
+        local name=$1 t=$2 c=$3; shift 3
+        timeout $t python scripts/ab_flags.py --context $c --json $R/ab_$name.json "$@" > $R/ab_$name.log 2>&1
+        echo "== $name rc=$?"; grep -E "^\||Error" $R/ab_$name.log | cut -c1-200
+    }
+    ab smollm2_300 110 300 --shape smollm2-135m --rounds 3 --variants defaults defaults+rope-table
+    ab 8b_512 100 512 --shape qwen3-8b --rounds 2 --no-drafters --variants defaults defaults+rope-table
+    export SPECDEC_ROPE_TABLE=1
+    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
+    for t in llama qwen35 qwen35moe; do
+        d="oracle"; [ $t != llama ] && d="oracle mtp"
+        timeout 60 python scripts/device_check.py run /tmp/dc --target $t --mode graphs --drafters $d \
+            --prompts 4 --new-tokens 128 --out $R/dc_${t}.json > $R/dc_${t}.log 2>&1 || echo "$t rc=$?"
+    done
+    python scripts/device_check.py compare $R/dc_*.json --out $R/dc_report.json 2>&1 | tail -8 ;;
 oracle)
     timeout 300 python -m specdec bench --shape qwen3-8b --context 512 -n 512 --oracle-tau 6.5 --draft-vocab 32768 \
         --reps 5 --json $R/b8b_n512.json > $R/b8b_n512.log 2>&1

@@ -46,6 +46,7 @@ SWITCHES: dict[str, tuple[bool, str]] = {
     "SPECDEC_MTP_CATCHUP": (False, "MTP's prompt rows through its block at begin, padded to 16-row tiles"),
     "SPECDEC_MTP_FAST": (True, "MTP's propose as captured static steps"),
     "SPECDEC_MTP_STATIC_SAMPLING": (True, "MTP's sampled drafts inside its static steps"),
+    "SPECDEC_ROPE_TABLE": (False, "a static step's RoPE cos/sin looked up in a table kept per device (CUDA)"),
     "SPECDEC_NORM_ROPE": (True, "the q/k norms in the RoPE + cache-write kernel (one sequence's CUDA steps)"),
     "SPECDEC_PDL": (True, "programmatic dependent launch between Triton kernels"),
     "SPECDEC_PLAIN_LOOKAHEAD": (True, "plain decoding queues step i+1 before reading step i's token"),

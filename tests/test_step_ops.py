@@ -106,3 +106,63 @@ def test_norm_add_is_the_add_then_the_norm():
     s, y = norm.add(xg, d)
     y.sum().backward()
     assert xg.grad is not None and torch.isfinite(xg.grad).all()
+
+
+ROTARIES = {
+    "default": dict(head_dim=64, theta=10000.0),
+    "qwen3.5 partial": dict(head_dim=256, theta=10_000_000.0, partial_factor=0.25),
+    "llama3": dict(head_dim=64, theta=500000.0, scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "linear": dict(head_dim=32, theta=10000.0, scaling={"rope_type": "linear", "factor": 4.0}),
+}
+
+
+@pytest.mark.parametrize("kind", list(ROTARIES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rope_table_has_the_computed_bits(kind, dtype, monkeypatch):
+    """SPECDEC_ROPE_TABLE: a static step's cos/sin looked up in a table of every position (grown by doubling, the old
+    tables kept) hold the bits :meth:`cos_sin` computes for the step's positions; a padding row past ``limit`` reads
+    the last row; off, the values are computed."""
+    from specdec.models import layers
+    r = RotaryEmbedding(**ROTARIES[kind])
+    monkeypatch.setattr(layers, "ROPE_TABLE", True)
+    for start, t, limit in ((0, 1, 300), (5, 16, 300), (1023, 4, 1100), (1500, 3, 1600), (4000, 16, 9000), (8990, 16, 9000)):
+        pos = torch.arange(start, start + t)
+        cos, sin = r.cos_sin_static(pos, dtype, limit)
+        want_cos, want_sin = r.cos_sin(pos.clamp(max=limit - 1), dtype)
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin), (kind, start, t)
+    sizes = [c.shape[0] for c, _ in r._tables[(torch.device("cpu"), dtype)]]
+    assert sizes == [1024, 2048, 9000], sizes  # never replaced: captured steps keep reading the old ones
+    assert (cos[-6:] == cos[-7]).all()  # rows 8,990 + 10 .. are past the limit: row 8,999's values
+    monkeypatch.setattr(layers, "ROPE_TABLE", False)
+    r2 = RotaryEmbedding(**ROTARIES[kind])
+    assert torch.equal(r2.cos_sin_static(pos, dtype, 9000)[0], r2.cos_sin(pos, dtype)[0]) and not r2._tables
+
+
+def test_rope_table_static_steps_keep_their_bits(tmp_path, monkeypatch):
+    """A tiny Llama's static steps (batch-invariant, as CUDA runs them; eager here) with the table on and off: the
+    same logits, bit for bit, and so the same greedy output."""
+    from _engine_util import build_llama
+    from specdec.engine import SpeculativeGenerator
+    from specdec.loading import load_model
+    import specdec.engine.generate as engine_generate
+    from specdec.models import layers
+
+    monkeypatch.setattr(engine_generate, "CPU_EXACT", False)  # padded static steps, as on CUDA
+    model = load_model(build_llama(tmp_path / "m", vocab=64, hidden=64, layers=2, heads=4, kv_heads=2), "cpu",
+                       tokenizer=False).model
+    prompt = torch.randint(64, (37,), generator=torch.Generator().manual_seed(1)).tolist()
+    outs = {}
+    for on in (False, True):
+        monkeypatch.setattr(layers, "ROPE_TABLE", on)
+        cache = model.new_cache(256)
+        model(torch.tensor(prompt), cache, logits="none", snapshots=False)
+        start = torch.tensor(cache.length)
+        with torch.inference_mode():
+            ctx = model.static_context(start, 4, 256)
+            logits = model.run_layers(torch.tensor([3, 5, 7, 9]), ctx, cache, (), "all").logits
+        gen = SpeculativeGenerator(model, None, 0, batch_invariant=True).generate(prompt, 24)
+        outs[on] = (ctx.cos, ctx.sin, ctx.mask, logits, gen.token_ids)
+    for a, b in zip(outs[False], outs[True]):
+        assert torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+    assert 16 in model.__dict__.get("_aranges", {}), "the generation's 16-row static steps did not take the table"

@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from ..config import ModelConfig
 from ..cpu_linear import Linear, linear
 from ..parallel.tp import Shard, VocabParallelEmbedding, gather_vocab, vocab_parallel_head
-from . import fused_layer
+from . import fused_layer, layers
 from .layers import RMSNorm, RotaryEmbedding, causal_mask, sliding_causal_mask
 
 # Each layer's last residual add folded into the next layer's input norm (``RMSNorm.add``: one kernel
@@ -200,10 +200,23 @@ class CausalLM(nn.Module):
     def static_context(self, start: torch.Tensor, t: int, max_len: int) -> StepContext:
         """Context for a CUDA-graph step: ``start`` is a 0-d device tensor, shapes depend on ``t`` only,
         and attention runs over the whole preallocated cache with a mask by position."""
-        pos = start + torch.arange(t, device=self.device)
-        cos, sin = self.rotary.cos_sin(pos, self.dtype)
-        mask = torch.arange(max_len, device=self.device)[None, :] <= pos[:, None]
+        pos = start + self._arange(t)
+        cos, sin = self.rotary.cos_sin_static(pos, self.dtype, max_len + t)
+        mask = self._arange(max_len)[None, :] <= pos[:, None]
         return StepContext(start, t, cos, sin, mask)
+
+    def _arange(self, n: int) -> torch.Tensor:
+        """``arange(n)`` on the device; with layers.ROPE_TABLE kept per ``n`` (made outside captures and compiles;
+        never replaced: captured steps read it by address)."""
+        if not layers.ROPE_TABLE or torch.compiler.is_compiling():
+            return torch.arange(n, device=self.device)
+        kept = self.__dict__.setdefault("_aranges", {})
+        a = kept.get(n)
+        if a is None:
+            a = torch.arange(n, device=self.device)
+            if not (a.is_cuda and torch.cuda.is_current_stream_capturing()):
+                kept[n] = a
+        return a
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: SequenceCache, capture: Sequence[int] = (), logits: str = "all",
