@@ -5,7 +5,7 @@
 #                                       # k 3) with MTP alone, then among the four drafters (a cold Triton cache); then
 #                                       # among the four with SPECDEC_MTP_CATCHUP on, then off; then the catch-up
 #                                       # first with a cold Triton cache of its own; every propose timed
-#   bash scripts/device_mtp.sh rope     # SPECDEC_ROPE_TABLE: cos_sin_static's bits against cos_sin on CUDA (4 rotaries,
+#   bash scripts/device_mtp.sh rope     # SPECDEC_ROPE_TABLE: static_cos_sin's bits against cos_sin on CUDA (4 rotaries,
 #                                       # bf16, 40,000 positions); ab_flags defaults / defaults+rope-table on smollm2-135m
 #                                       # at 300 (drafters' proposes too) and qwen3-8b at 512; device_check with it on
 #                                       # (random Llama, Qwen3.5 dense and MoE, graphs; oracle and MTP drafts)
@@ -45,7 +45,7 @@ for name, kw in cases.items():
     for start in range(0, 40000, 997):
         for t in (1, 4, 16):
             pos = torch.arange(start, start + t, device="cuda")
-            a, b = r.cos_sin_static(pos, torch.bfloat16, 40016), r.cos_sin(pos, torch.bfloat16)
+            a, b = layers.static_cos_sin(r, pos, torch.bfloat16, 40016), r.cos_sin(pos, torch.bfloat16)
             bad += not (torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]))
 print("rope table: positions differing from cos_sin:", bad)
 PY

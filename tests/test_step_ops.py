@@ -117,26 +117,32 @@ ROTARIES = {
 }
 
 
-@pytest.mark.parametrize("kind", list(ROTARIES))
+def _gemma4_rotary():
+    from specdec.models.gemma4 import Gemma4Rotary
+    return Gemma4Rotary(128, 1_000_000.0, fraction=0.25)
+
+
+@pytest.mark.parametrize("kind", list(ROTARIES) + ["gemma4 proportional"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_rope_table_has_the_computed_bits(kind, dtype, monkeypatch):
     """SPECDEC_ROPE_TABLE: a static step's cos/sin looked up in a table of every position (grown by doubling, the old
     tables kept) hold the bits :meth:`cos_sin` computes for the step's positions; a padding row past ``limit`` reads
     the last row; off, the values are computed."""
     from specdec.models import layers
-    r = RotaryEmbedding(**ROTARIES[kind])
+    r = _gemma4_rotary() if kind.startswith("gemma4") else RotaryEmbedding(**ROTARIES[kind])
     monkeypatch.setattr(layers, "ROPE_TABLE", True)
     for start, t, limit in ((0, 1, 300), (5, 16, 300), (1023, 4, 1100), (1500, 3, 1600), (4000, 16, 9000), (8990, 16, 9000)):
         pos = torch.arange(start, start + t)
-        cos, sin = r.cos_sin_static(pos, dtype, limit)
+        cos, sin = layers.static_cos_sin(r, pos, dtype, limit)
         want_cos, want_sin = r.cos_sin(pos.clamp(max=limit - 1), dtype)
         assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin), (kind, start, t)
-    sizes = [c.shape[0] for c, _ in r._tables[(torch.device("cpu"), dtype)]]
+    sizes = [c.shape[0] for c, _ in r._rope_tables[(torch.device("cpu"), dtype)]]
     assert sizes == [1024, 2048, 9000], sizes  # never replaced: captured steps keep reading the old ones
     assert (cos[-6:] == cos[-7]).all()  # rows 8,990 + 10 .. are past the limit: row 8,999's values
     monkeypatch.setattr(layers, "ROPE_TABLE", False)
-    r2 = RotaryEmbedding(**ROTARIES[kind])
-    assert torch.equal(r2.cos_sin_static(pos, dtype, 9000)[0], r2.cos_sin(pos, dtype)[0]) and not r2._tables
+    r2 = _gemma4_rotary() if kind.startswith("gemma4") else RotaryEmbedding(**ROTARIES[kind])
+    assert torch.equal(layers.static_cos_sin(r2, pos, dtype, 9000)[0], r2.cos_sin(pos, dtype)[0])
+    assert not r2.__dict__.get("_rope_tables")
 
 
 def test_rope_table_static_steps_keep_their_bits(tmp_path, monkeypatch):

@@ -201,7 +201,7 @@ class CausalLM(nn.Module):
         """Context for a CUDA-graph step: ``start`` is a 0-d device tensor, shapes depend on ``t`` only,
         and attention runs over the whole preallocated cache with a mask by position."""
         pos = start + self._arange(t)
-        cos, sin = self.rotary.cos_sin_static(pos, self.dtype, max_len + t)
+        cos, sin = layers.static_cos_sin(self.rotary, pos, self.dtype, max_len + t)
         mask = self._arange(max_len)[None, :] <= pos[:, None]
         return StepContext(start, t, cos, sin, mask)
 

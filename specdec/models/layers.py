@@ -110,7 +110,6 @@ class RotaryEmbedding(nn.Module):
         self.scaling = dict(scaling or {})
         self.freq_factors: torch.Tensor | None = None  # set by a loader that found rope_freqs
         self._inv: dict[torch.device, torch.Tensor] = {}
-        self._tables: dict = {}  # (device, dtype) -> [(cos, sin) of positions 0 .. n-1], n doubling (cos_sin_static)
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
         inv = self._inv.get(device)
@@ -134,23 +133,26 @@ class RotaryEmbedding(nn.Module):
         """``[T]`` positions -> cos, sin ``[T, rotary_dim]`` (:func:`rope_tables`)."""
         return rope_tables(positions.float()[:, None] * self.inv_freq(positions.device)[None, :], dtype)
 
-    def cos_sin_static(self, positions: torch.Tensor, dtype: torch.dtype, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`cos_sin` of a static step's ``positions`` (below ``limit``; a larger one, a padding row's, reads
-        row ``limit - 1``): with ROPE_TABLE, two lookups in a table of :meth:`cos_sin` over ``0 .. n-1``
-        instead of ~9 elementwise kernels. Every value is computed elementwise, so the table holds the bits
-        :meth:`cos_sin` gives each position (tested). A table is never freed (captured steps read it by address):
-        a larger one is made beside it, outside captures and compiles only (there the values are computed)."""
-        if not ROPE_TABLE or torch.compiler.is_compiling():
-            return self.cos_sin(positions, dtype)
-        tables = self._tables.setdefault((positions.device, dtype), [])
-        if not tables or tables[-1][0].shape[0] < limit:
-            if positions.is_cuda and torch.cuda.is_current_stream_capturing():  # a table made now: nothing until a replay
-                return self.cos_sin(positions, dtype)
-            n = max(limit, 2 * tables[-1][0].shape[0] if tables else 1024)
-            tables.append(self.cos_sin(torch.arange(n, device=positions.device), dtype))
-        cos, sin = tables[-1]
-        idx = positions.clamp(max=limit - 1)
-        return cos.index_select(0, idx), sin.index_select(0, idx)
+
+def static_cos_sin(rotary: nn.Module, positions: torch.Tensor, dtype: torch.dtype, limit: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rotary.cos_sin(positions, dtype)`` for a static step's ``positions`` (below ``limit``; a larger one, a padding
+    row's, reads row ``limit - 1``): with ROPE_TABLE, two lookups in a table of ``rotary.cos_sin`` over ``0 .. n-1``
+    kept on the rotary per device and dtype, instead of ~9 elementwise kernels. Every value is computed elementwise,
+    so the table holds the bits ``cos_sin`` gives each position (tested). A table is never freed (captured steps read
+    it by address): a larger one is made beside it, outside captures and compiles only (there the values are
+    computed)."""
+    if not ROPE_TABLE or torch.compiler.is_compiling():
+        return rotary.cos_sin(positions, dtype)
+    tables = rotary.__dict__.setdefault("_rope_tables", {}).setdefault((positions.device, dtype), [])
+    if not tables or tables[-1][0].shape[0] < limit:
+        if positions.is_cuda and torch.cuda.is_current_stream_capturing():  # a table made now: nothing until a replay
+            return rotary.cos_sin(positions, dtype)
+        n = max(limit, 2 * tables[-1][0].shape[0] if tables else 1024)
+        tables.append(rotary.cos_sin(torch.arange(n, device=positions.device), dtype))
+    cos, sin = tables[-1]
+    idx = positions.clamp(max=limit - 1)
+    return cos.index_select(0, idx), sin.index_select(0, idx)
 
 
 def rope_tables(freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -334,7 +336,7 @@ FUSED_ROPE_WRITE = env.switch("SPECDEC_FUSED_ROPE")
 # 3.665; SPECDEC_NORM_ROPE=0 off
 NORM_ROPE = env.switch("SPECDEC_NORM_ROPE")
 # A static step's RoPE cos/sin (CausalLM.static_context) as two lookups in a table kept per device and dtype
-# (RotaryEmbedding.cos_sin_static), not ~9 elementwise kernels a step, and its arange kept too: the same bits.
+# (static_cos_sin), not ~9 elementwise kernels a step, and its arange kept too: the same bits.
 # SPECDEC_ROPE_TABLE=1 turns it on (off until measured on the GPU).
 ROPE_TABLE = env.switch("SPECDEC_ROPE_TABLE")
 
