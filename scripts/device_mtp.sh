@@ -8,7 +8,7 @@
 #   bash scripts/device_mtp.sh rope     # SPECDEC_ROPE_TABLE: static_cos_sin's bits against cos_sin on CUDA (4 rotaries,
 #                                       # bf16, 40,000 positions); ab_flags defaults / defaults+rope-table on smollm2-135m
 #                                       # at 300 (drafters' proposes too) and qwen3-8b at 512; device_check with it on
-#                                       # (random Llama, Qwen3.5 dense and MoE, graphs; oracle and MTP drafts)
+#                                       # (random Llama and Qwen3.5 MoE, graphs; oracle and MTP drafts)
 #   bash scripts/device_mtp.sh oracle   # bench --shape qwen3-8b -n 512 with the oracle's low-discrepancy cuts (764d9d9)
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl) for probe.
 set -u
@@ -58,7 +58,7 @@ PY
     ab 8b_512 100 512 --shape qwen3-8b --rounds 2 --no-drafters --variants defaults defaults+rope-table
     export SPECDEC_ROPE_TABLE=1
     python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
-    for t in llama qwen35 qwen35moe; do
+    for t in llama qwen35moe; do
         d="oracle"; [ $t != llama ] && d="oracle mtp"
         timeout 60 python scripts/device_check.py run /tmp/dc --target $t --mode graphs --drafters $d \
             --prompts 4 --new-tokens 128 --out $R/dc_${t}.json > $R/dc_${t}.log 2>&1 || echo "$t rc=$?"
