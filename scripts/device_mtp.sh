@@ -2,13 +2,14 @@
 # Session of 2026-12-06 (sixth), issue 10 follow-ups on the device machine:
 #   bash scripts/device_mtp.sh probe    # after device_stage.sh part1 and join (the tree with the shipped drafters):
 #                                       # scripts/probe_mtp_bench.py on the real SmolLM2: `specdec bench` (GSM8K 40, -n 128,
-#                                       # k 3) with MTP alone, then among the four drafters (a cold Triton cache); then
-#                                       # among the four with SPECDEC_MTP_CATCHUP on, then off; then the catch-up
-#                                       # first with a cold Triton cache of its own; every propose timed
+#                                       # k 3) with MTP alone, then among the four drafters; again in a second process;
+#                                       # then alone with a cold Triton cache of its own; every propose timed (call 3 of
+#                                       # the session, at 39fe172, ran B and C with SPECDEC_MTP_CATCHUP, removed since)
 #   bash scripts/device_mtp.sh rope     # SPECDEC_ROPE_TABLE: static_cos_sin's bits against cos_sin on CUDA (4 rotaries,
-#                                       # bf16, 40,000 positions); ab_flags defaults / defaults+rope-table on smollm2-135m
-#                                       # at 300 (drafters' proposes too) and qwen3-8b at 512; device_check with it on
-#                                       # (random Llama and Qwen3.5 MoE, graphs; oracle and MTP drafts)
+#                                       # bf16, 40,000 positions); ab_flags without / with it on smollm2-135m at 300
+#                                       # (drafters' proposes too) and qwen3-8b at 512; device_check with it (random Llama
+#                                       # and Qwen3.5 MoE, graphs; oracle and MTP drafts). Call 1 ran it at 39fe172, the
+#                                       # table off by default then (variants defaults / defaults+rope-table)
 #   bash scripts/device_mtp.sh oracle   # bench --shape qwen3-8b -n 512 with the oracle's low-discrepancy cuts (764d9d9)
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl) for probe.
 set -u
@@ -20,15 +21,15 @@ nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 case "$1" in
 probe)
     [ -s /tmp/smol.gguf ] || { echo "device_mtp.sh probe: no /tmp/smol.gguf (run device_stage.sh part1 and join)"; exit 2; }
-    # A: a cold Triton cache (a fresh machine); B: alternated, steady; C: the catch-up first, a cold cache of its own
+    # A and B: two processes, the Triton cache as the machine has it; C: a cold cache of its own
     p() {  # NAME TIMEOUT RUNS
         timeout $2 python scripts/probe_mtp_bench.py --model /tmp/smol.gguf --num-prompts 40 -n 128 --runs $3 \
             --json $R/probe_$1.json > $R/probe_$1.log 2>&1
         echo "== $1 rc=$?"; grep -E "^\{|Error" $R/probe_$1.log | cut -c1-700
     }
     p A 150 alone,four
-    p B 120 four+catchup,four
-    export TRITON_CACHE_DIR=/tmp/tc_cold; p C 100 alone+catchup ;;
+    p B 120 four,alone
+    export TRITON_CACHE_DIR=/tmp/tc_cold; p C 100 alone ;;
 rope)
     python - <<'PY' 2>&1 | tee $R/rope_bits.log
 import torch
@@ -54,9 +55,8 @@ PY
         timeout $t python scripts/ab_flags.py --context $c --json $R/ab_$name.json "$@" > $R/ab_$name.log 2>&1
         echo "== $name rc=$?"; grep -E "^\||Error" $R/ab_$name.log | cut -c1-200
     }
-    ab smollm2_300 110 300 --shape smollm2-135m --rounds 3 --variants defaults defaults+rope-table
-    ab 8b_512 100 512 --shape qwen3-8b --rounds 2 --no-drafters --variants defaults defaults+rope-table
-    export SPECDEC_ROPE_TABLE=1
+    ab smollm2_300 110 300 --shape smollm2-135m --rounds 3 --variants defaults-rope-table defaults
+    ab 8b_512 100 512 --shape qwen3-8b --rounds 2 --no-drafters --variants defaults-rope-table defaults
     python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
     for t in llama qwen35moe; do
         d="oracle"; [ $t != llama ] && d="oracle mtp"

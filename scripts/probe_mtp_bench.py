@@ -5,8 +5,10 @@ SmolLM2 MTP head where ``scripts/profile_engine.py`` measured 0.258. This runs t
 four, in one process, with each ``MTPDrafter.propose`` timed and classified: the captured step (replayed, or captured
 on this call) or the eager chain (more committed rows than a static step takes), and each cache growth counted.
 
-    python scripts/probe_mtp_bench.py --model SmolLM2.gguf [--num-prompts 40] [-n 128] [--runs alone,four+catchup]
+    python scripts/probe_mtp_bench.py --model SmolLM2.gguf [--num-prompts 40] [-n 128] [--runs alone,four]
         [--json out.json]
+
+(Session of 2026-12-06 (sixth), H100: its runs ``+catchup`` measured SPECDEC_MTP_CATCHUP, removed since; bea57c2.)
 """
 
 from __future__ import annotations
@@ -66,8 +68,7 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=40)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--runs", default="alone,four,alone",
-                    help="comma-separated: alone (none mtp) | four (none ngram mtp dflash), each +catchup for "
-                         "SPECDEC_MTP_CATCHUP on (the prompt's rows through the block at begin)")
+                    help="comma-separated: alone (none mtp) | four (none ngram mtp dflash)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     instrument()
@@ -75,11 +76,9 @@ def main() -> None:
     report = []
     for run in a.runs.split(","):
         first, grown = len(CALLS), len(GROWTHS)
-        name, _, extra = run.partition("+")
-        if extra not in ("", "catchup"):
-            raise SystemExit(f"probe_mtp_bench: --runs entry {run!r}: want alone or four, optionally +catchup")
-        mtp_mod.CATCHUP = extra == "catchup"
-        r = run_bench(a.model, drafts[name], "gsm8k", a.num_prompts, a.n, num_draft_tokens=3)
+        if run not in drafts:
+            raise SystemExit(f"probe_mtp_bench: --runs entry {run!r}: want alone or four")
+        r = run_bench(a.model, drafts[run], "gsm8k", a.num_prompts, a.n, num_draft_tokens=3)
         row = next(x for x in r["rows"] if x["draft"] == "mtp")
         steps = round(row["new_tokens"] / row["tau"]) if row["tau"] else 0  # ~: each prompt's first token is the prefill's
         # the warm-up's proposes come first: the timed ones are those after the first generation of this drafter

@@ -84,39 +84,6 @@ def test_greedy_lossless(heads, kind, static):
     assert accepted > 0, "no draft was ever accepted: the accept path went untested"
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_catch_up_at_begin(heads, kind, monkeypatch):
-    """SPECDEC_MTP_CATCHUP: with static steps the prompt's rows run through the block in ``begin``, padded to whole
-    16-row tiles, and every propose (a prompt's first too) takes the static step; greedy output stays plain's."""
-    import specdec.drafters.mtp as mtp_mod
-    monkeypatch.setattr(mtp_mod, "CATCHUP", True)
-    path, head = heads[kind]
-    lm = LLM(path, draft=f"mtp:{head}", device="cpu")
-    d = lm.drafter
-    d.static_steps = True
-    rows, static, proposes = [], [], []
-    run, prop_static, prop = d._run, d._propose_static, d.propose
-    monkeypatch.setattr(d, "_run", lambda toks, hidden, start: rows.append(toks.shape[0]) or run(toks, hidden, start))
-    monkeypatch.setattr(d, "_propose_static", lambda *a: static.append(1) or prop_static(*a))
-    monkeypatch.setattr(d, "propose", lambda *a: proposes.append(1) or prop(*a))
-    ref = LLM(path, draft=f"mtp:{head}", device="cpu").drafter  # the catch-up in the first propose, as before
-    ref.static_steps = True
-    accepted = 0
-    for n in (1, 7, 16, 17, 40):
-        prompt = _prompt(n, n)
-        want = plain_generate(lm.model, prompt, NEW).token_ids
-        res = SpeculativeGenerator(lm.model, d, 3).generate(prompt, NEW, trace=True)
-        assert res.token_ids == want, f"{kind}, prompt of {n}: output differs from plain greedy"
-        monkeypatch.setattr(mtp_mod, "CATCHUP", False)
-        before = SpeculativeGenerator(lm.model, ref, 3).generate(prompt, NEW, trace=True)
-        monkeypatch.setattr(mtp_mod, "CATCHUP", True)
-        assert res.stats.trace == before.stats.trace, f"{kind}, prompt of {n}: other drafts than the catch-up in propose"
-        accepted += sum(res.stats.accepted)
-    assert rows == [16, 16, 16, 48], rows  # one padded catch-up a prompt of more than one token, none in a propose
-    assert len(static) == len(proposes) > 0
-    assert accepted > 0
-
-
 @pytest.mark.parametrize("static", [False, True])
 def test_a_reused_drafter_drafts_as_a_fresh_one(heads, static):
     """The drafter keeps its KV cache (and with it the captured propose) from one generation to the

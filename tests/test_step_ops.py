@@ -125,12 +125,13 @@ def _gemma4_rotary():
 @pytest.mark.parametrize("kind", list(ROTARIES) + ["gemma4 proportional"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_rope_table_has_the_computed_bits(kind, dtype, monkeypatch):
-    """SPECDEC_ROPE_TABLE: a static step's cos/sin looked up in a table of every position (grown by doubling, the old
+    """SPECDEC_ROPE_TABLE (CUDA's path, run on the CPU): a static step's cos/sin looked up in a table of every position (grown by doubling, the old
     tables kept) hold the bits :meth:`cos_sin` computes for the step's positions; a padding row past ``limit`` reads
     the last row; off, the values are computed."""
     from specdec.models import layers
     r = _gemma4_rotary() if kind.startswith("gemma4") else RotaryEmbedding(**ROTARIES[kind])
     monkeypatch.setattr(layers, "ROPE_TABLE", True)
+    monkeypatch.setattr(layers, "TABLE_OFF_CUDA", True)  # CUDA's path, on the CPU
     for start, t, limit in ((0, 1, 300), (5, 16, 300), (1023, 4, 1100), (1500, 3, 1600), (4000, 16, 9000), (8990, 16, 9000)):
         pos = torch.arange(start, start + t)
         cos, sin = layers.static_cos_sin(r, pos, dtype, limit)
@@ -155,6 +156,7 @@ def test_rope_table_static_steps_keep_their_bits(tmp_path, monkeypatch):
     from specdec.models import layers
 
     monkeypatch.setattr(engine_generate, "CPU_EXACT", False)  # padded static steps, as on CUDA
+    monkeypatch.setattr(layers, "TABLE_OFF_CUDA", True)  # the table's path, on the CPU
     model = load_model(build_llama(tmp_path / "m", vocab=64, hidden=64, layers=2, heads=4, kv_heads=2), "cpu",
                        tokenizer=False).model
     prompt = torch.randint(64, (37,), generator=torch.Generator().manual_seed(1)).tolist()

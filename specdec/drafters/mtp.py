@@ -144,15 +144,10 @@ class FastLayer:
 # (2d96082, GSM8K 60, k=3, T=1) it runs at 1.00x (0.38x eager in the same session). On by default;
 # SPECDEC_MTP_STATIC_SAMPLING=0 turns it off (the eager chain).
 STATIC_SAMPLING = env.switch("SPECDEC_MTP_STATIC_SAMPLING")
-# With static steps, the prompt's rows run through the block in ``begin`` (eagerly, padded to whole CATCHUP_ROWS-row
-# tiles) instead of in the first propose, which then takes the captured step: a prompt's first propose had run the
-# eager chain (the prompt's rows, then k heads and k - 1 one-row layers, ~40 launches), and the eager forward saw a
-# row count per prompt length (Triton compiles a kernel anew for an int argument that first comes divisible by 16).
-# Padding rows write cache entries past the committed rows, which later proposes overwrite and the position mask
-# hides, as in the static step. The drafts' bits may change (another row count), never an output.
-# SPECDEC_MTP_CATCHUP=1 turns it on (off until measured on the GPU).
-CATCHUP = env.switch("SPECDEC_MTP_CATCHUP")
-CATCHUP_ROWS = 16
+# Tried and removed (session of 2026-12-06 (sixth), H100; code at bea57c2): the prompt's rows through the block in
+# ``begin`` (eagerly, padded to 16-row tiles), so that a prompt's first propose takes the captured step instead of the
+# eager chain. On the real SmolLM2 (bench, GSM8K 40, -n 128, k 3, one process) the eager first proposes' 190 ms went,
+# but the prefill grew by as much (0.243 -> 0.435 s) and MTP went 1.393x -> 1.342x plain decoding.
 
 
 class MTPDrafter:
@@ -255,20 +250,6 @@ class MTPDrafter:
         self._pending_t = [ids[1:]]
         self._last_h = out.hidden[-1:]
         self._fed_last = False
-        if CATCHUP and self.static_steps and ids.numel() > 1:
-            self._catch_up()
-
-    def _catch_up(self) -> None:
-        """The pending committed rows into the cache now, padded to whole CATCHUP_ROWS-row tiles (see CATCHUP)."""
-        hidden, toks = torch.cat(self._pending_h), torch.cat(self._pending_t)
-        n = toks.shape[0]
-        pad = -n % CATCHUP_ROWS
-        if pad:
-            hidden = torch.cat([hidden, hidden.new_zeros(pad, hidden.shape[1])])
-            toks = torch.cat([toks, toks.new_zeros(pad)])
-        self._run(toks, hidden, self.length)
-        self.length += n
-        self._pending_h, self._pending_t = [], []
 
     @torch.inference_mode()
     def observe(self, tokens: torch.Tensor, out: ForwardOut) -> None:

@@ -206,9 +206,10 @@ class CausalLM(nn.Module):
         return StepContext(start, t, cos, sin, mask)
 
     def _arange(self, n: int) -> torch.Tensor:
-        """``arange(n)`` on the device; with layers.ROPE_TABLE kept per ``n`` (made outside captures and compiles;
-        never replaced: captured steps read it by address)."""
-        if not layers.ROPE_TABLE or torch.compiler.is_compiling():
+        """``arange(n)`` on the device; with layers.ROPE_TABLE on CUDA kept per ``n`` (made outside captures and
+        compiles; never replaced: captured steps read it by address)."""
+        if (not layers.ROPE_TABLE or not (self.device.type == "cuda" or layers.TABLE_OFF_CUDA)
+                or torch.compiler.is_compiling()):
             return torch.arange(n, device=self.device)
         kept = self.__dict__.setdefault("_aranges", {})
         a = kept.get(n)

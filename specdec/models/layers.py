@@ -137,12 +137,12 @@ class RotaryEmbedding(nn.Module):
 def static_cos_sin(rotary: nn.Module, positions: torch.Tensor, dtype: torch.dtype, limit: int
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """``rotary.cos_sin(positions, dtype)`` for a static step's ``positions`` (below ``limit``; a larger one, a padding
-    row's, reads row ``limit - 1``): with ROPE_TABLE, two lookups in a table of ``rotary.cos_sin`` over ``0 .. n-1``
+    row's, reads row ``limit - 1``): with ROPE_TABLE on CUDA, two lookups in a table of ``rotary.cos_sin`` over ``0 .. n-1``
     kept on the rotary per device and dtype, instead of ~9 elementwise kernels. Every value is computed elementwise,
     so the table holds the bits ``cos_sin`` gives each position (tested). A table is never freed (captured steps read
     it by address): a larger one is made beside it, outside captures and compiles only (there the values are
     computed)."""
-    if not ROPE_TABLE or torch.compiler.is_compiling():
+    if not ROPE_TABLE or not (positions.is_cuda or TABLE_OFF_CUDA) or torch.compiler.is_compiling():
         return rotary.cos_sin(positions, dtype)
     tables = rotary.__dict__.setdefault("_rope_tables", {}).setdefault((positions.device, dtype), [])
     if not tables or tables[-1][0].shape[0] < limit:
@@ -335,10 +335,16 @@ FUSED_ROPE_WRITE = env.switch("SPECDEC_FUSED_ROPE")
 # scripts/ab_flags.py, one process, 1-row step at context 512): qwen3-8b 6.204 -> 6.127 ms, qwen3.5-35b-a3b 3.689 ->
 # 3.665; SPECDEC_NORM_ROPE=0 off
 NORM_ROPE = env.switch("SPECDEC_NORM_ROPE")
-# A static step's RoPE cos/sin (CausalLM.static_context) as two lookups in a table kept per device and dtype
-# (static_cos_sin), not ~9 elementwise kernels a step, and its arange kept too: the same bits.
-# SPECDEC_ROPE_TABLE=1 turns it on (off until measured on the GPU).
+# A CUDA static step's RoPE cos/sin (CausalLM.static_context) as two lookups in a table kept per device and dtype
+# (static_cos_sin), not ~9 elementwise kernels a step, and its aranges kept too: the same bits (H100, 2026-12-06
+# (sixth): 0 of 3,000 step positions differ from cos_sin's over 4 rotaries; device_check 0 outputs differing). The
+# 1-row step -0.015 to -0.018 ms (ab_flags, one process: smollm2-135m shape 0.897 -> 0.882, qwen3-8b 6.136 -> 6.120,
+# qwen3.5-35b-a3b 3.669 -> 3.651), an MTP k=3 propose 0.470 -> 0.445 ms; the real SmolLM2 on GSM8K (40 prompts,
+# alternated twice): MTP 1,737 -> 1,791 tok/s, plain 1,244 -> 1,250. SPECDEC_ROPE_TABLE=0 off. Off CUDA the values
+# are computed (a CPU's vector loop and its scalar tail may round sin and cos apart); TABLE_OFF_CUDA lets tests
+# run the table there.
 ROPE_TABLE = env.switch("SPECDEC_ROPE_TABLE")
+TABLE_OFF_CUDA = False
 
 
 # A single sequence's static steps (models/graphs.py: generate, bench) attend over the whole
