@@ -48,7 +48,7 @@ for name, kw in cases.items():
             pos = torch.arange(start, start + t, device="cuda")
             a, b = layers.static_cos_sin(r, pos, torch.bfloat16, 40016), r.cos_sin(pos, torch.bfloat16)
             bad += not (torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]))
-print("rope table: positions differing from cos_sin:", bad)
+print("rope table: (rotary, start, rows) cases differing from cos_sin:", bad)
 PY
     ab() {  # NAME TIMEOUT CONTEXT ab_flags args...
         local name=$1 t=$2 c=$3; shift 3
