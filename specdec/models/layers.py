@@ -340,10 +340,10 @@ NORM_ROPE = env.switch("SPECDEC_NORM_ROPE")
 # (sixth): 0 of 4 x 3,444 step positions differ from cos_sin's over 4 rotaries; device_check 0 outputs differing). The
 # 1-row step -0.015 to -0.018 ms in four of five one-process comparisons (ab_flags: smollm2-135m shape 0.897 -> 0.882,
 # qwen3-8b 6.136 -> 6.120, qwen3.5-35b-a3b 3.669 -> 3.651; a 2-round qwen3-8b run +0.038), an MTP k=3 propose 0.470 ->
-# 0.445 ms; the real SmolLM2 on GSM8K (40 prompts,
-# alternated twice): MTP 1,737 -> 1,791 tok/s, plain 1,244 -> 1,250. SPECDEC_ROPE_TABLE=0 off. Off CUDA the values
-# are computed (a CPU's vector loop and its scalar tail may round sin and cos apart); TABLE_OFF_CUDA lets tests
-# run the table there. (First built on 2026-12-03: no faster on the H200's padded 16-row steps, removed at 4cdfa31.)
+# 0.445 ms; the real SmolLM2 on GSM8K (40 prompts, alternated twice): MTP 1,737 -> 1,791 tok/s, plain 1,244 -> 1,250.
+# SPECDEC_ROPE_TABLE=0 off. Off CUDA the values are computed (a CPU's vector loop and its scalar tail may round sin
+# and cos apart); TABLE_OFF_CUDA lets tests run the table there. (First built on 2026-12-03: no faster on the H200's
+# padded 16-row steps, removed at 4cdfa31.)
 ROPE_TABLE = env.switch("SPECDEC_ROPE_TABLE")
 TABLE_OFF_CUDA = False
 
