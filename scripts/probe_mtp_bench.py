@@ -29,7 +29,7 @@ def instrument() -> None:
     propose, static_call, ensure = mtp_mod.MTPDrafter.propose, mtp_mod._StaticPropose.__call__, mtp_mod.MTPDrafter._ensure
 
     def timed_propose(self, last_token, k, params, gen):
-        rec = {"drafter": id(self), "k": k, "path": "eager", "rows": len(self._pending_t)}
+        rec = {"drafter": id(self), "k": k, "path": "eager"}
         CALLS.append(rec)
         t = time.perf_counter()
         out = propose(self, last_token, k, params, gen)
@@ -73,16 +73,17 @@ def main() -> None:
     a = ap.parse_args()
     instrument()
     drafts = {"alone": ["none", "mtp"], "four": ["none", "ngram", "mtp", "dflash"]}
-    report = []
-    for run in a.runs.split(","):
-        first, grown = len(CALLS), len(GROWTHS)
+    runs = a.runs.split(",")
+    for run in runs:  # before any model is loaded
         if run not in drafts:
             raise SystemExit(f"probe_mtp_bench: --runs entry {run!r}: want alone or four")
+    report = []
+    for run in runs:
+        first, grown = len(CALLS), len(GROWTHS)
         r = run_bench(a.model, drafts[run], "gsm8k", a.num_prompts, a.n, num_draft_tokens=3)
         row = next(x for x in r["rows"] if x["draft"] == "mtp")
         steps = round(row["new_tokens"] / row["tau"]) if row["tau"] else 0  # ~: each prompt's first token is the prefill's
-        # the warm-up's proposes come first: the timed ones are those after the first generation of this drafter
-        calls = CALLS[first:]
+        calls = CALLS[first:]  # the bench's warm-up generation's proposes included
         ids = {c["drafter"] for c in calls}
         res = {"run": run, "machine": r["machine"], "mtp": row, "none_tok_s": r["rows"][0]["tokens_per_s"],
                "draft_ms_per_step": round(1e3 * row["draft_seconds"] / max(1, steps), 3), "drafters": len(ids),

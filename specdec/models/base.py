@@ -208,14 +208,13 @@ class CausalLM(nn.Module):
     def _arange(self, n: int) -> torch.Tensor:
         """``arange(n)`` on the device; with layers.ROPE_TABLE on CUDA kept per ``n`` (made outside captures and
         compiles; never replaced: captured steps read it by address)."""
-        if (not layers.ROPE_TABLE or not (self.device.type == "cuda" or layers.TABLE_OFF_CUDA)
-                or torch.compiler.is_compiling()):
+        if not layers.keeps_tables(self.device):
             return torch.arange(n, device=self.device)
         kept = self.__dict__.setdefault("_aranges", {})
         a = kept.get(n)
         if a is None:
             a = torch.arange(n, device=self.device)
-            if not (a.is_cuda and torch.cuda.is_current_stream_capturing()):
+            if not layers.capturing(self.device):
                 kept[n] = a
         return a
 

@@ -134,6 +134,18 @@ class RotaryEmbedding(nn.Module):
         return rope_tables(positions.float()[:, None] * self.inv_freq(positions.device)[None, :], dtype)
 
 
+def keeps_tables(device: torch.device) -> bool:
+    """Whether static steps on ``device`` take kept tables (:func:`static_cos_sin`, ``CausalLM._arange``): ROPE_TABLE
+    on CUDA (or TABLE_OFF_CUDA, for tests), outside torch.compile."""
+    return ROPE_TABLE and (device.type == "cuda" or TABLE_OFF_CUDA) and not torch.compiler.is_compiling()
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph capture is under way on ``device``'s current stream (a tensor made now holds nothing until
+    the graph replays, so none is kept)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def static_cos_sin(rotary: nn.Module, positions: torch.Tensor, dtype: torch.dtype, limit: int
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """``rotary.cos_sin(positions, dtype)`` for a static step's ``positions`` (below ``limit``; a larger one, a padding
@@ -142,11 +154,11 @@ def static_cos_sin(rotary: nn.Module, positions: torch.Tensor, dtype: torch.dtyp
     so the table holds the bits ``cos_sin`` gives each position (tested). A table is never freed (captured steps read
     it by address): a larger one is made beside it, outside captures and compiles only (there the values are
     computed)."""
-    if not ROPE_TABLE or not (positions.is_cuda or TABLE_OFF_CUDA) or torch.compiler.is_compiling():
+    if not keeps_tables(positions.device):
         return rotary.cos_sin(positions, dtype)
     tables = rotary.__dict__.setdefault("_rope_tables", {}).setdefault((positions.device, dtype), [])
     if not tables or tables[-1][0].shape[0] < limit:
-        if positions.is_cuda and torch.cuda.is_current_stream_capturing():  # a table made now: nothing until a replay
+        if capturing(positions.device):  # a table made now would hold nothing until a replay
             return rotary.cos_sin(positions, dtype)
         n = max(limit, 2 * tables[-1][0].shape[0] if tables else 1024)
         tables.append(rotary.cos_sin(torch.arange(n, device=positions.device), dtype))
