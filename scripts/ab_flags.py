@@ -29,9 +29,7 @@ split, see SETTINGS), ``defaults+moe-bmm`` (moe.GROUPED_BMM: a MoE prefill's exp
 ``prefill_ms``), ``defaults-buckets`` (graphs.SPAN_BUCKETS off: steps over the whole cache, not power-of-two multiples of the first split;
 with a cache much longer than the context, ``-n``), ``defaults+far0`` (split_attention.schedule without far splits: one
 split size at any context), ``defaults+far2048`` (512-key splits past 2,048 positions; also ``defaults+split128+far2048``), ``defaults-norm-rope`` (layers.NORM_ROPE off: the q/k norms as kernels of their own), ``defaults-rope-table``
-(layers.ROPE_TABLE off: a static step's cos/sin computed, not looked up), ``defaults+gate-pro`` / ``+norm-pro`` /
-``+gate-pro+norm-pro`` (fused_layer.GATE_PROLOGUE / NORM_PROLOGUE, SPECDEC_GEMM_PROLOGUE: a gated attention's sigmoid
-gate, the Gated DeltaNet's output norm inside their output projection's GEMM). Each
+(layers.ROPE_TABLE off: a static step's cos/sin computed, not looked up). Each
 variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs). The flags are module attributes read as a step
 is built, so a variant's steps are built with them set and the defaults come back after.
 """
@@ -73,8 +71,6 @@ SETTINGS["pf0"] = ("specdec.models.fused_layer", "PREFETCH_BYTES", 0)  # ... or 
 SETTINGS["o2"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 4096, 0): (64, 256, 4, 4, 2)})
 SETTINGS["qkv4"] = ("specdec.models.fused_layer", "_FORCED", {(6144, 4096, 0): (64, 128, 4, 4, 4)})
 SETTINGS["down4"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 12288, 0): (64, 256, 4, 3, 4)})
-SETTINGS["gate-pro"] = ("specdec.models.fused_layer", "GATE_PROLOGUE", True)  # o * sigmoid(gate) in o_proj's GEMM
-SETTINGS["norm-pro"] = ("specdec.models.fused_layer", "NORM_PROLOGUE", True)  # the DeltaNet's output norm in out_proj's
 SETTINGS["moe-bmm"] = ("specdec.models.moe", "GROUPED_BMM", True)  # a MoE prefill's experts as two batched GEMMs
 SETTINGS["far0"] = ("specdec.models.split_attention", "_FAR_ENV", (0, 0))  # one split size (no far splits)
 SETTINGS["far2048"] = ("specdec.models.split_attention", "_FAR_ENV", (2048, 512))  # 512-key splits past 2,048 positions
@@ -94,7 +90,6 @@ for _n in FLAGS:  # each flag's question against what ships: defaults-fold, defa
 for _n in SETTINGS:
     VARIANTS[f"defaults+{_n}"] = tuple(FLAGS) + (_n,)
 VARIANTS["defaults+split128+far2048"] = tuple(FLAGS) + ("split128", "far2048")
-VARIANTS["defaults+gate-pro+norm-pro"] = tuple(FLAGS) + ("gate-pro", "norm-pro")
 
 
 @contextlib.contextmanager

@@ -41,8 +41,6 @@ SWITCHES: dict[str, tuple[bool, str]] = {
     "SPECDEC_FUSED_NORM": (True, "RMSNorm (with its residual add) as one Triton kernel"),
     "SPECDEC_FUSED_ROPE": (True, "RoPE and the KV-cache write of static steps in one kernel"),
     "SPECDEC_FUSED_SPLIT_K": (True, "split K in the fused GEMM"),
-    "SPECDEC_GEMM_PROLOGUE": (False, "a gated attention's sigmoid gate and the Gated DeltaNet's output norm inside "
-                                     "their output projection's GEMM (CUDA)"),
     "SPECDEC_GREEDY_CHAIN": (True, "greedy plain decoding on the greedy-chain steps"),
     "SPECDEC_MOE_GROUPED_BMM": (True, "a MoE prefill's experts as two batched GEMMs (off: a loop over the experts)"),
     "SPECDEC_MTP_FAST": (True, "MTP's propose as captured static steps"),

@@ -434,68 +434,19 @@ def fused_layer() -> None:
             fl._COUNTER_BUFS.clear()
         x3 = x.view(1, m, k)
         check(f"fused layer {dtype}: [B, T, K] input", torch.equal(fl.linear(x3, w), fl.linear(x, w).view(1, m, 2 * n)))
-    _prologues(g)
 
 
-def _prologues(g) -> None:
-    """fused_layer.linear's prologues (SPECDEC_GEMM_PROLOGUE) against the ops they replace: ``gate``, a gated
-    attention's ``o * sigmoid(gate)`` (``o`` a transposed [H, T, d] output, the gate a strided view of a projection);
-    ``gnorm``, the Gated DeltaNet's GatedRMSNorm (fp32 recurrence output, ``z`` a column slice). Split K over whole
-    heads; a row's bits alone and among others; a tiling whose K blocks split a head is refused."""
-    from specdec.models import delta_kernel
-    from specdec.models import fused_layer as fl
-    from specdec.models.deltanet import GatedRMSNorm
-    t, h, d, n = 21, 4, 32, 40
-    dt = torch.float16
-    w = (torch.randn(n, h * d, generator=g) * (h * d) ** -0.5).to(dt)
-    o = torch.randn(h, t, d, generator=g).to(dt).transpose(0, 1)  # [T, H, d], as attend_heads(ungated=True) gives
-    proj = torch.randn(t, h, 2 * d + 3, generator=g).to(dt)
-    gate = proj[..., d + 3:]  # strided rows and heads
-    for tile in ((16, 64, 2, 2), (16, 32, 2, 2, 2), (32, 64, 4, 3, 3)):
-        got = fl.linear(o, w, gate=gate, tile=tile)
-        want = fl.reference((o * torch.sigmoid(gate)).reshape(t, h * d), w)
-        err = (got.float() - want.float()).abs().max().item()
-        check(f"gemm prologue gate tile {tile}: equals o * sigmoid(gate) then the GEMM", err < 1e-3, f"(max diff {err:.1e})")
-        check(f"gemm prologue gate tile {tile}: row 7 alone has its bits among {t}",
-              torch.equal(fl.linear(o[7:8], w, gate=gate[7:8], tile=tile), got[7:8]))
-    of = torch.randn(t, h, d, generator=g)  # the recurrence's fp32 output
-    zp = torch.randn(t, 3 + h * d, generator=g).to(dt)
-    z = zp[:, 3:]  # a column slice of the in-projections' output
-    norm = GatedRMSNorm(d, 1e-6).to(dt)
-    with torch.no_grad():
-        norm.weight.copy_(torch.rand(d, generator=g) + 0.5)
-    normed = delta_kernel.gated_norm(of, z, norm.weight, norm.eps)
-    with torch.no_grad():
-        torch_normed = norm(of.to(dt), z.view(t, h, d)).reshape(t, h * d)
-    for tile in ((16, 64, 2, 2), (16, 32, 2, 2, 2), (32, 64, 4, 3, 4)):
-        got = fl.linear(of, w, gnorm=(z.view(t, h, d), norm.weight, norm.eps), tile=tile)
-        ref = fl.linear(normed, w, tile=tile)
-        err = (got.float() - ref.float()).abs().max().item()
-        err_t = (got.float() - fl.reference(torch_normed, w).float()).abs().max().item()
-        check(f"gemm prologue gnorm tile {tile}: equals delta_kernel.gated_norm then the GEMM, and the torch norm",
-              err < 1e-3 and err_t < 2e-2, f"(max diff {err:.1e}, {err_t:.1e})")
-        check(f"gemm prologue gnorm tile {tile}: row 7 alone has its bits among {t}",
-              torch.equal(fl.linear(of[7:8], w, gnorm=(z[7:8].view(1, h, d), norm.weight, norm.eps), tile=tile),
-                          got[7:8]))
-    try:
-        fl.linear(of, w, gnorm=(z.view(t, h, d), norm.weight, norm.eps), tile=(16, 16, 2, 2))
-        refused = False
-    except ValueError:
-        refused = True
-    check("gemm prologue gnorm: K blocks of 16 over heads of 32 refused", refused)
-
-
-def hybrid_prologue() -> None:
-    """SPECDEC_GEMM_PROLOGUE in a model: a tiny random fp16 Qwen3.5 (dense; three Gated DeltaNet layers, one gated
-    attention) on its fused layers on the CPU (fused_layer.usable and the DeltaNet's step kernels forced, the
-    interpreter), so that its out_proj takes the norm and its o_proj the gate. Plain decoding's logits with the
-    prologues equal those without within fp16 tolerance; with them, a speculative generation whose drafts are
-    mostly accepted (a spoiled oracle, so verify steps of several rows and rollbacks) equals plain decoding."""
+def hybrid_fused() -> None:
+    """A Qwen3.5 target on its fused layers (``forward_fused``: the fused GEMM, the Gated DeltaNet's step kernels on
+    the cache) on the CPU: a tiny random fp16 dense Qwen3.5 (three Gated DeltaNet layers, one gated attention) with
+    fused_layer.usable and the step kernels forced, in the interpreter. Its logits (a 9-row step keeping snapshots,
+    then a 1-row step) equal the torch layers' within fp16 tolerance, and a speculative generation whose drafts are
+    mostly accepted (a spoiled oracle: verify steps of several rows, rollbacks) equals plain decoding."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _engine_util import SpoiledOracle
     from specdec.config import parse_config
     from specdec.engine import SpeculativeGenerator
-    from specdec.models import delta_kernel, deltanet, fused_layer
+    from specdec.models import delta_kernel, fused_layer
     from specdec.models.registry import by_hf_model_type
     d = {"model_type": "qwen3_5_text", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
          "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
@@ -511,36 +462,23 @@ def hybrid_prologue() -> None:
             p.copy_(torch.randn_like(p) * 0.1)
     model.fuse_projections()
     model.eval()
-    fused_layer.usable = lambda x: x.dtype == torch.float16 and not torch.is_grad_enabled()  # the CPU, forced
-    delta_kernel.step_kernels_available = lambda x, dk, dv: True
-    check("hybrid prologue: every layer on the fused path", all(layer.fused_path for layer in model.layers))
-    calls = {"gate": 0, "gnorm": 0}
-    linear = fused_layer.linear
-
-    def counted(x, w, *a, **kw):
-        for key in calls:
-            calls[key] += kw.get(key) is not None
-        return linear(x, w, *a, **kw)
-    fused_layer.linear = counted
-    deltanet.fused_layer.linear = counted
     prompt = torch.randint(0, 256, (9,), generator=torch.Generator().manual_seed(1)).tolist()
 
-    def logits(on: bool) -> list:  # a 9-row step (snapshots kept: the DeltaNet's step path), then a 1-row step
-        fused_layer.GATE_PROLOGUE = fused_layer.NORM_PROLOGUE = on
+    def logits() -> list:
         cache = model.new_cache(32)
         return [model.forward(torch.tensor(ids), cache).logits for ids in (prompt, [5])]
-    off = logits(False)
-    check("hybrid prologue: off, no prologue ran", calls == {"gate": 0, "gnorm": 0})
-    on = logits(True)
-    check("hybrid prologue: on, o_proj took the gate and out_proj the norm", calls["gate"] > 0 and calls["gnorm"] > 0,
-          str(calls))
-    err = max((a.float() - b.float()).abs().max().item() for a, b in zip(on, off))
-    scale = max(b.float().abs().max().item() for b in off)
-    check("hybrid prologue: the logits as without the prologues", err <= scale / 256, f"(max diff {err:.1e}, scale {scale:.1e})")
+    torch_form = logits()
+    fused_layer.usable = lambda x: x.dtype == torch.float16 and not torch.is_grad_enabled()  # the CPU, forced
+    delta_kernel.step_kernels_available = lambda x, dk, dv: True
+    check("hybrid fused: every layer on the fused path", all(layer.fused_path for layer in model.layers))
+    fused = logits()
+    err = max((a.float() - b.float()).abs().max().item() for a, b in zip(fused, torch_form))
+    scale = max(b.float().abs().max().item() for b in torch_form)
+    check("hybrid fused: the logits as the torch layers'", err <= scale / 64, f"(max diff {err:.1e}, scale {scale:.1e})")
     plain = SpeculativeGenerator(model, None, 0, cuda_graphs=False).generate(prompt, 12)
     spec = SpeculativeGenerator(model, SpoiledOracle(prompt + plain.token_ids, 256, spoil=0.25), 4,
                                 cuda_graphs=False).generate(prompt, 12)
-    check("hybrid prologue: speculative output (drafts accepted, rollbacks) equals plain decoding",
+    check("hybrid fused: speculative output (drafts accepted, rollbacks) equals plain decoding",
           spec.token_ids == plain.token_ids and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
 
 
@@ -707,15 +645,10 @@ def pdl_ptx() -> None:
     from triton.compiler import ASTSource
 
     from specdec.models import delta_kernel, expert_kernel, fused_layer, fused_ops, rope_write
-    gemm_ptrs = {"x": "*bf16", "w": "*bf16", "y": "*bf16", "ws": "*fp32", "cnt": "*i32", "p": "*bf16", "nw": "*bf16",
-                 "eps": "fp32"}
-    gemm_const = {"SILU": True, "BM": 16, "BN": 32, "BK": 64, "PER_LINE": 64, "LINES": 16, "FENCE": True, "PRO": 0,
-                  "HD": 1}
+    gemm_ptrs = {"x": "*bf16", "w": "*bf16", "y": "*bf16", "ws": "*fp32", "cnt": "*i32"}
+    gemm_const = {"SILU": True, "BM": 16, "BN": 32, "BK": 64, "PER_LINE": 64, "LINES": 16, "FENCE": True}
     cases = {"gemm": (fused_layer._kernel, gemm_ptrs, {**gemm_const, "SPLIT": 1}),
              "gemm-split": (fused_layer._kernel, gemm_ptrs, {**gemm_const, "SPLIT": 3}),
-             "gemm-gate": (fused_layer._kernel, gemm_ptrs, {**gemm_const, "SILU": False, "SPLIT": 1, "PRO": 1, "HD": 256}),
-             "gemm-gnorm": (fused_layer._kernel, {**gemm_ptrs, "x": "*fp32"},
-                            {**gemm_const, "SILU": False, "SPLIT": 2, "PRO": 2, "HD": 32}),
              "norm": (fused_ops._norm_kernel, {"x": "*bf16", "res": "*bf16", "w": "*fp32", "y": "*bf16", "s": "*bf16",
                                                "eps": "fp32"}, {"HAS_RES": True, "BLOCK": 1024}),
              "rope": (rope_write._rope_write_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
@@ -754,7 +687,7 @@ def pdl_ptx() -> None:
             fence, atom = body.find("fence.acq_rel.gpu"), body.find("atom.global")
             check("pdl-ptx gemm-split: the partials' stores, a GPU-scope fence, then the tile's atomic count",
                   0 <= body.find("st.global") < fence < atom)
-        if name in ("gemm", "gemm-split", "gemm-gate", "gemm-gnorm", "moe-gate-up", "moe-combine"):  # weights that never depend on the kernel before
+        if name in ("gemm", "gemm-split", "moe-gate-up", "moe-combine"):  # weights that never depend on the kernel before
             # (the GEMM's, the shared expert's) prefetched before the wait
             check(f"pdl-ptx {name}: the weight rows prefetched into L2 before the wait",
                   0 <= body.find("prefetch.global.L2") < wait)
@@ -762,4 +695,4 @@ def pdl_ptx() -> None:
 
 if __name__ == "__main__":
     {"split": split, "delta": delta, "delta-step": delta_step, "experts": experts, "moe": moe, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
-     "dflash-fast": dflash_fast, "mtp-fast": mtp_fast, "hybrid-prologue": hybrid_prologue, "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()
+     "dflash-fast": dflash_fast, "mtp-fast": mtp_fast, "hybrid-fused": hybrid_fused, "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()

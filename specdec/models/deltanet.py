@@ -31,7 +31,7 @@ from .. import cpu_linear
 from ..cpu_linear import Linear
 from ..errors import ConfigError
 from ..parallel.tp import Blocks, Shard, Slice, row_parallel
-from . import delta_kernel, fused_layer
+from . import delta_kernel
 from .layers import derived_weight, fuse_linears
 
 
@@ -328,9 +328,6 @@ class GatedDeltaNet(nn.Module):
             proj, cache.conv, cache.cur_t, self.conv_weight_fp32(), b, a,
             self.A_log, self.dt_bias, self.hk, self.hv, self.dk, self.dv)
         o = delta_kernel.recurrent_into_cache(q, k, v, g, beta, cache.states, cache.cur_t, live)
-        w = self.out_proj.weight
-        if linear is fused_layer.linear and fused_layer.takes_gnorm(w, self.dv):  # the norm inside out_proj's GEMM
-            return linear(o, w, gnorm=(z.unflatten(-1, (self.hv, self.dv)), self.norm.weight, self.norm.eps))
         return self._out(delta_kernel.gated_norm(o, z, self.norm.weight, self.norm.eps), linear)
 
     def conv_weight_fp32(self) -> torch.Tensor:

@@ -116,10 +116,6 @@ TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
 # 30.1 on its down_proj)
 TILE_WIDE = {False: (64, 256, 4, 4), True: (32, 128, 4, 4)}
 WIDE_PROGRAMS = 128  # (the H100's and H200's 132 SMs)
-# SPECDEC_GEMM_PROLOGUE: a gated attention's o * sigmoid(gate) (qwen35's FullAttentionDecoderLayer) and the Gated
-# DeltaNet's output norm (deltanet.GatedDeltaNet.step_fused) computed in their output projection's GEMM (linear's
-# gate / gnorm), not by kernels of their own before it (GATE_PROLOGUE, NORM_PROLOGUE: the two apart, for scripts/ab_flags.py)
-GATE_PROLOGUE = NORM_PROLOGUE = env.switch("SPECDEC_GEMM_PROLOGUE")
 _FORCED: dict | None = None
 
 
@@ -211,30 +207,10 @@ if triton is not None:
         """``fence.acq_rel.gpu`` (the split-K hand-over: a program's partial sums reach L2 before it counts in)."""
         tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
-    @triton.jit
-    def _prologue(x, p, nw, rm, kk, am, sx, sxh, sp, sph, eps, PRO: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-                  HD: tl.constexpr, dt: tl.constexpr):
-        # the A tile of columns kk from two [M, heads, HD] inputs (row strides sx / sp, head strides sxh / sph):
-        # PRO 1: x * sigmoid(p), rounded where torch's two ops round; PRO 2: GatedRMSNorm of each head of x by the
-        # gate p (nw: its weight), with delta_kernel._gated_norm_kernel's roundings (BK a multiple of HD)
-        hh = kk // HD
-        j = kk % HD
-        xa = tl.load(x + rm[:, None] * sx + (hh * sxh + j)[None, :], mask=am, other=0.0).to(tl.float32)
-        pa = tl.load(p + rm[:, None] * sp + (hh * sph + j)[None, :], mask=am, other=0.0).to(tl.float32)
-        if PRO == 1:
-            return (xa * tl.sigmoid(pa).to(dt).to(tl.float32)).to(dt)
-        else:
-            xf = tl.reshape(xa.to(dt).to(tl.float32), (BM, BK // HD, HD))
-            inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=2) / HD + eps)  # [BM, heads of the tile]
-            n = tl.reshape(xf * inv[:, :, None], (BM, BK)).to(dt).to(tl.float32)
-            n = (n * tl.load(nw + j).to(tl.float32)[None, :]).to(dt).to(tl.float32)
-            return (n * (pa * tl.sigmoid(pa))).to(dt)
-
     @triton.jit(do_not_specialize=["M"])
-    def _kernel(x, w, y, ws, cnt, M, N, K, sx, sy, KS, p, nw, sxh, sp, sph, eps, SILU: tl.constexpr, BM: tl.constexpr,
-                BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, FENCE: tl.constexpr, USE_GDC: tl.constexpr,
-                PER_LINE: tl.constexpr, LINES: tl.constexpr, PRO: tl.constexpr = 0, HD: tl.constexpr = 1):
-        # PRO (a prologue, _prologue): 0 none, x [M, K] of row stride sx; 1 / 2: the A tile computed from x and p
+    def _kernel(x, w, y, ws, cnt, M, N, K, sx, sy, KS, SILU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr, SPLIT: tl.constexpr, FENCE: tl.constexpr, USE_GDC: tl.constexpr,
+                PER_LINE: tl.constexpr, LINES: tl.constexpr):
         # programs run M-tile fastest, then the K split: the row tiles of one weight block run side by side (L2)
         pid = tl.program_id(0)
         num_m = tl.cdiv(M, BM)
@@ -259,11 +235,7 @@ if triton is not None:
         k_end = tl.minimum(K, (pid_s + 1) * KS)
         for k0 in range(pid_s * KS, k_end, BK):
             kk = k0 + rk
-            am = mm[:, None] & (kk[None, :] < k_end)
-            if PRO == 0:
-                a = tl.load(x + rm[:, None] * sx + kk[None, :], mask=am, other=0.0)
-            else:
-                a = _prologue(x, p, nw, rm, kk, am, sx, sxh, sp, sph, eps, PRO, BM, BK, HD, y.dtype.element_ty)
+            a = tl.load(x + rm[:, None] * sx + kk[None, :], mask=mm[:, None] & (kk[None, :] < k_end), other=0.0)
             wm = mn[None, :] & (kk[:, None] < k_end)
             b = tl.load(w + rn[None, :] * K + kk[:, None], mask=wm, other=0.0)
             acc = tl.dot(a, b, acc)
@@ -311,34 +283,17 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, silu: bool = False, tile: tuple | None = None,
-           gate: torch.Tensor | None = None, gnorm: tuple | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor, silu: bool = False, tile: tuple | None = None) -> torch.Tensor:
     """``x [..., K] @ w.T`` -> ``[..., N]`` in ``x``'s dtype (contiguous); with ``silu`` (``w``: N gate
-    rows, then N up rows) ``silu(gate) * up``. ``w`` contiguous; ``tile``: (BN, BK, warps, stages[, split]).
-
-    A prologue (the GEMM's input computed in its kernel, one kernel less; SPECDEC_GEMM_PROLOGUE): ``x [T, H, d]`` (any
-    row and head strides) and ``gate [T, H, d]``: the input is ``x * sigmoid(gate)``; or ``gnorm = (z [T, H, d],
-    weight [d], eps)``: each head of ``x`` RMS-normed times ``weight``, times ``silu(z)`` (``GatedRMSNorm``; a tiling
-    whose BK is a multiple of ``d``, :func:`takes_gnorm`). The output is in ``gate``'s / ``z``'s dtype."""
-    pro, p = (1, gate) if gate is not None else (2, gnorm[0]) if gnorm is not None else (0, None)
-    if pro:
-        if x.dim() != 3 or p.shape != x.shape or x.stride(-1) != 1 or p.stride(-1) != 1:
-            raise ValueError(f"fused_layer.linear: a prologue's input {tuple(x.shape)} and gate {tuple(p.shape)} "
-                             f"(want [T, H, d] both, columns contiguous)")
-        lead, k, x2 = x.shape[:1], x.shape[1] * x.shape[2], x
-    else:
-        lead, k = x.shape[:-1], x.shape[-1]
-        x2 = _rows(x)
+    rows, then N up rows) ``silu(gate) * up``. ``w`` contiguous; ``tile``: (BN, BK, warps, stages[, split])."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = _rows(x)
     m = x2.shape[0]
     n = w.shape[0] // 2 if silu else w.shape[0]
     if w.dim() != 2 or w.shape[1] != k or not w.is_contiguous() or (silu and w.shape[0] % 2):
         raise ValueError(f"fused_layer.linear: weight {tuple(w.shape)} for input features {k}")
-    y = torch.empty(m, n, dtype=p.dtype if pro else x.dtype, device=x.device)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bn, bk, warps, stages, split = (tuple(tile or tile_for(n, k, silu)) + (1,))[:5]
-    hd = x.shape[2] if pro else 1
-    if pro == 2 and (bk % hd or hd & (hd - 1)):
-        raise ValueError(f"fused_layer.linear: GatedRMSNorm over heads of {hd} in K blocks of {bk}")
-    nw, eps = (gnorm[1], float(gnorm[2])) if pro == 2 else (w, 0.0)
     split = split if SPLIT_K else 1
     ks = triton.cdiv(triton.cdiv(k, max(split, 1)), bk) * bk  # K a split: whole BK blocks
     split = triton.cdiv(k, ks)  # (none empty)
@@ -348,22 +303,14 @@ def linear(x: torch.Tensor, w: torch.Tensor, silu: bool = False, tile: tuple | N
     chunk = max(m, 1) if split == 1 else max(COUNTERS // n_tiles, 1) * BM
     for r0 in range(0, m, chunk):
         xr, yr = x2[r0:r0 + chunk], y[r0:r0 + chunk]
-        pr = p[r0:r0 + chunk] if pro else xr
         mr = xr.shape[0]
         ws, cnt = (y, y) if split == 1 else (torch.empty(split, mr, 2 * n if silu else n, dtype=torch.float32,
                                                          device=x.device), _counters(x.device))
         _kernel[(triton.cdiv(mr, BM) * n_tiles * split,)](
-            xr, w, yr, ws, cnt, mr, n, k, xr.stride(0), yr.stride(0), ks, pr, nw,
-            xr.stride(1) if pro else 0, pr.stride(0), pr.stride(1) if pro else 0, eps, SILU=silu, BM=BM, BN=bn,
-            BK=bk, SPLIT=split, FENCE=not pdl.INTERPRETED, num_warps=warps, num_stages=stages,
-            PER_LINE=per_line, LINES=lines, PRO=pro, HD=hd, **pdl.options(xr))
+            xr, w, yr, ws, cnt, mr, n, k, xr.stride(0), yr.stride(0), ks, SILU=silu, BM=BM, BN=bn, BK=bk,
+            SPLIT=split, FENCE=not pdl.INTERPRETED, num_warps=warps, num_stages=stages,
+            PER_LINE=per_line, LINES=lines, **pdl.options(xr))
     return y.view(*lead, n)
-
-
-def takes_gnorm(w: torch.Tensor, hd: int) -> bool:
-    """Whether :func:`linear`'s ``gnorm`` prologue runs for weight ``w`` over heads of ``hd``: NORM_PROLOGUE on,
-    a power-of-two head size, and ``w``'s tiling's K blocks whole heads."""
-    return NORM_PROLOGUE and hd & (hd - 1) == 0 and tile_for(w.shape[0], w.shape[1], False)[1] % hd == 0
 
 
 _COUNTER_BUFS: dict = {}

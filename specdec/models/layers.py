@@ -529,11 +529,10 @@ class Attention(nn.Module):
         return self.o_proj(self.attend_heads(self._heads(x), cos, sin, cache, start, mask))
 
     def attend_heads(self, heads, cos, sin, cache: KVCache, start, mask: torch.Tensor | None,
-                     normed: bool = True, ungated: bool = False):
+                     normed: bool = True) -> torch.Tensor:
         """:meth:`_heads`' outputs -> the attention output before ``o_proj``, ``[..., T, H*d]`` (gated). ``normed``
         False: q and k are not yet q/k-normed (``split_qkv(..., norm=False)``); one sequence's CUDA steps then norm
-        them in the RoPE kernel (``NORM_ROPE``), other paths first. ``ungated``: ``(o [..., T, H, d], gate)`` (a
-        view, and the gate or None) for ``o_proj`` to gate (``fused_layer.linear``'s prologue)."""
+        them in the RoPE kernel (``NORM_ROPE``), other paths first."""
         normed = normed or self.q_norm is None
         in_rope = not normed and (  # the q/k norms in the RoPE kernel (NORM_ROPE), else first
             NORM_ROPE and FUSED_ROPE_WRITE and heads[0].dim() == 3 and heads[0].is_cuda
@@ -559,12 +558,10 @@ class Attention(nn.Module):
                 else:
                     q = rope_write.rope_write_one(q, k, v, cos, sin, cache, start)
                     k_all, v_all = cache.k, cache.v
-                o = attend(q, k_all, v_all, mask, self.scale)
-                return (o.transpose(-3, -2), gate) if ungated else self.gathered(o, gate)
+                return self.gathered(attend(q, k_all, v_all, mask, self.scale), gate)
         q, k, v, gate = self._rotate(*heads, cos, sin)
         k_all, v_all = cache.update(start, k, v)
-        o = attend(q, k_all, v_all, mask, self.scale)
-        return (o.transpose(-3, -2), gate) if ungated else self.gathered(o, gate)
+        return self.gathered(attend(q, k_all, v_all, mask, self.scale), gate)
 
 
 class SwiGLU(nn.Module):

@@ -217,9 +217,6 @@ class FullAttentionDecoderLayer(_HybridLayer):
     def _mix_fused(self, h: torch.Tensor, ctx: StepContext, cache: KVCache) -> torch.Tensor:
         a = self.self_attn
         heads = a.split_qkv(fused_layer.linear(h, a._fused[0]), norm=False)
-        if fused_layer.GATE_PROLOGUE and h.dim() == 2:  # one sequence: o * sigmoid(gate) inside o_proj's GEMM
-            o, gate = a.attend_heads(heads, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask, normed=False, ungated=True)
-            return fused_layer.linear(o, a.o_proj.weight, gate=gate)
         return fused_layer.linear(a.attend_heads(heads, ctx.cos, ctx.sin, cache, ctx.start, ctx.mask, normed=False),
                                   a.o_proj.weight)
 
