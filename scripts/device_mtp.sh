@@ -11,16 +11,25 @@
 #                                       # and Qwen3.5 MoE, graphs; oracle and MTP drafts). Call 1 ran it at 39fe172, the
 #                                       # table off by default then (variants defaults / defaults+rope-table)
 #   bash scripts/device_mtp.sh oracle   # bench --shape qwen3-8b -n 512 with the oracle's low-discrepancy cuts (764d9d9)
+#   bash scripts/device_mtp.sh split    # after part1 and join (the tree with the shipped drafters): probe_mtp_bench on the
+#                                       # real SmolLM2, MTP alone without / with SPECDEC_MTP_SPLIT_CATCHUP, twice each in one
+#                                       # process (session of 2026-12-06 (seventh))
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl) for probe.
 set -u
-case "${1:-}" in probe|rope|oracle) ;; *) echo "device_mtp.sh: probe | rope | oracle"; exit 2 ;; esac
+case "${1:-}" in probe|rope|oracle|split) ;; *) echo "device_mtp.sh: probe | rope | oracle | split"; exit 2 ;; esac
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/scripts PYTHONUNBUFFERED=1
 R=$OUT/r; mkdir -p $R
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+case "$1" in probe|split)
+    [ -s /tmp/smol.gguf ] || { echo "device_mtp.sh $1: no /tmp/smol.gguf (run device_stage.sh part1 and join)"; exit 2; } ;;
+esac
 case "$1" in
+split)
+    timeout 420 python scripts/probe_mtp_bench.py --model /tmp/smol.gguf --num-prompts 40 -n 128 \
+        --runs alone,alone+split,alone,alone+split --json $R/split.json > $R/split.log 2>&1
+    echo "== split rc=$?"; grep -E "^\{|Error" $R/split.log | cut -c1-900 ;;
 probe)
-    [ -s /tmp/smol.gguf ] || { echo "device_mtp.sh probe: no /tmp/smol.gguf (run device_stage.sh part1 and join)"; exit 2; }
     # A and B: two processes, the Triton cache as the machine has it; C: a cold cache of its own
     p() {  # NAME TIMEOUT RUNS
         timeout $2 python scripts/probe_mtp_bench.py --model /tmp/smol.gguf --num-prompts 40 -n 128 --runs $3 \

@@ -8,7 +8,8 @@ on this call) or the eager chain (more committed rows than a static step takes),
     python scripts/probe_mtp_bench.py --model SmolLM2.gguf [--num-prompts 40] [-n 128] [--runs alone,four]
         [--json out.json]
 
-(Session of 2026-12-06 (sixth), H100: its runs ``+catchup`` measured SPECDEC_MTP_CATCHUP, removed since; bea57c2.)
+(Session of 2026-12-06 (sixth), H100: its runs ``+catchup`` measured SPECDEC_MTP_CATCHUP, removed since; bea57c2.
+Session of 2026-12-06 (seventh): ``+split``, SPECDEC_MTP_SPLIT_CATCHUP.)
 """
 
 from __future__ import annotations
@@ -68,19 +69,22 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=40)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--runs", default="alone,four,alone",
-                    help="comma-separated: alone (none mtp) | four (none ngram mtp dflash)")
+                    help="comma-separated: alone (none mtp) | four (none ngram mtp dflash), each with +split for "
+                         "SPECDEC_MTP_SPLIT_CATCHUP on in that run (e.g. alone,alone+split)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     instrument()
     drafts = {"alone": ["none", "mtp"], "four": ["none", "ngram", "mtp", "dflash"]}
     runs = a.runs.split(",")
     for run in runs:  # before any model is loaded
-        if run not in drafts:
-            raise SystemExit(f"probe_mtp_bench: --runs entry {run!r}: want alone or four")
+        if run.removesuffix("+split") not in drafts:
+            raise SystemExit(f"probe_mtp_bench: --runs entry {run!r}: want alone or four (+split)")
     report = []
+    default_split = mtp_mod.SPLIT_CATCHUP
     for run in runs:
         first, grown = len(CALLS), len(GROWTHS)
-        r = run_bench(a.model, drafts[run], "gsm8k", a.num_prompts, a.n, num_draft_tokens=3)
+        mtp_mod.SPLIT_CATCHUP = default_split or run.endswith("+split")
+        r = run_bench(a.model, drafts[run.removesuffix("+split")], "gsm8k", a.num_prompts, a.n, num_draft_tokens=3)
         row = next(x for x in r["rows"] if x["draft"] == "mtp")
         steps = round(row["new_tokens"] / row["tau"]) if row["tau"] else 0  # ~: each prompt's first token is the prefill's
         calls = CALLS[first:]  # the bench's warm-up generation's proposes included

@@ -206,6 +206,28 @@ def test_mtp_matches_reference(ckpt, llm, kind):
     _parity_run(lm, lm.drafter, ref, SamplingParams(temperature=0.9, top_p=0.95), seed=3)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("split", [True, False])
+def test_split_catch_up(ckpt, llm, kind, split, monkeypatch):
+    """SPECDEC_MTP_SPLIT_CATCHUP: a propose with more committed rows than the static step takes (a prompt's first,
+    one after a step without a propose) runs the older rows eagerly and the last k + 1 through the static step
+    (uncaptured on the CPU): drafts and logits as the reference's, every propose on the static step (without the
+    switch such proposes run the eager chain), and greedy output equal to plain decoding's."""
+    from specdec.drafters import mtp
+    monkeypatch.setattr(mtp, "SPLIT_CATCHUP", split)
+    lm = llm[kind]
+    drafter = load_mtp_drafter(lm.loaded)
+    drafter.static_steps = True
+    calls, orig = [], drafter._propose_static
+    monkeypatch.setattr(drafter, "_propose_static", lambda *a, **kw: calls.append(a[0].shape[0]) or orig(*a, **kw))
+    _parity_run(lm, drafter, ReferenceMTP(ckpt[kind]), SamplingParams())  # 7 proposes, the first after 11 rows
+    assert (len(calls) == 7) == split, f"{len(calls)} of 7 proposes on the static step"
+    vocab = lm.model.config.vocab_size
+    prompt = _prompt(23, 23, vocab)
+    res = SpeculativeGenerator(lm.model, drafter, 3).generate(prompt, NEW)
+    assert res.token_ids == plain_generate(lm.model, prompt, NEW).token_ids
+
+
 def test_cache_growth_keeps_chained_rows(ckpt, llm):
     """A cache that must grow in the middle of a chain keeps the rows of that chain."""
     lm = llm["dense"]

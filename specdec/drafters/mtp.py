@@ -144,6 +144,12 @@ class FastLayer:
 # (2d96082, GSM8K 60, k=3, T=1) it runs at 1.00x (0.38x eager in the same session). On by default;
 # SPECDEC_MTP_STATIC_SAMPLING=0 turns it off (the eager chain).
 STATIC_SAMPLING = env.switch("SPECDEC_MTP_STATIC_SAMPLING")
+# A propose with more committed rows than its static step takes (a prompt's first, one after a step without a
+# propose) runs the older rows through the block eagerly, in one forward, and the last k + 1 through the static step,
+# instead of running the whole eager chain (the rows, then k heads and k - 1 one-row forwards: on the H100, real
+# SmolLM2, ~4.2 ms a prompt, ~8 % of MTP's draft time; session of 2026-12-06 (sixth)). The drafts' bits may change
+# (the rows' forward splits elsewhere), never an output. SPECDEC_MTP_SPLIT_CATCHUP=1 (off until measured on the GPU).
+SPLIT_CATCHUP = env.switch("SPECDEC_MTP_SPLIT_CATCHUP")
 # Tried and removed (session of 2026-12-06 (sixth), H100; code at bea57c2): the prompt's rows through the block in
 # ``begin`` (eagerly, padded to 16-row tiles), so that a prompt's first propose takes the captured step instead of the
 # eager chain. On the real SmolLM2 (bench, GSM8K 40, -n 128, k 3, one process) the eager first proposes' 190 ms went,
@@ -274,7 +280,13 @@ class MTPDrafter:
         hidden = torch.cat(self._pending_h + [self._last_h], dim=0)
         toks = torch.cat(self._pending_t + [device_ints([int(last_token)], dev)])
         greedy = params.greedy or not self.sample_drafts
-        if (greedy or self.static_sampling) and (self.static_steps or self.compile) and toks.shape[0] <= k + 1:
+        static = (greedy or self.static_sampling) and (self.static_steps or self.compile)
+        if static and SPLIT_CATCHUP and toks.shape[0] > k + 1:  # the older rows eagerly, the rest static
+            older = toks.shape[0] - (k + 1)
+            self._run(toks[:older], hidden[:older], self.length)
+            self.length += older
+            toks, hidden = toks[older:], hidden[older:]
+        if static and toks.shape[0] <= k + 1:
             return self._propose_static(toks, hidden, k, None if greedy else params, gen)
         g = self._run(toks, hidden, self.length)[-1:]
         self.length += toks.shape[0]
