@@ -30,7 +30,8 @@ def instrument() -> None:
     propose, static_call, ensure = mtp_mod.MTPDrafter.propose, mtp_mod._StaticPropose.__call__, mtp_mod.MTPDrafter._ensure
 
     def timed_propose(self, last_token, k, params, gen):
-        rec = {"drafter": id(self), "k": k, "path": "eager"}
+        rows = sum(t.shape[0] for t in self._pending_t) + 1  # the committed rows this propose takes in
+        rec = {"drafter": id(self), "k": k, "path": "eager", "older": rows > k + 1}
         CALLS.append(rec)
         t = time.perf_counter()
         out = propose(self, last_token, k, params, gen)
@@ -54,8 +55,10 @@ def instrument() -> None:
 
 def summary(calls: list[dict]) -> dict:
     out = {"calls": len(calls)}
-    for path in ("replay", "capture", "eager"):
-        ms = [c["ms"] for c in calls if c["path"] == path]
+    for path in ("replay", "capture", "eager", "replay+older", "capture+older"):
+        # "+older": a static step after the older rows' eager forward (SPECDEC_MTP_SPLIT_CATCHUP)
+        base, older = path.split("+")[0], path.endswith("+older")
+        ms = [c["ms"] for c in calls if c["path"] == base and (c["older"] == older or base == "eager")]
         if ms:
             q = statistics.quantiles(ms, n=10) if len(ms) > 1 else [ms[0]] * 9
             out[path] = {"n": len(ms), "total_ms": round(sum(ms), 1), "median_ms": round(statistics.median(ms), 3),
