@@ -2,11 +2,12 @@
 # Issue 10's shape benches on an H200 (its targets are stated for one; the device gave only H100s from 2026-12-06 to
 # 2026-12-06 (sixth)). Exits at once (rc 3) on any other card, so a call that gets an H100 costs only its start.
 # Needs the gguf wheel (carry .whl); no checkpoint. Results in $OUT/r.tgz.
-#   bash scripts/device_h200.sh a    # qwen3-8b at 512 (-n 512, the oracle at tau 6.5; 4k and 16k steps), qwen3.5-9b
-#   bash scripts/device_h200.sh b    # qwen3.5-35b-a3b, smollm2-135m
+#   bash scripts/device_h200.sh a    # qwen3-8b at 512 (-n 512, the oracle at tau 6.5)
+#   bash scripts/device_h200.sh b    # qwen3.5-9b, qwen3.5-35b-a3b, smollm2-135m
+#   bash scripts/device_h200.sh c    # qwen3-8b's 4k and 16k steps
 #   ANY_GPU=1 bash scripts/device_h200.sh a|b   # on whatever card came
 set -u
-case "${1:-}" in a|b) ;; *) echo "device_h200.sh: a | b"; exit 2 ;; esac
+case "${1:-}" in a|b|c) ;; *) echo "device_h200.sh: a | b | c"; exit 2 ;; esac
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$gpu"
 case "$gpu" in *H200*) ;; *) [ "${ANY_GPU:-0}" = 1 ] || { echo "device_h200.sh: not an H200"; exit 3; } ;; esac
@@ -21,10 +22,12 @@ bench() {  # NAME TIMEOUT [bench args]: the log's summary lines
 }
 case "$1" in
 a)
-    bench qwen3-8b 330 -n 512 --contexts 4096,16384 --draft-vocab 32768 --reps 10
-    bench qwen3.5-9b 220 --draft-vocab 32768 --reps 10 ;;
+    bench qwen3-8b 300 -n 512 --draft-vocab 32768 --reps 10 ;;
 b)
-    bench qwen3.5-35b-a3b 330 --draft-vocab 32768 --reps 10
-    bench smollm2-135m 200 ;;
+    bench qwen3.5-9b 180 --draft-vocab 32768 --reps 10
+    bench qwen3.5-35b-a3b 250 --draft-vocab 32768 --reps 10
+    bench smollm2-135m 120 ;;
+c)
+    bench qwen3-8b 300 --contexts 4096,16384 --draft-vocab 32768 --reps 10 ;;
 esac
 cd $OUT && tar czf r.tgz r && rm -rf r
