@@ -44,7 +44,7 @@ SWITCHES: dict[str, tuple[bool, str]] = {
     "SPECDEC_GREEDY_CHAIN": (True, "greedy plain decoding on the greedy-chain steps"),
     "SPECDEC_MOE_GROUPED_BMM": (True, "a MoE prefill's experts as two batched GEMMs (off: a loop over the experts)"),
     "SPECDEC_MTP_FAST": (True, "MTP's propose as captured static steps"),
-    "SPECDEC_MTP_SPLIT_CATCHUP": (False, "MTP's committed rows past its static step's run eagerly, then the static step"),
+    "SPECDEC_MTP_SPLIT_CATCHUP": (True, "MTP's committed rows past its static step's run eagerly, then the static step (CUDA)"),
     "SPECDEC_MTP_STATIC_SAMPLING": (True, "MTP's sampled drafts inside its static steps"),
     "SPECDEC_NORM_ROPE": (True, "the q/k norms in the RoPE + cache-write kernel (one sequence's CUDA steps)"),
     "SPECDEC_PDL": (True, "programmatic dependent launch between Triton kernels"),
