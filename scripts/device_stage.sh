@@ -6,6 +6,9 @@
 #   call 2 (carry .dev/h2; drafters still out):  bash scripts/device_stage.sh start COMMIT DFLASH_MIN MTP_MIN [BRANCHES]
 #   call 3 (the tree with the shipped drafters):  bash scripts/device_stage.sh drafters
 #   later calls:  bash scripts/device_stage.sh wait SECONDS   (results to $OUT when the job is done)
+# While the drafters (specdec/data/drafters/smollm2_135m_instruct) or benchmarks/ are moved out of the tree for a call,
+# commit only named files: `git add -A` / `commit -a` would record their deletion (it happened on 2026-12-06 (seventh),
+# caught before landing).
 # Sampled decoding's captured steps against the eager forms: part1, join, then `sampled COMMIT` (the tree with the
 #   shipped drafters; scripts/ab_sampled.py on MT-Bench and GSM8K at T=1, results in $OUT/sampled.tgz).
 # Issue 9's main path (generate --compare, the T=0 GSM8K bench, a 2-minute train): part1, join, then `mainpath COMMIT`.
