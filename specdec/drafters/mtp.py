@@ -147,7 +147,7 @@ STATIC_SAMPLING = env.switch("SPECDEC_MTP_STATIC_SAMPLING")
 # A propose with more committed rows than its static step takes (a prompt's first, one after a step without a
 # propose) runs the older rows through the block eagerly, in one forward, and the last k + 1 through the static step,
 # instead of running the whole eager chain (the rows, then k heads and k - 1 one-row forwards). On the H100 (real
-# SmolLM2, `specdec bench` on GSM8K 40, -n 128, k 3, alternated in one process; session of 2026-12-06 (seventh)) such a
+# SmolLM2, `specdec bench` on GSM8K 40, -n 128, k 3, alternated 8 times in one process; 2026-12-06 (seventh)) such a
 # propose went 5.4-7.2 -> 2.7-2.9 ms (median) and MTP 1,593.6 -> 1,663.6 tok/s (1.30x -> 1.33x plain; faster in
 # 4 of 4 pairs). The drafts' bits may change (the rows' forward splits elsewhere), never an output.
 # SPECDEC_MTP_SPLIT_CATCHUP=0 gives the eager chain back.
