@@ -55,13 +55,13 @@ def instrument() -> None:
 
 def summary(calls: list[dict]) -> dict:
     out = {"calls": len(calls)}
-    for path in ("replay", "capture", "eager", "replay+older", "capture+older"):
-        # "+older": a static step after the older rows' eager forward (SPECDEC_MTP_SPLIT_CATCHUP)
-        base, older = path.split("+")[0], path.endswith("+older")
-        ms = [c["ms"] for c in calls if c["path"] == base and (c["older"] == older or base == "eager")]
+    # "+older": a static step after the older rows' eager forward (SPECDEC_MTP_SPLIT_CATCHUP); eager: any rows
+    for name, path, older in (("replay", "replay", False), ("capture", "capture", False), ("eager", "eager", None),
+                              ("replay+older", "replay", True), ("capture+older", "capture", True)):
+        ms = [c["ms"] for c in calls if c["path"] == path and older in (None, c["older"])]
         if ms:
             q = statistics.quantiles(ms, n=10) if len(ms) > 1 else [ms[0]] * 9
-            out[path] = {"n": len(ms), "total_ms": round(sum(ms), 1), "median_ms": round(statistics.median(ms), 3),
+            out[name] = {"n": len(ms), "total_ms": round(sum(ms), 1), "median_ms": round(statistics.median(ms), 3),
                          "p90_ms": round(q[8], 3), "max_ms": round(max(ms), 2)}
     return out
 
