@@ -291,21 +291,25 @@ def moe() -> None:
     shared = ((torch.randn(2 * inter, hidden) * 0.1).half(), (torch.randn(hidden, inter) * 0.1).half())
     router = (torch.randn(e + 1, hidden) * 0.1).half()  # the shared gate's row last
     x = torch.randn(t, hidden).half()
-    for name, sh, rw in (("shared expert", shared, router), ("no shared expert", None, router[:e])):
-        for pc in (1, 4):
-            tiles = ((16, 128, 4), (8, 32, 4, pc))  # past one BK block of the intermediate too
-            label = f"{name}, {pc} pair{'s' if pc > 1 else ''} a load"
-            got = expert_kernel.moe(x, rw, k, gate_up, down, sh, tiles=tiles)
-            want = expert_kernel.moe_reference(x, rw, k, gate_up, down, sh)
-            diff = (got.float() - want.float()).abs()
-            ulps = (diff / (want.float().abs() * 2 ** -10 + 1e-3)).max().item()
-            check(f"moe ({label}): the output equals the torch form's (within two fp16 steps)", ulps <= 2.0,
-                  f"(max diff {diff.max().item():.2e}, {ulps:.2f} steps)")
-            alone = torch.cat([expert_kernel.moe(x[i:i + 1], rw, k, gate_up, down, sh, tiles=tiles) for i in range(t)])
-            check(f"moe ({label}): a row's bits alone equal its bits beside the others", torch.equal(alone, got))
-            part = expert_kernel.moe(x, rw, k, gate_up, down, sh, torch.tensor(2), tiles=tiles)
-            check(f"moe ({label}): the live rows as before, the padding rows zero",
-                  torch.equal(part[:2], got[:2]) and not part[2:].any())
+    cases = [(name, sh, rw, pc, routes) for name, sh, rw in (("shared expert", shared, router),
+                                                           ("no shared expert", None, router[:e]))
+             for pc, routes in ((1, False), (4, False), (4, True))]
+    for name, sh, rw, pc, routes in cases:
+        expert_kernel.ROUTER_ROUTES = routes  # the router's GEMV and the routing in one kernel (5 rows: two blocks)
+        tiles = ((16, 128, 4), (8, 32, 4, pc))  # past one BK block of the intermediate too
+        label = (f"{name}, {pc} pair{'s' if pc > 1 else ''} a load"
+                 f"{', routed in the router kernel' if routes else ''}")
+        got = expert_kernel.moe(x, rw, k, gate_up, down, sh, tiles=tiles)
+        want = expert_kernel.moe_reference(x, rw, k, gate_up, down, sh)
+        diff = (got.float() - want.float()).abs()
+        ulps = (diff / (want.float().abs() * 2 ** -10 + 1e-3)).max().item()
+        check(f"moe ({label}): the output equals the torch form's (within two fp16 steps)", ulps <= 2.0,
+              f"(max diff {diff.max().item():.2e}, {ulps:.2f} steps)")
+        alone = torch.cat([expert_kernel.moe(x[i:i + 1], rw, k, gate_up, down, sh, tiles=tiles) for i in range(t)])
+        check(f"moe ({label}): a row's bits alone equal its bits beside the others", torch.equal(alone, got))
+        part = expert_kernel.moe(x, rw, k, gate_up, down, sh, torch.tensor(2), tiles=tiles)
+        check(f"moe ({label}): the live rows as before, the padding rows zero",
+              torch.equal(part[:2], got[:2]) and not part[2:].any())
     try:
         expert_kernel.moe(x, router[:e], k, gate_up, down, shared)
         check("moe: a router without the shared gate's row is refused", False)

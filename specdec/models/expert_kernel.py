@@ -68,6 +68,13 @@ COMBINE_TILE = (1, 512, 1, 16)
 # programs did nothing but start (on the H200, qwen3.5-35b-a3b: the two kernels 1.08 -> 1.58 ms a step from 1 to
 # 16 rows with one live). A row's bits do not depend on G: each (row, pair, block) is computed alike.
 ROW_GROUPS = 4
+# SPECDEC_ROUTER_ROUTES: the router's GEMV and the routing as one kernel (_router_kernel): each program sums its block of
+# ROUTER_TILE's router rows over its share of the hidden size into a workspace; the last program to finish adds the
+# shares in split order, rounds each logit to the model dtype (as the GEMM's output was rounded) and routes every row,
+# TB rows at a time. One kernel a layer fewer than the router GEMM (fused_layer.linear) + _route_kernel.
+ROUTER_ROUTES = env.switch("SPECDEC_ROUTER_ROUTES")
+ROUTER_TILE = (16, 128, 2, 8)  # (router rows a program, BK, warps, K split): 17 x 8 programs for 257 x 2048
+ROUTE_ROWS = 4  # rows the last program routes at once (a row's bits do not depend on it: reductions run along a row)
 # Tried and removed (session of 2026-12-06 (fifth), H100; code at 442c10c): the combine loading its first row's weights
 # before its PDL wait (the gate/up kernel letting it launch only after its own wait, once the routing was complete).
 # Same bits in 50 replays a case, but slower: the qwen3.5-35b-a3b block 32.38 -> 35.44 us a layer (1 row) and 35.25 ->
@@ -202,6 +209,82 @@ if triton is not None:
             tl.store(wts + t * P + rk, wk, mask=rk < P)
 
     @triton.jit
+    def _router_kernel(x, w, ws, cnt, idx, wts, live, T, R, E, H, KS, P, LIVE: tl.constexpr, SHARED: tl.constexpr,
+                       K: tl.constexpr, KB: tl.constexpr, BE: tl.constexpr, RB: tl.constexpr, BK: tl.constexpr,
+                       S: tl.constexpr, TB: tl.constexpr, FENCE: tl.constexpr, PER_LINE: tl.constexpr,
+                       LINES: tl.constexpr, USE_GDC: tl.constexpr):
+        # program (block of RB router rows, share s of the hidden size: KS features): each live row's fp32 sums
+        # over the share, in BK blocks in order, to ws[s, t]; the last program to count in adds the S shares in
+        # split order, rounds the logits to the model dtype and routes the rows TB at a time (_route_kernel's
+        # arithmetic: the fp32 softmax, the top K by int64 keys, renormalised and rounded; the shared expert's
+        # gate as weight number K; a padding row routes to expert 0 with weight 0)
+        pid = tl.program_id(0)
+        rr = (pid // S) * RB + tl.arange(0, RB)
+        rm = rr < R
+        k_lo = (pid % S) * KS
+        k_hi = tl.minimum(H, k_lo + KS)
+        if USE_GDC:  # models/pdl.py; meanwhile this program's share of its router rows into L2 (never the
+            # kernel before's)
+            tl.extra.cuda.gdc_launch_dependents()
+            line = tl.minimum(k_lo + tl.arange(0, LINES) * PER_LINE, H - 1)
+            pdl.to_l2(w + tl.minimum(rr, R - 1)[:, None] * H + line[None, :])
+            tl.extra.cuda.gdc_wait()
+        n = _live_rows(T, live, LIVE)
+        for t in range(0, n):
+            acc = tl.zeros([RB], dtype=tl.float32)
+            for k0 in range(k_lo, k_hi, BK):
+                rk = k0 + tl.arange(0, BK)
+                km = rk < k_hi
+                xv = tl.load(x + t * H + rk, mask=km, other=0.0).to(tl.float32)
+                wv = tl.load(w + rr[:, None] * H + rk[None, :], mask=rm[:, None] & km[None, :], other=0.0)
+                acc += tl.sum(wv.to(tl.float32) * xv[None, :], axis=1)
+            tl.store(ws + ((pid % S) * T + t) * R + rr, acc, mask=rm)
+        if FENCE:
+            fused_layer._fence()
+        tl.debug_barrier()
+        if tl.atomic_add(cnt, 1) == tl.num_programs(0) - 1:
+            tl.store(cnt, 0)  # the counter stays zero between kernels
+            if FENCE:
+                fused_layer._fence()
+            dt = wts.dtype.element_ty
+            re = tl.arange(0, BE)
+            em = re < E
+            rk = tl.arange(0, KB)
+            for t0 in range(0, T, TB):
+                rt = t0 + tl.arange(0, TB)
+                real = rt < n
+                lm = real[:, None] & em[None, :]
+                at = ws + rt[:, None] * R + re[None, :]
+                lg = tl.load(at, mask=lm, other=0.0, cache_modifier=".cg")
+                for s in tl.static_range(1, S):
+                    lg += tl.load(at + s * T * R, mask=lm, other=0.0, cache_modifier=".cg")
+                # (a padding row's logits are zeros, not -inf: no NaN; its picks are dropped below)
+                lg = tl.where(em[None, :], tl.where(real[:, None], lg.to(dt).to(tl.float32), 0.0), float("-inf"))
+                ex = tl.exp(lg - tl.max(lg, 1)[:, None])
+                prob = ex / tl.sum(ex, 1)[:, None]
+                key = (prob.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BE - 1 - re).to(tl.int64)[None, :]
+                key = tl.where(lm, key, -1)  # taken or past E: below every key
+                top = tl.zeros([TB, KB], dtype=tl.float32)
+                ids = tl.zeros([TB, KB], dtype=tl.int32)
+                for i in tl.static_range(K):
+                    best = tl.max(key, 1)
+                    top = tl.where(rk[None, :] == i, (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)[:, None], top)
+                    ids = tl.where(rk[None, :] == i, (BE - 1 - (best & 0xFFFFFFFF)).to(tl.int32)[:, None], ids)
+                    key = tl.where(key == best[:, None], -1, key)
+                wk = (top / tl.sum(top, 1)[:, None]).to(dt)
+                if SHARED:
+                    gl = tl.load(ws + rt * R + E, mask=real, other=0.0, cache_modifier=".cg")
+                    for s in tl.static_range(1, S):
+                        gl += tl.load(ws + (s * T + rt) * R + E, mask=real, other=0.0, cache_modifier=".cg")
+                    gate = tl.sigmoid(gl.to(dt).to(tl.float32)).to(dt)
+                    wk = tl.where(rk[None, :] == K, gate[:, None], wk)
+                ids = tl.where(real[:, None], ids, 0)
+                wk = tl.where(real[:, None], wk, 0.0)
+                tm = (rt < T)[:, None]
+                tl.store(idx + rt[:, None] * K + rk[None, :], ids, mask=tm & (rk[None, :] < K))
+                tl.store(wts + rt[:, None] * P + rk[None, :], wk, mask=tm & (rk[None, :] < P))
+
+    @triton.jit
     def _combine_kernel(hin, idx, wts, w, sw, y, live, T, G, H, INTER, K: tl.constexpr, P: tl.constexpr,
                         LIVE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PC: tl.constexpr,
                         PER_LINE: tl.constexpr, LINES: tl.constexpr, USE_GDC: tl.constexpr):
@@ -284,8 +367,6 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
                          f"{' and a shared gate' if shared is not None else ''} of {hidden} features")
     (gbn, gbk, gw), (cbn, cbk, cw, cpc) = tiles or (GATE_UP_TILE, COMBINE_TILE)
     x = x.contiguous()
-    # the router's logits in the model dtype, as F.linear rounds them: a Triton GEMM (PDL, a row's bits its own)
-    logits = fused_layer.linear(x, router) if fused_layer.usable(x) else linear(x, router)
     has_live = live is not None
     sgu, sdown = shared if shared is not None else (gate_up, down)  # stand-ins, never read
     idx = torch.empty(t, top_k, dtype=torch.int32, device=x.device)
@@ -294,8 +375,22 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
     gdc = pdl.options(x)
     per_line, h_lines = pdl.l2_lines(hidden, x.element_size())
     i_lines = pdl.l2_lines(inter, x.element_size())[1]
-    _route_kernel[(t,)](logits, idx, wts, live_ptr, e, logits.stride(0), p, LIVE=has_live, SHARED=shared is not None,
-                        K=top_k, KB=triton.next_power_of_2(p), BE=triton.next_power_of_2(e), **gdc)
+    route = dict(LIVE=has_live, SHARED=shared is not None, K=top_k, KB=triton.next_power_of_2(p),
+                 BE=triton.next_power_of_2(e))
+    if ROUTER_ROUTES:  # the router's GEMV and the routing in one kernel
+        rb, bk, warps, split = ROUTER_TILE
+        ks = triton.cdiv(triton.cdiv(hidden, split), bk) * bk  # a share: whole BK blocks
+        split = triton.cdiv(hidden, ks)
+        r = router.shape[0]
+        ws = torch.empty(split, t, r, dtype=torch.float32, device=x.device)
+        _router_kernel[(triton.cdiv(r, rb) * split,)](
+            x, router, ws, fused_layer._counters(x.device), idx, wts, live_ptr, t, r, e, hidden, ks, p, RB=rb, BK=bk,
+            S=split, TB=ROUTE_ROWS, FENCE=not pdl.INTERPRETED, PER_LINE=per_line,
+            LINES=pdl.l2_lines(ks, x.element_size())[1], num_warps=warps, **route, **gdc)
+    else:  # the router's logits in the model dtype, as F.linear rounds them: a Triton GEMM (PDL, a row's bits its
+        # own), then the routing kernel
+        logits = fused_layer.linear(x, router) if fused_layer.usable(x) else linear(x, router)
+        _route_kernel[(t,)](logits, idx, wts, live_ptr, e, logits.stride(0), p, **route, **gdc)
     g = min(t, ROW_GROUPS)
     h = torch.empty(t * p, inter, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(g * p, triton.cdiv(inter, gbn))](x, idx, gate_up, sgu, h, live_ptr, t, g, top_k, p, hidden,

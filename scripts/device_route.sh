@@ -1,0 +1,63 @@
+#!/bin/bash
+# Session of 2026-12-06 (eighth), issue 10: SPECDEC_ROUTER_ROUTES (a MoE block's router GEMV and its routing as one
+# kernel, expert_kernel._router_kernel) on the device machine, in one call:
+#   bash scripts/device_route.sh ab     # a row's bits alone and beside 15 others (1..16 rows, the flag on);
+#                                       # ab_flags on qwen3.5-35b-a3b at 512 (defaults / defaults+router, 3 rounds);
+#                                       # device_check with it on (random Qwen3.5 MoE, graphs; oracle, MTP); the MoE
+#                                       # block alone without / with it (sweep_moe_kernel --defaults-only, us a layer)
+#   bash scripts/device_route.sh bench  # bench --shape qwen3.5-35b-a3b without / with it (plain tok/s, MTP K=3 ratio)
+# Results in $OUT/r.tgz. Needs no wheel and no checkpoint.
+set -u
+case "${1:-}" in ab|bench) ;; *) echo "device_route.sh: ab | bench"; exit 2 ;; esac
+export PYTHONPATH=$PWD:$PWD/scripts PYTHONUNBUFFERED=1
+R=$OUT/r; mkdir -p $R
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+case "$1" in
+ab)
+    SPECDEC_ROUTER_ROUTES=1 python - <<'PY' 2>&1 | tee $R/bits.log
+import torch
+from specdec.models import expert_kernel as ek
+from specdec.models.moe import SparseMoeBlock
+from specdec.shapes import shape_config
+_, c = shape_config("qwen3.5-35b-a3b")
+torch.manual_seed(0)
+b = SparseMoeBlock(c.hidden_size, c.moe_intermediate_size, c.shared_expert_intermediate_size, c.num_experts,
+                   c.num_experts_per_tok).to("cuda", torch.bfloat16)
+for p in b.parameters():
+    p.normal_(0, 0.02)
+b.shared_expert.fuse(); b.fuse()
+x = torch.randn(16, c.hidden_size, device="cuda", dtype=torch.bfloat16)
+with torch.inference_mode():
+    alone = torch.cat([b(x[i:i + 1]) for i in range(16)])
+    bad = sum(not torch.equal(b(x[:n]), alone[:n]) for n in range(1, 17))
+    live = b(x, torch.tensor(3, device="cuda"))
+    ek.ROUTER_ROUTES = False
+    old = b(x)
+print("router routes: row counts 1..16 whose rows differ from the rows alone:", bad,
+      "| live 3 of 16: live rows equal, padding zero:", torch.equal(live[:3], alone[:3]) and not live[3:].any(),
+      "| max |new - old| %.3e (values ~%.3e)" % ((alone.float() - old.float()).abs().max().item(),
+                                                 old.float().abs().mean().item()))
+PY
+    timeout 240 python scripts/ab_flags.py --shape qwen3.5-35b-a3b --context 512 --rounds 3 --no-drafters \
+        --variants defaults defaults+router --json $R/ab_35b.json > $R/ab_35b.log 2>&1
+    echo "== ab rc=$?"; grep -E "^\||Error" $R/ab_35b.log | cut -c1-200
+    python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
+    for m in graphs; do
+        SPECDEC_ROUTER_ROUTES=1 timeout 90 python scripts/device_check.py run /tmp/dc --target qwen35moe --mode $m \
+            --drafters oracle mtp --prompts 4 --new-tokens 128 --out $R/dc_$m.json > $R/dc_$m.log 2>&1 || echo "$m rc=$?"
+    done
+    python scripts/device_check.py compare $R/dc_*.json --out $R/dc_report.json 2>&1 | tail -8
+    for v in 0 1; do
+        SPECDEC_ROUTER_ROUTES=$v timeout 80 python scripts/sweep_moe_kernel.py --defaults-only --json $R/moe_$v.json \
+            > $R/moe_$v.log 2>&1
+        echo "== block, router routes $v rc=$?"; grep fused $R/moe_$v.log
+    done
+    ;;
+bench)
+    for v in 0 1; do
+        SPECDEC_ROUTER_ROUTES=$v timeout 250 python -m specdec bench --shape qwen3.5-35b-a3b --context 512 \
+            --oracle-tau 6.5 --draft-vocab 32768 --reps 10 --json $R/b35_$v.json > $R/b35_$v.log 2>&1
+        echo "== bench, router routes $v rc=$?"; grep -vE "^ *(verify|k=)" $R/b35_$v.log | tail -8 | cut -c1-260
+    done ;;
+esac
+cd $OUT && tar czf r.tgz r && rm -rf r
