@@ -294,8 +294,26 @@ def moe() -> None:
     cases = [(name, sh, rw, pc, routes) for name, sh, rw in (("shared expert", shared, router),
                                                            ("no shared expert", None, router[:e]))
              for pc, routes in ((1, False), (4, False), (4, True))]
+    from specdec.models import fused_layer
+    for routes in (False, True):  # the routing alone, into outputs filled with -7 first: every row written
+        expert_kernel.ROUTER_ROUTES = routes
+        fused_layer._FORCED = {"*": (16, 128, 2, 3, 3)} if routes else None
+        label = "the router kernel" if routes else "the GEMM and the routing kernel"
+        logits = (x.float() @ router.float().T).half().float()
+        top, want_idx = torch.topk(torch.softmax(logits[:, :e], -1), k, -1)
+        want_w = torch.cat([top / top.sum(-1, keepdim=True), torch.sigmoid(logits[:, e:])], 1).half()
+        for live in (None, torch.tensor(2)):
+            out = (torch.full((t, k), -7, dtype=torch.int32), torch.full((t, k + 1), -7.0).half())
+            idx, w = expert_kernel.routing(x, router, k, True, live, out=out)
+            n = t if live is None else 2
+            ok = (torch.equal(idx[:n].long(), want_idx[:n]) and (w[:n].float() - want_w[:n].float()).abs().max() < 2e-3
+                  and not idx[n:].any() and not w[n:].any())
+            check(f"moe routing ({label}, {n} live of {t} rows): the torch form's experts and weights, padding rows 0",
+                  ok)
     for name, sh, rw, pc, routes in cases:
-        expert_kernel.ROUTER_ROUTES = routes  # the router's GEMV and the routing in one kernel (5 rows: two blocks)
+        # the router's GEMV and the routing in one kernel: 5 rows (two blocks of ROUTE_ROWS), 300 features in 3 shares
+        expert_kernel.ROUTER_ROUTES = routes
+        fused_layer._FORCED = {"*": (16, 128, 2, 3, 3)} if routes else None
         tiles = ((16, 128, 4), (8, 32, 4, pc))  # past one BK block of the intermediate too
         label = (f"{name}, {pc} pair{'s' if pc > 1 else ''} a load"
                  f"{', routed in the router kernel' if routes else ''}")
@@ -310,6 +328,7 @@ def moe() -> None:
         part = expert_kernel.moe(x, rw, k, gate_up, down, sh, torch.tensor(2), tiles=tiles)
         check(f"moe ({label}): the live rows as before, the padding rows zero",
               torch.equal(part[:2], got[:2]) and not part[2:].any())
+    expert_kernel.ROUTER_ROUTES, fused_layer._FORCED = False, None
     try:
         expert_kernel.moe(x, router[:e], k, gate_up, down, shared)
         check("moe: a router without the shared gate's row is refused", False)

@@ -69,11 +69,10 @@ COMBINE_TILE = (1, 512, 1, 16)
 # 16 rows with one live). A row's bits do not depend on G: each (row, pair, block) is computed alike.
 ROW_GROUPS = 4
 # SPECDEC_ROUTER_ROUTES: the router's GEMV and the routing as one kernel (_router_kernel): each program sums its block of
-# ROUTER_TILE's router rows over its share of the hidden size into a workspace; the last program to finish adds the
-# shares in split order, rounds each logit to the model dtype (as the GEMM's output was rounded) and routes every row,
-# TB rows at a time. One kernel a layer fewer than the router GEMM (fused_layer.linear) + _route_kernel.
+# router rows over its share of the hidden size into a workspace, on the router's fused_layer tiling (so the logits keep
+# their bits); the last program to finish adds the shares in split order, rounds each logit to the model dtype and
+# routes the live rows, ROUTE_ROWS at a time. One kernel a layer fewer than the router GEMM + _route_kernel.
 ROUTER_ROUTES = env.switch("SPECDEC_ROUTER_ROUTES")
-ROUTER_TILE = (16, 128, 2, 8)  # (router rows a program, BK, warps, K split): 17 x 8 programs for 257 x 2048
 ROUTE_ROWS = 4  # rows the last program routes at once (a row's bits do not depend on it: reductions run along a row)
 # Tried and removed (session of 2026-12-06 (fifth), H100; code at 442c10c): the combine loading its first row's weights
 # before its PDL wait (the gate/up kernel letting it launch only after its own wait, once the routing was complete).
@@ -213,15 +212,17 @@ if triton is not None:
                        K: tl.constexpr, KB: tl.constexpr, BE: tl.constexpr, RB: tl.constexpr, BK: tl.constexpr,
                        S: tl.constexpr, TB: tl.constexpr, FENCE: tl.constexpr, PER_LINE: tl.constexpr,
                        LINES: tl.constexpr, USE_GDC: tl.constexpr):
-        # program (block of RB router rows, share s of the hidden size: KS features): each live row's fp32 sums
-        # over the share, in BK blocks in order, to ws[s, t]; the last program to count in adds the S shares in
-        # split order, rounds the logits to the model dtype and routes the rows TB at a time (_route_kernel's
-        # arithmetic: the fp32 softmax, the top K by int64 keys, renormalised and rounded; the shared expert's
-        # gate as weight number K; a padding row routes to expert 0 with weight 0)
+        # program (block of RB router rows, share s of the hidden size: KS features): the live rows' fp32 sums over
+        # the share, 16 rows at a time as fused_layer's GEMM sums them (tl.dot over BK blocks in order: the same
+        # tiling gives the same bits), to ws[s, t]; the last program to count in adds the S shares in split order,
+        # rounds the logits to the model dtype and routes the live rows TB at a time (_route_kernel's arithmetic:
+        # the fp32 softmax, the top K by int64 keys, renormalised and rounded; the shared expert's gate as weight
+        # number K); a padding row routes to expert 0 with weight 0
         pid = tl.program_id(0)
+        s = pid % S
         rr = (pid // S) * RB + tl.arange(0, RB)
         rm = rr < R
-        k_lo = (pid % S) * KS
+        k_lo = s * KS
         k_hi = tl.minimum(H, k_lo + KS)
         if USE_GDC:  # models/pdl.py; meanwhile this program's share of its router rows into L2 (never the
             # kernel before's)
@@ -230,15 +231,17 @@ if triton is not None:
             pdl.to_l2(w + tl.minimum(rr, R - 1)[:, None] * H + line[None, :])
             tl.extra.cuda.gdc_wait()
         n = _live_rows(T, live, LIVE)
-        for t in range(0, n):
-            acc = tl.zeros([RB], dtype=tl.float32)
+        rb = tl.arange(0, 16)
+        for m0 in range(0, n, 16):
+            rt = m0 + rb
+            tm = rt < n
+            acc = tl.zeros([16, RB], dtype=tl.float32)
             for k0 in range(k_lo, k_hi, BK):
-                rk = k0 + tl.arange(0, BK)
-                km = rk < k_hi
-                xv = tl.load(x + t * H + rk, mask=km, other=0.0).to(tl.float32)
-                wv = tl.load(w + rr[:, None] * H + rk[None, :], mask=rm[:, None] & km[None, :], other=0.0)
-                acc += tl.sum(wv.to(tl.float32) * xv[None, :], axis=1)
-            tl.store(ws + ((pid % S) * T + t) * R + rr, acc, mask=rm)
+                kk = k0 + tl.arange(0, BK)
+                a = tl.load(x + rt[:, None] * H + kk[None, :], mask=tm[:, None] & (kk[None, :] < k_hi), other=0.0)
+                b = tl.load(w + rr[None, :] * H + kk[:, None], mask=rm[None, :] & (kk[:, None] < k_hi), other=0.0)
+                acc = tl.dot(a, b, acc)
+            tl.store(ws + (s * T + rt[:, None]) * R + rr[None, :], acc, mask=tm[:, None] & rm[None, :])
         if FENCE:
             fused_layer._fence()
         tl.debug_barrier()
@@ -250,7 +253,7 @@ if triton is not None:
             re = tl.arange(0, BE)
             em = re < E
             rk = tl.arange(0, KB)
-            for t0 in range(0, T, TB):
+            for t0 in range(0, n, TB):
                 rt = t0 + tl.arange(0, TB)
                 real = rt < n
                 lm = real[:, None] & em[None, :]
@@ -283,6 +286,12 @@ if triton is not None:
                 tm = (rt < T)[:, None]
                 tl.store(idx + rt[:, None] * K + rk[None, :], ids, mask=tm & (rk[None, :] < K))
                 tl.store(wts + rt[:, None] * P + rk[None, :], wk, mask=tm & (rk[None, :] < P))
+            for t0 in range(n, T, TB):  # padding rows: expert 0, weight 0 (as _route_kernel; never read)
+                rt = t0 + tl.arange(0, TB)
+                tm = (rt < T)[:, None]
+                tl.store(idx + rt[:, None] * K + rk[None, :], tl.zeros([TB, KB], dtype=tl.int32), mask=tm & (rk[None, :] < K))
+                tl.store(wts + rt[:, None] * P + rk[None, :], tl.zeros([TB, KB], dtype=tl.float32).to(dt),
+                         mask=tm & (rk[None, :] < P))
 
     @triton.jit
     def _combine_kernel(hin, idx, wts, w, sw, y, live, T, G, H, INTER, K: tl.constexpr, P: tl.constexpr,
@@ -369,28 +378,11 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
     x = x.contiguous()
     has_live = live is not None
     sgu, sdown = shared if shared is not None else (gate_up, down)  # stand-ins, never read
-    idx = torch.empty(t, top_k, dtype=torch.int32, device=x.device)
-    wts = torch.empty(t, p, dtype=x.dtype, device=x.device)
+    idx, wts = routing(x, router, top_k, shared is not None, live)
     live_ptr = live if has_live else idx
     gdc = pdl.options(x)
     per_line, h_lines = pdl.l2_lines(hidden, x.element_size())
     i_lines = pdl.l2_lines(inter, x.element_size())[1]
-    route = dict(LIVE=has_live, SHARED=shared is not None, K=top_k, KB=triton.next_power_of_2(p),
-                 BE=triton.next_power_of_2(e))
-    if ROUTER_ROUTES:  # the router's GEMV and the routing in one kernel
-        rb, bk, warps, split = ROUTER_TILE
-        ks = triton.cdiv(triton.cdiv(hidden, split), bk) * bk  # a share: whole BK blocks
-        split = triton.cdiv(hidden, ks)
-        r = router.shape[0]
-        ws = torch.empty(split, t, r, dtype=torch.float32, device=x.device)
-        _router_kernel[(triton.cdiv(r, rb) * split,)](
-            x, router, ws, fused_layer._counters(x.device), idx, wts, live_ptr, t, r, e, hidden, ks, p, RB=rb, BK=bk,
-            S=split, TB=ROUTE_ROWS, FENCE=not pdl.INTERPRETED, PER_LINE=per_line,
-            LINES=pdl.l2_lines(ks, x.element_size())[1], num_warps=warps, **route, **gdc)
-    else:  # the router's logits in the model dtype, as F.linear rounds them: a Triton GEMM (PDL, a row's bits its
-        # own), then the routing kernel
-        logits = fused_layer.linear(x, router) if fused_layer.usable(x) else linear(x, router)
-        _route_kernel[(t,)](logits, idx, wts, live_ptr, e, logits.stride(0), p, **route, **gdc)
     g = min(t, ROW_GROUPS)
     h = torch.empty(t * p, inter, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(g * p, triton.cdiv(inter, gbn))](x, idx, gate_up, sgu, h, live_ptr, t, g, top_k, p, hidden,
@@ -401,6 +393,48 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
                                                    P=p, LIVE=has_live, BN=cbn, BK=cbk, PC=cpc, PER_LINE=per_line,
                                                    LINES=i_lines, num_warps=cw, **gdc)
     return y
+
+
+def routing(x: torch.Tensor, router: torch.Tensor, top_k: int, shared: bool, live: torch.Tensor | None = None,
+            out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`moe`'s routing: ``x [T, H]`` (contiguous), the ``router`` weight (the shared gate's row last where
+    ``shared``) -> (expert ids ``[T, k]`` int32, weights ``[T, k (+1: the shared gate)]`` in ``x``'s dtype); a
+    padding row (from ``live`` on) gets expert 0, weight 0. The router's GEMM and :func:`_route_kernel`, or
+    with ROUTER_ROUTES :func:`_router_kernel` (the same bits where the GEMM is fused_layer's). ``out``: the two
+    tensors to write (the interpreter test's, filled beforehand)."""
+    t, hidden = x.shape
+    e = router.shape[0] - shared
+    p = top_k + shared
+    idx, wts = out if out is not None else (torch.empty(t, top_k, dtype=torch.int32, device=x.device),
+                                            torch.empty(t, p, dtype=x.dtype, device=x.device))
+    gdc = pdl.options(x)
+    live_ptr = live if live is not None else idx  # a stand-in pointer, never read without LIVE
+    route = dict(LIVE=live is not None, SHARED=shared, K=top_k, KB=triton.next_power_of_2(p),
+                 BE=triton.next_power_of_2(e))
+    tile = _router_tile(router) if ROUTER_ROUTES else None
+    if tile is not None:  # the router's GEMV and the routing in one kernel
+        rb, bk, warps, stages, split = tile
+        ks = triton.cdiv(triton.cdiv(hidden, split), bk) * bk  # a share: whole BK blocks
+        split = triton.cdiv(hidden, ks)
+        r = router.shape[0]
+        ws = torch.empty(split, t, r, dtype=torch.float32, device=x.device)
+        _router_kernel[(triton.cdiv(r, rb) * split,)](
+            x, router, ws, fused_layer._counters(x.device), idx, wts, live_ptr, t, r, e, hidden, ks, p, RB=rb, BK=bk,
+            S=split, TB=ROUTE_ROWS, FENCE=not pdl.INTERPRETED, PER_LINE=pdl.l2_lines(hidden, x.element_size())[0],
+            LINES=pdl.l2_lines(ks, x.element_size())[1], num_warps=warps, num_stages=stages, **route, **gdc)
+    else:  # the router's logits in the model dtype, as F.linear rounds them: a Triton GEMM (PDL, a row's bits its
+        # own), then the routing kernel
+        logits = fused_layer.linear(x, router) if fused_layer.usable(x) else linear(x, router)
+        _route_kernel[(t,)](logits, idx, wts, live_ptr, e, logits.stride(0), p, **route, **gdc)
+    return idx, wts
+
+
+def _router_tile(router: torch.Tensor) -> tuple[int, ...] | None:
+    """The router's fused_layer tiling ``(BN, BK, warps, stages, split)`` where :func:`_router_kernel` can take it
+    (the GEMM's K split on; ``BN`` at least 16, tl.dot's least), else None."""
+    t = tuple(fused_layer.tile_for(router.shape[0], router.shape[1], False)) + (1,)
+    bn, bk, warps, stages, split = t[:5]
+    return (bn, bk, warps, stages, split if fused_layer.SPLIT_K else 1) if bn >= 16 else None
 
 
 def moe_reference(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor,
