@@ -660,7 +660,7 @@ def rope_ptx() -> None:
 def pdl_ptx() -> None:
     """models/pdl.py's promise, in the PTX compiled for an H100/H200 (sm_90) with USE_GDC on: every
     global load and store of the fused layer's GEMM, the fused norm, RoPE + the cache write, the q/k norm +
-    RoPE + write kernel, the three MoE kernels and the three Gated DeltaNet step kernels comes
+    RoPE + write kernel, the four MoE kernels and the three Gated DeltaNet step kernels comes
     after ``griddepcontrol.wait`` (so a kernel launched early reads nothing before the one before it has
     finished), and ``launch_dependents`` comes first."""
     import triton
@@ -684,6 +684,10 @@ def pdl_ptx() -> None:
                                 {"R": 64, "HALF": 32, "D": 256, "HAS_Q": True, "ROW_TABLES": True}),
              "moe-route": (expert_kernel._route_kernel, {"logits": "*bf16", "idx": "*i32", "wts": "*bf16", "live": "*i64"},
                            {"LIVE": True, "SHARED": True, "K": 8, "KB": 16, "BE": 256}),
+             "moe-router": (expert_kernel._router_kernel, {"x": "*bf16", "w": "*bf16", "ws": "*fp32", "cnt": "*i32",
+                                                          "idx": "*i32", "wts": "*bf16", "live": "*i64"},
+                            {"LIVE": True, "SHARED": True, "K": 8, "KB": 16, "BE": 256, "RB": 16, "BK": 128, "S": 8,
+                             "TB": 4, "FENCE": True, "PER_LINE": 64, "LINES": 4}),
              "moe-gate-up": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "h")}
                              | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64, "LINES": 32}),
              "moe-combine": (expert_kernel._combine_kernel, {n: "*bf16" for n in ("hin", "wts", "w", "sw", "y")}
@@ -710,7 +714,11 @@ def pdl_ptx() -> None:
             fence, atom = body.find("fence.acq_rel.gpu"), body.find("atom.global")
             check("pdl-ptx gemm-split: the partials' stores, a GPU-scope fence, then the tile's atomic count",
                   0 <= body.find("st.global") < fence < atom)
-        if name in ("gemm", "gemm-split", "moe-gate-up", "moe-combine"):  # weights that never depend on the kernel before
+        if name == "moe-router":  # the shares' stores fenced before the count; the last program's loads after it
+            fence, atom = body.find("fence.acq_rel.gpu"), body.find("atom.global")
+            check("pdl-ptx moe-router: the shares' stores, a GPU-scope fence, then the atomic count",
+                  0 <= body.find("st.global") < fence < atom)
+        if name in ("gemm", "gemm-split", "moe-router", "moe-gate-up", "moe-combine"):  # weights that never depend on the kernel before
             # (the GEMM's, the shared expert's) prefetched before the wait
             check(f"pdl-ptx {name}: the weight rows prefetched into L2 before the wait",
                   0 <= body.find("prefetch.global.L2") < wait)

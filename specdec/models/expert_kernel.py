@@ -259,8 +259,8 @@ if triton is not None:
                 lm = real[:, None] & em[None, :]
                 at = ws + rt[:, None] * R + re[None, :]
                 lg = tl.load(at, mask=lm, other=0.0, cache_modifier=".cg")
-                for s in tl.static_range(1, S):
-                    lg += tl.load(at + s * T * R, mask=lm, other=0.0, cache_modifier=".cg")
+                for j in tl.static_range(1, S):
+                    lg += tl.load(at + j * T * R, mask=lm, other=0.0, cache_modifier=".cg")
                 # (a padding row's logits are zeros, not -inf: no NaN; its picks are dropped below)
                 lg = tl.where(em[None, :], tl.where(real[:, None], lg.to(dt).to(tl.float32), 0.0), float("-inf"))
                 ex = tl.exp(lg - tl.max(lg, 1)[:, None])
@@ -277,8 +277,8 @@ if triton is not None:
                 wk = (top / tl.sum(top, 1)[:, None]).to(dt)
                 if SHARED:
                     gl = tl.load(ws + rt * R + E, mask=real, other=0.0, cache_modifier=".cg")
-                    for s in tl.static_range(1, S):
-                        gl += tl.load(ws + (s * T + rt) * R + E, mask=real, other=0.0, cache_modifier=".cg")
+                    for j in tl.static_range(1, S):
+                        gl += tl.load(ws + (j * T + rt) * R + E, mask=real, other=0.0, cache_modifier=".cg")
                     gate = tl.sigmoid(gl.to(dt).to(tl.float32)).to(dt)
                     wk = tl.where(rk[None, :] == K, gate[:, None], wk)
                 ids = tl.where(real[:, None], ids, 0)
