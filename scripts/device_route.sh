@@ -6,15 +6,17 @@
 #                                       # device_check with it on (random Qwen3.5 MoE, graphs; oracle, MTP); the MoE
 #                                       # block alone without / with it (sweep_moe_kernel --defaults-only, us a layer)
 #   bash scripts/device_route.sh bench  # bench --shape qwen3.5-35b-a3b without / with it (plain tok/s, MTP K=3 ratio)
+#   bash scripts/device_route.sh all    # on an H200: device_h200.sh a first (its results in $OUT/h200a.tgz), then ab
+#                                       # without the block sweeps; on another card: ab, then the bench with it on
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl); no checkpoint.
 set -u
-case "${1:-}" in ab|bench) ;; *) echo "device_route.sh: ab | bench"; exit 2 ;; esac
+case "${1:-}" in ab|bench|all) ;; *) echo "device_route.sh: ab | bench | all"; exit 2 ;; esac
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/scripts PYTHONUNBUFFERED=1
 R=$OUT/r; mkdir -p $R
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-case "$1" in
-ab)
+h200=0; nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && h200=1
+ab() {  # SWEEPS (1: the block alone too)
     SPECDEC_ROUTER_ROUTES=1 python - <<'PY' 2>&1 | tee $R/bits.log
 import torch
 from specdec.models import expert_kernel as ek
@@ -49,21 +51,36 @@ PY
     echo "== ab rc=$?"; grep -E "^\||Error" $R/ab_35b.log | cut -c1-200
     python scripts/device_check.py build /tmp/dc > /dev/null 2>&1
     for m in graphs; do
-        SPECDEC_ROUTER_ROUTES=1 timeout 90 python scripts/device_check.py run /tmp/dc --target qwen35moe --mode $m \
+        # (the random MoE's router on the 35b's tiling: K split 8 ways)
+        SPECDEC_ROUTER_ROUTES=1 SPECDEC_FUSED_LAYER_TILES='{"65,1024,0": [16, 128, 2, 3, 8]}' \
+            timeout 90 python scripts/device_check.py run /tmp/dc --target qwen35moe --mode $m \
             --drafters oracle mtp --prompts 4 --new-tokens 128 --out $R/dc_$m.json > $R/dc_$m.log 2>&1 || echo "$m rc=$?"
     done
     python scripts/device_check.py compare $R/dc_*.json --out $R/dc_report.json 2>&1 | tail -8
+    [ "$1" = 1 ] || return 0
     for v in 0 1; do
         SPECDEC_ROUTER_ROUTES=$v timeout 80 python scripts/sweep_moe_kernel.py --defaults-only --json $R/moe_$v.json \
             > $R/moe_$v.log 2>&1
         echo "== block, router routes $v rc=$?"; grep fused $R/moe_$v.log
     done
-    ;;
-bench)
-    for v in 0 1; do
-        SPECDEC_ROUTER_ROUTES=$v timeout 250 python -m specdec bench --shape qwen3.5-35b-a3b --context 512 \
+}
+bench() {  # TIMEOUT V...: bench --shape qwen3.5-35b-a3b with SPECDEC_ROUTER_ROUTES=V
+    local t=$1; shift
+    for v in "$@"; do
+        SPECDEC_ROUTER_ROUTES=$v timeout $t python -m specdec bench --shape qwen3.5-35b-a3b --context 512 \
             --oracle-tau 6.5 --draft-vocab 32768 --reps 10 --json $R/b35_$v.json > $R/b35_$v.log 2>&1
         echo "== bench, router routes $v rc=$?"; grep -vE "^ *(verify|k=)" $R/b35_$v.log | tail -8 | cut -c1-260
-    done ;;
+    done
+}
+case "$1" in
+ab) ab 1 ;;
+bench) bench 250 0 1 ;;
+all)
+    if [ $h200 = 1 ]; then
+        (bash scripts/device_h200.sh a; mv $OUT/r.tgz $OUT/h200a.tgz); mkdir -p $R
+        ab 0
+    else
+        ab 0; bench 200 1
+    fi ;;
 esac
 cd $OUT && tar czf r.tgz r && rm -rf r
