@@ -13,6 +13,7 @@
 Prints one line per case and exits 1 on the first failure.
 """
 
+import itertools
 import os
 import sys
 
@@ -295,21 +296,22 @@ def moe() -> None:
                                                            ("no shared expert", None, router[:e]))
              for pc, routes in ((1, False), (4, False), (4, True))]
     from specdec.models import fused_layer
-    for routes in (False, True):  # the routing alone, into outputs filled with -7 first: every row written
+    x21 = torch.randn(21, hidden).half()  # two of the router kernel's 16-row blocks
+    for (routes, xr), live in itertools.product(((False, x), (True, x), (True, x21)), (None, torch.tensor(2))):
+        # the routing alone, into outputs filled with -7 first: every row written
         expert_kernel.ROUTER_ROUTES = routes
         fused_layer._FORCED = {"*": (16, 128, 2, 3, 3)} if routes else None
         label = "the router kernel" if routes else "the GEMM and the routing kernel"
-        logits = (x.float() @ router.float().T).half().float()
+        logits = (xr.float() @ router.float().T).half().float()
         top, want_idx = torch.topk(torch.softmax(logits[:, :e], -1), k, -1)
         want_w = torch.cat([top / top.sum(-1, keepdim=True), torch.sigmoid(logits[:, e:])], 1).half()
-        for live in (None, torch.tensor(2)):
-            out = (torch.full((t, k), -7, dtype=torch.int32), torch.full((t, k + 1), -7.0).half())
-            idx, w = expert_kernel.routing(x, router, k, True, live, out=out)
-            n = t if live is None else 2
-            ok = (torch.equal(idx[:n].long(), want_idx[:n]) and (w[:n].float() - want_w[:n].float()).abs().max() < 2e-3
-                  and not idx[n:].any() and not w[n:].any())
-            check(f"moe routing ({label}, {n} live of {t} rows): the torch form's experts and weights, padding rows 0",
-                  ok)
+        tr = xr.shape[0]
+        out = (torch.full((tr, k), -7, dtype=torch.int32), torch.full((tr, k + 1), -7.0).half())
+        idx, w = expert_kernel.routing(xr, router, k, True, live, out=out)
+        n = tr if live is None else 2
+        ok = (torch.equal(idx[:n].long(), want_idx[:n]) and (w[:n].float() - want_w[:n].float()).abs().max() < 2e-3
+              and not idx[n:].any() and not w[n:].any())
+        check(f"moe routing ({label}, {n} live of {tr} rows): the torch form's experts and weights, padding rows 0", ok)
     for name, sh, rw, pc, routes in cases:
         # the router's GEMV and the routing in one kernel: 5 rows (two blocks of ROUTE_ROWS), 300 features in 3 shares
         expert_kernel.ROUTER_ROUTES = routes
