@@ -8,9 +8,11 @@
 #   bash scripts/device_route.sh bench  # bench --shape qwen3.5-35b-a3b without / with it (plain tok/s, MTP K=3 ratio)
 #   bash scripts/device_route.sh all    # on an H200: device_h200.sh a first (its results in $OUT/h200a.tgz), then ab
 #                                       # without the block sweeps; on another card: ab, then the bench with it on
+#   bash scripts/device_route.sh timeline  # the 35b step's timeline (profile_shape_step.py) without / with it, 1 and 4
+#                                       # rows: each MoE kernel's share of the step
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl); no checkpoint.
 set -u
-case "${1:-}" in ab|bench|all) ;; *) echo "device_route.sh: ab | bench | all"; exit 2 ;; esac
+case "${1:-}" in ab|bench|all|timeline) ;; *) echo "device_route.sh: ab | bench | all | timeline"; exit 2 ;; esac
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/scripts PYTHONUNBUFFERED=1
 R=$OUT/r; mkdir -p $R
@@ -73,6 +75,28 @@ bench() {  # TIMEOUT V...: bench --shape qwen3.5-35b-a3b with SPECDEC_ROUTER_ROU
     done
 }
 case "$1" in
+timeline)
+    for rows in 1 4; do
+        for v in 0 1; do
+            SPECDEC_ROUTER_ROUTES=$v timeout 110 python scripts/profile_shape_step.py --shape qwen3.5-35b-a3b --context 512 \
+                --rows $rows --timeline $R/tl_${v}_$rows.json > $R/prof_${v}_$rows.json 2> $R/prof_${v}_$rows.err
+            echo "== router routes $v, $rows rows rc=$?"
+        done
+    done
+    python - $R <<'PY'
+import collections, glob, json, os, sys
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "tl_*.json"))):
+    tl = json.load(open(f))
+    added, count = collections.Counter(), collections.Counter()
+    for name, start, dur, add in tl:
+        key = name if name.startswith("_") else "torch"
+        added[key] += add
+        count[key] += 1
+    span = tl[-1][1] + tl[-1][2] - tl[0][1]
+    print(os.path.basename(f), "span %.1f us, %d kernels;" % (span, len(tl)),
+          "; ".join("%s %d x %.2f" % (k, count[k], added[k] / count[k]) for k in sorted(added) if count[k] >= 10))
+PY
+    ;;
 ab) ab 1 ;;
 bench) bench 250 0 1 ;;
 all)
