@@ -93,7 +93,12 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "tl_*.json"))):
         added[key] += add
         count[key] += 1
     span = tl[-1][1] + tl[-1][2] - tl[0][1]
-    print(os.path.basename(f), "span %.1f us, %d kernels;" % (span, len(tl)),
+    # a MoE block's routing: the router GEMM (the _kernel before _route_kernel) + _route_kernel, or _router_kernel;
+    # then what the gate/up kernel after it adds
+    route = [tl[i - 1][3] + e[3] for i, e in enumerate(tl) if e[0] == "_route_kernel"] or \
+        [e[3] for e in tl if e[0] == "_router_kernel"]
+    print(os.path.basename(f), "span %.1f us, %d kernels; routing %.2f us a layer (%d);" % (
+        span, len(tl), sum(route) / max(len(route), 1), len(route)),
           "; ".join("%s %d x %.2f" % (k, count[k], added[k] / count[k]) for k in sorted(added) if count[k] >= 10))
 PY
     ;;
