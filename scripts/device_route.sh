@@ -10,9 +10,10 @@
 #                                       # without the block sweeps; on another card: ab, then the bench with it on
 #   bash scripts/device_route.sh timeline  # the 35b step's timeline (profile_shape_step.py) without / with it, 1 and 4
 #                                       # rows: each MoE kernel's share of the step
+#   bash scripts/device_route.sh last   # on an H200: device_h200.sh a; on another card: the timeline, 60 s a run
 # Results in $OUT/r.tgz. Needs the gguf wheel (carry .whl); no checkpoint.
 set -u
-case "${1:-}" in ab|bench|all|timeline) ;; *) echo "device_route.sh: ab | bench | all | timeline"; exit 2 ;; esac
+case "${1:-}" in ab|bench|all|timeline|last) ;; *) echo "device_route.sh: ab | bench | all | timeline | last"; exit 2 ;; esac
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/scripts PYTHONUNBUFFERED=1
 R=$OUT/r; mkdir -p $R
@@ -74,18 +75,19 @@ bench() {  # TIMEOUT V...: bench --shape qwen3.5-35b-a3b with SPECDEC_ROUTER_ROU
         echo "== bench, router routes $v rc=$?"; grep -vE "^ *(verify|k=)" $R/b35_$v.log | tail -8 | cut -c1-260
     done
 }
-case "$1" in
-timeline)
-    for rows in 1 4; do
-        for v in 0 1; do
-            SPECDEC_ROUTER_ROUTES=$v timeout 110 python scripts/profile_shape_step.py --shape qwen3.5-35b-a3b --context 512 \
-                --rows $rows --timeline $R/tl_${v}_$rows.json > $R/prof_${v}_$rows.json 2> $R/prof_${v}_$rows.err
-            echo "== router routes $v, $rows rows rc=$?"
-        done
+timeline() {  # TIMEOUT: each run's
+    for rv in 1,0 1,1 4,1 4,0; do
+        rows=${rv%,*} v=${rv#*,}
+        SPECDEC_ROUTER_ROUTES=$v timeout $1 python scripts/profile_shape_step.py --shape qwen3.5-35b-a3b --context 512 \
+            --rows $rows --timeline $R/tl_${v}_$rows.json > $R/prof_${v}_$rows.json 2> $R/prof_${v}_$rows.err
+        echo "== router routes $v, $rows rows rc=$?"
+        [ -s $R/tl_${v}_$rows.json ] && summary $R/tl_${v}_$rows.json
     done
-    python - $R <<'PY'
-import collections, glob, json, os, sys
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "tl_*.json"))):
+}
+summary() {  # TIMELINE.json...
+    python - "$@" <<'PY'
+import collections, json, os, sys
+for f in sys.argv[1:]:
     tl = json.load(open(f))
     added, count = collections.Counter(), collections.Counter()
     for name, start, dur, add in tl:
@@ -101,6 +103,11 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "tl_*.json"))):
         span, len(tl), sum(route) / max(len(route), 1), len(route)),
           "; ".join("%s %d x %.2f" % (k, count[k], added[k] / count[k]) for k in sorted(added) if count[k] >= 10))
 PY
+}
+case "$1" in
+timeline) timeline 110 ;;
+last)
+    if [ $h200 = 1 ]; then bash scripts/device_h200.sh a; mv $OUT/r.tgz $OUT/h200a.tgz; mkdir -p $R; else timeline 60; fi
     ;;
 ab) ab 1 ;;
 bench) bench 250 0 1 ;;
