@@ -65,7 +65,6 @@ SETTINGS["rowgroups16"] = ("specdec.models.expert_kernel", "ROW_GROUPS", 16)  # 
 SETTINGS["pfall"] = ("specdec.models.fused_layer", "PREFETCH_BYTES", 1 << 40)  # the fused GEMM prefetches whole weights
 SETTINGS["cut4"] = ("specdec.models.split_attention", "COMBINE_CUT", (4, 8))  # combine programs of 4 rows x 8 features
 SETTINGS["cut16"] = ("specdec.models.split_attention", "COMBINE_CUT", (16, 32))  # ... 16 x 32 (the default to 2026-12-04)
-SETTINGS["router"] = ("specdec.models.expert_kernel", "ROUTER_ROUTES", True)  # the MoE router's GEMV + routing: one kernel
 SETTINGS["pf0"] = ("specdec.models.fused_layer", "PREFETCH_BYTES", 0)  # ... or nothing
 # the qwen3-8b shape's GEMMs with K split (fused_layer.SPLIT_K; over SPECDEC_FUSED_LAYER_TILES): o_proj 2 ways, q/k/v 4
 # ways on (64, 128) tiles, down_proj 4 ways on 3 stages

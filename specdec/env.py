@@ -50,7 +50,6 @@ SWITCHES: dict[str, tuple[bool, str]] = {
     "SPECDEC_PDL": (True, "programmatic dependent launch between Triton kernels"),
     "SPECDEC_PLAIN_LOOKAHEAD": (True, "plain decoding queues step i+1 before reading step i's token"),
     "SPECDEC_ROPE_TABLE": (True, "a static step's RoPE cos/sin looked up in a table kept per device (CUDA)"),
-    "SPECDEC_ROUTER_ROUTES": (False, "a MoE block's router GEMV and its routing as one Triton kernel (CUDA static steps)"),
     "SPECDEC_ROW_EXACT": (True, "row-exact targets run unpadded steps"),
     "SPECDEC_SHORT_SPAN": (True, "static steps over the live part of the cache only"),
     "SPECDEC_SPAN_BUCKETS": (True, "one-sequence steps over power-of-two spans of the first split, not the whole cache"),

@@ -292,16 +292,8 @@ def moe() -> None:
     shared = ((torch.randn(2 * inter, hidden) * 0.1).half(), (torch.randn(hidden, inter) * 0.1).half())
     router = (torch.randn(e + 1, hidden) * 0.1).half()  # the shared gate's row last
     x = torch.randn(t, hidden).half()
-    cases = [(name, sh, rw, pc, routes) for name, sh, rw in (("shared expert", shared, router),
-                                                           ("no shared expert", None, router[:e]))
-             for pc, routes in ((1, False), (4, False), (4, True))]
-    from specdec.models import fused_layer
-    x21 = torch.randn(21, hidden).half()  # two of the router kernel's 16-row blocks
-    for (routes, xr), live in itertools.product(((False, x), (True, x), (True, x21)), (None, torch.tensor(2))):
+    for xr, live in itertools.product((x, torch.randn(21, hidden).half()), (None, torch.tensor(2))):
         # the routing alone, into outputs filled with -7 first: every row written
-        expert_kernel.ROUTER_ROUTES = routes
-        fused_layer._FORCED = {"*": (16, 128, 2, 3, 3)} if routes else None
-        label = "the router kernel" if routes else "the GEMM and the routing kernel"
         logits = (xr.float() @ router.float().T).half().float()
         top, want_idx = torch.topk(torch.softmax(logits[:, :e], -1), k, -1)
         want_w = torch.cat([top / top.sum(-1, keepdim=True), torch.sigmoid(logits[:, e:])], 1).half()
@@ -311,14 +303,11 @@ def moe() -> None:
         n = tr if live is None else 2
         ok = (torch.equal(idx[:n].long(), want_idx[:n]) and (w[:n].float() - want_w[:n].float()).abs().max() < 2e-3
               and not idx[n:].any() and not w[n:].any())
-        check(f"moe routing ({label}, {n} live of {tr} rows): the torch form's experts and weights, padding rows 0", ok)
-    for name, sh, rw, pc, routes in cases:
-        # the router's GEMV and the routing in one kernel: 5 rows (two blocks of ROUTE_ROWS), 300 features in 3 shares
-        expert_kernel.ROUTER_ROUTES = routes
-        fused_layer._FORCED = {"*": (16, 128, 2, 3, 3)} if routes else None
+        check(f"moe routing ({n} live of {tr} rows): the torch form's experts and weights, padding rows 0", ok)
+    for (name, sh, rw), pc in itertools.product((("shared expert", shared, router), ("no shared expert", None, router[:e])),
+                                                (1, 4)):
         tiles = ((16, 128, 4), (8, 32, 4, pc))  # past one BK block of the intermediate too
-        label = (f"{name}, {pc} pair{'s' if pc > 1 else ''} a load"
-                 f"{', routed in the router kernel' if routes else ''}")
+        label = f"{name}, {pc} pair{'s' if pc > 1 else ''} a load"
         got = expert_kernel.moe(x, rw, k, gate_up, down, sh, tiles=tiles)
         want = expert_kernel.moe_reference(x, rw, k, gate_up, down, sh)
         diff = (got.float() - want.float()).abs()
@@ -330,7 +319,6 @@ def moe() -> None:
         part = expert_kernel.moe(x, rw, k, gate_up, down, sh, torch.tensor(2), tiles=tiles)
         check(f"moe ({label}): the live rows as before, the padding rows zero",
               torch.equal(part[:2], got[:2]) and not part[2:].any())
-    expert_kernel.ROUTER_ROUTES, fused_layer._FORCED = False, None
     try:
         expert_kernel.moe(x, router[:e], k, gate_up, down, shared)
         check("moe: a router without the shared gate's row is refused", False)
@@ -662,7 +650,7 @@ def rope_ptx() -> None:
 def pdl_ptx() -> None:
     """models/pdl.py's promise, in the PTX compiled for an H100/H200 (sm_90) with USE_GDC on: every
     global load and store of the fused layer's GEMM, the fused norm, RoPE + the cache write, the q/k norm +
-    RoPE + write kernel, the four MoE kernels and the three Gated DeltaNet step kernels comes
+    RoPE + write kernel, the three MoE kernels and the three Gated DeltaNet step kernels comes
     after ``griddepcontrol.wait`` (so a kernel launched early reads nothing before the one before it has
     finished), and ``launch_dependents`` comes first."""
     import triton
@@ -686,10 +674,6 @@ def pdl_ptx() -> None:
                                 {"R": 64, "HALF": 32, "D": 256, "HAS_Q": True, "ROW_TABLES": True}),
              "moe-route": (expert_kernel._route_kernel, {"logits": "*bf16", "idx": "*i32", "wts": "*bf16", "live": "*i64"},
                            {"LIVE": True, "SHARED": True, "K": 8, "KB": 16, "BE": 256}),
-             "moe-router": (expert_kernel._router_kernel, {"x": "*bf16", "w": "*bf16", "ws": "*fp32", "cnt": "*i32",
-                                                          "idx": "*i32", "wts": "*bf16", "live": "*i64"},
-                            {"LIVE": True, "SHARED": True, "K": 8, "KB": 16, "BE": 256, "RB": 16, "BK": 128, "S": 8,
-                             "TB": 4, "FENCE": True, "PER_LINE": 64, "LINES": 4}),
              "moe-gate-up": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "h")}
                              | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64, "LINES": 32}),
              "moe-combine": (expert_kernel._combine_kernel, {n: "*bf16" for n in ("hin", "wts", "w", "sw", "y")}
@@ -716,11 +700,7 @@ def pdl_ptx() -> None:
             fence, atom = body.find("fence.acq_rel.gpu"), body.find("atom.global")
             check("pdl-ptx gemm-split: the partials' stores, a GPU-scope fence, then the tile's atomic count",
                   0 <= body.find("st.global") < fence < atom)
-        if name == "moe-router":  # the shares' stores fenced before the count; the last program's loads after it
-            fence, atom = body.find("fence.acq_rel.gpu"), body.find("atom.global")
-            check("pdl-ptx moe-router: the shares' stores, a GPU-scope fence, then the atomic count",
-                  0 <= body.find("st.global") < fence < atom)
-        if name in ("gemm", "gemm-split", "moe-router", "moe-gate-up", "moe-combine"):  # weights that never depend on the kernel before
+        if name in ("gemm", "gemm-split", "moe-gate-up", "moe-combine"):  # weights that never depend on the kernel before
             # (the GEMM's, the shared expert's) prefetched before the wait
             check(f"pdl-ptx {name}: the weight rows prefetched into L2 before the wait",
                   0 <= body.find("prefetch.global.L2") < wait)

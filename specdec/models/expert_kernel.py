@@ -68,12 +68,11 @@ COMBINE_TILE = (1, 512, 1, 16)
 # programs did nothing but start (on the H200, qwen3.5-35b-a3b: the two kernels 1.08 -> 1.58 ms a step from 1 to
 # 16 rows with one live). A row's bits do not depend on G: each (row, pair, block) is computed alike.
 ROW_GROUPS = 4
-# SPECDEC_ROUTER_ROUTES: the router's GEMV and the routing as one kernel (_router_kernel): each program sums its block of
-# router rows over its share of the hidden size into a workspace, on the router's fused_layer tiling (so the logits keep
-# their bits); the last program to finish adds the shares in split order, rounds each logit to the model dtype and
-# routes the live rows, ROUTE_ROWS at a time. One kernel a layer fewer than the router GEMM + _route_kernel.
-ROUTER_ROUTES = env.switch("SPECDEC_ROUTER_ROUTES")
-ROUTE_ROWS = 4  # rows the last program routes at once (a row's bits do not depend on it: reductions run along a row)
+# Tried and removed (session of 2026-12-06 (eighth), H100; code at 74ec58b): the router's GEMM and the routing as one
+# kernel (SPECDEC_ROUTER_ROUTES; the GEMM on the router's tiling, the last program to finish routing the rows; the same
+# bits). The routing's share of the qwen3.5-35b-a3b step went 7.31 -> 7.19 us a layer at 1 row and 7.28 -> 13.28 at 4
+# (profile_shape_step --timeline); the 1-row step 3.645 -> 3.632 ms, the padded one 3.884 -> 4.159 (ab_flags). The
+# routing kernel's ~3 us is its own chain (softmax, 8 top-k passes), not its launch: under PDL the boundary costs ~0.1 us.
 # Tried and removed (session of 2026-12-06 (fifth), H100; code at 442c10c): the combine loading its first row's weights
 # before its PDL wait (the gate/up kernel letting it launch only after its own wait, once the routing was complete).
 # Same bits in 50 replays a case, but slower: the qwen3.5-35b-a3b block 32.38 -> 35.44 us a layer (1 row) and 35.25 ->
@@ -208,92 +207,6 @@ if triton is not None:
             tl.store(wts + t * P + rk, wk, mask=rk < P)
 
     @triton.jit
-    def _router_kernel(x, w, ws, cnt, idx, wts, live, T, R, E, H, KS, P, LIVE: tl.constexpr, SHARED: tl.constexpr,
-                       K: tl.constexpr, KB: tl.constexpr, BE: tl.constexpr, RB: tl.constexpr, BK: tl.constexpr,
-                       S: tl.constexpr, TB: tl.constexpr, FENCE: tl.constexpr, PER_LINE: tl.constexpr,
-                       LINES: tl.constexpr, USE_GDC: tl.constexpr):
-        # program (block of RB router rows, share s of the hidden size: KS features): the live rows' fp32 sums over
-        # the share, 16 rows at a time as fused_layer's GEMM sums them (tl.dot over BK blocks in order: the same
-        # tiling gives the same bits), to ws[s, t]; the last program to count in adds the S shares in split order,
-        # rounds the logits to the model dtype and routes the live rows TB at a time (_route_kernel's arithmetic:
-        # the fp32 softmax, the top K by int64 keys, renormalised and rounded; the shared expert's gate as weight
-        # number K); a padding row routes to expert 0 with weight 0
-        pid = tl.program_id(0)
-        s = pid % S
-        rr = (pid // S) * RB + tl.arange(0, RB)
-        rm = rr < R
-        k_lo = s * KS
-        k_hi = tl.minimum(H, k_lo + KS)
-        if USE_GDC:  # models/pdl.py; meanwhile this program's share of its router rows into L2 (never the
-            # kernel before's)
-            tl.extra.cuda.gdc_launch_dependents()
-            line = tl.minimum(k_lo + tl.arange(0, LINES) * PER_LINE, H - 1)
-            pdl.to_l2(w + tl.minimum(rr, R - 1)[:, None] * H + line[None, :])
-            tl.extra.cuda.gdc_wait()
-        n = _live_rows(T, live, LIVE)
-        rb = tl.arange(0, 16)
-        for m0 in range(0, n, 16):
-            rt = m0 + rb
-            tm = rt < n
-            acc = tl.zeros([16, RB], dtype=tl.float32)
-            for k0 in range(k_lo, k_hi, BK):
-                kk = k0 + tl.arange(0, BK)
-                a = tl.load(x + rt[:, None] * H + kk[None, :], mask=tm[:, None] & (kk[None, :] < k_hi), other=0.0)
-                b = tl.load(w + rr[None, :] * H + kk[:, None], mask=rm[None, :] & (kk[:, None] < k_hi), other=0.0)
-                acc = tl.dot(a, b, acc)
-            tl.store(ws + (s * T + rt[:, None]) * R + rr[None, :], acc, mask=tm[:, None] & rm[None, :])
-        if FENCE:
-            fused_layer._fence()
-        tl.debug_barrier()
-        if tl.atomic_add(cnt, 1) == tl.num_programs(0) - 1:
-            tl.store(cnt, 0)  # the counter stays zero between kernels
-            if FENCE:
-                fused_layer._fence()
-            dt = wts.dtype.element_ty
-            re = tl.arange(0, BE)
-            em = re < E
-            rk = tl.arange(0, KB)
-            for t0 in range(0, n, TB):
-                rt = t0 + tl.arange(0, TB)
-                real = rt < n
-                lm = real[:, None] & em[None, :]
-                at = ws + rt[:, None] * R + re[None, :]
-                lg = tl.load(at, mask=lm, other=0.0, cache_modifier=".cg")
-                for j in tl.static_range(1, S):
-                    lg += tl.load(at + j * T * R, mask=lm, other=0.0, cache_modifier=".cg")
-                # (a padding row's logits are zeros, not -inf: no NaN; its picks are dropped below)
-                lg = tl.where(em[None, :], tl.where(real[:, None], lg.to(dt).to(tl.float32), 0.0), float("-inf"))
-                ex = tl.exp(lg - tl.max(lg, 1)[:, None])
-                prob = ex / tl.sum(ex, 1)[:, None]
-                key = (prob.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BE - 1 - re).to(tl.int64)[None, :]
-                key = tl.where(lm, key, -1)  # taken or past E: below every key
-                top = tl.zeros([TB, KB], dtype=tl.float32)
-                ids = tl.zeros([TB, KB], dtype=tl.int32)
-                for i in tl.static_range(K):
-                    best = tl.max(key, 1)
-                    top = tl.where(rk[None, :] == i, (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)[:, None], top)
-                    ids = tl.where(rk[None, :] == i, (BE - 1 - (best & 0xFFFFFFFF)).to(tl.int32)[:, None], ids)
-                    key = tl.where(key == best[:, None], -1, key)
-                wk = (top / tl.sum(top, 1)[:, None]).to(dt)
-                if SHARED:
-                    gl = tl.load(ws + rt * R + E, mask=real, other=0.0, cache_modifier=".cg")
-                    for j in tl.static_range(1, S):
-                        gl += tl.load(ws + (j * T + rt) * R + E, mask=real, other=0.0, cache_modifier=".cg")
-                    gate = tl.sigmoid(gl.to(dt).to(tl.float32)).to(dt)
-                    wk = tl.where(rk[None, :] == K, gate[:, None], wk)
-                ids = tl.where(real[:, None], ids, 0)
-                wk = tl.where(real[:, None], wk, 0.0)
-                tm = (rt < T)[:, None]
-                tl.store(idx + rt[:, None] * K + rk[None, :], ids, mask=tm & (rk[None, :] < K))
-                tl.store(wts + rt[:, None] * P + rk[None, :], wk, mask=tm & (rk[None, :] < P))
-            for t0 in range(n, T, TB):  # padding rows: expert 0, weight 0 (as _route_kernel; never read)
-                rt = t0 + tl.arange(0, TB)
-                tm = (rt < T)[:, None]
-                tl.store(idx + rt[:, None] * K + rk[None, :], tl.zeros([TB, KB], dtype=tl.int32), mask=tm & (rk[None, :] < K))
-                tl.store(wts + rt[:, None] * P + rk[None, :], tl.zeros([TB, KB], dtype=tl.float32).to(dt),
-                         mask=tm & (rk[None, :] < P))
-
-    @triton.jit
     def _combine_kernel(hin, idx, wts, w, sw, y, live, T, G, H, INTER, K: tl.constexpr, P: tl.constexpr,
                         LIVE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PC: tl.constexpr,
                         PER_LINE: tl.constexpr, LINES: tl.constexpr, USE_GDC: tl.constexpr):
@@ -398,43 +311,20 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
 def routing(x: torch.Tensor, router: torch.Tensor, top_k: int, shared: bool, live: torch.Tensor | None = None,
             out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`moe`'s routing: ``x [T, H]`` (contiguous), the ``router`` weight (the shared gate's row last where
-    ``shared``) -> (expert ids ``[T, k]`` int32, weights ``[T, k (+1: the shared gate)]`` in ``x``'s dtype); a
-    padding row (from ``live`` on) gets expert 0, weight 0. The router's GEMM and :func:`_route_kernel`, or
-    with ROUTER_ROUTES :func:`_router_kernel` (the same bits where the GEMM is fused_layer's). ``out``: the two
-    tensors to write (the interpreter test's, filled beforehand)."""
-    t, hidden = x.shape
+    ``shared``) -> (expert ids ``[T, k]`` int32, weights ``[T, k (+1: the shared gate)]`` in ``x``'s dtype): the
+    router's GEMM, then :func:`_route_kernel`; a padding row (from ``live`` on) gets expert 0, weight 0. ``out``:
+    the two tensors to write (the interpreter test's, filled beforehand)."""
+    t = x.shape[0]
     e = router.shape[0] - shared
     p = top_k + shared
     idx, wts = out if out is not None else (torch.empty(t, top_k, dtype=torch.int32, device=x.device),
                                             torch.empty(t, p, dtype=x.dtype, device=x.device))
-    gdc = pdl.options(x)
     live_ptr = live if live is not None else idx  # a stand-in pointer, never read without LIVE
-    route = dict(LIVE=live is not None, SHARED=shared, K=top_k, KB=triton.next_power_of_2(p),
-                 BE=triton.next_power_of_2(e))
-    tile = _router_tile(router) if ROUTER_ROUTES else None
-    if tile is not None:  # the router's GEMV and the routing in one kernel
-        rb, bk, warps, stages, split = tile
-        ks = triton.cdiv(triton.cdiv(hidden, split), bk) * bk  # a share: whole BK blocks
-        split = triton.cdiv(hidden, ks)
-        r = router.shape[0]
-        ws = torch.empty(split, t, r, dtype=torch.float32, device=x.device)
-        _router_kernel[(triton.cdiv(r, rb) * split,)](
-            x, router, ws, fused_layer._counters(x.device), idx, wts, live_ptr, t, r, e, hidden, ks, p, RB=rb, BK=bk,
-            S=split, TB=ROUTE_ROWS, FENCE=not pdl.INTERPRETED, PER_LINE=pdl.l2_lines(hidden, x.element_size())[0],
-            LINES=pdl.l2_lines(ks, x.element_size())[1], num_warps=warps, num_stages=stages, **route, **gdc)
-    else:  # the router's logits in the model dtype, as F.linear rounds them: a Triton GEMM (PDL, a row's bits its
-        # own), then the routing kernel
-        logits = fused_layer.linear(x, router) if fused_layer.usable(x) else linear(x, router)
-        _route_kernel[(t,)](logits, idx, wts, live_ptr, e, logits.stride(0), p, **route, **gdc)
+    # the router's logits in the model dtype, as F.linear rounds them: a Triton GEMM (PDL, a row's bits its own)
+    logits = fused_layer.linear(x, router) if fused_layer.usable(x) else linear(x, router)
+    _route_kernel[(t,)](logits, idx, wts, live_ptr, e, logits.stride(0), p, LIVE=live is not None, SHARED=shared,
+                        K=top_k, KB=triton.next_power_of_2(p), BE=triton.next_power_of_2(e), **pdl.options(x))
     return idx, wts
-
-
-def _router_tile(router: torch.Tensor) -> tuple[int, ...] | None:
-    """The router's fused_layer tiling ``(BN, BK, warps, stages, split)`` where :func:`_router_kernel` can take it
-    (the GEMM's K split on; ``BN`` at least 16, tl.dot's least), else None."""
-    t = tuple(fused_layer.tile_for(router.shape[0], router.shape[1], False)) + (1,)
-    bn, bk, warps, stages, split = t[:5]
-    return (bn, bk, warps, stages, split if fused_layer.SPLIT_K else 1) if bn >= 16 else None
 
 
 def moe_reference(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor,
