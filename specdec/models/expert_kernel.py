@@ -71,8 +71,9 @@ ROW_GROUPS = 4
 # Tried and removed (session of 2026-12-06 (eighth), H100; code at 74ec58b): the router's GEMM and the routing as one
 # kernel (SPECDEC_ROUTER_ROUTES; the GEMM on the router's tiling, the last program to finish routing the rows; the same
 # bits). The routing's share of the qwen3.5-35b-a3b step went 7.31 -> 7.19 us a layer at 1 row and 7.28 -> 13.28 at 4
-# (profile_shape_step --timeline); the 1-row step 3.645 -> 3.632 ms, the padded one 3.884 -> 4.159 (ab_flags). The
-# routing kernel's ~3 us is its own chain (softmax, 8 top-k passes), not its launch: under PDL the boundary costs ~0.1 us.
+# (profile_shape_step --timeline); the 1-row step 3.645 -> 3.632 ms, the padded one 3.884 -> 4.159 (ab_flags). So the
+# routing's ~3 us is mostly its own chain (softmax, 8 top-k passes), not the launch it saved; the two effects (a kernel
+# less, the routing in a 2-warp program over 4-row blocks) are not separated by these numbers.
 # Tried and removed (session of 2026-12-06 (fifth), H100; code at 442c10c): the combine loading its first row's weights
 # before its PDL wait (the gate/up kernel letting it launch only after its own wait, once the routing was complete).
 # Same bits in 50 replays a case, but slower: the qwen3.5-35b-a3b block 32.38 -> 35.44 us a layer (1 row) and 35.25 ->
