@@ -283,7 +283,8 @@ def moe() -> None:
     """models/expert_kernel.py's whole MoE step (the router's GEMM, routing, the pairs with the shared expert,
     the weighted sum) against its torch form (moe_reference): the output, a row's bits alone and beside
     others, and a static step's padding rows (past ``live``) zero; with and without a shared expert, with the
-    combine kernel's pairs loaded one, three or four at a time (P = 3 pairs: a chunk past the last pair)."""
+    combine kernel's pairs loaded one, three or four at a time (P = 3 pairs: a chunk past the last pair). The
+    routing alone too: every row written (5 and 21 rows, with and without padding rows)."""
     from specdec.models import expert_kernel
     torch.manual_seed(0)
     e, hidden, inter, t, k = 6, 300, 40, 5, 2  # hidden past one BK block and not a multiple of it
@@ -304,21 +305,21 @@ def moe() -> None:
         ok = (torch.equal(idx[:n].long(), want_idx[:n]) and (w[:n].float() - want_w[:n].float()).abs().max() < 2e-3
               and not idx[n:].any() and not w[n:].any())
         check(f"moe routing ({n} live of {tr} rows): the torch form's experts and weights, padding rows 0", ok)
-    for (name, sh, rw), pc in itertools.product((("shared expert", shared, router), ("no shared expert", None, router[:e])),
-                                                (1, 4)):
-        tiles = ((16, 128, 4), (8, 32, 4, pc))  # past one BK block of the intermediate too
-        label = f"{name}, {pc} pair{'s' if pc > 1 else ''} a load"
-        got = expert_kernel.moe(x, rw, k, gate_up, down, sh, tiles=tiles)
-        want = expert_kernel.moe_reference(x, rw, k, gate_up, down, sh)
-        diff = (got.float() - want.float()).abs()
-        ulps = (diff / (want.float().abs() * 2 ** -10 + 1e-3)).max().item()
-        check(f"moe ({label}): the output equals the torch form's (within two fp16 steps)", ulps <= 2.0,
-              f"(max diff {diff.max().item():.2e}, {ulps:.2f} steps)")
-        alone = torch.cat([expert_kernel.moe(x[i:i + 1], rw, k, gate_up, down, sh, tiles=tiles) for i in range(t)])
-        check(f"moe ({label}): a row's bits alone equal its bits beside the others", torch.equal(alone, got))
-        part = expert_kernel.moe(x, rw, k, gate_up, down, sh, torch.tensor(2), tiles=tiles)
-        check(f"moe ({label}): the live rows as before, the padding rows zero",
-              torch.equal(part[:2], got[:2]) and not part[2:].any())
+    for name, sh, rw in (("shared expert", shared, router), ("no shared expert", None, router[:e])):
+        for pc in (1, 4):
+            tiles = ((16, 128, 4), (8, 32, 4, pc))  # past one BK block of the intermediate too
+            label = f"{name}, {pc} pair{'s' if pc > 1 else ''} a load"
+            got = expert_kernel.moe(x, rw, k, gate_up, down, sh, tiles=tiles)
+            want = expert_kernel.moe_reference(x, rw, k, gate_up, down, sh)
+            diff = (got.float() - want.float()).abs()
+            ulps = (diff / (want.float().abs() * 2 ** -10 + 1e-3)).max().item()
+            check(f"moe ({label}): the output equals the torch form's (within two fp16 steps)", ulps <= 2.0,
+                  f"(max diff {diff.max().item():.2e}, {ulps:.2f} steps)")
+            alone = torch.cat([expert_kernel.moe(x[i:i + 1], rw, k, gate_up, down, sh, tiles=tiles) for i in range(t)])
+            check(f"moe ({label}): a row's bits alone equal its bits beside the others", torch.equal(alone, got))
+            part = expert_kernel.moe(x, rw, k, gate_up, down, sh, torch.tensor(2), tiles=tiles)
+            check(f"moe ({label}): the live rows as before, the padding rows zero",
+                  torch.equal(part[:2], got[:2]) and not part[2:].any())
     try:
         expert_kernel.moe(x, router[:e], k, gate_up, down, shared)
         check("moe: a router without the shared gate's row is refused", False)
