@@ -105,9 +105,18 @@ def weight_shapes(shape: str) -> dict:
     return out
 
 
-def kernels(shapes: dict, rows: int, res: dict, sweep: bool = False) -> None:
+def _bytes(w) -> int:
+    return w.nbytes() if isinstance(w, fl.Int8Rows) else w.numel() * w.element_size()
+
+
+def _clone(w):
+    return fl.Int8Rows(w.q.clone(), w.scale.clone()) if isinstance(w, fl.Int8Rows) else w.clone()
+
+
+def kernels(shapes: dict, rows: int, res: dict, sweep: bool = False, int8: bool = False) -> None:
     """Check and time each weight of ``shapes`` (:func:`weight_shapes`' form) at ``rows`` rows; with ``sweep`` every
-    tiling of the sweep lists too."""
+    tiling of the sweep lists too. ``int8``: the weights as ``fl.Int8Rows`` (a drafter's ``--draft-int8``), each
+    also timed in bf16 on the fused kernel (``bf16``)."""
     dev, dt = torch.device("cuda"), torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)
 
@@ -116,6 +125,9 @@ def kernels(shapes: dict, rows: int, res: dict, sweep: bool = False) -> None:
     cases = {name: (rnd(512, k), rnd(n, k, s=k ** -0.5), silu) for name, (n, k, silu) in shapes.items()}
     best_tiles = {}
     for name, (inp, w, silu) in cases.items():
+        wb = w
+        if int8:
+            w = fl.Int8Rows.of(w)
         full = fl.linear(inp, w, silu=silu)
         ref = fl.reference(inp, w, silu=silu)
         err = (full.float() - ref.float()).abs().max().item()
@@ -124,7 +136,7 @@ def kernels(shapes: dict, rows: int, res: dict, sweep: bool = False) -> None:
         bad = [m for m in (1, 2, 5, 15, 16, 17, 31, 64, 128, 200) if not torch.equal(fl.linear(inp[:m], w, silu=silu), full[:m])]
         check(f"{name}: rows keep their bits at 1..512 rows", not bad, f"(differ at {bad})" if bad else "")
         xi = inp[:rows]
-        ws = [w] + [w.clone() for _ in range(-(-L2_BYTES // (w.numel() * w.element_size())) - 1)]
+        ws = [w] + [_clone(w) for _ in range(-(-L2_BYTES // _bytes(w)) - 1)]
         turn = [0]
 
         def nxt():  # the next copy: each captured call reads a weight the call before did not
@@ -133,11 +145,22 @@ def kernels(shapes: dict, rows: int, res: dict, sweep: bool = False) -> None:
         fused_us = graph_us(lambda: fl.linear(xi, nxt(), silu=silu))
         unfused_us = graph_us(lambda: fused_ops.silu_mul(F.linear(xi, nxt())) if silu else F.linear(xi, nxt()))
         n = w.shape[0] // 2 if silu else w.shape[0]
-        gbs = w.numel() * w.element_size() / fused_us / 1e3
+        gbs = _bytes(w) / fused_us / 1e3
         res.setdefault("kernels_us", {})[name] = {"fused": round(fused_us, 2), "cublas": round(unfused_us, 2),
                                                  "copies": len(ws), "fused_gb_s": round(gbs),
                                                  "tile": list(fl.tile_for(n, w.shape[1], silu))}
-        print(f"  {name}: {rows} rows, triton {fused_us:.2f} us, cuBLAS{' + silu_mul' if silu else ''} {unfused_us:.2f} us", flush=True)
+        if int8:
+            wbs = [wb] + [wb.clone() for _ in range(-(-L2_BYTES // _bytes(wb)) - 1)]
+            tb = [0]
+
+            def nxt_b():  # likewise for the bf16 weight's copies
+                tb[0] += 1
+                return wbs[tb[0] % len(wbs)]
+            bf16_us = graph_us(lambda: fl.linear(xi, nxt_b(), silu=silu))
+            res["kernels_us"][name]["bf16"] = round(bf16_us, 2)
+            print(f"  {name}: {rows} rows, bf16 on the fused kernel {bf16_us:.2f} us", flush=True)
+        print(f"  {name}: {rows} rows, triton{' int8' if int8 else ''} {fused_us:.2f} us, "
+              f"cuBLAS{' + silu_mul' if silu else ''} {unfused_us:.2f} us", flush=True)
         if sweep:
             times = {}
             narrow = not silu and w.shape[0] <= 2048 and w.shape[1] >= 2 * w.shape[0]
@@ -203,6 +226,8 @@ def main(argv=None) -> int:
     ap.add_argument("--head", action="store_true", help="also the LM head (vocab x hidden), as SPECDEC_ROW_EXACT runs it")
     ap.add_argument("--only", nargs="+", metavar="WEIGHT",
                     help="check and time only these weights (names as --list prints them; default: all but the head)")
+    ap.add_argument("--int8", action="store_true", help="the weights as int8 rows (a drafter's --draft-int8), "
+                    "each also timed in bf16")
     ap.add_argument("--list", action="store_true", help="print the shape's weights (name: rows, K, silu) and exit")
     ap.add_argument("--no-model", action="store_true", help="skip the whole shape's logits with the fused path on and off")
     a = ap.parse_args(argv)
@@ -225,7 +250,8 @@ def main(argv=None) -> int:
         return 2
     keep = set(a.only or [n for n in shapes if n != "head" or a.head])
     res = {"shape": a.shape, "rows": a.rows, "tile": list(fl.TILE)}
-    kernels({n: v for n, v in shapes.items() if n in keep}, a.rows, res, a.sweep)
+    res["int8"] = a.int8
+    kernels({n: v for n, v in shapes.items() if n in keep}, a.rows, res, a.sweep, a.int8)
     if not a.no_model:
         model_check(a.shape, res)
     res["failed"] = FAILED

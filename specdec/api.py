@@ -8,7 +8,7 @@ import torch
 
 from .drafters.factory import make_drafter, resolve_spec
 from .engine import GenerationResult, SpeculativeGenerator
-from .errors import CheckpointError, RequestError
+from .errors import CheckpointError, ConfigError, RequestError
 from .loading import LoadedModel, load_model
 from .sampling import SamplingParams
 
@@ -99,6 +99,8 @@ class LLM:
     LM head reads their rows only: :mod:`specdec.drafters.draft_vocab`); output is unchanged. None: the
     drafter directory's ``draft_vocab.json`` where it has one (the shipped drafters do); ``"none"``: the
     whole vocabulary.
+    ``draft_int8``: a DFlash drafter's CUDA steps on int8 copies of its weights, a scale a row (half the bytes
+    a proposal reads; the drafts may change, the output does not); CUDA only, not with ``compile``.
     ``shard``: inside a tensor-parallel rank (a :class:`specdec.parallel.Shard` handed out by
     :func:`specdec.parallel.launch.run_parallel`), the target is that rank's part, on its device;
     every rank must make the same calls (drafters run replicated).
@@ -107,12 +109,15 @@ class LLM:
     def __init__(self, model: str | None = None, draft=None, device: str | None = None, dtype=None,
                  num_draft_tokens: int = 4, block_size: int | None = None, cuda_graphs: bool = True,
                  batch_invariant: bool | None = None, compile: bool = False, shard=None,
-                 draft_vocab: str | None = None):
+                 draft_vocab: str | None = None, draft_int8: bool = False):
+        if draft_int8 and compile:
+            raise ConfigError("--draft-int8: the int8 DFlash drafter runs on its fast CUDA steps, not with --compile")
         self.loaded = load_model(model or default_model_path(), shard.device if shard else device, dtype, shard=shard)
         self.tokenizer = self.loaded.tokenizer
         spec = resolve_spec(draft, self.loaded)
         self.drafter_spec = spec if isinstance(spec, str) or spec is None else type(spec).__name__
-        self.drafter = make_drafter(spec, self.loaded, block_size=block_size, draft_vocab=draft_vocab)
+        self.drafter = make_drafter(spec, self.loaded, block_size=block_size, draft_vocab=draft_vocab,
+                                    draft_int8=draft_int8)
         k = num_draft_tokens
         if self.drafter is not None and getattr(self.drafter, "block_size", None):
             k = self.drafter.block_size - 1  # a block drafter drafts its whole (possibly lowered) block

@@ -140,8 +140,10 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
               num_draft_tokens=4, block_size=None, temperature: float = 0.0,
               device=None, dtype=None, data_dir: str | None = None, chat: bool = True, seed: int = 0,
               cuda_graphs: bool = True, batch_invariant: bool | None = None, compile: bool = False,
-              max_turns: int | None = None, shard=None, draft_vocab: str | None = None) -> dict:
+              max_turns: int | None = None, shard=None, draft_vocab: str | None = None,
+              draft_int8: bool = False) -> dict:
     """``num_draft_tokens`` / ``block_size``: a value or a list (a sweep: one configuration each).
+    ``draft_int8``: each DFlash configuration run twice, the second on int8 weights (``label int8``).
     ``shard``: run as one tensor-parallel rank (every rank runs the same bench)."""
     prompts = load_prompts(dataset, num_prompts, data_dir)  # a missing prompt set fails before loading
     if max_turns is not None:
@@ -151,9 +153,13 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
     if tok is None:
         raise ConfigError(f"{model}: bench needs a tokenizer")
     gens = {}
-    for label, spec, k, bs in bench_configs(drafts, num_draft_tokens, block_size):
+    configs = [(label, spec, k, bs, False) for label, spec, k, bs in bench_configs(drafts, num_draft_tokens, block_size)]
+    if draft_int8:
+        configs += [(f"{label} int8", spec, k, bs, True) for label, spec, k, bs, _ in configs if spec.startswith("dflash")]
+    for label, spec, k, bs, int8 in configs:
         d = make_drafter(spec, loaded, block_size=bs if spec.startswith("dflash") else None,
-                         draft_vocab=draft_vocab if draft_vocab and spec not in ("none", "ngram") else None)
+                         draft_vocab=draft_vocab if draft_vocab and spec not in ("none", "ngram") else None,
+                         draft_int8=int8)
         if d is not None and getattr(d, "block_size", None):
             k = d.block_size - 1
         gens[label] = SpeculativeGenerator(tgt, d, k, cuda_graphs=cuda_graphs, batch_invariant=batch_invariant,

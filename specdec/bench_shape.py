@@ -209,32 +209,38 @@ def decode_bytes(model, context: int) -> tuple[int, int, int]:
     return total, active + kv_per_pos * context, kv_per_pos * context
 
 
-def drafter_steps(model, context: int, reps: int, draft_vocab: int | None = None) -> dict:
+def drafter_steps(model, context: int, reps: int, draft_vocab: int | None = None, draft_int8: bool = False) -> dict:
     """Median ms of one propose of random drafters of the published shapes that fit this target (an MTP
     block for Qwen3.5 shapes, a head of ``specdec train mtp``'s shape for Llama-family ones); for DFlash
     also ``step_ms``, the proposal after 16 committed rows (its context write included). ``draft_vocab``:
     each drafter timed again with its head over that many of the vocabulary's rows (the first ones:
-    random weights), labelled ``..., draft vocab N``."""
+    random weights), labelled ``..., draft vocab N``. ``draft_int8``: the DFlash drafter timed again with
+    its fast steps on int8 weights (``DFlashDrafter.use_int8_weights``), labelled ``..., int8 weights``."""
     out = {}
     makers = {"dflash (5 layers, block 16)": _dflash}
     if model.config.model_type.startswith("qwen3_5") or model.config.model_type in ("llama", "qwen3"):
         makers["mtp (1 layer)"] = _mtp
     ids = torch.randint(0, model.config.vocab_size, (context,), generator=torch.Generator().manual_seed(2))
-    runs = [(label, make, None) for label, make in makers.items()]
+    runs = [(label, make, None, False) for label, make in makers.items()]
     if draft_vocab:
-        runs += [(f"{label}, draft vocab {draft_vocab}", make, draft_vocab) for label, make in makers.items()]
-    for label, make, vocab in runs:
-        out[label] = _time_drafter(model, make, ids.to(model.device), reps, vocab)
+        runs += [(f"{label}, draft vocab {draft_vocab}", make, draft_vocab, False) for label, make in makers.items()]
+    if draft_int8:
+        runs.append((f"{next(iter(makers))}{f', draft vocab {draft_vocab}' if draft_vocab else ''}, int8 weights",
+                     _dflash, draft_vocab, True))
+    for label, make, vocab, int8 in runs:
+        out[label] = _time_drafter(model, make, ids.to(model.device), reps, vocab, int8)
         if label.startswith("dflash") and not model.config.intermediate_size:
             out[label]["note"] = "MoE target: drafter FFN width assumed = moe_intermediate_size * num_experts_per_tok"
     return out
 
 
 @torch.inference_mode()
-def _time_drafter(model, make, ids: torch.Tensor, reps: int, draft_vocab: int | None = None) -> dict:
+def _time_drafter(model, make, ids: torch.Tensor, reps: int, draft_vocab: int | None = None, int8: bool = False) -> dict:
     d, k, needs_observe = make(model)
     if draft_vocab:
         d.use_draft_vocab(range(draft_vocab), f"the first {draft_vocab} token ids")
+    if int8:
+        d.use_int8_weights()
     cache = model.new_cache(ids.numel() + 64)
     fo = model(ids, cache, capture=d.capture_layers, logits="last")  # hidden and captured: every row
     d.begin(ids, fo)
@@ -328,12 +334,12 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
                     new_tokens: int = 128, oracle_tau: float = 6.5, oracle_k: int = 15, cuda_graphs: bool = True,
                     batch_invariant: bool | None = None, drafters: bool = True, copy_bytes: int = 256 << 20,
                     shard=None, compile: bool = False, contexts: tuple[int, ...] = (),
-                    wide_rows: tuple[int, ...] = (), draft_vocab: int | None = None) -> dict:
+                    wide_rows: tuple[int, ...] = (), draft_vocab: int | None = None, draft_int8: bool = False) -> dict:
     """The whole shape benchmark as one JSON-able dict (see the module docstring). ``shard``: run
     as one tensor-parallel rank (every rank runs the same bench; weights and bytes are per rank,
     the drafters' own steps are not timed). ``wide_rows``: also time steps of that many rows
     (``wide_ms``). ``draft_vocab``: also time the drafters over that many vocabulary rows
-    (:func:`drafter_steps`). A model drafter's ``step_ratio``: its verify (``k`` drafts) plus its
+    (:func:`drafter_steps`); ``draft_int8``: and the DFlash drafter on int8 weights. A model drafter's ``step_ratio``: its verify (``k`` drafts) plus its
     propose over a decode step (issue 10's MTP K = 3 target: at most 1.3)."""
     if reps < 1 or context < 1 or new_tokens < 1 or oracle_k < 1:
         raise ConfigError("--reps, --context, -n and --oracle-k must be >= 1")
@@ -344,6 +350,9 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
     if wide_rows and compile:
         raise ConfigError("--wide-rows cannot be used with --compile (each step shape would compile its own code)")
     oracle_spoil(oracle_tau, oracle_k)  # a bad tau fails before building anything
+    if draft_int8 and (not drafters or compile or shard is not None):
+        raise ConfigError("--draft-int8 with --shape times the DFlash drafter, which is not timed with --compile, "
+                          "--tensor-parallel or without drafters")
     limit, vocab = shape_config(shape)[1].max_position_embeddings, shape_config(shape)[1].vocab_size
     if draft_vocab is not None and not 1 <= draft_vocab <= vocab:
         raise ConfigError(f"--draft-vocab: {draft_vocab} must lie in 1..{vocab} (shape {shape}'s vocabulary)")
@@ -358,6 +367,8 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
                           f"{shape}'s {limit} positions")
     dev = torch.device(shard.device) if shard is not None else resolve_device(str(device) if device is not None else None)
     dt = resolve_dtype(dtype, dev)
+    if draft_int8 and (dev.type != "cuda" or dt not in (torch.bfloat16, torch.float16)):
+        raise ConfigError("--draft-int8: the int8 DFlash drafter needs CUDA and bf16/fp16 weights")
     model = build_shape(shape, dev, dt, shard=shard)
     use_graphs = cuda_graphs and dev.type == "cuda"
     invariant = dev.type == "cuda" if batch_invariant is None else batch_invariant
@@ -383,7 +394,7 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
     }
     report["contexts"] = [{**_context_point(model, c, swept[c], bw, plain_ms[c]), "padded_one_real_ms": padded[c]}
                           for c in sorted(swept)]
-    report["drafter_ms"] = (drafter_steps(model, context, reps, draft_vocab) if drafters and shard is None and not compile
+    report["drafter_ms"] = (drafter_steps(model, context, reps, draft_vocab, draft_int8) if drafters and shard is None and not compile
                             else {})
     for d in report["drafter_ms"].values():
         if str(d["k"]) in report["verify_ms"]:

@@ -39,6 +39,13 @@ DRAFT_HELP = ("auto (the default) = dflash+ngram on CUDA where a DFlash drafter 
               "targets; " + SPEC_HELP)
 
 
+DRAFT_INT8_HELP = ("run a DFlash drafter's CUDA steps on int8 copies of its weights, a scale per row (weight-only, "
+                   "W8A16): half the bytes a proposal reads, for drafters whose weights dominate their step (the "
+                   "qwen3-8b shape's 5-layer drafter; not SmolLM2's, whose steps are latency-bound). Drafts may "
+                   "change, output does not (the target verifies them). CUDA only, not with --compile; the target's "
+                   "LM head rows stay as they are")
+
+
 DRAFT_VOCAB_HELP = ("draft only these tokens (a JSON list of token ids, or a .pt tensor: SGLang's hot-token map) "
                     "and the prompt's: an MTP or DFlash drafter's LM head then reads those rows only, not the whole "
                     "vocabulary's. Output is unchanged; tau drops where the right token is on neither list. "
@@ -63,6 +70,7 @@ def _model_args(p: argparse.ArgumentParser, draft: bool = True, sweep: bool = Fa
                    "once per value" if sweep else ""))
     if draft:
         p.add_argument("--draft-vocab", default=None, metavar="FILE|none", help=DRAFT_VOCAB_HELP)
+        p.add_argument("--draft-int8", action="store_true", help=DRAFT_INT8_HELP)
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode/verify steps eagerly instead of "
                    "replaying them as CUDA graphs (used on CUDA by default)")
     p.add_argument("--compile", action="store_true", help="compile each static decode/verify/draft step with "
@@ -173,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--draft-vocab", default=None, metavar="FILE|none|N", help=DRAFT_VOCAB_HELP + " (for every MTP and "
                    "DFlash configuration). With --shape: a number N, the drafters' heads over N of the vocabulary's "
                    "rows (random weights: which rows does not matter)")
+    b.add_argument("--draft-int8", action="store_true", help="also run each DFlash configuration with " + DRAFT_INT8_HELP[4:]
+                   + " (labelled '... int8'). With --shape: also time the random DFlash drafter on int8 weights")
     b.add_argument("--dataset", default="gsm8k", help="gsm8k | humaneval | mt_bench | path.jsonl, a file of records with 'turns' (a list of user turns), 'prompt', or 'question' (GSM8K's format and prompt) (default gsm8k)")
     b.add_argument("--data-dir", default=None, help="folder with the prompt sets (default: $SPECDEC_BENCH_DATA, "
                    "else the sets shipped with specdec)")
@@ -372,6 +382,12 @@ def _check_model_args(args, drafts: list[str]) -> list[str]:
                               "without a shipped drafter)")
         if not os.path.isfile(vocab_file):
             raise ConfigError(f"draft vocabulary {vocab_file}: no such file")
+    if getattr(args, "draft_int8", False):
+        if not any(d.startswith("dflash") for d in drafts):
+            raise ConfigError(f"--draft-int8 applies to DFlash drafters (dflash, dflash:PATH, dflash+ngram), not to "
+                              f"{', '.join(repr(d) for d in drafts)} (--draft auto is mtp+ngram on the CPU)")
+        if args.compile:
+            raise ConfigError("--draft-int8: the int8 DFlash drafter runs on its fast CUDA steps, not with --compile")
     ks = args.num_draft_tokens if isinstance(args.num_draft_tokens, list) else [args.num_draft_tokens]
     k_drafters = [d for d in drafts if d not in ("none", "auto") and not d.startswith("dflash")]
     for k in ks:
@@ -395,7 +411,7 @@ def _make_llm(args, shard=None):
     from .api import LLM
     return LLM(args.model, draft=args.draft, device=args.device, dtype=args.dtype,
                num_draft_tokens=args.num_draft_tokens, block_size=args.block_size, draft_vocab=args.draft_vocab,
-               cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant, compile=args.compile,
+               draft_int8=args.draft_int8, cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant, compile=args.compile,
                shard=shard)
 
 
@@ -553,7 +569,7 @@ def _bench(shard, args, drafts: list[str]) -> int:
 
     report = run_bench(args.model or default_model_path(), drafts, args.dataset, args.num_prompts, args.max_new_tokens,
                        num_draft_tokens=args.num_draft_tokens, block_size=args.block_size, temperature=args.temperature,
-                       draft_vocab=args.draft_vocab,
+                       draft_vocab=args.draft_vocab, draft_int8=args.draft_int8,
                        device=args.device, dtype=args.dtype, data_dir=args.data_dir, chat=not args.no_chat,
                        cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant,
                        compile=args.compile, max_turns=args.max_turns, shard=shard)
@@ -596,7 +612,7 @@ def _bench_shape(shard, args) -> int:
                              new_tokens=args.max_new_tokens, oracle_tau=args.oracle_tau, oracle_k=args.oracle_k,
                              cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant, shard=shard,
                              compile=args.compile, contexts=args.contexts, wide_rows=args.wide_rows,
-                             draft_vocab=args.draft_vocab)
+                             draft_vocab=args.draft_vocab, draft_int8=args.draft_int8)
     if shard is not None and shard.rank != 0:
         return 0
     print(format_shape(report))

@@ -140,6 +140,7 @@ class DFlashDrafter:
         self._static: _StaticBlock | None = None
         self._sampled: _StaticBlock | None = None
         self._fast_w: dflash_fast.FastWeights | None = None  # the fast steps' weight layout (dflash_fast)
+        self.int8_weights = False  # the fast steps' GEMMs on int8 copies of the weights (use_int8_weights)
         self.vocab = None  # a DraftVocab: drafts from its tokens only (use_draft_vocab)
         self._part = None  # the vocabulary's PromptPart: this request's prompt tokens off it (begin; not DFlashSlots)
         self.cut_unconfident = True  # eager blocks on the CPU cut at CPU_MIN_(SAMPLED_)CONFIDENCE (spawn: whole blocks)
@@ -160,13 +161,30 @@ class DFlashDrafter:
             return self.vocab.logits(h, self.model.scale_logits, self._part if part is None else part)
         return self.model.scale_logits(self.target.raw_logits(h, exact=False))
 
+    def use_int8_weights(self) -> None:
+        """Run the fast steps' GEMMs (:mod:`.dflash_fast`: every layer's, ``fc``'s and the context write's) on int8
+        copies of the weights, a scale a row (``fused_layer.Int8Rows``): half the bytes a proposal reads. The
+        drafts may differ from the bf16 drafter's, the output never does (the target verifies them). The LM head
+        (the target's rows) stays as it is. CUDA only: the fused kernels' path."""
+        if not dflash_fast.usable(self.model, self.model.fc.weight) or self.compile:
+            why = ("needs CUDA and bf16/fp16 weights" if not self.model.fc.weight.is_cuda
+                   or self.model.fc.weight.dtype not in (torch.bfloat16, torch.float16)
+                   else "not with --compile" if self.compile
+                   else "this drafter's layers do not take the fused kernels (dflash_fast.eligible)")
+            raise ConfigError(f"--draft-int8: the int8 DFlash drafter {why}")
+        self.int8_weights = True
+        self._fast_w = None
+        self._static = self._sampled = self._flusher = None  # steps captured on the bf16 weights
+
     def fast_weights(self) -> "dflash_fast.FastWeights | None":
         """The weights of :mod:`.dflash_fast`'s steps when this drafter's static steps take them (made
         at the first use, shared with spawned drafters), else None."""
         if self.compile or not dflash_fast.usable(self.model, self.model.fc.weight):
+            if self.int8_weights:  # (compile is set after use_int8_weights checked it: the engine's)
+                raise ConfigError("--draft-int8: the int8 DFlash drafter runs on its fast CUDA steps, not with --compile")
             return None
         if self._fast_w is None:
-            self._fast_w = dflash_fast.FastWeights(self.model)
+            self._fast_w = dflash_fast.FastWeights(self.model, int8=self.int8_weights)
         return self._fast_w
 
     def for_slots(self, slots: int, capacity: int, width: int, span_of=None, span_invariant: bool = False
@@ -181,7 +199,7 @@ class DFlashDrafter:
         # draft asked for (requests.ema_acceptance), so a cut block would read as rejected drafts
         d.cut_unconfident = False
         d.compile = self.compile
-        d._fast_w = self._fast_w
+        d._fast_w, d.int8_weights = self._fast_w, self.int8_weights
         d.vocab = self.vocab
         return d
 
@@ -354,6 +372,7 @@ class DFlashDrafter:
             "layers": c.num_hidden_layers, "layer_types": list(c.layer_types), "hidden_size": c.hidden_size,
             "target_layer_ids": list(c.target_layer_ids), "target_layer_ids_default": c.target_layer_ids_default,
             "mask_token_id": c.mask_token_id, "dtype": str(self.model.fc.weight.dtype).replace("torch.", ""),
+            "fast_weights": "int8" if self.int8_weights else "as dtype",
             "weight_bytes": self.weight_bytes(), "cache_bytes": self.cache_bytes(),
             "resident_bytes": self.resident_bytes(),
         }

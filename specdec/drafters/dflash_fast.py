@@ -67,22 +67,27 @@ def usable(model, x: torch.Tensor) -> bool:
 
 class FastWeights:
     """The drafter's weights laid out for the fused GEMMs (copies, made once: q/k/v rows concatenated
-    per layer, gate/up likewise, and every layer's k/v rows in one matrix for the context write)."""
+    per layer, gate/up likewise, and every layer's k/v rows in one matrix for the context write). With
+    ``int8`` every one of them as ``fused_layer.Int8Rows`` (a copy each: half the bytes a step reads)."""
 
-    def __init__(self, model):
+    def __init__(self, model, int8: bool = False):
         c = model.config
         cat = torch.cat
-        self.qkv = [cat([ly.self_attn.q_proj.weight, ly.self_attn.k_proj.weight, ly.self_attn.v_proj.weight]).contiguous()
+        form = fused_layer.Int8Rows.of if int8 else (lambda t: t.contiguous())
+        self.int8 = int8
+        self.qkv = [form(cat([ly.self_attn.q_proj.weight, ly.self_attn.k_proj.weight, ly.self_attn.v_proj.weight]))
                     for ly in model.layers]
-        self.o = [ly.self_attn.o_proj.weight.contiguous() for ly in model.layers]
-        self.gate_up = [cat([ly.mlp.gate_proj.weight, ly.mlp.up_proj.weight]).contiguous() for ly in model.layers]
-        self.down = [ly.mlp.down_proj.weight.contiguous() for ly in model.layers]
-        self.fc = model.fc.weight.contiguous()
-        self.kv = cat([cat([ly.self_attn.k_proj.weight, ly.self_attn.v_proj.weight]) for ly in model.layers]).contiguous()
+        self.o = [form(ly.self_attn.o_proj.weight) for ly in model.layers]
+        self.gate_up = [form(cat([ly.mlp.gate_proj.weight, ly.mlp.up_proj.weight])) for ly in model.layers]
+        self.down = [form(ly.mlp.down_proj.weight) for ly in model.layers]
+        self.fc = form(model.fc.weight)
+        self.kv = form(cat([cat([ly.self_attn.k_proj.weight, ly.self_attn.v_proj.weight]) for ly in model.layers]))
         self.nq, self.nkv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
 
     def nbytes(self) -> int:
-        """The copies' bytes (o, down and fc are the model's own tensors)."""
+        """The copies' bytes (bf16: o, down and fc are the model's own tensors)."""
+        if self.int8:
+            return sum(t.nbytes() for t in (*self.qkv, *self.o, *self.gate_up, *self.down, self.fc, self.kv))
         return sum(t.numel() * t.element_size() for t in (*self.qkv, *self.gate_up, self.kv))
 
 
@@ -134,7 +139,7 @@ def write_context(model, w: FastWeights, feats: torch.Tensor, start: torch.Tenso
     values stored in ``buffers``."""
     t = feats.shape[0]
     hn = model.hidden_norm
-    ctx = fused_ops.rms_norm(fused_layer.linear(feats.to(w.fc.dtype), w.fc), hn.fp32_scale(), hn.eps)
+    ctx = fused_ops.rms_norm(fused_layer.linear(feats.to(model.fc.weight.dtype), w.fc), hn.fp32_scale(), hn.eps)
     kv = fused_layer.linear(ctx, w.kv)  # [T, layers * 2 * n_kv * d]: a layer's keys, then its values
     width = w.nkv * w.d
     for i, layer in enumerate(model.layers):

@@ -60,12 +60,14 @@ def resolve_spec(spec, loaded, serving: bool = False):
     return spec
 
 
-def make_drafter(spec, loaded, *, block_size: int | None = None, draft_vocab: str | None = None):
+def make_drafter(spec, loaded, *, block_size: int | None = None, draft_vocab: str | None = None,
+                 draft_int8: bool = False):
     """``loaded`` is the target's :class:`~specdec.loading.LoadedModel`. Returns a drafter or None.
     ``draft_vocab``: a draft-vocabulary file (:mod:`.draft_vocab`) for an MTP or DFlash drafter;
     None: the drafter directory's ``draft_vocab.json`` where it has one (``specdec train`` writes it), the
     target is not a tensor-parallel rank and the list pays (:func:`_list_pays`), else the whole vocabulary;
-    ``"none"``: the whole vocabulary."""
+    ``"none"``: the whole vocabulary. ``draft_int8``: a DFlash drafter's fast steps on int8 weights
+    (``DFlashDrafter.use_int8_weights``; CUDA)."""
     check_spec(spec, block_size)
     spec = resolve_spec(spec, loaded)  # auto may pick none: block_size is then moot
     from .draft_vocab import load_token_ids
@@ -89,6 +91,11 @@ def make_drafter(spec, loaded, *, block_size: int | None = None, draft_vocab: st
             ids = None
     if ids is not None:
         model_drafter.use_draft_vocab(ids, f"draft vocabulary {draft_vocab}")
+    if draft_int8:
+        if not hasattr(model_drafter, "use_int8_weights"):
+            name = spec if isinstance(spec, str) else "none" if spec is None else type(d).__name__
+            raise ConfigError(f"--draft-int8 applies to DFlash drafters (dflash, dflash:PATH, dflash+ngram), not to '{name}'")
+        model_drafter.use_int8_weights()
     return d
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -208,9 +209,9 @@ if triton is not None:
         tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit(do_not_specialize=["M"])
-    def _kernel(x, w, y, ws, cnt, M, N, K, sx, sy, KS, SILU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    def _kernel(x, w, y, ws, cnt, sc, M, N, K, sx, sy, KS, SILU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, SPLIT: tl.constexpr, FENCE: tl.constexpr, USE_GDC: tl.constexpr,
-                PER_LINE: tl.constexpr, LINES: tl.constexpr):
+                PER_LINE: tl.constexpr, LINES: tl.constexpr, SCALED: tl.constexpr = False):
         # programs run M-tile fastest, then the K split: the row tiles of one weight block run side by side (L2)
         pid = tl.program_id(0)
         num_m = tl.cdiv(M, BM)
@@ -238,9 +239,13 @@ if triton is not None:
             a = tl.load(x + rm[:, None] * sx + kk[None, :], mask=mm[:, None] & (kk[None, :] < k_end), other=0.0)
             wm = mn[None, :] & (kk[:, None] < k_end)
             b = tl.load(w + rn[None, :] * K + kk[:, None], mask=wm, other=0.0)
+            if SCALED:  # int8 weights (Int8Rows): exact in bf16 / fp16, their row scales applied at the end
+                b = b.to(a.dtype)
             acc = tl.dot(a, b, acc)
             if SILU:  # the up rows follow the N gate rows
                 bu = tl.load(w + (N + rn)[None, :] * K + kk[:, None], mask=wm, other=0.0)
+                if SCALED:
+                    bu = bu.to(a.dtype)
                 acc_up = tl.dot(a, bu, acc_up)
         last = True
         if SPLIT > 1:  # split K: each program's fp32 partial to the workspace; the tile's last program to count in
@@ -269,6 +274,10 @@ if triton is not None:
                     for s in tl.static_range(1, SPLIT):
                         acc_up += tl.load(base + N + s * M * cols, mask=mo, other=0.0, cache_modifier=".cg")
         if last:
+            if SCALED:  # a weight row's scale times its sums (the same for every split's partial)
+                acc = acc * tl.load(sc + rn, mask=mn, other=0.0)[None, :]
+                if SILU:
+                    acc_up = acc_up * tl.load(sc + N + rn, mask=mn, other=0.0)[None, :]
             if SILU:  # silu(gate) * up, each rounded where the torch ops round
                 gf = acc.to(y.dtype.element_ty).to(tl.float32)
                 act = (gf / (1.0 + tl.exp(-gf))).to(y.dtype.element_ty)
@@ -283,9 +292,38 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, silu: bool = False, tile: tuple | None = None) -> torch.Tensor:
+class Int8Rows(NamedTuple):
+    """A weight ``[N, K]`` as int8 rows and an fp32 scale a row (``w ~ q * scale[:, None]``, symmetric, the
+    largest magnitude of a row at 127): half the bytes a GEMM at one to 16 rows reads, which is its time. For
+    drafters only (a drafter's weights change its drafts, never the output: the target verifies them);
+    :func:`linear` takes it where it takes a weight."""
+    q: torch.Tensor
+    scale: torch.Tensor
+
+    @classmethod
+    def of(cls, w: torch.Tensor) -> "Int8Rows":
+        """``w`` (any float dtype) quantized a row at a time."""
+        wf = w.detach().float()
+        scale = (wf.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+        q = torch.round(wf / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        return cls(q.contiguous(), scale.contiguous())
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    def nbytes(self) -> int:
+        return self.q.numel() + self.scale.numel() * 4
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.q.float() * self.scale[:, None]).to(dtype)
+
+
+def linear(x: torch.Tensor, w: "torch.Tensor | Int8Rows", silu: bool = False, tile: tuple | None = None) -> torch.Tensor:
     """``x [..., K] @ w.T`` -> ``[..., N]`` in ``x``'s dtype (contiguous); with ``silu`` (``w``: N gate
-    rows, then N up rows) ``silu(gate) * up``. ``w`` contiguous; ``tile``: (BN, BK, warps, stages[, split])."""
+    rows, then N up rows) ``silu(gate) * up``. ``w`` contiguous, or :class:`Int8Rows` (a row's sums times its
+    scale, in fp32, before the epilogue); ``tile``: (BN, BK, warps, stages[, split])."""
+    w, sc = (w.q, w.scale) if isinstance(w, Int8Rows) else (w, None)
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = _rows(x)
     m = x2.shape[0]
@@ -307,9 +345,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, silu: bool = False, tile: tuple | N
         ws, cnt = (y, y) if split == 1 else (torch.empty(split, mr, 2 * n if silu else n, dtype=torch.float32,
                                                          device=x.device), _counters(x.device))
         _kernel[(triton.cdiv(mr, BM) * n_tiles * split,)](
-            xr, w, yr, ws, cnt, mr, n, k, xr.stride(0), yr.stride(0), ks, SILU=silu, BM=BM, BN=bn, BK=bk,
-            SPLIT=split, FENCE=not pdl.INTERPRETED, num_warps=warps, num_stages=stages,
-            PER_LINE=per_line, LINES=lines, **pdl.options(xr))
+            xr, w, yr, ws, cnt, y if sc is None else sc, mr, n, k, xr.stride(0), yr.stride(0), ks, SILU=silu, BM=BM,
+            BN=bn, BK=bk, SPLIT=split, FENCE=not pdl.INTERPRETED, num_warps=warps, num_stages=stages,
+            PER_LINE=per_line, LINES=lines, SCALED=sc is not None, **pdl.options(xr))
     return y.view(*lead, n)
 
 
@@ -337,12 +375,16 @@ def prefetch_lines(w: torch.Tensor) -> tuple[int, int]:
     return per_line, lines if w.numel() * w.element_size() <= PREFETCH_BYTES else 0
 
 
-def reference(x: torch.Tensor, w: torch.Tensor, silu: bool = False) -> torch.Tensor:
-    """:func:`linear` in torch ops (an fp32 GEMM), the CPU equivalent the checks compare it with."""
-    def mm(wt):
-        return (x.float() @ wt.float().T).to(x.dtype)
+def reference(x: torch.Tensor, w: "torch.Tensor | Int8Rows", silu: bool = False) -> torch.Tensor:
+    """:func:`linear` in torch ops (an fp32 GEMM; :class:`Int8Rows`: the int8 rows' sums times their
+    scales), the CPU equivalent the checks compare it with."""
+    q, sc = (w.q, w.scale) if isinstance(w, Int8Rows) else (w, None)
+
+    def mm(rows):
+        out = x.float() @ q[rows].float().T
+        return (out if sc is None else out * sc[rows]).to(x.dtype)
+    n = q.shape[0] // 2 if silu else q.shape[0]
     if not silu:
-        return mm(w)
-    n = w.shape[0] // 2
-    g, u = mm(w[:n]).float(), mm(w[n:]).float()
+        return mm(slice(0, n))
+    g, u = mm(slice(0, n)).float(), mm(slice(n, 2 * n)).float()
     return (torch.nn.functional.silu(g).to(x.dtype).float() * u).to(x.dtype)
