@@ -49,6 +49,9 @@ SWEEP = [(bn, bk, wp, st) for bn in (16, 32, 64) for bk in (64, 128, 256) for wp
 WIDE_SWEEP = [t + (sp,) for t in ((64, 256, 4, 4), (64, 256, 8, 4), (64, 256, 4, 3), (32, 256, 4, 4), (32, 128, 4, 4),
                                   (64, 128, 4, 4), (128, 128, 4, 3), (128, 128, 8, 3), (128, 64, 4, 4))
               for sp in (1, 2, 3, 4)]
+# int8 rows (--int8: half the bytes a K block): wider K blocks, and the wide tilings' best; K split 1, 2, 4 ways
+INT8_SWEEP = [t + (sp,) for t in ((64, 512, 4, 3), (64, 512, 8, 3), (64, 512, 4, 4), (32, 512, 4, 4), (128, 256, 4, 3),
+                                  (128, 256, 8, 3), (64, 256, 4, 4), (32, 256, 4, 4)) for sp in (1, 2, 4)]
 WIDE_HEAD_SWEEP = [(bn, bk, wp, st) for bn in (32, 64, 128) for bk in (64, 128) for wp in (4, 8) for st in (3, 4)]
 L2_BYTES = 256 << 20  # a timed call cycles over copies of its weight at least this large: no call finds it in L2
 # the LM head (vocab outputs): wider output tiles too
@@ -143,12 +146,10 @@ def kernels(shapes: dict, rows: int, res: dict, sweep: bool = False, int8: bool 
             turn[0] += 1
             return ws[turn[0] % len(ws)]
         fused_us = graph_us(lambda: fl.linear(xi, nxt(), silu=silu))
-        unfused_us = graph_us(lambda: fused_ops.silu_mul(F.linear(xi, nxt())) if silu else F.linear(xi, nxt()))
-        n = w.shape[0] // 2 if silu else w.shape[0]
-        gbs = _bytes(w) / fused_us / 1e3
-        res.setdefault("kernels_us", {})[name] = {"fused": round(fused_us, 2), "cublas": round(unfused_us, 2),
-                                                 "copies": len(ws), "fused_gb_s": round(gbs),
-                                                 "tile": list(fl.tile_for(n, w.shape[1], silu))}
+
+        def cublas():  # (int8: on the bf16 weight's copies, made below)
+            wt = nxt_b() if int8 else nxt()
+            return fused_ops.silu_mul(F.linear(xi, wt)) if silu else F.linear(xi, wt)
         if int8:
             wbs = [wb] + [wb.clone() for _ in range(-(-L2_BYTES // _bytes(wb)) - 1)]
             tb = [0]
@@ -156,6 +157,13 @@ def kernels(shapes: dict, rows: int, res: dict, sweep: bool = False, int8: bool 
             def nxt_b():  # likewise for the bf16 weight's copies
                 tb[0] += 1
                 return wbs[tb[0] % len(wbs)]
+        unfused_us = graph_us(cublas)
+        n = w.shape[0] // 2 if silu else w.shape[0]
+        gbs = _bytes(w) / fused_us / 1e3
+        res.setdefault("kernels_us", {})[name] = {"fused": round(fused_us, 2), "cublas": round(unfused_us, 2),
+                                                 "copies": len(ws), "fused_gb_s": round(gbs),
+                                                 "tile": list(fl.tile_for(n, w.shape[1], silu, int8))}
+        if int8:
             bf16_us = graph_us(lambda: fl.linear(xi, nxt_b(), silu=silu))
             res["kernels_us"][name]["bf16"] = round(bf16_us, 2)
             print(f"  {name}: {rows} rows, bf16 on the fused kernel {bf16_us:.2f} us", flush=True)
@@ -164,7 +172,7 @@ def kernels(shapes: dict, rows: int, res: dict, sweep: bool = False, int8: bool 
         if sweep:
             times = {}
             narrow = not silu and w.shape[0] <= 2048 and w.shape[1] >= 2 * w.shape[0]
-            for tile in (ROUTER_SWEEP if name == "router" else NARROW_SWEEP if narrow and name != "head" else
+            for tile in (INT8_SWEEP if int8 else ROUTER_SWEEP if name == "router" else NARROW_SWEEP if narrow and name != "head" else
                          ({True: WIDE_HEAD_SWEEP, False: HEAD_SWEEP} if name == "head"
                           else {True: WIDE_SWEEP, False: SWEEP})[min(w.shape) > fl.MAX_HIDDEN]):
                 try:

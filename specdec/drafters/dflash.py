@@ -149,6 +149,8 @@ class DFlashDrafter:
         """Draft only tokens of ``ids`` (:class:`~.draft_vocab.DraftVocab`: the target's head, their rows)."""
         from .draft_vocab import DraftVocab
         self.vocab = DraftVocab(ids, self.target.head_weight(), self.target.config.vocab_size, source)
+        if self.int8_weights:
+            self.vocab.use_int8()
         self._part = None
         self._static = self._sampled = None  # steps captured with the whole head
 
@@ -164,8 +166,9 @@ class DFlashDrafter:
     def use_int8_weights(self) -> None:
         """Run the fast steps' GEMMs (:mod:`.dflash_fast`: every layer's, ``fc``'s and the context write's) on int8
         copies of the weights, a scale a row (``fused_layer.Int8Rows``): half the bytes a proposal reads. The
-        drafts may differ from the bf16 drafter's, the output never does (the target verifies them). The LM head
-        (the target's rows) stays as it is. CUDA only: the fused kernels' path."""
+        drafts may differ from the bf16 drafter's, the output never does (the target verifies them). The whole LM head
+        (the target's) stays as it is; a draft vocabulary's copy of its rows is read as int8 too
+        (``DraftVocab.use_int8``). CUDA only: the fused kernels' path."""
         if not dflash_fast.usable(self.model, self.model.fc.weight) or self.compile:
             why = ("needs CUDA and bf16/fp16 weights" if not self.model.fc.weight.is_cuda
                    or self.model.fc.weight.dtype not in (torch.bfloat16, torch.float16)
@@ -173,6 +176,8 @@ class DFlashDrafter:
                    else "this drafter's layers do not take the fused kernels (dflash_fast.eligible)")
             raise ConfigError(f"--draft-int8: the int8 DFlash drafter {why}")
         self.int8_weights = True
+        if self.vocab is not None:
+            self.vocab.use_int8()
         self._fast_w = None
         self._static = self._sampled = self._flusher = None  # steps captured on the bf16 weights
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 
 from ..cpu_linear import linear
+from ..models import fused_layer
 from ..errors import ConfigError
 
 
@@ -126,13 +127,20 @@ class DraftVocab:
             self.rows = weight.detach().index_select(0, self.ids).contiguous()
         self._in = torch.zeros(vocab_size, dtype=torch.bool)  # on the host: prompt_part picks there
         self._in[ids.cpu()] = True
+        self.rows_int8 = None  # the rows as fused_layer.Int8Rows, read on CUDA instead (use_int8)
+
+    def use_int8(self) -> None:
+        """Read the subset's rows as int8, a scale a row (``fused_layer.Int8Rows``, the fused GEMM) where a
+        forward takes the fused kernels: half the bytes (a DFlash drafter's ``--draft-int8``). The prompt
+        part's few rows stay as they are."""
+        self.rows_int8 = fused_layer.Int8Rows.of(self.rows)
 
     def __len__(self) -> int:
         return self.ids.numel()
 
     def nbytes(self) -> int:
-        """The copied head rows (a request's prompt part adds ``prompt_tokens`` rows)."""
-        return self.rows.numel() * self.rows.element_size()
+        """The copied head rows, and their int8 copy (a request's prompt part adds ``prompt_tokens`` rows)."""
+        return self.rows.numel() * self.rows.element_size() + (self.rows_int8.nbytes() if self.rows_int8 else 0)
 
     @torch.no_grad()
     def prompt_part(self, prompt_ids: torch.Tensor, part: PromptPart | None = None) -> PromptPart | None:
@@ -159,7 +167,10 @@ class DraftVocab:
         """``h [..., H]`` -> fp32 ``[..., V]``: the head's logits of the subset and of ``part``'s tokens
         (then ``post``, e.g. a soft cap, applied to them only), ``-inf`` for every other token. A part
         of several slots (``ids [S, P]``) goes with ``h [S, R, H]``: row ``s`` takes slot ``s``'s tokens."""
-        sub = linear(h, self.rows).float()
+        if self.rows_int8 is not None and fused_layer.usable(h):
+            sub = fused_layer.linear(h, self.rows_int8).float()
+        else:
+            sub = linear(h, self.rows).float()
         sub = post(sub) if post is not None else sub
         if part is None:
             return sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf")).index_copy_(-1, self.ids, sub)
@@ -172,3 +183,4 @@ class DraftVocab:
         extra = linear(h, part.rows).float()
         out.index_copy_(-1, part.ids, post(extra) if post is not None else extra)  # unused entries: column V
         return out[..., : self.vocab_size]
+

@@ -117,6 +117,21 @@ TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
 # 30.1 on its down_proj)
 TILE_WIDE = {False: (64, 256, 4, 4), True: (32, 128, 4, 4)}
 WIDE_PROGRAMS = 128  # (the H100's and H200's 132 SMs)
+# int8 rows (Int8Rows: a DFlash drafter's --draft-int8) by (N, K, silu): half the bytes a K block, so wider K blocks
+# than the bf16 tilings (which took these weights at 0.79-1.18x their bf16 time). The qwen3-8b shape's drafter weights
+# (scripts/check_fused_layer.py --shape qwen3-8b --int8 --sweep, 16 rows, INT8_SWEEP's 24 tilings, H100, session of
+# 2026-12-06 (ninth)); us int8 against bf16 on its own tiling in brackets
+TILES_INT8: dict[tuple[int, int, bool], tuple[int, int, int, int, int]] = {
+    (6144, 4096, False): (64, 512, 4, 4, 1),  # q/k/v: 12.65 (22.11)
+    (4096, 4096, False): (32, 512, 4, 4, 2),  # o_proj: 12.55 (15.09)
+    (12288, 4096, True): (32, 256, 4, 4, 1),  # gate/up + silu * up: 39.82 (69.02)
+    (4096, 12288, False): (32, 256, 4, 4, 4),  # down_proj: 23.36 (38.52)
+    (4096, 20480, False): (32, 512, 4, 4, 2),  # the drafter's fc (5 target layers): 35.43 (59.91)
+    (10240, 4096, False): (32, 256, 4, 4, 1),  # every layer's context keys and values: 20.15 (33.32)
+}
+# other int8 weights: 32 outputs by 256 of K a program, K split to fill about two waves of programs (the rule the table's
+# best splits follow: 128 output tiles 2 ways (4 for down_proj, 2 within 1 %), 192 or more unsplit)
+TILE_INT8 = (32, 256, 4, 4)
 _FORCED: dict | None = None
 
 
@@ -138,9 +153,12 @@ def forced_tiles() -> dict:
     return _FORCED
 
 
-def tile_for(n: int, k: int, silu: bool) -> tuple[int, ...]:
+def tile_for(n: int, k: int, silu: bool, int8: bool = False) -> tuple[int, ...]:
     """The tiling of a weight of ``n`` outputs (gate outputs with ``silu``) and ``k`` inputs: (BN, BK, warps,
-    stages[, split])."""
+    stages[, split]); ``int8``: of its :class:`Int8Rows` (TILES_INT8, else TILE_INT8 split to fill two waves;
+    ``SPECDEC_FUSED_LAYER_TILES`` does not name them)."""
+    if int8:
+        return TILES_INT8.get((n, k, silu)) or TILE_INT8 + (max(1, min(4, 2 * WIDE_PROGRAMS // -(-n // TILE_INT8[0]))),)
     forced = forced_tiles()
     return (forced.get((n, k, int(silu))) or TILES.get((n, k, silu)) or forced.get("*")
             or (_wide_tile(n, silu) if min(n, k) >= 2048 else TILE))
@@ -331,7 +349,7 @@ def linear(x: torch.Tensor, w: "torch.Tensor | Int8Rows", silu: bool = False, ti
     if w.dim() != 2 or w.shape[1] != k or not w.is_contiguous() or (silu and w.shape[0] % 2):
         raise ValueError(f"fused_layer.linear: weight {tuple(w.shape)} for input features {k}")
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    bn, bk, warps, stages, split = (tuple(tile or tile_for(n, k, silu)) + (1,))[:5]
+    bn, bk, warps, stages, split = (tuple(tile or tile_for(n, k, silu, sc is not None)) + (1,))[:5]
     split = split if SPLIT_K else 1
     ks = triton.cdiv(triton.cdiv(k, max(split, 1)), bk) * bk  # K a split: whole BK blocks
     split = triton.cdiv(k, ks)  # (none empty)
