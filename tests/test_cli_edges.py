@@ -49,6 +49,10 @@ def _run(capsys, *argv):
     (["bench", "--draft", "eagle"], "unknown drafter 'eagle'"),
     (["bench", "--num-prompts", "0"], "--num-prompts"),
     (["bench", "--data-dir", "/nonexistent-bench-data"], "/nonexistent-bench-data: no such directory"),
+    (["generate", "-p", "x", "--draft", "mtp", "--draft-int8"], "--draft-int8 applies to DFlash drafters"),
+    (["generate", "-p", "x", "--draft", "dflash", "--draft-int8", "--compile"], "--draft-int8: the int8 DFlash drafter "
+     "runs on its fast CUDA steps, not with --compile"),
+    (["bench", "--drafts", "none", "ngram", "--draft-int8"], "--draft-int8 applies to DFlash drafters"),
 ])
 def test_bad_arguments_fail_before_loading(argv, culprit, capsys):
     """One line ``specdec CMD: error: ...`` naming the culprit, exit code 2, and never the missing

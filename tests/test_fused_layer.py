@@ -220,3 +220,41 @@ def test_hybrid_speculative_equals_plain_on_the_fused_path(hybrids, fused_on, mo
     assert sum(res.stats.accepted) > 0 and res.token_ids == ref
     assert generate_batch(m, [prompt, prompt[:4]], 16, set(), slots=2)[0] == ref[:16]  # the batched steps (serving)
     assert fused_on
+
+
+def test_int8_rows():
+    """fused_layer.Int8Rows (a DFlash drafter's --draft-int8): a weight's rows within half a step of their int8 values,
+    each row's largest magnitude at +-127, an all-zero row zero; the reference (the CPU equivalent the interpreter
+    checks the kernel against) equals the product with the dequantized rows; the int8 tilings (TILES_INT8, else
+    TILE_INT8 split to fill two waves of programs)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(24, 40, generator=g)
+    w[5] = 0.0
+    q = fused_layer.Int8Rows.of(w.to(torch.bfloat16))
+    assert q.q.dtype == torch.int8 and q.scale.dtype == torch.float32 and q.shape == (24, 40)
+    assert ((q.dequantized() - w.to(torch.bfloat16).float()).abs() <= q.scale[:, None] / 2 + 1e-6).all()
+    assert (q.q.abs().amax(1)[torch.arange(24) != 5] == 127).all() and not q.q[5].any()
+    assert q.nbytes() == 24 * 40 + 24 * 4
+    x = torch.randn(3, 40, generator=g)
+    assert torch.allclose(fused_layer.reference(x, q), x @ q.dequantized().T, atol=1e-5)
+    both = fused_layer.reference(x, q, silu=True)  # 12 gate rows, then 12 up rows
+    gate, up = x @ q.dequantized()[:12].T, x @ q.dequantized()[12:].T
+    assert torch.allclose(both, torch.nn.functional.silu(gate) * up, atol=1e-5)
+    assert fused_layer.tile_for(6144, 4096, False, int8=True) == fused_layer.TILES_INT8[(6144, 4096, False)]
+    assert fused_layer.tile_for(4096, 4096, False) != fused_layer.tile_for(4096, 4096, False, int8=True)
+    assert fused_layer.tile_for(2048, 1024, False, int8=True) == fused_layer.TILE_INT8 + (4,)  # 64 tiles
+    assert fused_layer.tile_for(16384, 1024, False, int8=True) == fused_layer.TILE_INT8 + (1,)  # 512 tiles
+
+
+def test_int8_drafter_needs_cuda():
+    """--draft-int8 off CUDA: a one-line error naming the flag, the drafter left as it was."""
+    from specdec.drafters.dflash import DFlashDrafter
+    from specdec.errors import ConfigError
+    from specdec.shapes import build_shape
+    from specdec.train.dflash_batch import new_dflash_config, new_dflash_model
+    model = build_shape("tiny", torch.device("cpu"), torch.float32)
+    cfg = new_dflash_config(model, 1, 4, mask_token_id=model.config.vocab_size - 1)
+    d = DFlashDrafter(new_dflash_model(model, cfg, init="random").eval(), model)
+    with pytest.raises(ConfigError, match="^--draft-int8: the int8 DFlash drafter needs CUDA"):
+        d.use_int8_weights()
+    assert not d.int8_weights and d.fast_weights() is None
