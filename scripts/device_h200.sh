@@ -2,7 +2,7 @@
 # Issue 10's shape benches on an H200 (its targets are stated for one; the device gave only H100s from 2026-12-06 to
 # 2026-12-06 (sixth)). Exits at once (rc 3) on any other card, so a call that gets an H100 costs only its start.
 # Needs the gguf wheel (carry .whl); no checkpoint. Results in $OUT/r.tgz.
-#   bash scripts/device_h200.sh a    # qwen3-8b at 512 (-n 512, the oracle at tau 6.5)
+#   bash scripts/device_h200.sh a    # qwen3-8b at 512 (-n 512, the oracle at tau 6.5; the DFlash drafter bf16 and int8)
 #   bash scripts/device_h200.sh b    # qwen3.5-9b, qwen3.5-35b-a3b, smollm2-135m
 #   bash scripts/device_h200.sh c    # qwen3-8b's 4k and 16k steps
 #   ANY_GPU=1 bash scripts/device_h200.sh a|b   # on whatever card came
@@ -22,7 +22,7 @@ bench() {  # NAME TIMEOUT [bench args]: the log's summary lines
 }
 case "$1" in
 a)
-    bench qwen3-8b 300 -n 512 --draft-vocab 32768 --reps 10 ;;
+    bench qwen3-8b 300 -n 512 --draft-vocab 32768 --draft-int8 --reps 10 ;;
 b)
     bench qwen3.5-9b 180 --draft-vocab 32768 --reps 10
     bench qwen3.5-35b-a3b 250 --draft-vocab 32768 --reps 10

@@ -31,6 +31,11 @@ take it since the session of 2026-12-06 (fourth), on the target's wide kernels (
 1.488 -> 1.110 ms (0.177x a decode step) and qwen3.5-9b's 1.482 -> 1.116; ``scripts/check_dflash_fast.py``: each fast
 block's logits within 1.9e-2 (relative) of the eager block's, outputs equal to plain. On by default;
 ``SPECDEC_DFLASH_FAST=0`` gives the eager ops back.
+
+With ``int8`` (:class:`FastWeights`; ``--draft-int8``, ``DFlashDrafter.use_int8_weights``) every GEMM weight here is
+``fused_layer.Int8Rows``: on an H100 the qwen3-8b shape's proposal over a 32,768-token draft vocabulary (its head rows
+int8 too) 1.08 -> 0.82 ms, 0.137x a decode step; SmolLM2's latency-bound drafter 0.29 -> 0.32 ms (BENCHMARKS.md,
+session of 2026-12-06 (ninth)).
 """
 
 from __future__ import annotations
