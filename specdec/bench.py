@@ -153,8 +153,8 @@ def run_bench(model: str, drafts: list[str], dataset: str, num_prompts: int, max
     if tok is None:
         raise ConfigError(f"{model}: bench needs a tokenizer")
     gens = {}
-    configs = [(label, spec, k, bs, False) for label, spec, k, bs in bench_configs(drafts, num_draft_tokens, block_size)]
-    if draft_int8:
+    configs = [(*c, False) for c in bench_configs(drafts, num_draft_tokens, block_size)]
+    if draft_int8:  # each DFlash configuration again on int8 weights
         configs += [(f"{label} int8", spec, k, bs, True) for label, spec, k, bs, _ in configs if spec.startswith("dflash")]
     for label, spec, k, bs, int8 in configs:
         d = make_drafter(spec, loaded, block_size=bs if spec.startswith("dflash") else None,

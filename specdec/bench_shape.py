@@ -339,8 +339,8 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
     as one tensor-parallel rank (every rank runs the same bench; weights and bytes are per rank,
     the drafters' own steps are not timed). ``wide_rows``: also time steps of that many rows
     (``wide_ms``). ``draft_vocab``: also time the drafters over that many vocabulary rows
-    (:func:`drafter_steps`); ``draft_int8``: and the DFlash drafter on int8 weights. A model drafter's ``step_ratio``: its verify (``k`` drafts) plus its
-    propose over a decode step (issue 10's MTP K = 3 target: at most 1.3)."""
+    (:func:`drafter_steps`); ``draft_int8``: and the DFlash drafter on int8 weights. A model drafter's
+    ``step_ratio``: its verify (``k`` drafts) plus its propose over a decode step (issue 10's MTP K = 3 target: at most 1.3)."""
     if reps < 1 or context < 1 or new_tokens < 1 or oracle_k < 1:
         raise ConfigError("--reps, --context, -n and --oracle-k must be >= 1")
     for n in wide_rows:
@@ -394,8 +394,8 @@ def run_shape_bench(shape: str, *, device=None, dtype=None, context: int = 512, 
     }
     report["contexts"] = [{**_context_point(model, c, swept[c], bw, plain_ms[c]), "padded_one_real_ms": padded[c]}
                           for c in sorted(swept)]
-    report["drafter_ms"] = (drafter_steps(model, context, reps, draft_vocab, draft_int8) if drafters and shard is None and not compile
-                            else {})
+    report["drafter_ms"] = (drafter_steps(model, context, reps, draft_vocab, draft_int8)
+                            if drafters and shard is None and not compile else {})
     for d in report["drafter_ms"].values():
         if str(d["k"]) in report["verify_ms"]:
             d["step_ratio"] = round((report["verify_ms"][str(d["k"])] + d.get("step_ms", d["ms"])) / steps[1], 3)

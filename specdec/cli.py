@@ -413,8 +413,8 @@ def _make_llm(args, shard=None):
     from .api import LLM
     return LLM(args.model, draft=args.draft, device=args.device, dtype=args.dtype,
                num_draft_tokens=args.num_draft_tokens, block_size=args.block_size, draft_vocab=args.draft_vocab,
-               draft_int8=args.draft_int8, cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant, compile=args.compile,
-               shard=shard)
+               draft_int8=args.draft_int8, cuda_graphs=not args.no_cuda_graphs, batch_invariant=args.batch_invariant,
+               compile=args.compile, shard=shard)
 
 
 def _on_ranks(args, fn, *rest) -> int:
