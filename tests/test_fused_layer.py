@@ -258,3 +258,20 @@ def test_int8_drafter_needs_cuda():
     with pytest.raises(ConfigError, match="^--draft-int8: the int8 DFlash drafter needs CUDA"):
         d.use_int8_weights()
     assert not d.int8_weights and d.fast_weights() is None
+
+
+def test_int8_drafter_taken_with_gradients_on(monkeypatch):
+    """use_int8_weights runs where drafters are made (make_drafter, gradients on): it asks whether the fast steps
+    take the drafter as they run, without gradients (a check that asked with gradients on refused every drafter on
+    the GPU). dflash_fast.usable is stood in for by its gradient condition (the CPU has no fast steps)."""
+    from specdec.drafters import dflash_fast
+    from specdec.drafters.dflash import DFlashDrafter
+    from specdec.shapes import build_shape
+    from specdec.train.dflash_batch import new_dflash_config, new_dflash_model
+    model = build_shape("tiny", torch.device("cpu"), torch.float32)
+    cfg = new_dflash_config(model, 1, 4, mask_token_id=model.config.vocab_size - 1)
+    d = DFlashDrafter(new_dflash_model(model, cfg, init="random").eval(), model)
+    monkeypatch.setattr(dflash_fast, "usable", lambda m, x: not torch.is_grad_enabled())
+    assert torch.is_grad_enabled()
+    d.use_int8_weights()
+    assert d.int8_weights and torch.is_grad_enabled()

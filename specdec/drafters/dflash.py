@@ -169,11 +169,14 @@ class DFlashDrafter:
         drafts may differ from the bf16 drafter's, the output never does (the target verifies them). The whole LM head
         (the target's) stays as it is; a draft vocabulary's copy of its rows is read as int8 too
         (``DraftVocab.use_int8``). CUDA only: the fused kernels' path."""
-        if not dflash_fast.usable(self.model, self.model.fc.weight) or self.compile:
-            why = ("needs CUDA and bf16/fp16 weights" if not self.model.fc.weight.is_cuda
-                   or self.model.fc.weight.dtype not in (torch.bfloat16, torch.float16)
-                   else "not with --compile" if self.compile
-                   else "this drafter's layers do not take the fused kernels (dflash_fast.eligible)")
+        w = self.model.fc.weight
+        with torch.no_grad():  # (usable() asks no gradient of a forward: the steps run without one)
+            fast = dflash_fast.usable(self.model, w)
+        if not fast or self.compile:
+            why = ("needs CUDA and bf16/fp16 weights" if not w.is_cuda or w.dtype not in (torch.bfloat16, torch.float16)
+                   else "runs on its fast CUDA steps, not with --compile" if self.compile
+                   else "needs the fast CUDA steps, which this drafter does not take (dflash_fast.eligible; or "
+                   "SPECDEC_DFLASH_FAST=0 / SPECDEC_FUSED_LAYER=0)")
             raise ConfigError(f"--draft-int8: the int8 DFlash drafter {why}")
         self.int8_weights = True
         if self.vocab is not None:
