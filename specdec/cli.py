@@ -42,7 +42,7 @@ DRAFT_HELP = ("auto (the default) = dflash+ngram on CUDA where a DFlash drafter 
 DRAFT_INT8_HELP = ("run a DFlash drafter's CUDA steps on int8 copies of its weights and of its draft vocabulary's "
                    "head rows, a scale per row (weight-only): half the bytes a proposal reads, for drafters whose "
                    "weights dominate their step (on an H100 the qwen3-8b shape's 5-layer proposal 1.08 -> 0.82 ms; "
-                   "SmolLM2's, latency-bound, 0.29 -> 0.32 ms: leave it off there). Drafts may change, output does "
+                   "the shipped SmolLM2 drafter, latency-bound, ran the same either way). Drafts may change, output does "
                    "not (the target verifies them). CUDA only, not with --compile; the whole LM head, where no "
                    "draft vocabulary is used, stays as it is")
 

@@ -34,8 +34,8 @@ block's logits within 1.9e-2 (relative) of the eager block's, outputs equal to p
 
 With ``int8`` (:class:`FastWeights`; ``--draft-int8``, ``DFlashDrafter.use_int8_weights``) every GEMM weight here is
 ``fused_layer.Int8Rows``: on an H100 the qwen3-8b shape's proposal over a 32,768-token draft vocabulary (its head rows
-int8 too) 1.08 -> 0.82 ms, 0.137x a decode step; SmolLM2's latency-bound drafter 0.29 -> 0.32 ms (BENCHMARKS.md,
-session of 2026-12-06 (ninth)).
+int8 too) 1.08 -> 0.82 ms, 0.137x a decode step; the shipped SmolLM2 drafter, latency-bound, end to end the same
+(BENCHMARKS.md, session of 2026-12-06 (ninth)).
 """
 
 from __future__ import annotations
