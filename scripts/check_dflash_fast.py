@@ -20,7 +20,7 @@ import torch
 from specdec.bench_shape import _dflash
 from specdec.drafters import dflash_fast
 from specdec.drafters.dflash import DFlashDrafter
-from specdec.models.fused_layer import Int8Rows
+from specdec.models.fused_layer import int8_values_
 from specdec.engine import SpeculativeGenerator
 from specdec.sampling import SamplingParams
 from specdec.shapes import build_shape
@@ -44,10 +44,7 @@ def main() -> None:
     eager = drafter
     if a.int8:
         drafter.use_int8_weights()
-        eager = DFlashDrafter(copy.deepcopy(drafter.model), model)
-        for mod in eager.model.modules():
-            if isinstance(mod, torch.nn.Linear):
-                mod.weight.data = Int8Rows.of(mod.weight).dequantized(mod.weight.dtype)
+        eager = DFlashDrafter(int8_values_(copy.deepcopy(drafter.model)), model)
     prompt = torch.randint(0, min(1000, model.config.vocab_size), (a.context,),
                            generator=torch.Generator().manual_seed(0)).tolist()
     diffs, agree, fast = [], [], []

@@ -19,17 +19,14 @@ from specdec.bench import load_prompts
 from specdec.drafters.factory import make_drafter
 from specdec.engine import SpeculativeGenerator
 from specdec.loading import load_model
-from specdec.models.fused_layer import Int8Rows
+from specdec.models.fused_layer import Int8Rows, int8_values_
 from specdec.sampling import SamplingParams
 
 
 def int8_values(d):
     """A copy of DFlash drafter ``d`` whose linear weights and draft-vocabulary rows hold their int8 rows' values."""
     q = copy.copy(d)
-    q.model = copy.deepcopy(d.model)
-    for mod in q.model.modules():
-        if isinstance(mod, torch.nn.Linear):
-            mod.weight.data = Int8Rows.of(mod.weight).dequantized(mod.weight.dtype)
+    q.model = int8_values_(copy.deepcopy(d.model))
     if d.vocab is not None:
         q.vocab = copy.copy(d.vocab)
         q.vocab.rows = Int8Rows.of(d.vocab.rows).dequantized(d.vocab.rows.dtype)

@@ -588,10 +588,7 @@ def dflash_fast() -> None:
             drafter.use_int8_weights()
             vocab_ids = range(0, model.config.vocab_size, 2)
             drafter.use_draft_vocab(vocab_ids)
-            eager = DFlashDrafter(copy.deepcopy(drafter.model), model)
-            for mod in eager.model.modules():
-                if isinstance(mod, torch.nn.Linear):
-                    mod.weight.data = fl.Int8Rows.of(mod.weight).dequantized(mod.weight.dtype)
+            eager = DFlashDrafter(fl.int8_values_(copy.deepcopy(drafter.model)), model)
             eager.use_draft_vocab(vocab_ids)
             eager.vocab.rows = drafter.vocab.rows_int8.dequantized(drafter.vocab.rows.dtype)
             # the vocabulary's GEMM on the CPU (usable() wants CUDA: forced for it alone)

@@ -244,6 +244,13 @@ def test_int8_rows():
     assert fused_layer.tile_for(4096, 4096, False) != fused_layer.tile_for(4096, 4096, False, int8=True)
     assert fused_layer.tile_for(2048, 1024, False, int8=True) == fused_layer.TILE_INT8 + (4,)  # 64 tiles
     assert fused_layer.tile_for(16384, 1024, False, int8=True) == fused_layer.TILE_INT8 + (1,)  # 512 tiles
+    # int8_values_: a module's linear weights as their int8 rows' values (the eager references' form), norms untouched
+    lin, norm = torch.nn.Linear(40, 24, bias=False), torch.nn.LayerNorm(40)
+    lin.weight.data = w.clone()
+    before = norm.weight.detach().clone()
+    fused_layer.int8_values_(torch.nn.Sequential(norm, lin))
+    assert torch.equal(lin.weight, fused_layer.Int8Rows.of(w).dequantized()) and not torch.equal(lin.weight, w)
+    assert torch.equal(norm.weight, before)
 
 
 def test_int8_drafter_needs_cuda():

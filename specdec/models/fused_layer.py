@@ -337,6 +337,17 @@ class Int8Rows(NamedTuple):
         return (self.q.float() * self.scale[:, None]).to(dtype)
 
 
+@torch.no_grad()
+def int8_values_(module: torch.nn.Module) -> torch.nn.Module:
+    """Every ``nn.Linear`` weight of ``module`` replaced, in place, by its :class:`Int8Rows`' values in its own dtype:
+    what the int8 kernels multiply (up to their fp32 sums), for eager references and CPU acceptance checks of
+    ``--draft-int8``. Returns ``module``."""
+    for mod in module.modules():
+        if isinstance(mod, torch.nn.Linear):
+            mod.weight.data = Int8Rows.of(mod.weight).dequantized(mod.weight.dtype)
+    return module
+
+
 def linear(x: torch.Tensor, w: "torch.Tensor | Int8Rows", silu: bool = False, tile: tuple | None = None) -> torch.Tensor:
     """``x [..., K] @ w.T`` -> ``[..., N]`` in ``x``'s dtype (contiguous); with ``silu`` (``w``: N gate
     rows, then N up rows) ``silu(gate) * up``. ``w`` contiguous, or :class:`Int8Rows` (a row's sums times its
