@@ -146,18 +146,13 @@ def kernels(shapes: dict, rows: int, res: dict, sweep: bool = False, int8: bool 
             turn[0] += 1
             return ws[turn[0] % len(ws)]
         fused_us = graph_us(lambda: fl.linear(xi, nxt(), silu=silu))
+        wbs = [wb] + [wb.clone() for _ in range(-(-L2_BYTES // _bytes(wb)) - 1)] if int8 else ws
+        tb = [0]
 
-        def cublas():  # (int8: on the bf16 weight's copies, made below)
-            wt = nxt_b() if int8 else nxt()
-            return fused_ops.silu_mul(F.linear(xi, wt)) if silu else F.linear(xi, wt)
-        if int8:
-            wbs = [wb] + [wb.clone() for _ in range(-(-L2_BYTES // _bytes(wb)) - 1)]
-            tb = [0]
-
-            def nxt_b():  # likewise for the bf16 weight's copies
-                tb[0] += 1
-                return wbs[tb[0] % len(wbs)]
-        unfused_us = graph_us(cublas)
+        def nxt_b():  # the bf16 weight's next copy (cuBLAS's, and with int8 the fused kernel's on bf16)
+            tb[0] += 1
+            return wbs[tb[0] % len(wbs)]
+        unfused_us = graph_us(lambda: fused_ops.silu_mul(F.linear(xi, nxt_b())) if silu else F.linear(xi, nxt_b()))
         n = w.shape[0] // 2 if silu else w.shape[0]
         gbs = _bytes(w) / fused_us / 1e3
         res.setdefault("kernels_us", {})[name] = {"fused": round(fused_us, 2), "cublas": round(unfused_us, 2),

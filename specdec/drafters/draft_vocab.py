@@ -24,8 +24,8 @@ from collections.abc import Callable
 import torch
 
 from ..cpu_linear import linear
-from ..models import fused_layer
 from ..errors import ConfigError
+from ..models import fused_layer
 
 
 def load_token_ids(path: str, vocab_size: int) -> list[int]:
@@ -183,4 +183,3 @@ class DraftVocab:
         extra = linear(h, part.rows).float()
         out.index_copy_(-1, part.ids, post(extra) if post is not None else extra)  # unused entries: column V
         return out[..., : self.vocab_size]
-
