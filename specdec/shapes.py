@@ -71,6 +71,16 @@ GEMMA4_26B_A4B = {
     "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
     "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh",
 }
+# Gemma 3 270M (google/gemma-3-270m; the values the packaged gemma-3-270m GGUF's metadata gives, `specdec info`): 18
+# layers of 640, 4 heads / 1 KV head of 256, GELU-tanh MLP of 2048, every 6th layer global, the others a 512-position
+# window; a tied 262,144-token vocabulary (the head is 60 % of the bytes a step reads).
+GEMMA3_270M = {
+    "model_type": "gemma3_text", "vocab_size": 262144, "hidden_size": 640, "intermediate_size": 2048,
+    "num_hidden_layers": 18, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+    "query_pre_attn_scalar": 256, "sliding_window": 512, "sliding_window_pattern": 6, "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768,
+    "tie_word_embeddings": True,
+}
 # A few-MB Qwen3-style shape for tests (not a published model).
 TINY = {
     "model_type": "qwen3", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
@@ -79,7 +89,7 @@ TINY = {
 }
 
 SHAPES = {"qwen3-8b": QWEN3_8B, "qwen3.5-9b": QWEN35_9B, "qwen3.5-35b-a3b": QWEN35_35B_A3B,
-          "gemma4-26b-a4b": GEMMA4_26B_A4B, "smollm2-135m": SMOLLM2_135M, "tiny": TINY}
+          "gemma4-26b-a4b": GEMMA4_26B_A4B, "gemma3-270m": GEMMA3_270M, "smollm2-135m": SMOLLM2_135M, "tiny": TINY}
 
 
 def shape_config(name: str):

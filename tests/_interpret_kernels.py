@@ -426,17 +426,23 @@ def fused_layer() -> None:
         x = torch.randn(m, k, generator=g).to(dtype)
         w = (torch.randn(2 * n, k, generator=g) * k ** -0.5).to(dtype)
         tol = 1e-4 if dtype == torch.float32 else 2e-2
-        for silu in (False, True):
-            wt = w if silu else w[:n].contiguous()
+        for act in ("", "silu", "gelu"):  # plain; the gated products (SwiGLU; Gemma's GELU-tanh)
+            silu, gelu = act == "silu", act == "gelu"
+            wt = w if act else w[:n].contiguous()
             # split K (K 200): 128 + 72; 96 + 96 + 8; 64 + 64 + 64 + 8
             for tile in ((16, 64, 2, 2), (32, 128, 4, 3), (16, 64, 2, 2, 2), (32, 32, 4, 3, 3), (16, 64, 2, 2, 4)):
-                name = f"fused layer {'silu ' if silu else ''}gemm {dtype} tile {tile}"
-                got = fl.linear(x, wt, silu=silu, tile=tile)
-                want = fl.reference(x, wt, silu=silu)
+                name = f"fused layer {act + ' ' if act else ''}gemm {dtype} tile {tile}"
+                got = fl.linear(x, wt, silu=silu, tile=tile, gelu=gelu)
+                want = fl.reference(x, wt, silu=silu, gelu=gelu)
                 err = (got.float() - want.float()).abs().max().item()
                 check(f"{name}: equals the torch ops", got.shape == want.shape and err < tol, f"(max diff {err:.1e})")
                 check(f"{name}: row 20 alone has its bits among {m}",
-                      torch.equal(fl.linear(x[20:21], wt, silu=silu, tile=tile), got[20:21]))
+                      torch.equal(fl.linear(x[20:21], wt, silu=silu, tile=tile, gelu=gelu), got[20:21]))
+        xl = torch.linspace(-12, 12, 16 * 40).view(40, 16).to(dtype)  # GELU's tails: tanh saturates, no inf or nan
+        eye = torch.cat([torch.eye(16), torch.eye(16)]).to(dtype)  # gate = up = x
+        got, want = fl.linear(xl, eye, gelu=True), fl.reference(xl, eye, gelu=True)
+        check(f"fused layer gelu {dtype}: gate values over [-12, 12] as the torch ops", bool(torch.isfinite(got).all())
+              and (got.float() - want.float()).abs().max().item() <= 1e-3 * want.float().abs().max().item())
         check(f"fused layer {dtype}: split K leaves its tile counters at zero",
               not fl._counters(x.device).any())
         full = fl.linear(x, w, tile=(16, 64, 2, 2, 3))
@@ -512,6 +518,57 @@ def hybrid_fused() -> None:
     spec = SpeculativeGenerator(model, SpoiledOracle(prompt + plain.token_ids, 256, spoil=0.25), 4,
                                 cuda_graphs=False).generate(prompt, 12)
     check("hybrid fused: speculative output (drafts accepted, rollbacks) equals plain decoding",
+          spec.token_ids == plain.token_ids and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
+
+
+def gemma_fused() -> None:
+    """A Gemma 3 target on its fused layers (``forward_fused``: the fused GEMMs with the GELU-tanh product, the
+    sandwich norms, a sliding window) on the CPU: a tiny random fp16 Gemma 3 (window 6, every third layer global) with
+    fused_layer.usable forced, in the interpreter. Its logits (a 9-row step, then a 1-row step past the window) equal
+    the torch layers' within fp16 tolerance, it says it is row-exact where the kernels run, and a speculative
+    generation whose drafts are mostly accepted (a spoiled oracle: verify steps of several rows, rollbacks) equals
+    plain decoding."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _engine_util import SpoiledOracle
+    from specdec.config import parse_config
+    from specdec.engine import SpeculativeGenerator
+    from specdec.models import fused_layer
+    from specdec.models.registry import by_hf_model_type
+    d = {"model_type": "gemma3_text", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
+         "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+         "query_pre_attn_scalar": 24, "sliding_window": 6, "sliding_window_pattern": 3, "rms_norm_eps": 1e-6,
+         "max_position_embeddings": 512, "rope_theta": 10000.0, "rope_local_base_freq": 100.0}
+    arch = by_hf_model_type(d["model_type"], "test")
+    torch.manual_seed(0)
+    model = arch.model_cls(parse_config(arch.config_cls, d, source="test")).half()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.1)
+    model.fuse_projections()
+    model.eval()
+    prompt = torch.randint(0, 256, (9,), generator=torch.Generator().manual_seed(1)).tolist()
+
+    def logits() -> list:
+        cache = model.new_cache(32)
+        return [model.forward(torch.tensor(ids), cache).logits for ids in (prompt, [5])]
+    torch_form = logits()
+    check("gemma fused: every layer eligible, sliding and global", all(layer.fused_path for layer in model.layers)
+          and {layer.sliding for layer in model.layers} == {True, False})
+    fused_layer.usable = lambda x: x.dtype == torch.float16 and not torch.is_grad_enabled()  # the CPU, forced
+    calls = []
+    run = fused_layer.linear
+    fused_layer.linear = lambda *a, **k: calls.append(k.get("gelu", False)) or run(*a, **k)
+    fused = logits()
+    check("gemma fused: the fused GEMMs ran, the MLP's with the GELU-tanh product",
+          len(calls) == 2 * 4 * 3 and calls.count(True) == 2 * 3, f"({len(calls)} calls)")
+    fused_layer.linear = run
+    err = max((a.float() - b.float()).abs().max().item() for a, b in zip(fused, torch_form))
+    scale = max(b.float().abs().max().item() for b in torch_form)
+    check("gemma fused: the logits as the torch layers'", err <= scale / 64, f"(max diff {err:.1e}, scale {scale:.1e})")
+    plain = SpeculativeGenerator(model, None, 0, cuda_graphs=False).generate(prompt, 14)
+    spec = SpeculativeGenerator(model, SpoiledOracle(prompt + plain.token_ids, 256, spoil=0.25), 4,
+                                cuda_graphs=False).generate(prompt, 14)
+    check("gemma fused: speculative output (drafts accepted, rollbacks) equals plain decoding",
           spec.token_ids == plain.token_ids and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
 
 
@@ -703,6 +760,7 @@ def pdl_ptx() -> None:
     gemm_const = {"SILU": True, "BM": 16, "BN": 32, "BK": 64, "PER_LINE": 64, "LINES": 16, "FENCE": True, "SCALED": False}
     cases = {"gemm": (fused_layer._kernel, gemm_ptrs, {**gemm_const, "SPLIT": 1}),
              "gemm-split": (fused_layer._kernel, gemm_ptrs, {**gemm_const, "SPLIT": 3}),
+             "gemm-gelu": (fused_layer._kernel, gemm_ptrs, {**gemm_const, "SPLIT": 2, "GELU": True}),
              "gemm-int8": (fused_layer._kernel, {**gemm_ptrs, "w": "*i8"},
                            {**gemm_const, "SPLIT": 3, "SCALED": True}),
              "norm": (fused_ops._norm_kernel, {"x": "*bf16", "res": "*bf16", "w": "*fp32", "y": "*bf16", "s": "*bf16",
@@ -743,7 +801,7 @@ def pdl_ptx() -> None:
             fence, atom = body.find("fence.acq_rel.gpu"), body.find("atom.global")
             check("pdl-ptx gemm-split: the partials' stores, a GPU-scope fence, then the tile's atomic count",
                   0 <= body.find("st.global") < fence < atom)
-        if name in ("gemm", "gemm-split", "gemm-int8", "moe-gate-up", "moe-combine"):  # weights that never depend on the kernel before
+        if name in ("gemm", "gemm-split", "gemm-gelu", "gemm-int8", "moe-gate-up", "moe-combine"):  # weights that never depend on the kernel before
             # (the GEMM's, the shared expert's) prefetched before the wait
             check(f"pdl-ptx {name}: the weight rows prefetched into L2 before the wait",
                   0 <= body.find("prefetch.global.L2") < wait)
@@ -751,4 +809,4 @@ def pdl_ptx() -> None:
 
 if __name__ == "__main__":
     {"split": split, "delta": delta, "delta-step": delta_step, "experts": experts, "moe": moe, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
-     "dflash-fast": dflash_fast, "mtp-fast": mtp_fast, "hybrid-fused": hybrid_fused, "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()
+     "dflash-fast": dflash_fast, "mtp-fast": mtp_fast, "hybrid-fused": hybrid_fused, "gemma-fused": gemma_fused, "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()

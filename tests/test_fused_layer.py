@@ -31,8 +31,8 @@ def fused_on(monkeypatch):
     """The fused path taken on the CPU, its kernel stood in for by the reference; counts the calls."""
     calls = []
     monkeypatch.setattr(fused_layer, "usable", lambda x: not torch.is_grad_enabled())
-    monkeypatch.setattr(fused_layer, "linear", lambda x, w, silu=False: calls.append(silu)
-                        or fused_layer.reference(x, w, silu))
+    monkeypatch.setattr(fused_layer, "linear", lambda x, w, silu=False, gelu=False: calls.append(silu or gelu)
+                        or fused_layer.reference(x, w, silu, gelu))
     return calls
 
 
@@ -219,6 +219,63 @@ def test_hybrid_speculative_equals_plain_on_the_fused_path(hybrids, fused_on, mo
     res = gen.generate(prompt, 24, SamplingParams())
     assert sum(res.stats.accepted) > 0 and res.token_ids == ref
     assert generate_batch(m, [prompt, prompt[:4]], 16, set(), slots=2)[0] == ref[:16]  # the batched steps (serving)
+    assert fused_on
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    """A tiny random Gemma 3 (window 8, sliding and global layers, query_pre_attn_scalar != head_dim, norms' w
+    random), loaded from its HF checkpoint."""
+    from _dense_util import save_hf as save
+    from _gemma_util import tiny_model as tiny_gemma
+    return load_model(save(tiny_gemma("base", seed=4), str(tmp_path_factory.mktemp("gemma3"))), "cpu",
+                      tokenizer=False).model
+
+
+def test_gemma3_layers_take_it(gemma, monkeypatch):
+    """Gemma 3's sandwich-normed GELU layers take the fused path (fused_eligible); the target is row-exact where every
+    layer runs the kernels (CUDA weights, ROW_EXACT), at any step width for a layer of at most MAX_HIDDEN."""
+    assert all(layer.fused_path for layer in gemma.layers) and {layer.sliding for layer in gemma.layers} == {True, False}
+    from specdec.models import base
+    monkeypatch.setattr(base, "ROW_EXACT", True)
+    assert not gemma.row_exact()  # CPU weights
+    monkeypatch.setattr(fused_layer, "on_device", lambda w: True)
+    monkeypatch.setattr(fused_layer, "triton", fused_layer.triton or object())
+    assert gemma.row_exact(17) and gemma.row_exact(64)
+    monkeypatch.setattr(base, "ROW_EXACT", False)
+    assert not gemma.row_exact()
+
+
+def test_gemma3_forward_on_the_fused_path(gemma, fused_on):
+    """The fused path (q/k/v, o_proj, gate/up with the GELU-tanh product, down_proj on the kernel; the sandwich norms
+    with the residual add moved into the next layer's input norm) gives the unfused forward's bits in fp32, past the
+    window, captured layers included."""
+    ids = torch.randint(gemma.config.vocab_size, (13,), generator=torch.Generator().manual_seed(1))
+    cap = (0, 2, len(gemma.layers) - 1)
+    outs = []
+    for on in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            if not on:
+                mp.setattr(fused_layer, "usable", lambda x: False)
+            cache = gemma.new_cache(32)
+            outs.append([gemma.forward(ids, cache, capture=cap), gemma.forward(ids[:3], cache, capture=cap)])
+    assert len(fused_on) == 2 * 4 * len(gemma.layers) and fused_on.count(True) == 2 * len(gemma.layers)
+    for a, b in zip(*outs):
+        for x, y in ((a.logits, b.logits), (a.hidden, b.hidden), (a.captured, b.captured)):
+            assert torch.equal(x, y), (x - y).abs().max()
+
+
+def test_gemma3_speculative_equals_plain_on_the_fused_path(gemma, fused_on, monkeypatch):
+    """Accepted and rolled-back oracle drafts on the fused path, prompts past the window: plain decoding's output,
+    with 1-row plain steps and (k+1)-row verify steps (the target row-exact)."""
+    monkeypatch.setattr(type(gemma), "row_exact", lambda self, rows=1: all(fused_layer.runs(la, rows) for la in self.layers))
+    prompt = torch.randint(gemma.config.vocab_size, (11,), generator=torch.Generator().manual_seed(2)).tolist()
+    ref = plain_generate(gemma, prompt, 24).token_ids
+    drafter = SpoiledOracle(prompt + ref, gemma.config.vocab_size, spoil=0.3, seed=3)
+    gen = SpeculativeGenerator(gemma, drafter, 4, batch_invariant=True)
+    assert gen.row_exact and gen.pad_to == 5
+    res = gen.generate(prompt, 24, SamplingParams())
+    assert sum(res.stats.accepted) > 0 and res.token_ids == ref
     assert fused_on
 
 

@@ -229,7 +229,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["M"])
     def _kernel(x, w, y, ws, cnt, sc, M, N, K, sx, sy, KS, SILU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 BK: tl.constexpr, SPLIT: tl.constexpr, FENCE: tl.constexpr, USE_GDC: tl.constexpr,
-                PER_LINE: tl.constexpr, LINES: tl.constexpr, SCALED: tl.constexpr = False):
+                PER_LINE: tl.constexpr, LINES: tl.constexpr, SCALED: tl.constexpr = False, GELU: tl.constexpr = False):
         # programs run M-tile fastest, then the K split: the row tiles of one weight block run side by side (L2)
         pid = tl.program_id(0)
         num_m = tl.cdiv(M, BM)
@@ -296,9 +296,14 @@ if triton is not None:
                 acc = acc * tl.load(sc + rn, mask=mn, other=0.0)[None, :]
                 if SILU:
                     acc_up = acc_up * tl.load(sc + N + rn, mask=mn, other=0.0)[None, :]
-            if SILU:  # silu(gate) * up, each rounded where the torch ops round
+            if SILU:  # act(gate) * up, each rounded where the torch ops round
                 gf = acc.to(y.dtype.element_ty).to(tl.float32)
-                act = (gf / (1.0 + tl.exp(-gf))).to(y.dtype.element_ty)
+                if GELU:  # GELU's tanh form (Gemma's gelu_pytorch_tanh): tanh(u) as 1 - 2 / (exp(2u) + 1), u capped
+                    # at 20 (where tanh is 1 in fp32) so that exp never overflows
+                    u = tl.minimum(0.7978845608028654 * (gf + 0.044715 * gf * gf * gf), 20.0)
+                    act = (0.5 * gf * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))).to(y.dtype.element_ty)
+                else:
+                    act = (gf / (1.0 + tl.exp(-gf))).to(y.dtype.element_ty)
                 out = (act.to(tl.float32) * acc_up.to(y.dtype.element_ty).to(tl.float32)).to(y.dtype.element_ty)
             else:
                 out = acc.to(y.dtype.element_ty)
@@ -348,11 +353,14 @@ def int8_values_(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
-def linear(x: torch.Tensor, w: "torch.Tensor | Int8Rows", silu: bool = False, tile: tuple | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, w: "torch.Tensor | Int8Rows", silu: bool = False, tile: tuple | None = None,
+           gelu: bool = False) -> torch.Tensor:
     """``x [..., K] @ w.T`` -> ``[..., N]`` in ``x``'s dtype (contiguous); with ``silu`` (``w``: N gate
-    rows, then N up rows) ``silu(gate) * up``. ``w`` contiguous, or :class:`Int8Rows` (a row's sums times its
+    rows, then N up rows) ``silu(gate) * up``; with ``gelu`` (the same layout) ``gelu_tanh(gate) * up`` (Gemma's
+    MLP; it takes the gated tilings). ``w`` contiguous, or :class:`Int8Rows` (a row's sums times its
     scale, in fp32, before the epilogue); ``tile``: (BN, BK, warps, stages[, split])."""
     w, sc = (w.q, w.scale) if isinstance(w, Int8Rows) else (w, None)
+    silu = silu or gelu
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = _rows(x)
     m = x2.shape[0]
@@ -376,7 +384,7 @@ def linear(x: torch.Tensor, w: "torch.Tensor | Int8Rows", silu: bool = False, ti
         _kernel[(triton.cdiv(mr, BM) * n_tiles * split,)](
             xr, w, yr, ws, cnt, y if sc is None else sc, mr, n, k, xr.stride(0), yr.stride(0), ks, SILU=silu, BM=BM,
             BN=bn, BK=bk, SPLIT=split, FENCE=not pdl.INTERPRETED, num_warps=warps, num_stages=stages,
-            PER_LINE=per_line, LINES=lines, SCALED=sc is not None, **pdl.options(xr))
+            PER_LINE=per_line, LINES=lines, SCALED=sc is not None, GELU=gelu, **pdl.options(xr))
     return y.view(*lead, n)
 
 
@@ -404,10 +412,11 @@ def prefetch_lines(w: torch.Tensor) -> tuple[int, int]:
     return per_line, lines if w.numel() * w.element_size() <= PREFETCH_BYTES else 0
 
 
-def reference(x: torch.Tensor, w: "torch.Tensor | Int8Rows", silu: bool = False) -> torch.Tensor:
+def reference(x: torch.Tensor, w: "torch.Tensor | Int8Rows", silu: bool = False, gelu: bool = False) -> torch.Tensor:
     """:func:`linear` in torch ops (an fp32 GEMM; :class:`Int8Rows`: the int8 rows' sums times their
     scales), the CPU equivalent the checks compare it with."""
     q, sc = (w.q, w.scale) if isinstance(w, Int8Rows) else (w, None)
+    silu = silu or gelu
 
     def mm(rows):
         out = x.float() @ q[rows].float().T
@@ -416,4 +425,5 @@ def reference(x: torch.Tensor, w: "torch.Tensor | Int8Rows", silu: bool = False)
     if not silu:
         return mm(slice(0, n))
     g, u = mm(slice(0, n)).float(), mm(slice(n, 2 * n)).float()
-    return (torch.nn.functional.silu(g).to(x.dtype).float() * u).to(x.dtype)
+    act = torch.nn.functional.gelu(g, approximate="tanh") if gelu else torch.nn.functional.silu(g)
+    return (act.to(x.dtype).float() * u).to(x.dtype)

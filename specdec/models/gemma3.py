@@ -27,7 +27,9 @@ from torch import nn
 
 from ..cache import KVCache
 from ..config import SUPPORTED_ROPE_TYPES, ModelConfig
+from ..cpu_linear import plain
 from ..errors import ConfigError
+from . import base, fused_layer
 from .base import StepContext, WindowedCausalLM
 from .gguf_names import DENSE_BLOCK, gguf_meta, is_number, meta_getters
 from .layers import Attention, GeluTanhGLU, RMSNorm, RotaryEmbedding
@@ -113,8 +115,11 @@ def _norm(c: Gemma3Config) -> RMSNorm:
 class Gemma3DecoderLayer(nn.Module):
     """Sandwich-normed attention + GELU-tanh MLP, HF names (``pre_feedforward_layernorm`` ...)."""
 
+    fused_path = False  # fused_layer's GEMMs on CUDA (set by CausalLM.fuse_projections)
+
     def __init__(self, c: Gemma3Config, sliding: bool):
         super().__init__()
+        self.config = c
         self.sliding = sliding
         self.input_layernorm = _norm(c)
         self.self_attn = Attention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
@@ -133,6 +138,35 @@ class Gemma3DecoderLayer(nn.Module):
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, cache, ctx.start, mask))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
+    def fused_eligible(self) -> bool:
+        """Whether :meth:`forward_fused` can run this layer (``fused_layer.eligible``'s question): q/k/v and gate/up
+        fused without biases, contiguous output weights, one process (Gemma 3 has no tensor parallelism), at most
+        ``fused_layer.MAX_HIDDEN`` wide or with ``fused_layer.WIDE``."""
+        a, mlp = self.self_attn, self.mlp
+        return (a._fused is not None and a._fused[1] is None and plain(a.o_proj) and a.o_proj.bias is None
+                and mlp._fused is not None and mlp._fused[1] is None and plain(mlp.down_proj)
+                and mlp.down_proj.bias is None and a.o_proj.weight.is_contiguous()
+                and mlp.down_proj.weight.is_contiguous()
+                and (self.config.hidden_size <= fused_layer.MAX_HIDDEN or fused_layer.WIDE))
+
+    def forward_fused(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: Gemma3StepContext, cache: KVCache
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer on ``fused_layer``'s GEMMs (CUDA, no gradients), the residual add folded: it takes ``(x,
+        delta)``, whose sum is its input (``delta`` None: ``x`` alone), and returns ``(x', delta')`` whose sum is its
+        output, ``delta'`` the post-feed-forward norm's output (the next layer's input norm, or the final one, adds
+        it). The q/k norms run in the RoPE kernel where it takes them. A row's bits depend on its own inputs only."""
+        if self.sliding:
+            cos, sin, mask = ctx.local_cos, ctx.local_sin, ctx.local_mask
+        else:
+            cos, sin, mask = ctx.cos, ctx.sin, ctx.mask
+        a, mlp = self.self_attn, self.mlp
+        x, h = self.input_layernorm.add(x, delta)
+        heads = a._shape_heads(*fused_layer.linear(h, a._fused[0]).split(a._fused[2], dim=-1), norm=False)
+        o = a.attend_heads(heads, cos, sin, cache, ctx.start, mask, normed=False)
+        x, h = self.pre_feedforward_layernorm.add(x, self.post_attention_layernorm(fused_layer.linear(o, a.o_proj.weight)))
+        m = fused_layer.linear(fused_layer.linear(h, mlp._fused[0], gelu=True), mlp.down_proj.weight)
+        return x, self.post_feedforward_layernorm(m)
+
 
 class Gemma3ForCausalLM(WindowedCausalLM):
     """The Gemma 3 text target."""
@@ -147,6 +181,12 @@ class Gemma3ForCausalLM(WindowedCausalLM):
     @classmethod
     def zero_centered_norms(cls) -> bool:
         return True
+
+    def row_exact(self, rows: int = 1) -> bool:
+        """As :meth:`~.llama.LlamaForCausalLM.row_exact`: every layer on the fused GEMMs (``fused_layer.model_runs``),
+        one process, CUDA in bf16/fp16; the norms, the q/k norm + RoPE write and the split attention (a sliding
+        layer's window is its mask, by position) give a row its bits at any row count."""
+        return base.ROW_EXACT and fused_layer.model_runs(self, rows)
 
     def make_layer_cache(self, i, max_len, dtype, device):
         c = self.config
