@@ -2,17 +2,18 @@
 # Gemma 3 on the fused layers (issue 10: a fast CUDA step for every target family), one device call (carry .whl):
 #   bash scripts/device_gemma3_fused.sh
 # On the gemma3-270m shape (random weights, context 512): the 1-row and padded steps with the fused layers on
-# (the defaults) and off (SPECDEC_FUSED_LAYER=0: cuBLAS and torch ops, steps padded to 16 rows), one process
-# (scripts/ab_flags.py); `specdec bench --shape gemma3-270m` both ways; the fused GEMM on the shape's weights
-# (values, a row's bits, tilings at 1 row); device_check on a random Gemma 3 (window 64) with accepted drafts.
+# (the defaults), off (SPECDEC_FUSED_LAYER=0: cuBLAS and torch ops, steps padded to 16 rows) and with the static
+# steps' RoPE tables off (SPECDEC_ROPE_TABLE=0), one process (scripts/ab_flags.py); `specdec bench --shape
+# gemma3-270m` with the fused layers on and off; the fused GEMM on the shape's weights (values, a row's bits,
+# tilings at 1 row); device_check on a random Gemma 3 (window 64) with accepted drafts.
 # Results in $OUT/g.tgz.
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1
 W=$OUT/g; mkdir -p $W
-timeout 150 python scripts/ab_flags.py --shape gemma3-270m --context 512 --rounds 5 --no-drafters \
-    --variants defaults defaults-fused-layer --json $W/ab_gemma3.json > $W/ab_gemma3.log 2>&1
+timeout 200 python scripts/ab_flags.py --shape gemma3-270m --context 512 --rounds 5 --no-drafters \
+    --variants defaults defaults-fused-layer defaults-rope-table --json $W/ab_gemma3.json > $W/ab_gemma3.log 2>&1
 echo "== ab rc=$?"; grep -v "^round" $W/ab_gemma3.log | tail -5
 for v in on off; do
     env $([ $v = off ] && echo SPECDEC_FUSED_LAYER=0) timeout 120 python -m specdec bench --shape gemma3-270m \

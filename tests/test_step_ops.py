@@ -146,9 +146,11 @@ def test_rope_table_has_the_computed_bits(kind, dtype, monkeypatch):
     assert not r2.__dict__.get("_rope_tables")
 
 
-def test_rope_table_static_steps_keep_their_bits(tmp_path, monkeypatch):
-    """A tiny Llama's static steps (batch-invariant, as CUDA runs them; eager here) with the table on and off: the
-    same logits, bit for bit, and so the same greedy output."""
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_rope_table_static_steps_keep_their_bits(family, tmp_path, monkeypatch):
+    """A tiny Llama's and a Gemma 3's static steps (batch-invariant, as CUDA runs them; eager here) with the table on
+    and off: the same logits, bit for bit, and so the same greedy output (Gemma 3: its sliding layers' cos/sin and
+    window mask too, past the window)."""
     from _engine_util import build_llama
     from specdec.engine import SpeculativeGenerator
     from specdec.loading import load_model
@@ -157,8 +159,13 @@ def test_rope_table_static_steps_keep_their_bits(tmp_path, monkeypatch):
 
     monkeypatch.setattr(engine_generate, "CPU_EXACT", False)  # padded static steps, as on CUDA
     monkeypatch.setattr(layers, "TABLE_OFF_CUDA", True)  # the table's path, on the CPU
-    model = load_model(build_llama(tmp_path / "m", vocab=64, hidden=64, layers=2, heads=4, kv_heads=2), "cpu",
-                       tokenizer=False).model
+    if family == "gemma3":
+        from _dense_util import save_hf
+        from _gemma_util import tiny_model as tiny_gemma
+        path = save_hf(tiny_gemma("base", seed=2), str(tmp_path / "g"))
+    else:
+        path = build_llama(tmp_path / "m", vocab=64, hidden=64, layers=2, heads=4, kv_heads=2)
+    model = load_model(path, "cpu", tokenizer=False).model
     prompt = torch.randint(64, (37,), generator=torch.Generator().manual_seed(1)).tolist()
     outs = {}
     for on in (False, True):
@@ -171,6 +178,9 @@ def test_rope_table_static_steps_keep_their_bits(tmp_path, monkeypatch):
             logits = model.run_layers(torch.tensor([3, 5, 7, 9]), ctx, cache, (), "all").logits
         gen = SpeculativeGenerator(model, None, 0, batch_invariant=True).generate(prompt, 24)
         outs[on] = (ctx.cos, ctx.sin, ctx.mask, logits, gen.token_ids)
+        if family == "gemma3":
+            outs[on] += (ctx.local_cos, ctx.local_sin, ctx.local_mask)
+            assert not ctx.local_mask[:, :30].any() and ctx.local_mask[:, 30:41].any()  # the window of 8, by position
     for a, b in zip(outs[False], outs[True]):
         assert torch.equal(torch.as_tensor(a), torch.as_tensor(b))
     assert 16 in model.__dict__.get("_aranges", {}), "the generation's 16-row static steps did not take the table"

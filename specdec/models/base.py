@@ -345,7 +345,9 @@ class WindowedCausalLM(CausalLM):
 
     window: int | None = None
 
-    def _local(self, ctx: StepContext, pos: torch.Tensor, local_mask) -> StepContext:
+    def _local(self, ctx: StepContext, pos: torch.Tensor, local_mask, limit: int | None = None) -> StepContext:
+        """The family's context with its local layers' RoPE at ``pos`` and ``local_mask``; ``limit`` (a static step's
+        positions bound): their cos/sin by ``layers.static_cos_sin``, else computed."""
         raise NotImplementedError
 
     def step_context(self, start: int, t: int, snapshots: bool = True) -> StepContext:
@@ -356,11 +358,11 @@ class WindowedCausalLM(CausalLM):
 
     def static_context(self, start: torch.Tensor, t: int, max_len: int) -> StepContext:
         ctx = super().static_context(start, t, max_len)
-        pos = start + torch.arange(t, device=self.device)
+        pos = start + self._arange(t)
         mask = ctx.mask
         if self.window:  # the window, by position, over the whole cache
-            mask = mask & (torch.arange(max_len, device=self.device)[None, :] > pos[:, None] - self.window)
-        return self._local(ctx, pos, mask)
+            mask = mask & (self._arange(max_len)[None, :] > pos[:, None] - self.window)
+        return self._local(ctx, pos, mask, max_len + t)
 
 
 class _Layers:

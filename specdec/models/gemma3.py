@@ -32,7 +32,7 @@ from ..errors import ConfigError
 from . import base, fused_layer
 from .base import StepContext, WindowedCausalLM
 from .gguf_names import DENSE_BLOCK, gguf_meta, is_number, meta_getters
-from .layers import Attention, GeluTanhGLU, RMSNorm, RotaryEmbedding
+from .layers import Attention, GeluTanhGLU, RMSNorm, RotaryEmbedding, static_cos_sin
 from .registry import Architecture, register
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -197,8 +197,9 @@ class Gemma3ForCausalLM(WindowedCausalLM):
         # transformers multiplies by sqrt(hidden) rounded to the weight dtype (bf16: 25.25 for 640)
         return x * float(torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype))
 
-    def _local(self, ctx: StepContext, pos: torch.Tensor, local_mask) -> Gemma3StepContext:
-        cos, sin = self.local_rotary.cos_sin(pos, self.dtype)
+    def _local(self, ctx: StepContext, pos: torch.Tensor, local_mask, limit: int | None = None) -> Gemma3StepContext:
+        cos, sin = (self.local_rotary.cos_sin(pos, self.dtype) if limit is None
+                    else static_cos_sin(self.local_rotary, pos, self.dtype, limit))
         return Gemma3StepContext(ctx.start, ctx.length, ctx.cos, ctx.sin, ctx.mask, ctx.snapshots, ctx.live, cos, sin, local_mask)
 
 

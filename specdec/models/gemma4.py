@@ -46,7 +46,7 @@ from ..cpu_linear import Linear
 from .base import StepContext, WindowedCausalLM
 from .gemma4_config import Gemma4Config
 from .gemma4_gguf import gguf_config, gguf_names, gguf_tensor_config
-from .layers import GeluTanhGLU, RMSNorm, apply_rope, attend, rope_tables, unit_rms_norm
+from .layers import GeluTanhGLU, RMSNorm, apply_rope, attend, rope_tables, static_cos_sin, unit_rms_norm
 from .moe import Experts
 from .registry import Architecture, register
 
@@ -258,10 +258,11 @@ class Gemma4ForCausalLM(WindowedCausalLM):
         proj = self.per_layer_projection_norm(proj.view(shape))
         return dataclasses.replace(ctx, per_layer=(proj + tokens) * 2 ** -0.5)
 
-    def _local(self, ctx: StepContext, pos: torch.Tensor, local_mask) -> Gemma4StepContext:
+    def _local(self, ctx: StepContext, pos: torch.Tensor, local_mask, limit: int | None = None) -> Gemma4StepContext:
         cos = sin = None
         if self.local_rotary is not None:
-            cos, sin = self.local_rotary.cos_sin(pos, self.dtype)
+            cos, sin = (self.local_rotary.cos_sin(pos, self.dtype) if limit is None
+                        else static_cos_sin(self.local_rotary, pos, self.dtype, limit))
         return Gemma4StepContext(ctx.start, ctx.length, ctx.cos, ctx.sin, ctx.mask, ctx.snapshots, ctx.live, cos, sin, local_mask)
 
 
