@@ -6,12 +6,32 @@
 # steps' RoPE tables off (SPECDEC_ROPE_TABLE=0), one process (scripts/ab_flags.py); `specdec bench --shape
 # gemma3-270m` with the fused layers on and off; the fused GEMM on the shape's weights (values, a row's bits,
 # tilings at 1 row); device_check on a random Gemma 3 (window 64) with accepted drafts.
+#   bash scripts/device_gemma3_fused.sh final   # device_check (Gemma 3, Llama), then the bench on and off only
 # Results in $OUT/g.tgz.
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1
 W=$OUT/g; mkdir -p $W
+if [ "${1:-}" = final ]; then
+    D=/tmp/dc; rm -rf $D
+    timeout 120 python scripts/device_check.py build $D > $W/dc_build.log 2>&1; echo "== build rc=$?"
+    for t in gemma3 llama; do
+        for m in graphs eager; do
+            [ $t = llama ] && [ $m = eager ] && continue
+            timeout 150 python scripts/device_check.py run $D --target $t --mode $m --drafters oracle ngram \
+                --prompts 4 --new-tokens 128 --out $W/dc_${t}_$m.json 2>&1 | tail -1 | cut -c1-200
+        done
+    done
+    python scripts/device_check.py compare $W/dc_*.json --out $W/dc_report.json 2>&1 | tail -9
+    for v in on off on off; do
+        env $([ $v = off ] && echo SPECDEC_FUSED_LAYER=0) timeout 100 python -m specdec bench --shape gemma3-270m \
+            --context 512 --oracle-tau 6.5 --reps 10 --json $W/b_gemma3_${v}_$RANDOM.json 2>&1 \
+            | grep -E "plain decoding's step|after the" | cut -c1-200
+    done
+    cd $OUT && tar czf g.tgz g && rm -rf g
+    exit 0
+fi
 timeout 200 python scripts/ab_flags.py --shape gemma3-270m --context 512 --rounds 5 --no-drafters \
     --variants defaults defaults-fused-layer defaults-rope-table --json $W/ab_gemma3.json > $W/ab_gemma3.log 2>&1
 echo "== ab rc=$?"; grep -v "^round" $W/ab_gemma3.log | tail -5

@@ -107,6 +107,13 @@ TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     (9216, 2048, False): (32, 256, 4, 4),  # the gated attention's q/k/v + gate: 13.55 (14.70; 11.86)
     (2048, 4096, False): (64, 256, 4, 4, 2),  # o_proj / the DeltaNet's out_proj: 8.76 (10.15 split 4; 9.30)
     (248320, 2048, False): (128, 128, 4, 4),  # LM head: 226.93 (228.77; 245.52)
+    # the gemma3-270m shape (2026-12-06 (tenth), H100, --shape gemma3-270m --sweep --head --rows 1; us at 1 row, the
+    # default TILE and cuBLAS in brackets; its q/k/v (1536 x 640) keeps TILE, the best there, 2.61 us); the 1-row step
+    # with these (scripts/ab_flags.py, defaults+tiles, context 512, 6 rounds) 0.804 -> 0.762 ms
+    (640, 1024, False): (16, 256, 4, 4),  # o_proj: 2.73 (3.11; 4.52)
+    (2048, 640, True): (32, 256, 4, 4),  # gate/up + gelu_tanh * up: 4.21 (6.12; cuBLAS + silu_mul 6.87)
+    (640, 2048, False): (64, 256, 4, 4, 4),  # down_proj: 4.52 (5.39; 6.38)
+    (262144, 640, False): (32, 128, 2, 4),  # LM head (tied): 108.06 (108.20; 113.27)
     # its MoE router + the shared expert's gate (2026-12-06 (third), H100, --only router --sweep --rows 1, 64 tilings
     # with K split 1-8 ways): 4.58 us (the default TILE 5.41; cuBLAS 3.09); the 1-row step (ab_flags defaults+tiles)
     # 3.691 / 3.709 -> 3.660 / 3.621 ms in two rounds
