@@ -6,7 +6,8 @@
 # steps' RoPE tables off (SPECDEC_ROPE_TABLE=0), one process (scripts/ab_flags.py); `specdec bench --shape
 # gemma3-270m` with the fused layers on and off; the fused GEMM on the shape's weights (values, a row's bits,
 # tilings at 1 row); device_check on a random Gemma 3 (window 64) with accepted drafts.
-#   bash scripts/device_gemma3_fused.sh final   # device_check (Gemma 3, Llama), then the bench on and off only
+#   bash scripts/device_gemma3_fused.sh final   # device_check (Gemma 3, Llama); the post-norm + add + norm kernel's
+#                                               # bits and time (ab_flags defaults-prenorm); the bench on and off
 # Results in $OUT/g.tgz.
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
@@ -24,6 +25,21 @@ if [ "${1:-}" = final ]; then
         done
     done
     python scripts/device_check.py compare $W/dc_*.json --out $W/dc_report.json 2>&1 | tail -9
+    python - <<'PY' 2>&1 | tail -2  # fused_ops.PRENORM_ADD's one kernel against its two: the same logits
+import torch
+from specdec.models import fused_ops
+from specdec.shapes import build_shape
+m = build_shape("gemma3-270m", torch.device("cuda"), torch.bfloat16)
+ids = torch.randint(0, 262144, (37,), generator=torch.Generator().manual_seed(0)).cuda()
+outs = []
+for on in (True, False):
+    fused_ops.PRENORM_ADD = on
+    cache = m.new_cache(64)
+    outs.append(torch.cat([m(ids, cache).logits, m(ids[:1], cache).logits]))
+print("prenorm: logits of 37 + 1 rows equal with it on and off:", torch.equal(*outs), "argmax", outs[0].argmax(-1)[:4].tolist())
+PY
+    timeout 150 python scripts/ab_flags.py --shape gemma3-270m --context 512 --rounds 5 --no-drafters \
+        --variants defaults defaults-prenorm --json $W/ab_prenorm.json 2>&1 | grep -v "^round" | tail -4
     for v in on off on off; do
         env $([ $v = off ] && echo SPECDEC_FUSED_LAYER=0) timeout 100 python -m specdec bench --shape gemma3-270m \
             --context 512 --oracle-tau 6.5 --reps 10 --json $W/b_gemma3_${v}_$RANDOM.json 2>&1 \

@@ -402,6 +402,13 @@ def fused() -> None:
             s, y = fused_ops.rms_norm(x, norm.fp32_scale(), 1e-6, residual=d)
             check(f"fused add+norm {dtype}: the sum is the torch add's", torch.equal(s, x + d))
             check(f"fused add+norm {dtype}: the norm of the sum", torch.equal(y, fused_ops.rms_norm(x + d, norm.fp32_scale(), 1e-6)))
+            # a sandwich-normed layer's post-norm, add and pre-norm in one kernel: the bits of the two kernels
+            post = torch.rand(48, generator=g) + 0.5
+            d3 = d * 7  # another scale than x's
+            s2, y2 = fused_ops.rms_norm(x, norm.fp32_scale(), 1e-6, residual=d3, residual_scale=post, residual_eps=1e-5)
+            s1, y1 = fused_ops.rms_norm(x, norm.fp32_scale(), 1e-6, residual=fused_ops.rms_norm(d3, post, 1e-5))
+            check(f"fused norm+add+norm {dtype}: the bits of the norm, then the add and norm",
+                  torch.equal(s2, s1) and torch.equal(y2, y1) and not torch.equal(s2, x + d3))
         # strided rows: per-head norms of q as a view of a fused projection [T, H*d + more]
         big = torch.randn(5, 4 * 16 + 8, generator=g).to(dtype)
         q = big[:, : 4 * 16].view(5, 4, 16)
@@ -764,7 +771,11 @@ def pdl_ptx() -> None:
              "gemm-int8": (fused_layer._kernel, {**gemm_ptrs, "w": "*i8"},
                            {**gemm_const, "SPLIT": 3, "SCALED": True}),
              "norm": (fused_ops._norm_kernel, {"x": "*bf16", "res": "*bf16", "w": "*fp32", "y": "*bf16", "s": "*bf16",
-                                               "eps": "fp32"}, {"HAS_RES": True, "BLOCK": 1024}),
+                                               "eps": "fp32", "wr": "*fp32", "eps_r": "fp32"},
+                      {"HAS_RES": True, "BLOCK": 1024, "RES_NORM": False}),
+             "norm-prenormed": (fused_ops._norm_kernel, {"x": "*bf16", "res": "*bf16", "w": "*fp32", "y": "*bf16",
+                                                         "s": "*bf16", "eps": "fp32", "wr": "*fp32", "eps_r": "fp32"},
+                                {"HAS_RES": True, "BLOCK": 1024, "RES_NORM": True}),
              "rope": (rope_write._rope_write_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
                       | {"slots": "*i64", "pos": "*i64"}, {"R": 64, "HALF": 32, "D": 64}),
              "norm-rope": (rope_write._norm_rope_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}

@@ -29,6 +29,10 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 ENABLED = env.switch("SPECDEC_FUSED_NORM")
+# A sandwich-normed layer's (Gemma 3's) post-attention norm, its residual add and the pre-feed-forward norm as one
+# kernel (rms_norm's ``residual_scale``) instead of two: the same arithmetic, each value rounded where the two kernels
+# round it, so the same bits. SPECDEC_PRENORM_ADD=0 off.
+PRENORM_ADD = env.switch("SPECDEC_PRENORM_ADD")
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -55,8 +59,8 @@ def _as_rows(x: torch.Tensor):
 
 if triton is not None:
     @triton.jit(do_not_specialize=["inner", "s_out", "s_in", "sr_out", "sr_in"])
-    def _norm_kernel(x, res, w, y, s, N, inner, s_out, s_in, sr_out, sr_in, eps,
-                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
+    def _norm_kernel(x, res, w, y, s, N, inner, s_out, s_in, sr_out, sr_in, eps, wr, eps_r,
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr, USE_GDC: tl.constexpr, RES_NORM: tl.constexpr = False):
         if USE_GDC:  # models/pdl.py
             pdl.begin()
         row = tl.program_id(0)
@@ -66,6 +70,10 @@ if triton is not None:
         v = tl.load(x + at + i, mask=m, other=0.0)
         if HAS_RES:  # s = x + res, rounded to the model dtype as the torch add is; the norm reads s
             r = tl.load(res + (row // inner) * sr_out + (row % inner) * sr_in + i, mask=m, other=0.0)
+            if RES_NORM:  # res RMS-normed first (scale wr), rounded as the norm's own kernel rounds it
+                rf = r.to(tl.float32)
+                rms = tl.sum(rf * rf, 0) / N
+                r = (rf * (1.0 / tl.sqrt_rn(rms + eps_r)) * tl.load(wr + i, mask=m, other=0.0)).to(v.dtype)
             v = (v.to(tl.float32) + r.to(tl.float32)).to(v.dtype)
             tl.store(s + row * N + i, v, mask=m)
         f = v.to(tl.float32)
@@ -92,9 +100,12 @@ def _block(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
-def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             residual_scale: torch.Tensor | None = None, residual_eps: float = 0.0):
     """``x [..., N]`` -> its RMSNorm times the fp32 ``scale [N]``, contiguous, in ``x``'s dtype; with a
-    ``residual`` (same shape), ``(x + residual, norm(x + residual))``. Callers check :func:`usable`."""
+    ``residual`` (same shape), ``(x + residual, norm(x + residual))``; with ``residual_scale`` too, the residual
+    RMS-normed first (``r = rms_norm(residual, residual_scale, residual_eps)``, then ``(x + r, norm(x + r))``, each the
+    bits of those calls). Callers check :func:`usable`."""
     n = x.shape[-1]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     s = torch.empty_like(y) if residual is not None else y
@@ -107,8 +118,9 @@ def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float, residual: torch.T
     if rows:
         block = _block(n)
         _norm_kernel[(rows,)](xr, res, scale, y, s, n, inner, s_out, s_in, sr_out, sr_in, eps,
+                              scale if residual_scale is None else residual_scale, residual_eps,
                               HAS_RES=residual is not None, BLOCK=block, num_warps=4 if block <= 2048 else 8,
-                              **pdl.options(x))
+                              RES_NORM=residual is not None and residual_scale is not None, **pdl.options(x))
     return (s, y) if residual is not None else y
 
 

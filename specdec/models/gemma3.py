@@ -163,7 +163,7 @@ class Gemma3DecoderLayer(nn.Module):
         x, h = self.input_layernorm.add(x, delta)
         heads = a._shape_heads(*fused_layer.linear(h, a._fused[0]).split(a._fused[2], dim=-1), norm=False)
         o = a.attend_heads(heads, cos, sin, cache, ctx.start, mask, normed=False)
-        x, h = self.pre_feedforward_layernorm.add(x, self.post_attention_layernorm(fused_layer.linear(o, a.o_proj.weight)))
+        x, h = self.pre_feedforward_layernorm.add(x, fused_layer.linear(o, a.o_proj.weight), self.post_attention_layernorm)
         m = fused_layer.linear(fused_layer.linear(h, mlp._fused[0], gelu=True), mlp.down_proj.weight)
         return x, self.post_feedforward_layernorm(m)
 

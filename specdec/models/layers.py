@@ -64,14 +64,23 @@ class RMSNorm(nn.Module):
             return (y * (1.0 + w if self.zero_centered else w)).to(x.dtype)
         return torch.mul(y, self.fp32_scale(), out=torch.empty_like(x))
 
-    def add(self, x: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def add(self, x: torch.Tensor, delta: torch.Tensor | None, delta_norm: "RMSNorm | None" = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x + delta, self(x + delta))``: a residual add and the norm after it (one kernel on CUDA);
-        ``delta`` None: ``(x, self(x))`` (a folded layer's input with no add left over)."""
+        ``delta`` None: ``(x, self(x))`` (a folded layer's input with no add left over). ``delta_norm``: ``delta``
+        normed by it first (a sandwich-normed layer's post-norm; one kernel for the three on CUDA with
+        ``fused_ops.PRENORM_ADD``, the same bits)."""
         if delta is None:
             return x, self(x)
         training = torch.is_grad_enabled() and (x.requires_grad or delta.requires_grad or self.weight.requires_grad)
         if not training and fused_ops.usable(x) and delta.shape == x.shape and delta.dtype == x.dtype:
-            return fused_ops.rms_norm(x, self.fp32_scale(), self.eps, residual=delta)
+            if delta_norm is None:
+                return fused_ops.rms_norm(x, self.fp32_scale(), self.eps, residual=delta)
+            if fused_ops.PRENORM_ADD:
+                return fused_ops.rms_norm(x, self.fp32_scale(), self.eps, residual=delta,
+                                          residual_scale=delta_norm.fp32_scale(), residual_eps=delta_norm.eps)
+        if delta_norm is not None:
+            return self.add(x, delta_norm(delta))
         s = x + delta
         return s, self(s)
 
