@@ -40,7 +40,7 @@ print("prenorm: logits of 37 + 1 rows equal with it on and off:", torch.equal(*o
 PY
     timeout 150 python scripts/ab_flags.py --shape gemma3-270m --context 512 --rounds 5 --no-drafters \
         --variants defaults defaults-prenorm --json $W/ab_prenorm.json 2>&1 | grep -v "^round" | tail -4
-    for v in on off on off; do
+    for v in on off; do
         env $([ $v = off ] && echo SPECDEC_FUSED_LAYER=0) timeout 100 python -m specdec bench --shape gemma3-270m \
             --context 512 --oracle-tau 6.5 --reps 10 --json $W/b_gemma3_${v}_$RANDOM.json 2>&1 \
             | grep -E "plain decoding's step|after the" | cut -c1-200
