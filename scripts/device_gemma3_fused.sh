@@ -6,7 +6,7 @@
 # steps' RoPE tables off (SPECDEC_ROPE_TABLE=0), one process (scripts/ab_flags.py); `specdec bench --shape
 # gemma3-270m` with the fused layers on and off; the fused GEMM on the shape's weights (values, a row's bits,
 # tilings at 1 row); device_check on a random Gemma 3 (window 64) with accepted drafts.
-#   bash scripts/device_gemma3_fused.sh final   # device_check (Gemma 3, Llama); the post-norm + add + norm kernel's
+#   bash scripts/device_gemma3_fused.sh final   # device_check (Gemma 3); the post-norm + add + norm kernel's
 #                                               # bits and time (ab_flags defaults-prenorm); the bench on and off
 # Results in $OUT/g.tgz.
 set -u
@@ -17,9 +17,8 @@ W=$OUT/g; mkdir -p $W
 if [ "${1:-}" = final ]; then
     D=/tmp/dc; rm -rf $D
     timeout 120 python scripts/device_check.py build $D > $W/dc_build.log 2>&1; echo "== build rc=$?"
-    for t in gemma3 llama; do
+    for t in gemma3; do
         for m in graphs eager; do
-            [ $t = llama ] && [ $m = eager ] && continue
             timeout 150 python scripts/device_check.py run $D --target $t --mode $m --drafters oracle ngram \
                 --prompts 4 --new-tokens 128 --out $W/dc_${t}_$m.json 2>&1 | tail -1 | cut -c1-200
         done
