@@ -60,12 +60,16 @@ def tiny_config(kind: str = "base", layers: int = 4):
     raise ValueError(kind)
 
 
-def tiny_model(kind: str = "base", seed: int = 0):
-    """A random fp32 ``Gemma3ForCausalLM``; norm weights (stored as ``w`` in ``1 + w``) randomised."""
+def tiny_model(kind: str = "base", seed: int = 0, tied: bool = True):
+    """A random fp32 ``Gemma3ForCausalLM``; norm weights (stored as ``w`` in ``1 + w``) randomised. ``tied`` False: its
+    own LM head (tied, a random Gemma's scaled embedding outweighs its layers and greedy output repeats a few
+    tokens: too few near-ties for an exactness check)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(kind), dtype=torch.float32)
+    cfg = tiny_config(kind)
+    cfg.tie_word_embeddings = tied
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):

@@ -482,82 +482,79 @@ def fused_layer() -> None:
               ((q.dequantized() - w.float()).abs() <= q.scale[:, None] / 2 + 1e-6).all().item())
 
 
+def _tiny_fused_model(d: dict):
+    """A tiny random fp16 target of config ``d`` (weights N(0, 0.1), seed 0), its projections fused; a 9-token prompt;
+    and a function giving its logits for the prompt, then one more token."""
+    from specdec.config import parse_config
+    from specdec.models.registry import by_hf_model_type
+    arch = by_hf_model_type(d["model_type"], "test")
+    torch.manual_seed(0)
+    model = arch.model_cls(parse_config(arch.config_cls, d, source="test")).half()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.1)
+    model.fuse_projections()
+    model.eval()
+    prompt = torch.randint(0, 256, (9,), generator=torch.Generator().manual_seed(1)).tolist()
+
+    def logits() -> list:
+        cache = model.new_cache(32)
+        return [model.forward(torch.tensor(ids), cache).logits for ids in (prompt, [5])]
+    return model, prompt, logits
+
+
+def _fused_checks(name: str, model, prompt, fused: list, torch_form: list, n: int) -> None:
+    """The fused path's logits within fp16 tolerance of the torch layers'; speculative output with a spoiled oracle's
+    drafts (accepted, rolled back) equal to plain decoding's over ``n`` tokens."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _engine_util import SpoiledOracle
+    from specdec.engine import SpeculativeGenerator
+    err = max((a.float() - b.float()).abs().max().item() for a, b in zip(fused, torch_form))
+    scale = max(b.float().abs().max().item() for b in torch_form)
+    check(f"{name}: the logits as the torch layers'", err <= scale / 64, f"(max diff {err:.1e}, scale {scale:.1e})")
+    plain = SpeculativeGenerator(model, None, 0, cuda_graphs=False).generate(prompt, n)
+    check(f"{name}: plain output varied (near-ties a wrong bit could flip)", len(set(plain.token_ids)) >= n // 2,
+          f"({len(set(plain.token_ids))} distinct of {n})")
+    spec = SpeculativeGenerator(model, SpoiledOracle(prompt + plain.token_ids, 256, spoil=0.25), 4,
+                                cuda_graphs=False).generate(prompt, n)
+    check(f"{name}: speculative output (drafts accepted, rollbacks) equals plain decoding",
+          spec.token_ids == plain.token_ids and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
+
+
 def hybrid_fused() -> None:
     """A Qwen3.5 target on its fused layers (``forward_fused``: the fused GEMM, the Gated DeltaNet's step kernels on
     the cache) on the CPU: a tiny random fp16 dense Qwen3.5 (three Gated DeltaNet layers, one gated attention) with
     fused_layer.usable and the step kernels forced, in the interpreter. Its logits (a 9-row step keeping snapshots,
     then a 1-row step) equal the torch layers' within fp16 tolerance, and a speculative generation whose drafts are
     mostly accepted (a spoiled oracle: verify steps of several rows, rollbacks) equals plain decoding."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _engine_util import SpoiledOracle
-    from specdec.config import parse_config
-    from specdec.engine import SpeculativeGenerator
     from specdec.models import delta_kernel, fused_layer
-    from specdec.models.registry import by_hf_model_type
-    d = {"model_type": "qwen3_5_text", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
-         "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-         "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-         "linear_num_key_heads": 2, "linear_num_value_heads": 4, "full_attention_interval": 4, "rms_norm_eps": 1e-6,
-         "max_position_embeddings": 512, "tie_word_embeddings": False,
-         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}
-    arch = by_hf_model_type(d["model_type"], "test")
-    torch.manual_seed(0)
-    model = arch.model_cls(parse_config(arch.config_cls, d, source="test")).half()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn_like(p) * 0.1)
-    model.fuse_projections()
-    model.eval()
-    prompt = torch.randint(0, 256, (9,), generator=torch.Generator().manual_seed(1)).tolist()
-
-    def logits() -> list:
-        cache = model.new_cache(32)
-        return [model.forward(torch.tensor(ids), cache).logits for ids in (prompt, [5])]
+    model, prompt, logits = _tiny_fused_model({
+        "model_type": "qwen3_5_text", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "full_attention_interval": 4, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 512, "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}})
     torch_form = logits()
     fused_layer.usable = lambda x: x.dtype == torch.float16 and not torch.is_grad_enabled()  # the CPU, forced
     delta_kernel.step_kernels_available = lambda x, dk, dv: True
     check("hybrid fused: every layer on the fused path", all(layer.fused_path for layer in model.layers))
-    fused = logits()
-    err = max((a.float() - b.float()).abs().max().item() for a, b in zip(fused, torch_form))
-    scale = max(b.float().abs().max().item() for b in torch_form)
-    check("hybrid fused: the logits as the torch layers'", err <= scale / 64, f"(max diff {err:.1e}, scale {scale:.1e})")
-    plain = SpeculativeGenerator(model, None, 0, cuda_graphs=False).generate(prompt, 12)
-    spec = SpeculativeGenerator(model, SpoiledOracle(prompt + plain.token_ids, 256, spoil=0.25), 4,
-                                cuda_graphs=False).generate(prompt, 12)
-    check("hybrid fused: speculative output (drafts accepted, rollbacks) equals plain decoding",
-          spec.token_ids == plain.token_ids and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
+    _fused_checks("hybrid fused", model, prompt, logits(), torch_form, 12)
 
 
 def gemma_fused() -> None:
     """A Gemma 3 target on its fused layers (``forward_fused``: the fused GEMMs with the GELU-tanh product, the
     sandwich norms, a sliding window) on the CPU: a tiny random fp16 Gemma 3 (window 6, every third layer global) with
     fused_layer.usable forced, in the interpreter. Its logits (a 9-row step, then a 1-row step past the window) equal
-    the torch layers' within fp16 tolerance, it says it is row-exact where the kernels run, and a speculative
-    generation whose drafts are mostly accepted (a spoiled oracle: verify steps of several rows, rollbacks) equals
-    plain decoding."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _engine_util import SpoiledOracle
-    from specdec.config import parse_config
-    from specdec.engine import SpeculativeGenerator
+    the torch layers' within fp16 tolerance, and a speculative generation whose drafts are mostly accepted (a spoiled
+    oracle: verify steps of several rows, rollbacks) equals plain decoding."""
     from specdec.models import fused_layer
-    from specdec.models.registry import by_hf_model_type
-    d = {"model_type": "gemma3_text", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
-         "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-         "query_pre_attn_scalar": 24, "sliding_window": 6, "sliding_window_pattern": 3, "rms_norm_eps": 1e-6,
-         "max_position_embeddings": 512, "rope_theta": 10000.0, "rope_local_base_freq": 100.0}
-    arch = by_hf_model_type(d["model_type"], "test")
-    torch.manual_seed(0)
-    model = arch.model_cls(parse_config(arch.config_cls, d, source="test")).half()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn_like(p) * 0.1)
-    model.fuse_projections()
-    model.eval()
-    prompt = torch.randint(0, 256, (9,), generator=torch.Generator().manual_seed(1)).tolist()
-
-    def logits() -> list:
-        cache = model.new_cache(32)
-        return [model.forward(torch.tensor(ids), cache).logits for ids in (prompt, [5])]
+    model, prompt, logits = _tiny_fused_model({
+        "model_type": "gemma3_text", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "query_pre_attn_scalar": 24, "sliding_window": 6, "sliding_window_pattern": 3, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 512, "rope_theta": 10000.0, "rope_local_base_freq": 100.0,
+        "tie_word_embeddings": False})  # tied, its greedy output repeats one token (a weak check)
     torch_form = logits()
     check("gemma fused: every layer eligible, sliding and global", all(layer.fused_path for layer in model.layers)
           and {layer.sliding for layer in model.layers} == {True, False})
@@ -569,14 +566,7 @@ def gemma_fused() -> None:
     check("gemma fused: the fused GEMMs ran, the MLP's with the GELU-tanh product",
           len(calls) == 2 * 4 * 3 and calls.count(True) == 2 * 3, f"({len(calls)} calls)")
     fused_layer.linear = run
-    err = max((a.float() - b.float()).abs().max().item() for a, b in zip(fused, torch_form))
-    scale = max(b.float().abs().max().item() for b in torch_form)
-    check("gemma fused: the logits as the torch layers'", err <= scale / 64, f"(max diff {err:.1e}, scale {scale:.1e})")
-    plain = SpeculativeGenerator(model, None, 0, cuda_graphs=False).generate(prompt, 14)
-    spec = SpeculativeGenerator(model, SpoiledOracle(prompt + plain.token_ids, 256, spoil=0.25), 4,
-                                cuda_graphs=False).generate(prompt, 14)
-    check("gemma fused: speculative output (drafts accepted, rollbacks) equals plain decoding",
-          spec.token_ids == plain.token_ids and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
+    _fused_checks("gemma fused", model, prompt, fused, torch_form, 14)
 
 
 def _tiny_llama():
