@@ -82,9 +82,10 @@ def _model_args(p: argparse.ArgumentParser, draft: bool = True, sweep: bool = Fa
     p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
                    help="pad every decode/verify step to a fixed 16 rows, so that every position's logits are "
                    "bitwise the same in plain and speculative decoding (default: on for CUDA, off for the CPU; a "
-                   "Llama-family target on the fused kernels, e.g. SmolLM2, gets the same bits from unpadded steps "
-                   "on CUDA and runs those; on the CPU a Llama-family target runs unpadded steps whose linears and "
-                   "attention keep a row's bits at any row count, at ~0.7x the default's speed). --no-batch-invariant "
+                   "target on the fused kernels (Llama family, e.g. SmolLM2, Qwen3, Qwen3.5, Gemma 3) gets the same "
+                   "bits from unpadded steps on CUDA and runs those; on the CPU a Llama-family or Gemma 3 target runs "
+                   "unpadded steps whose linears and attention keep a row's bits at any row count, at ~0.7-0.8x the "
+                   "default's speed). --no-batch-invariant "
                    "makes plain decoding faster on CUDA, but in bf16 drafted output may then differ from plain output "
                    "where two tokens nearly tie; on the CPU (fp32) greedy tokens are equal either way")
 

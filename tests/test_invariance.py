@@ -6,7 +6,7 @@ bf16; here it is checked bit for bit in fp32 on the CPU, with a drafter that is 
 
 Paths: ``static`` is the batch-invariant step (fixed 16 rows, attention over the whole cache
 masked by position) that CUDA runs captured as a graph or, with ``--no-cuda-graphs``, eagerly;
-on the CPU it runs uncaptured (here the llama target takes the CPU's unpadded exact steps instead,
+on the CPU it runs uncaptured (here the llama and gemma3 targets take the CPU's unpadded exact steps instead,
 cpu_exact.py: the same assertion holds). ``eager`` is the CPU default (each step runs its own rows only).
 """
 
@@ -23,7 +23,7 @@ from specdec.engine import SpeculativeGenerator  # noqa: E402
 from specdec.engine import generate as engine_mod  # noqa: E402
 from specdec.models import deltanet  # noqa: E402
 
-TARGETS = ("llama", "qwen35-dense", "qwen35-moe")
+TARGETS = ("llama", "qwen35-dense", "qwen35-moe", "gemma3")
 pytestmark = pytest.mark.cpu_exact  # the product's CPU path (tests/conftest.py)
 NEW_TOKENS = 48
 
@@ -41,7 +41,11 @@ def targets(tmp_path_factory, single_thread):
         p = root / kind
         hf_model(kind, seed=2).save_pretrained(p)
         paths[f"qwen35-{kind}"] = str(p)
-    return {name: load_model(p, "cpu", "float32").model for name, p in paths.items()}
+    from _dense_util import save_hf
+    from _gemma_util import tiny_model as tiny_gemma
+    # Gemma 3 with a window of 8 (the prompts and 48 new tokens cross it), sliding and global layers, an untied head
+    paths["gemma3"] = save_hf(tiny_gemma("base", seed=3, tied=False), str(root / "gemma3"))
+    return {name: load_model(p, "cpu", "float32", tokenizer=False).model for name, p in paths.items()}
 
 
 def record(model, drafter, k, prompt, batch_invariant, monkeypatch):

@@ -172,7 +172,7 @@ class SpeculativeGenerator:
         on_cuda = target.device.type == "cuda"
         if batch_invariant is None:
             batch_invariant = on_cuda
-        # On the CPU a target whose eager steps are row-exact within cpu_exact.exact() (the Llama family) is exact
+        # On the CPU a target whose eager steps are row-exact within cpu_exact.exact() (the Llama family, Gemma 3) is exact
         # without padding: its forwards run their own rows in that context (cpu_exact.py); others pad as on CUDA
         self.cpu_exact = (bool(batch_invariant) and not on_cuda and not compile and CPU_EXACT
                           and target.cpu_row_exact() and cpu_exact.available())

@@ -188,6 +188,12 @@ class Gemma3ForCausalLM(WindowedCausalLM):
         layer's window is its mask, by position) give a row its bits at any row count."""
         return base.ROW_EXACT and fused_layer.model_runs(self, rows)
 
+    def cpu_row_exact(self) -> bool:
+        """As the Llama family's: within ``cpu_exact.exact()`` the linears and attention give a row its bits at any row
+        count, and the rest works row by row (the sandwich norms, GELU-tanh, the scaled embedding; a sliding layer's
+        window is a mask by position). tests/test_invariance.py checks the bits."""
+        return True
+
     def make_layer_cache(self, i, max_len, dtype, device):
         c = self.config
         return KVCache(c.num_key_value_heads, c.head_dim, max_len, dtype, device)
