@@ -92,12 +92,15 @@ def test_static_steps_are_per_position_invariant(targets, target, monkeypatch):
         assert same
 
 
-def test_llama_padded_static_steps_too(targets, monkeypatch):
-    """The llama target on the padded static steps (SPECDEC_CPU_EXACT=0; what CUDA runs), not the CPU's exact ones."""
+@pytest.mark.parametrize("target", ["llama", "gemma3"])
+def test_padded_static_steps_too(targets, target, monkeypatch):
+    """The llama and gemma3 targets on the padded static steps (SPECDEC_CPU_EXACT=0; what CUDA runs without the fused
+    kernels), not the CPU's exact ones."""
     monkeypatch.setattr(engine_mod, "CPU_EXACT", False)
-    assert not SpeculativeGenerator(targets["llama"], None, 0, batch_invariant=True).cpu_exact
+    model = targets[target]
+    assert not SpeculativeGenerator(model, None, 0, batch_invariant=True).cpu_exact
     prompt = torch.randint(0, 97, (7,), generator=torch.Generator().manual_seed(0)).tolist()
-    differ, n, stats, same = compare(targets["llama"], prompt, True, monkeypatch)
+    differ, n, stats, same = compare(model, prompt, True, monkeypatch)
     _check_exercised(stats)
     assert differ == 0 and same
 
