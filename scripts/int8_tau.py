@@ -9,7 +9,6 @@ CUDA only; this is its arithmetic on the eager CPU path.)
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 
 import torch
@@ -23,15 +22,14 @@ from specdec.models.fused_layer import Int8Rows, int8_values_
 from specdec.sampling import SamplingParams
 
 
-def int8_values(d):
-    """A copy of DFlash drafter ``d`` whose linear weights and draft-vocabulary rows hold their int8 rows' values."""
-    q = copy.copy(d)
-    q.model = int8_values_(copy.deepcopy(d.model))
+def int8_values(loaded):
+    """The shipped DFlash drafter for ``loaded``, its linear weights and draft-vocabulary rows holding their int8
+    rows' values."""
+    d = make_drafter("dflash", loaded)
+    int8_values_(d.model)
     if d.vocab is not None:
-        q.vocab = copy.copy(d.vocab)
-        q.vocab.rows = Int8Rows.of(d.vocab.rows).dequantized(d.vocab.rows.dtype)
-    q.kv, q._static, q._sampled, q._flusher, q._fast_w = [], None, None, None, None
-    return q
+        d.vocab.rows = Int8Rows.of(d.vocab.rows).dequantized(d.vocab.rows.dtype)
+    return d
 
 
 def main() -> None:
@@ -47,7 +45,7 @@ def main() -> None:
     base = make_drafter("dflash", loaded)
     gens = {"none": SpeculativeGenerator(loaded.model, None, 0),
             "dflash": SpeculativeGenerator(loaded.model, base, base.block_size - 1),
-            "dflash int8 values": SpeculativeGenerator(loaded.model, int8_values(base), base.block_size - 1)}
+            "dflash int8 values": SpeculativeGenerator(loaded.model, int8_values(loaded), base.block_size - 1)}
     stats = {k: {"tokens": 0, "steps": 0, "outputs": []} for k in gens}
     for turns in load_prompts(a.dataset, a.num_prompts):
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": turns[0]}]), add_special=False)

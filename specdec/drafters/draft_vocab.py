@@ -140,7 +140,7 @@ class DraftVocab:
 
     def nbytes(self) -> int:
         """The copied head rows, and their int8 copy (a request's prompt part adds ``prompt_tokens`` rows)."""
-        return self.rows.numel() * self.rows.element_size() + (self.rows_int8.nbytes() if self.rows_int8 else 0)
+        return self.rows.numel() * self.rows.element_size() + (self.rows_int8.nbytes() if self.rows_int8 is not None else 0)
 
     @torch.no_grad()
     def prompt_part(self, prompt_ids: torch.Tensor, part: PromptPart | None = None) -> PromptPart | None:

@@ -173,8 +173,12 @@ class CausalLM(nn.Module):
 
     def row_exact(self, rows: int = 1) -> bool:
         """Whether every kernel of this model's CUDA steps of up to ``rows`` rows a sequence gives a row the same bits
-        at any such row count (see ROW_EXACT): families with fused layers say so (:class:`~.llama.LlamaForCausalLM`)."""
-        return False
+        at any such row count (see ROW_EXACT): with ``ROW_EXACT``, every layer on the fused kernels (on CUDA in
+        bf16/fp16) in steps of up to ``rows`` rows (``fused_layer.runs``: a layer past MAX_HIDDEN takes them up to
+        WIDE_ROWS only), one process. Their norms, q/k norm + RoPE writes and split attention (a sliding layer's window
+        is its mask, by position) give a row its bits at any row count. A family whose layers have no fused path
+        (``fused_path``) never is; a family with more to ask adds it (Qwen3.5's MoE blocks)."""
+        return ROW_EXACT and fused_layer.model_runs(self, rows)
 
     def cpu_row_exact(self) -> bool:
         """Whether this model's eager CPU steps, run within :func:`specdec.cpu_exact.exact`, give a row the same bits

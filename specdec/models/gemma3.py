@@ -27,9 +27,8 @@ from torch import nn
 
 from ..cache import KVCache
 from ..config import SUPPORTED_ROPE_TYPES, ModelConfig
-from ..cpu_linear import plain
 from ..errors import ConfigError
-from . import base, fused_layer
+from . import fused_layer
 from .base import StepContext, WindowedCausalLM
 from .gguf_names import DENSE_BLOCK, gguf_meta, is_number, meta_getters
 from .layers import Attention, GeluTanhGLU, RMSNorm, RotaryEmbedding, static_cos_sin
@@ -130,11 +129,14 @@ class Gemma3DecoderLayer(nn.Module):
         self.mlp = GeluTanhGLU(c.hidden_size, c.intermediate_size)
         self.post_feedforward_layernorm = _norm(c)
 
-    def forward(self, x: torch.Tensor, ctx: Gemma3StepContext, cache: KVCache) -> torch.Tensor:
+    def _positions(self, ctx: Gemma3StepContext) -> tuple:
+        """This layer's RoPE tables and mask: the local ones (window) for a sliding layer, else the global ones."""
         if self.sliding:
-            cos, sin, mask = ctx.local_cos, ctx.local_sin, ctx.local_mask
-        else:
-            cos, sin, mask = ctx.cos, ctx.sin, ctx.mask
+            return ctx.local_cos, ctx.local_sin, ctx.local_mask
+        return ctx.cos, ctx.sin, ctx.mask
+
+    def forward(self, x: torch.Tensor, ctx: Gemma3StepContext, cache: KVCache) -> torch.Tensor:
+        cos, sin, mask = self._positions(ctx)
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, cache, ctx.start, mask))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
@@ -142,11 +144,7 @@ class Gemma3DecoderLayer(nn.Module):
         """Whether :meth:`forward_fused` can run this layer (``fused_layer.eligible``'s question): q/k/v and gate/up
         fused without biases, contiguous output weights, one process (Gemma 3 has no tensor parallelism), at most
         ``fused_layer.MAX_HIDDEN`` wide or with ``fused_layer.WIDE``."""
-        a, mlp = self.self_attn, self.mlp
-        return (a._fused is not None and a._fused[1] is None and plain(a.o_proj) and a.o_proj.bias is None
-                and mlp._fused is not None and mlp._fused[1] is None and plain(mlp.down_proj)
-                and mlp.down_proj.bias is None and a.o_proj.weight.is_contiguous()
-                and mlp.down_proj.weight.is_contiguous()
+        return (fused_layer.attention_fusable(self.self_attn) and fused_layer.mlp_fusable(self.mlp)
                 and (self.config.hidden_size <= fused_layer.MAX_HIDDEN or fused_layer.WIDE))
 
     def forward_fused(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: Gemma3StepContext, cache: KVCache
@@ -155,10 +153,7 @@ class Gemma3DecoderLayer(nn.Module):
         delta)``, whose sum is its input (``delta`` None: ``x`` alone), and returns ``(x', delta')`` whose sum is its
         output, ``delta'`` the post-feed-forward norm's output (the next layer's input norm, or the final one, adds
         it). The q/k norms run in the RoPE kernel where it takes them. A row's bits depend on its own inputs only."""
-        if self.sliding:
-            cos, sin, mask = ctx.local_cos, ctx.local_sin, ctx.local_mask
-        else:
-            cos, sin, mask = ctx.cos, ctx.sin, ctx.mask
+        cos, sin, mask = self._positions(ctx)
         a, mlp = self.self_attn, self.mlp
         x, h = self.input_layernorm.add(x, delta)
         heads = a._shape_heads(*fused_layer.linear(h, a._fused[0]).split(a._fused[2], dim=-1), norm=False)
@@ -181,12 +176,6 @@ class Gemma3ForCausalLM(WindowedCausalLM):
     @classmethod
     def zero_centered_norms(cls) -> bool:
         return True
-
-    def row_exact(self, rows: int = 1) -> bool:
-        """As :meth:`~.llama.LlamaForCausalLM.row_exact`: every layer on the fused GEMMs (``fused_layer.model_runs``),
-        one process, CUDA in bf16/fp16; the norms, the q/k norm + RoPE write and the split attention (a sliding
-        layer's window is its mask, by position) give a row its bits at any row count."""
-        return base.ROW_EXACT and fused_layer.model_runs(self, rows)
 
     def cpu_row_exact(self) -> bool:
         """As the Llama family's: within ``cpu_exact.exact()`` the linears and attention give a row its bits at any row

@@ -16,7 +16,7 @@ from ..cache import KVCache
 from ..config import ModelConfig
 from ..errors import ConfigError
 from ..parallel.tp import Shard
-from . import base, fused_layer
+from . import fused_layer
 from .base import CausalLM, StepContext
 from .gguf_names import dense_block_names, gguf_meta
 from .layers import Attention, RMSNorm, SwiGLU
@@ -99,11 +99,6 @@ class LlamaForCausalLM(CausalLM):
 
     def make_layer_cache(self, i, max_len, dtype, device):
         return self.layers[i].make_cache(max_len, dtype, device)
-
-    def row_exact(self, rows: int = 1) -> bool:
-        """With ``base.ROW_EXACT``: every layer on the fused kernels (on CUDA in bf16/fp16) in steps of up to ``rows``
-        rows a sequence (``fused_layer.runs``: a layer past MAX_HIDDEN takes them up to WIDE_ROWS only), one process."""
-        return base.ROW_EXACT and fused_layer.model_runs(self, rows)
 
     def cpu_row_exact(self) -> bool:
         """Norms, RoPE, SwiGLU and the embedding work row by row (tests/test_invariance.py checks the bits); one

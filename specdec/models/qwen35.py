@@ -31,7 +31,7 @@ from ..config import ModelConfig
 from ..cpu_linear import plain
 from ..errors import ConfigError
 from ..parallel.tp import Shard
-from . import base, fused_layer
+from . import fused_layer
 from .base import CausalLM, StepContext
 from .deltanet import GatedDeltaNet
 from .layers import Attention, RMSNorm, SwiGLU
@@ -159,8 +159,7 @@ class _HybridLayer(nn.Module):
         only with ``fused_layer.WIDE``."""
         mlp = self.mlp
         ffn = (mlp.fused_rows() > 0 if isinstance(mlp, SparseMoeBlock) else
-               type(mlp) is SwiGLU and mlp._fused is not None and mlp._fused[1] is None and plain(mlp.down_proj)
-               and mlp.down_proj.bias is None and mlp.down_proj.weight.is_contiguous())
+               type(mlp) is SwiGLU and fused_layer.mlp_fusable(mlp))
         return (HYBRID_FUSED and ffn and (self.config.hidden_size <= fused_layer.MAX_HIDDEN or fused_layer.WIDE)
                 and self._mixer_eligible())
 
@@ -221,9 +220,7 @@ class FullAttentionDecoderLayer(_HybridLayer):
                                   a.o_proj.weight)
 
     def _mixer_eligible(self) -> bool:
-        a = self.self_attn
-        return (a._fused is not None and a._fused[1] is None and a._fused[0].is_contiguous()
-                and plain(a.o_proj) and a.o_proj.bias is None and a.o_proj.weight.is_contiguous())
+        return fused_layer.attention_fusable(self.self_attn)
 
 
 class LinearAttentionDecoderLayer(_HybridLayer):
@@ -278,11 +275,9 @@ class Qwen35ForCausalLM(CausalLM):
         return True
 
     def row_exact(self, rows: int = 1) -> bool:
-        """As :meth:`LlamaForCausalLM.row_exact`: every layer on the fused GEMM in steps of up to ``rows`` rows, a MoE
-        block's on its kernels (``SparseMoeBlock.fused_rows``), one process, CUDA in bf16/fp16; the Gated DeltaNet's
-        step kernels, the gated attention's norms, RoPE write and split attention already give a row its bits at any
-        row count."""
-        return (base.ROW_EXACT and fused_layer.model_runs(self, rows)
+        """:meth:`CausalLM.row_exact`, and a MoE block's steps within its kernels' rows (``SparseMoeBlock.fused_rows``);
+        the Gated DeltaNet's step kernels already give a row its bits at any row count."""
+        return (super().row_exact(rows)
                 and all(rows <= layer.mlp.fused_rows() for layer in self.layers if isinstance(layer.mlp, SparseMoeBlock)))
 
     def make_layer_cache(self, i: int, max_len: int, dtype: torch.dtype, device):
