@@ -18,7 +18,8 @@ Variants: ``base`` (every flag off), ``fold`` (SPECDEC_FOLD_RESIDUAL), ``direct`
 ``all``; ``defaults`` (every flag the package turns on by default: all of them since the session of
 2026-12-03 (seventh)) and ``defaults-<flag>`` (one flag off: ``defaults-fold``, ``defaults-delta-proj``
 (SPECDEC_DELTA_PROJ: a Gated DeltaNet's in-projections as one GEMM; hybrid shapes only), ``defaults-fused-moe``
-(SPECDEC_FUSED_MOE: a MoE block's step in three kernels; MoE shapes only), ...): each turns
+(SPECDEC_FUSED_MOE: a MoE block's step in three kernels; MoE shapes only), ``defaults-expert-kernel``
+(SPECDEC_EXPERT_KERNEL: a static step's routed experts as one GEMV a pair, not torch's gather or dense forms), ...): each turns
 its flags on and the others off; ``defaults+split64`` (128, 256, 512): the defaults with SPECDEC_SPLIT_KEYS at
 that value; ``defaults+rowgroups16``: the fused MoE kernels with a program a row (expert_kernel.ROW_GROUPS); ``defaults-wide``
 (fused_layer.WIDE off: 4096-wide and q/k-normed layers back on cuBLAS), ``defaults-split-k`` (fused_layer.SPLIT_K off:
@@ -53,6 +54,7 @@ FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.m
          "small-tiles": ("specdec.models.split_attention", "SMALL_TILES"),
          "delta-proj": ("specdec.models.deltanet", "FUSED_PROJ"),
          "fused-moe": ("specdec.models.expert_kernel", "FUSED_MOE"),
+         "expert-kernel": ("specdec.models.expert_kernel", "ENABLED"),
          "pipeline": ("specdec.models.split_attention", "PIPELINE"),
          "wide": ("specdec.models.fused_layer", "WIDE"),
          "split-k": ("specdec.models.fused_layer", "SPLIT_K"),

@@ -7,7 +7,8 @@
 
 Targets (random, transformers 5.x, hidden 1024): Llama (12 layers), Qwen3.5 dense and Qwen3.5 MoE
 (8 layers, every 4th full attention, 64 experts top-4 + shared (16-row steps take the fused MoE kernels); both with a random MTP block),
-each with a random 2-layer DFlash drafter of block 16, and Gemma 3 (12 layers, window 64). Drafters: ``ngram``, ``mtp`` (K=3;
+each with a random 2-layer DFlash drafter of block 16, Gemma 3 (12 layers, window 64) and Gemma 4 MoE (8 layers,
+window 64, 128 experts top 8 beside the dense MLP, keys as values in its full layers). Drafters: ``ngram``, ``mtp`` (K=3;
 ``mtp-vocab``, ``dflash-vocab``: over a draft vocabulary of every other token id and the prompt's),
 ``dflash`` (block 16) and ``oracle``: the target's own plain greedy continuation with each draft
 spoiled (a wrong id) with probability 0.3, so most drafts are accepted and every spoiled one
@@ -37,7 +38,7 @@ from specdec.loading import load_model  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402
 
 VOCAB = 32000
-TARGETS = {"llama": 12, "qwen3": 12, "qwen35": 8, "qwen35moe": 8, "gemma3": 12}
+TARGETS = {"llama": 12, "qwen3": 12, "qwen35": 8, "qwen35moe": 8, "gemma3": 12, "gemma4": 8}
 
 
 def build(root: str) -> None:
@@ -96,8 +97,30 @@ def build(root: str) -> None:
         max_position_embeddings=4096, rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                                                        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
     ).save_pretrained(os.path.join(root, "gemma3"))
+    # Gemma 4 MoE (the 26b-a4b shape's layout, smaller): 3 sliding layers (window 64) per full one whose keys are its
+    # values (one KV head of 256), 128 experts top 8 (so a padded 16-row step's 128 pairs take the expert kernels)
+    # beside the dense GELU MLP, untied head; norm weights, router scales and layer scalars randomised (as
+    # tests/test_gemma4.py does) so that a mis-wired one shows
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+    s, f = "sliding_attention", "full_attention"
+    g4 = Gemma4ForCausalLM(Gemma4TextConfig(
+        vocab_size=VOCAB, hidden_size=h, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=128, global_head_dim=256, num_global_key_value_heads=1, attention_k_eq_v=True,
+        enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=256,
+        hidden_size_per_layer_input=0, num_kv_shared_layers=0, sliding_window=64, layer_types=[s, s, s, f] * 2,
+        tie_word_embeddings=False, final_logit_softcapping=30.0, max_position_embeddings=4096,
+        rope_parameters={f: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+                         s: {"rope_type": "default", "rope_theta": 1e4}}))
+    with torch.no_grad():
+        for n, p in g4.named_parameters():
+            if n.endswith(("norm.weight", "router.scale", "per_expert_scale")):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+        for n, b in g4.named_buffers():
+            if n.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand_like(b))
+    g4.save_pretrained(os.path.join(root, "gemma4"))
     for name, n_layers in TARGETS.items():
-        if name == "gemma3":
+        if name.startswith("gemma"):
             continue  # DFlash drafters for Gemma targets are not supported yet
         write_drafter(os.path.join(root, name + "-dflash"), hidden=h, num_target_layers=n_layers, n_layers=2,
                       target_layer_ids=(1, n_layers // 2, n_layers - 1), block_size=16, heads=16, kv_heads=4,
@@ -171,7 +194,7 @@ def run(a) -> None:
             record("oracle", gen, lambda i: SpoiledOracle(ps[i] + plain[i], loaded.model.config.vocab_size, seed=i))
             continue
         kind = spec.removesuffix("-vocab")  # X-vocab: drafter X over a draft vocabulary of every other token id
-        if kind == "dflash" and (a.model or a.target == "gemma3"):
+        if kind == "dflash" and (a.model or a.target.startswith("gemma")):
             continue
         if kind == "mtp" and not a.model and not a.target.startswith("qwen35"):
             continue

@@ -251,34 +251,43 @@ def delta_step() -> None:
 
 
 def experts() -> None:
-    """models/expert_kernel.py (one GEMV a (row, expert) pair) against the torch gather form: each pair's
-    output, a row's bits at every row count and beside other rows, and a static step's padding rows
-    (past ``live``) zero."""
+    """models/expert_kernel.py (one GEMV a (row, expert) pair) against the torch gather form, for SiLU- and
+    GELU-tanh-gated experts (Qwen3.5's and Gemma 4's): each pair's output, a row's bits at every row count and
+    beside other rows, and a static step's padding rows (past ``live``) zero."""
     from specdec.models import expert_kernel
+    from specdec.models.layers import gelu_tanh
     from specdec.models.moe import Experts
     torch.manual_seed(0)
     e, hidden, inter, t, k = 6, 300, 40, 5, 2  # hidden past one BK block and not a multiple of it
-    ex = Experts(e, hidden, inter).half()
-    with torch.no_grad():
-        ex.gate_up_proj.copy_(torch.randn_like(ex.gate_up_proj) * 0.1)
-        ex.down_proj.copy_(torch.randn_like(ex.down_proj) * 0.1)
-        x = torch.randn(t, hidden).half()
-        idx = torch.randint(0, e, (t, k))
-        got = expert_kernel.pairs(x, idx, ex.gate_up_proj, ex.down_proj)
-        # the gather form in fp32, rounded where the fp16 torch form rounds
-        gu = torch.einsum("tkoh,th->tko", ex.gate_up_proj[idx].float(), x.float())
-        gate, up = gu.half().float().chunk(2, dim=-1)
-        a = torch.nn.functional.silu(gate).half().float()
-        hmid = (a * up).half().float()
-        want = torch.einsum("tkhi,tki->tkh", ex.down_proj[idx].float(), hmid).half()
-        diff = (got.float() - want.float()).abs()
-        ulps = (diff / (want.float().abs() * 2 ** -10 + 1e-4)).max().item()  # in fp16 steps of each value
-        check("experts: each pair's output equals the gather form's (within one fp16 step)", ulps <= 1.0,
-              f"(max diff {diff.max().item():.2e}, {ulps:.2f} steps)")
-        alone = torch.cat([expert_kernel.pairs(x[i:i + 1], idx[i:i + 1], ex.gate_up_proj, ex.down_proj) for i in range(t)])
-        check("experts: a row's bits alone equal its bits beside the others", torch.equal(alone, got))
-        part = expert_kernel.pairs(x, idx, ex.gate_up_proj, ex.down_proj, torch.tensor(2))
-        check("experts: the live rows as before, the padding rows zero", torch.equal(part[:2], got[:2]) and not part[2:].any())
+    for act in (torch.nn.functional.silu, gelu_tanh):
+        name = f"experts ({act.__name__})"
+        gelu = act is gelu_tanh
+        ex = Experts(e, hidden, inter, act=act).half()
+        with torch.no_grad():
+            ex.gate_up_proj.copy_(torch.randn_like(ex.gate_up_proj) * 0.1)
+            ex.down_proj.copy_(torch.randn_like(ex.down_proj) * 0.1)
+            x = torch.randn(t, hidden).half()
+            idx = torch.randint(0, e, (t, k))
+            got = expert_kernel.pairs(x, idx, ex.gate_up_proj, ex.down_proj, gelu=gelu)
+            # the gather form in fp32, rounded where the fp16 torch form rounds
+            gu = torch.einsum("tkoh,th->tko", ex.gate_up_proj[idx].float(), x.float())
+            gate, up = gu.half().float().chunk(2, dim=-1)
+            a = act(gate).half().float()
+            hmid = (a * up).half().float()
+            want = torch.einsum("tkhi,tki->tkh", ex.down_proj[idx].float(), hmid).half()
+            diff = (got.float() - want.float()).abs()
+            ulps = (diff / (want.float().abs() * 2 ** -10 + 1e-4)).max().item()  # in fp16 steps of each value
+            check(f"{name}: each pair's output equals the gather form's (within one fp16 step)", ulps <= 1.0,
+                  f"(max diff {diff.max().item():.2e}, {ulps:.2f} steps)")
+            other = expert_kernel.pairs(x, idx, ex.gate_up_proj, ex.down_proj, gelu=not gelu)
+            check(f"{name}: the other activation gives other outputs (the flag reaches the kernel)",
+                  (other.float() - want.float()).abs().max().item() > 10 * diff.max().item())
+            alone = torch.cat([expert_kernel.pairs(x[i:i + 1], idx[i:i + 1], ex.gate_up_proj, ex.down_proj, gelu=gelu)
+                               for i in range(t)])
+            check(f"{name}: a row's bits alone equal its bits beside the others", torch.equal(alone, got))
+            part = expert_kernel.pairs(x, idx, ex.gate_up_proj, ex.down_proj, torch.tensor(2), gelu=gelu)
+            check(f"{name}: the live rows as before, the padding rows zero",
+                  torch.equal(part[:2], got[:2]) and not part[2:].any())
 
 
 def moe() -> None:
@@ -754,7 +763,8 @@ def pdl_ptx() -> None:
 
     from specdec.models import delta_kernel, expert_kernel, fused_layer, fused_ops, rope_write
     gemm_ptrs = {"x": "*bf16", "w": "*bf16", "y": "*bf16", "ws": "*fp32", "cnt": "*i32", "sc": "*fp32"}
-    gemm_const = {"SILU": True, "BM": 16, "BN": 32, "BK": 64, "PER_LINE": 64, "LINES": 16, "FENCE": True, "SCALED": False}
+    gemm_const = {"SILU": True, "BM": 16, "BN": 32, "BK": 64, "PER_LINE": 64, "LINES": 16, "FENCE": True, "SCALED": False,
+                  "GELU": False}
     cases = {"gemm": (fused_layer._kernel, gemm_ptrs, {**gemm_const, "SPLIT": 1}),
              "gemm-split": (fused_layer._kernel, gemm_ptrs, {**gemm_const, "SPLIT": 3}),
              "gemm-gelu": (fused_layer._kernel, gemm_ptrs, {**gemm_const, "SPLIT": 2, "GELU": True}),
@@ -777,7 +787,11 @@ def pdl_ptx() -> None:
              "moe-route": (expert_kernel._route_kernel, {"logits": "*bf16", "idx": "*i32", "wts": "*bf16", "live": "*i64"},
                            {"LIVE": True, "SHARED": True, "K": 8, "KB": 16, "BE": 256}),
              "moe-gate-up": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "h")}
-                             | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64, "LINES": 32}),
+                             | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64, "LINES": 32,
+                                                                "GELU": False}),
+             "moe-gate-up-gelu": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "h")}
+                                  | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64,
+                                                                     "LINES": 32, "GELU": True}),
              "moe-combine": (expert_kernel._combine_kernel, {n: "*bf16" for n in ("hin", "wts", "w", "sw", "y")}
                              | {"idx": "*i32", "live": "*i64"}, {"K": 8, "P": 9, "LIVE": True, "BN": 4, "BK": 512, "PC": 4,
                                                                 "PER_LINE": 64, "LINES": 8}),

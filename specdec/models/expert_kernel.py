@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from .. import env
 from ..cpu_linear import linear
 from . import fused_layer, pdl
+from .layers import gelu_tanh
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
     import triton
@@ -81,8 +82,9 @@ ROW_GROUPS = 4
 
 
 def usable(x: torch.Tensor, act) -> bool:
-    """Whether the kernels can run: enabled, Triton, a CUDA tensor, a SiLU-gated expert."""
-    return ENABLED and triton is not None and x.is_cuda and act is F.silu
+    """Whether the kernels can run: enabled, Triton, a CUDA tensor, a SiLU- or GELU-tanh-gated expert
+    (:func:`~.layers.gelu_tanh`: Gemma 4's)."""
+    return ENABLED and triton is not None and x.is_cuda and (act is F.silu or act is gelu_tanh)
 
 
 if triton is not None:
@@ -104,7 +106,8 @@ if triton is not None:
 
     @triton.jit
     def _gate_up_kernel(x, idx, w, sw, h, live, T, G, K, P, H, INTER, LIVE: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr, PER_LINE: tl.constexpr, LINES: tl.constexpr, USE_GDC: tl.constexpr):
+                        BK: tl.constexpr, PER_LINE: tl.constexpr, LINES: tl.constexpr, USE_GDC: tl.constexpr,
+                        GELU: tl.constexpr = False):
         # program (row group g and pair slot j: axis 0 = g * P + j; block of BN intermediate channels): pair j of
         # rows g, g + G, ... below the live rows (a padding row's h is never read); pair number K of a row
         # (P = K + 1) is the shared expert, whose fused gate/up weight is sw
@@ -140,7 +143,10 @@ if triton is not None:
                 acc_g += tl.sum(wg * xv[None, :], axis=1)
                 acc_u += tl.sum(wu * xv[None, :], axis=1)
             gv = acc_g.to(dt).to(tl.float32)
-            a = (gv * tl.sigmoid(gv)).to(dt).to(tl.float32)
+            if GELU:  # Gemma 4's experts (the fused GEMM's GELU-tanh)
+                a = fused_layer.glu_act(gv, True).to(dt).to(tl.float32)
+            else:
+                a = (gv * tl.sigmoid(gv)).to(dt).to(tl.float32)
             tl.store(h + (t * P + j) * INTER + rn, (a * acc_u.to(dt).to(tl.float32)).to(dt), mask=nm)
 
     @triton.jit
@@ -254,10 +260,10 @@ if triton is not None:
 
 
 def pairs(x: torch.Tensor, idx: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-          live: torch.Tensor | None = None) -> torch.Tensor:
+          live: torch.Tensor | None = None, gelu: bool = False) -> torch.Tensor:
     """Each (row, expert) pair's output ``[T, k, H]``: ``x [T, H]``, ``idx [T, k]`` (expert ids),
     ``gate_up [E, 2I, H]``, ``down [E, H, I]``; ``live`` (0-d int64 device tensor): rows from it on
-    give zeros (None: every row is real)."""
+    give zeros (None: every row is real); ``gelu``: GELU-tanh-gated experts (Gemma 4), else SiLU."""
     t, k = idx.shape
     e, two_i, hidden = gate_up.shape
     inter = two_i // 2
@@ -266,7 +272,8 @@ def pairs(x: torch.Tensor, idx: torch.Tensor, gate_up: torch.Tensor, down: torch
     live = live if has_live else idx  # a stand-in pointer, never read without LIVE
     h = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(t * k, triton.cdiv(inter, BN))](x, idx, gate_up, gate_up, h, live, t, t, k, k, hidden, inter,
-                                                     LIVE=has_live, BN=BN, BK=BK, PER_LINE=1, LINES=1, USE_GDC=False)
+                                                     LIVE=has_live, BN=BN, BK=BK, PER_LINE=1, LINES=1, USE_GDC=False,
+                                                     GELU=gelu)
     y = torch.empty(t * k, hidden, dtype=x.dtype, device=x.device)
     _down_kernel[(t * k, triton.cdiv(hidden, BN))](h, idx, down, y, live, k, hidden, inter, LIVE=has_live,
                                                    BN=BN, BK=BK)

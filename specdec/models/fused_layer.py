@@ -239,6 +239,17 @@ def _silu_act():
 
 if triton is not None:
     @triton.jit
+    def glu_act(g, GELU: tl.constexpr):
+        """A gated MLP's activation of the fp32 gate ``g``, fp32 (the caller rounds): SiLU, or with GELU the tanh form
+        (Gemma's gelu_pytorch_tanh), tanh(u) as 1 - 2 / (exp(2u) + 1) with u capped at 20 (where tanh is 1 in fp32) so
+        that exp never overflows. Shared by this GEMM's epilogue and the expert kernels."""
+        if GELU:
+            u = tl.minimum(0.7978845608028654 * (g + 0.044715 * g * g * g), 20.0)
+            return 0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))
+        else:
+            return g / (1.0 + tl.exp(-g))
+
+    @triton.jit
     def _fence():
         """``fence.acq_rel.gpu`` (the split-K hand-over: a program's partial sums reach L2 before it counts in)."""
         tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
@@ -315,12 +326,7 @@ if triton is not None:
                     acc_up = acc_up * tl.load(sc + N + rn, mask=mn, other=0.0)[None, :]
             if SILU:  # act(gate) * up, each rounded where the torch ops round
                 gf = acc.to(y.dtype.element_ty).to(tl.float32)
-                if GELU:  # GELU's tanh form (Gemma's gelu_pytorch_tanh): tanh(u) as 1 - 2 / (exp(2u) + 1), u capped
-                    # at 20 (where tanh is 1 in fp32) so that exp never overflows
-                    u = tl.minimum(0.7978845608028654 * (gf + 0.044715 * gf * gf * gf), 20.0)
-                    act = (0.5 * gf * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))).to(y.dtype.element_ty)
-                else:
-                    act = (gf / (1.0 + tl.exp(-gf))).to(y.dtype.element_ty)
+                act = glu_act(gf, GELU).to(y.dtype.element_ty)
                 out = (act.to(tl.float32) * acc_up.to(y.dtype.element_ty).to(tl.float32)).to(y.dtype.element_ty)
             else:
                 out = acc.to(y.dtype.element_ty)

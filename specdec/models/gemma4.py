@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..cache import KVCache, SequenceCache
@@ -46,11 +45,10 @@ from ..cpu_linear import Linear
 from .base import StepContext, WindowedCausalLM
 from .gemma4_config import Gemma4Config
 from .gemma4_gguf import gguf_config, gguf_names, gguf_tensor_config
-from .layers import GeluTanhGLU, RMSNorm, apply_rope, attend, rope_tables, static_cos_sin, unit_rms_norm
+from .layers import GeluTanhGLU, RMSNorm, apply_rope, attend, gelu_tanh, rope_tables, static_cos_sin, unit_rms_norm
 from .moe import Experts
 from .registry import Architecture, register
 
-_gelu_tanh = partial(F.gelu, approximate="tanh")
 
 
 class Gemma4Rotary(nn.Module):
@@ -180,7 +178,7 @@ class Gemma4DecoderLayer(nn.Module):
         self.router = None
         if c.enable_moe_block:
             self.router = Gemma4Router(h, c.num_experts, c.top_k_experts, c.rms_norm_eps)
-            self.experts = Experts(c.num_experts, h, c.moe_intermediate_size, act=_gelu_tanh)
+            self.experts = Experts(c.num_experts, h, c.moe_intermediate_size, act=gelu_tanh)
             self.pre_feedforward_layernorm_2 = norm()
             self.post_feedforward_layernorm_1 = norm()
             self.post_feedforward_layernorm_2 = norm()
@@ -203,7 +201,7 @@ class Gemma4DecoderLayer(nn.Module):
             f = self.post_feedforward_layernorm_1(f) + self.post_feedforward_layernorm_2(moe)
         x = x + self.post_feedforward_layernorm(f)
         if self.per_layer:
-            g = _gelu_tanh(self.per_layer_input_gate(x)) * ctx.per_layer[:, self.index]
+            g = gelu_tanh(self.per_layer_input_gate(x)) * ctx.per_layer[:, self.index]
             x = x + self.post_per_layer_input_norm(self.per_layer_projection(g))
         return x * self.layer_scalar
 

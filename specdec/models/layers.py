@@ -616,12 +616,15 @@ class SwiGLU(nn.Module):
         return self.down_proj(self.inner(x))
 
 
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU's tanh form (``gelu_pytorch_tanh``), Gemma's activation; the expert kernels know it by identity."""
+    return F.gelu(x, approximate="tanh")
+
+
 class GeluTanhGLU(SwiGLU):
     """``down(gelu_tanh(gate(x)) * up(x))`` (Gemma's ``gelu_pytorch_tanh`` MLP), same parameter names."""
 
-    @staticmethod
-    def act(x: torch.Tensor) -> torch.Tensor:
-        return F.gelu(x, approximate="tanh")
+    act = staticmethod(gelu_tanh)
 
 
 def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:

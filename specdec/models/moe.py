@@ -39,7 +39,7 @@ from ..errors import CheckpointError, ConfigError
 from ..parallel.tp import Shard, even_split
 from ..weights.source import TensorSource
 from . import expert_kernel
-from .layers import SwiGLU, derived_weight, fuse_linears
+from .layers import SwiGLU, derived_weight, fuse_linears, gelu_tanh
 from .source_view import SourceView, ViewTensor, derived, passthrough
 
 
@@ -101,7 +101,7 @@ class Experts(nn.Module):
             # one GEMV a pair, in place (CUDA): up to one pair an expert (a single sequence's steps); a batch
             # of many more pairs would read experts many times over, where the dense form reads each once
             if self.rows is None and t * k <= self.gate_up_proj.shape[0] and expert_kernel.usable(x, self.act):
-                y = expert_kernel.pairs(x, idx, self.gate_up_proj, self.down_proj, live)
+                y = expert_kernel.pairs(x, idx, self.gate_up_proj, self.down_proj, live, gelu=self.act is gelu_tanh)
                 return (y * weights[..., None]).sum(1)
             mine = None
             if self.rows is not None:  # other ranks' pairs: computed with local expert 0, then dropped

@@ -1,0 +1,31 @@
+#!/bin/bash
+# Gemma 4 on the expert kernels (issue 10: a fast CUDA step for every target family), one device call (carry .whl):
+#   bash scripts/device_gemma4.sh
+# On the gemma4-26b-a4b shape (random weights, context 512): the padded and 1-row steps with the expert kernels on
+# (the defaults: GELU-tanh experts as one GEMV a pair) and off (SPECDEC_EXPERT_KERNEL=0: torch's dense form, every
+# expert on every row), one process (scripts/ab_flags.py); the padded step's kernels (profile_shape_step --timeline);
+# device_check on a random Gemma 4 MoE with accepted drafts (oracle, n-gram; graphs and eager); `specdec bench --shape
+# gemma4-26b-a4b`. Results in $OUT/g.tgz.
+set -u
+nvidia-smi --query-gpu=name --format=csv,noheader | head -1
+pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
+export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1
+W=$OUT/g; mkdir -p $W
+S=gemma4-26b-a4b
+D=/tmp/dc; rm -rf $D
+timeout 200 python scripts/device_check.py build $D > $W/dc_build.log 2>&1; echo "== build rc=$?"
+for m in graphs eager; do
+    timeout 150 python scripts/device_check.py run $D --target gemma4 --mode $m --drafters oracle ngram \
+        --prompts 4 --new-tokens 128 --out $W/dc_gemma4_$m.json 2>&1 | tail -1 | cut -c1-200
+done
+python scripts/device_check.py compare $W/dc_gemma4_*.json --out $W/dc_report.json 2>&1 | tail -8
+timeout 240 python scripts/ab_flags.py --shape $S --context 512 --rounds 3 --reps 10 --no-drafters \
+    --variants defaults defaults-expert-kernel --json $W/ab_gemma4.json > $W/ab_gemma4.log 2>&1
+echo "== ab rc=$?"; grep -v "^round" $W/ab_gemma4.log | tail -4
+timeout 150 python scripts/profile_shape_step.py --shape $S --rows 1 --pad-to 16 --context 512 --top 22 \
+    --timeline $W/tl_gemma4.json > $W/prof_gemma4.log 2>&1
+echo "== profile rc=$?"; grep -vE "^ *$" $W/prof_gemma4.log | head -45 | cut -c1-200
+timeout 200 python -m specdec bench --shape $S --context 512 --oracle-tau 6.5 --reps 3 -n 128 \
+    --json $W/b_gemma4.json > $W/b_gemma4.log 2>&1
+echo "== bench rc=$?"; grep -vE "^ *(verify|k=)" $W/b_gemma4.log | tail -8 | cut -c1-240
+cd $OUT && tar czf g.tgz g && rm -rf g
