@@ -1,6 +1,6 @@
 """The package's Triton kernels on the CPU, each run by tests/test_triton_interpret.py in a fresh process:
 
-- ``split``, ``delta``, ``linear``, ``rope``, ``fused``, ``fused-layer``, ``dflash-fast``, ``mtp-fast``: run by
+- ``split``, ``delta``, ``linear``, ``rope``, ``fused``, ``fused-layer``, ``dflash-fast``, ``mtp-fast``, ``gemma4-moe``, ...: run by
   Triton's interpreter (``TRITON_INTERPRET=1``) against
   their torch references, plus the invariances the split attention kernel promises. The interpreter
   computes with numpy (its bf16 rounding is not the GPU's), so values are compared with a tolerance;
@@ -331,6 +331,32 @@ def moe() -> None:
             part = expert_kernel.moe(x, rw, k, gate_up, down, sh, torch.tensor(2), tiles=tiles)
             check(f"moe ({label}): the live rows as before, the padding rows zero",
                   torch.equal(part[:2], got[:2]) and not part[2:].any())
+    # Gemma 4's block: the router on its own input, each chosen weight times its expert's scale, GELU-tanh experts
+    rx = torch.randn(t, hidden).half()
+    scale = (1.0 + 0.3 * torch.randn(e)).half()
+    tiles = ((16, 128, 4), (8, 32, 4, 2))
+    gemma = dict(router_x=rx, expert_scale=scale, gelu=True)
+    got = expert_kernel.moe(x, router[:e], k, gate_up, down, None, tiles=tiles, **gemma)
+    want = expert_kernel.moe_reference(x, router[:e], k, gate_up, down, None, **gemma)
+    diff = (got.float() - want.float()).abs()
+    ulps = (diff / (want.float().abs() * 2 ** -10 + 1e-3)).max().item()
+    check("moe (Gemma 4: router input, expert scales, GELU-tanh): the output equals the torch form's (within two fp16 "
+          "steps)", ulps <= 2.0, f"(max diff {diff.max().item():.2e}, {ulps:.2f} steps)")
+    for label, kw in (("the router's own input", dict(gemma, router_x=None)), ("the expert scales", dict(gemma, expert_scale=None)),
+                      ("GELU", dict(gemma, gelu=False))):
+        off = expert_kernel.moe(x, router[:e], k, gate_up, down, None, tiles=tiles, **kw)
+        check(f"moe (Gemma 4): without {label} the output differs (the option reaches the kernels)",
+              (off.float() - want.float()).abs().max().item() > 10 * diff.max().item())
+    alone = torch.cat([expert_kernel.moe(x[i:i + 1], router[:e], k, gate_up, down, None, tiles=tiles,
+                                         **dict(gemma, router_x=rx[i:i + 1])) for i in range(t)])
+    check("moe (Gemma 4): a row's bits alone equal its bits beside the others", torch.equal(alone, got))
+    part = expert_kernel.moe(x, router[:e], k, gate_up, down, None, torch.tensor(2), tiles=tiles, **gemma)
+    check("moe (Gemma 4): the live rows as before, the padding rows zero", torch.equal(part[:2], got[:2]) and not part[2:].any())
+    try:
+        expert_kernel.moe(x, router[:e], k, gate_up, down, None, expert_scale=scale[:-1])
+        check("moe: expert scales of the wrong length are refused", False)
+    except ValueError as err:
+        check("moe: expert scales of the wrong length are refused", "scales" in str(err))
     try:
         expert_kernel.moe(x, router[:e], k, gate_up, down, shared)
         check("moe: a router without the shared gate's row is refused", False)
@@ -578,6 +604,43 @@ def gemma_fused() -> None:
     _fused_checks("gemma fused", model, prompt, fused, torch_form, 14)
 
 
+def gemma4_moe() -> None:
+    """A Gemma 4 MoE target's routed experts on :func:`expert_kernel.moe` (its router's own input, the per-expert
+    scales, GELU-tanh experts) on the CPU: a tiny random fp16 Gemma 4 (a sliding and a full layer, 32 experts top 2,
+    keys as values in the full one, window 6) with the expert kernels forced, in the interpreter. Its logits (a 9-row step, then a 1-row step)
+    equal the torch forms' within fp16 tolerance, and a speculative generation whose drafts are mostly accepted (a
+    spoiled oracle: verify steps of several rows, rollbacks) equals plain decoding."""
+    from specdec.models import expert_kernel
+    s, f = "sliding_attention", "full_attention"
+    model, prompt, logits = _tiny_fused_model({
+        "model_type": "gemma4_text", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "global_head_dim": 32, "num_global_key_value_heads": 1, "attention_k_eq_v": True, "enable_moe_block": True,
+        "num_experts": 32, "top_k_experts": 2, "moe_intermediate_size": 32, "hidden_size_per_layer_input": 0,
+        "sliding_window": 6, "layer_types": [s, f], "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
+        "final_logit_softcapping": 30.0, "tie_word_embeddings": False,
+        "rope_parameters": {f: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+                            s: {"rope_type": "default", "rope_theta": 1e4}}})
+    with torch.no_grad():  # norms (which scale by w), router scales and layer scalars near 1, as checkpoints have them
+        for name, p in model.named_parameters():
+            if name.endswith(("norm.weight", "router.scale", "per_expert_scale")):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand_like(b))
+    torch_form = logits()
+    usable, calls = expert_kernel.usable, []
+    expert_kernel.usable = lambda x, act: x.dtype == torch.float16 and not torch.is_grad_enabled()  # the CPU, forced
+    run = expert_kernel.moe
+    expert_kernel.moe = lambda *a, **k: calls.append(k) or run(*a, **k)
+    fused = logits()
+    check("gemma4 moe: every layer's experts on the MoE kernels, with the router's input, scales and GELU",
+          len(calls) == 2 * 2 and all(k["gelu"] and k["router_x"] is not None and k["expert_scale"] is not None
+                                      for k in calls), f"({len(calls)} calls)")
+    _fused_checks("gemma4 moe", model, prompt, fused, torch_form, 14)
+    expert_kernel.usable, expert_kernel.moe = usable, run
+
+
 def _tiny_llama():
     """A random fp16 Llama of 2 layers (64 wide, 4 / 2 heads), seed 0."""
     from specdec.models.llama import LlamaConfig, LlamaForCausalLM
@@ -784,8 +847,12 @@ def pdl_ptx() -> None:
              "norm-rope-rows": (rope_write._norm_rope_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
                                 | {"qw": "*fp32", "kw": "*fp32", "start": "*i64", "eps": "fp32"},
                                 {"R": 64, "HALF": 32, "D": 256, "HAS_Q": True, "ROW_TABLES": True}),
-             "moe-route": (expert_kernel._route_kernel, {"logits": "*bf16", "idx": "*i32", "wts": "*bf16", "live": "*i64"},
-                           {"LIVE": True, "SHARED": True, "K": 8, "KB": 16, "BE": 256}),
+             "moe-route": (expert_kernel._route_kernel, {"logits": "*bf16", "idx": "*i32", "wts": "*bf16", "live": "*i64",
+                                                         "pes": "*bf16"},
+                           {"LIVE": True, "SHARED": True, "K": 8, "KB": 16, "BE": 256, "SCALED": False}),
+             "moe-route-scaled": (expert_kernel._route_kernel, {"logits": "*bf16", "idx": "*i32", "wts": "*bf16",
+                                                                "live": "*i64", "pes": "*bf16"},
+                                  {"LIVE": True, "SHARED": False, "K": 8, "KB": 8, "BE": 128, "SCALED": True}),
              "moe-gate-up": (expert_kernel._gate_up_kernel, {n: "*bf16" for n in ("x", "w", "sw", "h")}
                              | {"idx": "*i32", "live": "*i64"}, {"LIVE": True, "BN": 4, "BK": 512, "PER_LINE": 64, "LINES": 32,
                                                                 "GELU": False}),
@@ -824,4 +891,4 @@ def pdl_ptx() -> None:
 
 if __name__ == "__main__":
     {"split": split, "delta": delta, "delta-step": delta_step, "experts": experts, "moe": moe, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
-     "dflash-fast": dflash_fast, "mtp-fast": mtp_fast, "hybrid-fused": hybrid_fused, "gemma-fused": gemma_fused, "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()
+     "dflash-fast": dflash_fast, "mtp-fast": mtp_fast, "hybrid-fused": hybrid_fused, "gemma-fused": gemma_fused, "gemma4-moe": gemma4_moe, "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()

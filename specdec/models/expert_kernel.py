@@ -177,12 +177,14 @@ if triton is not None:
             tl.store(y + p * H + rn, acc.to(y.dtype.element_ty), mask=nm)
 
     @triton.jit
-    def _route_kernel(logits, idx, wts, live, E, LS, P, LIVE: tl.constexpr, SHARED: tl.constexpr, K: tl.constexpr,
-                      KB: tl.constexpr, BE: tl.constexpr, USE_GDC: tl.constexpr):
-        # program row t: the top K of the softmax of its E logits (row stride LS), renormalised, and (SHARED) the
-        # shared expert's gate, the sigmoid of logit number E, as weight number K; a padding row routes to expert 0
-        # with weight 0. The top K in one max a pick: a probability (never negative, so its bits order as it does)
-        # in the high word of an int64 key, BE - 1 - id in the low word (the lowest id wins a tie)
+    def _route_kernel(logits, idx, wts, live, pes, E, LS, P, LIVE: tl.constexpr, SHARED: tl.constexpr,
+                      K: tl.constexpr, KB: tl.constexpr, BE: tl.constexpr, USE_GDC: tl.constexpr,
+                      SCALED: tl.constexpr = False):
+        # program row t: the top K of the softmax of its E logits (row stride LS), renormalised (SCALED: each times
+        # its expert's scale pes[id], Gemma 4's per_expert_scale), and (SHARED) the shared expert's gate, the
+        # sigmoid of logit number E, as weight number K; a padding row routes to expert 0 with weight 0. The top K
+        # in one max a pick: a probability (never negative, so its bits order as it does) in the high word of an
+        # int64 key, BE - 1 - id in the low word (the lowest id wins a tie)
         if USE_GDC:  # models/pdl.py
             pdl.begin()
         t = tl.program_id(0)
@@ -207,7 +209,10 @@ if triton is not None:
                 ids = tl.where(rk == i, (BE - 1 - (best & 0xFFFFFFFF)).to(tl.int32), ids)
                 key = tl.where(key == best, -1, key)
             tl.store(idx + t * K + rk, ids, mask=rk < K)
-            wk = (top / tl.sum(top, 0)).to(dt)
+            wk = top / tl.sum(top, 0)
+            if SCALED:
+                wk = wk * tl.load(pes + ids, mask=rk < K, other=0.0).to(tl.float32)
+            wk = wk.to(dt)
             if SHARED:
                 gl = tl.load(logits + t * LS + E).to(tl.float32)
                 wk = tl.where(rk == K, tl.sigmoid(gl).to(dt), wk)
@@ -282,12 +287,14 @@ def pairs(x: torch.Tensor, idx: torch.Tensor, gate_up: torch.Tensor, down: torch
 
 def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor,
         shared: tuple[torch.Tensor, torch.Tensor] | None = None, live: torch.Tensor | None = None,
-        tiles: tuple | None = None) -> torch.Tensor:
+        tiles: tuple | None = None, router_x: torch.Tensor | None = None, expert_scale: torch.Tensor | None = None,
+        gelu: bool = False) -> torch.Tensor:
     """A MoE block's output ``[T, H]`` (the module docstring's kernels): ``x [T, H]``, the ``router`` weight
     ``[E, H]`` (with a shared expert ``[E + 1, H]``: its gate's row last), ``gate_up [E, 2I, H]``, ``down [E, H,
     I]``; ``shared``: the shared expert's ``(fused gate/up [2I, H], down [H, I])`` (its width that of the routed
     experts) or None; ``live`` as in :func:`pairs`; ``tiles``: ``(GATE_UP_TILE, COMBINE_TILE)`` for the sweep
-    script."""
+    script. Gemma 4's router: ``router_x`` (the router's own input ``[T, H]``, else ``x``), ``expert_scale`` ``[E]``
+    (each chosen weight times its expert's scale, after the renormalisation) and ``gelu`` (GELU-tanh experts)."""
     t, hidden = x.shape
     e, two_i, _ = gate_up.shape
     inter = two_i // 2
@@ -299,7 +306,8 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
     x = x.contiguous()
     has_live = live is not None
     sgu, sdown = shared if shared is not None else (gate_up, down)  # stand-ins, never read
-    idx, wts = routing(x, router, top_k, shared is not None, live)
+    rx = x if router_x is None else router_x.contiguous()
+    idx, wts = routing(rx, router, top_k, shared is not None, live, scale=expert_scale)
     live_ptr = live if has_live else idx
     gdc = pdl.options(x)
     per_line, h_lines = pdl.l2_lines(hidden, x.element_size())
@@ -308,7 +316,7 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
     h = torch.empty(t * p, inter, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(g * p, triton.cdiv(inter, gbn))](x, idx, gate_up, sgu, h, live_ptr, t, g, top_k, p, hidden,
                                                       inter, LIVE=has_live, BN=gbn, BK=gbk, PER_LINE=per_line,
-                                                      LINES=h_lines, num_warps=gw, **gdc)
+                                                      LINES=h_lines, num_warps=gw, GELU=gelu, **gdc)
     y = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
     _combine_kernel[(g, triton.cdiv(hidden, cbn))](h, idx, wts, down, sdown, y, live_ptr, t, g, hidden, inter, K=top_k,
                                                    P=p, LIVE=has_live, BN=cbn, BK=cbk, PC=cpc, PER_LINE=per_line,
@@ -317,11 +325,13 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
 
 
 def routing(x: torch.Tensor, router: torch.Tensor, top_k: int, shared: bool, live: torch.Tensor | None = None,
-            out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            out: tuple[torch.Tensor, torch.Tensor] | None = None, scale: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`moe`'s routing: ``x [T, H]`` (contiguous), the ``router`` weight (the shared gate's row last where
     ``shared``) -> (expert ids ``[T, k]`` int32, weights ``[T, k (+1: the shared gate)]`` in ``x``'s dtype): the
     router's GEMM, then :func:`_route_kernel`; a padding row (from ``live`` on) gets expert 0, weight 0. ``out``:
-    the two tensors to write (the interpreter test's, filled beforehand)."""
+    the two tensors to write (the interpreter test's, filled beforehand); ``scale`` ``[E]``: each chosen weight
+    times its expert's scale (Gemma 4)."""
     t = x.shape[0]
     e = router.shape[0] - shared
     p = top_k + shared
@@ -330,21 +340,26 @@ def routing(x: torch.Tensor, router: torch.Tensor, top_k: int, shared: bool, liv
     live_ptr = live if live is not None else idx  # a stand-in pointer, never read without LIVE
     # the router's logits in the model dtype, as F.linear rounds them: a Triton GEMM (PDL, a row's bits its own)
     logits = fused_layer.linear(x, router) if fused_layer.usable(x) else linear(x, router)
-    _route_kernel[(t,)](logits, idx, wts, live_ptr, e, logits.stride(0), p, LIVE=live is not None, SHARED=shared,
-                        K=top_k, KB=triton.next_power_of_2(p), BE=triton.next_power_of_2(e), **pdl.options(x))
+    if scale is not None and scale.shape != (e,):
+        raise ValueError(f"expert_kernel.routing: expert scales {tuple(scale.shape)} for {e} experts")
+    _route_kernel[(t,)](logits, idx, wts, live_ptr, logits if scale is None else scale, e, logits.stride(0), p,
+                        LIVE=live is not None, SHARED=shared, K=top_k, KB=triton.next_power_of_2(p),
+                        BE=triton.next_power_of_2(e), SCALED=scale is not None, **pdl.options(x))
     return idx, wts
 
 
 def moe_reference(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor,
-                  shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                  shared: tuple[torch.Tensor, torch.Tensor] | None = None, router_x: torch.Tensor | None = None,
+                  expert_scale: torch.Tensor | None = None, gelu: bool = False) -> torch.Tensor:
     """:func:`moe`'s arithmetic in torch ops (fp32, rounded where the kernels round): the CPU equivalent
     that the interpreter test compares the kernels with."""
     dt = x.dtype
     e = gate_up.shape[0]
-    logits = (x.float() @ router.float().T).to(dt).float()
+    logits = ((x if router_x is None else router_x).float() @ router.float().T).to(dt).float()
     probs = torch.softmax(logits[:, :e], dim=-1)
     top, idx = torch.topk(probs, top_k, dim=-1)
-    w = (top / top.sum(-1, keepdim=True)).to(dt)
+    w = top / top.sum(-1, keepdim=True)
+    w = (w if expert_scale is None else w * expert_scale[idx].float()).to(dt)
     gu = torch.einsum("tkoh,th->tko", gate_up[idx].float(), x.float())
     dws = [down[idx]]
     if shared is not None:
@@ -353,6 +368,6 @@ def moe_reference(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: to
         gu = torch.cat([gu, (x.float() @ sgu.float().T)[:, None]], 1)
         dws.append(sdown[None, None].expand(x.shape[0], 1, -1, -1))
     gate, up = gu.to(dt).float().chunk(2, dim=-1)
-    hmid = (torch.nn.functional.silu(gate).to(dt).float() * up).to(dt).float()
+    hmid = ((gelu_tanh if gelu else torch.nn.functional.silu)(gate).to(dt).float() * up).to(dt).float()
     y = torch.einsum("tkhi,tki->tkh", torch.cat(dws, 1).float(), hmid).to(dt).float()
     return (y * w.float()[..., None]).to(dt).float().sum(1).to(dt)

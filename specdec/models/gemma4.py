@@ -42,6 +42,7 @@ from torch import nn
 
 from ..cache import KVCache, SequenceCache
 from ..cpu_linear import Linear
+from . import expert_kernel
 from .base import StepContext, WindowedCausalLM
 from .gemma4_config import Gemma4Config
 from .gemma4_gguf import gguf_config, gguf_names, gguf_tensor_config
@@ -149,10 +150,13 @@ class Gemma4Router(nn.Module):
         self.scale = nn.Parameter(torch.empty(hidden))
         self.per_expert_scale = nn.Parameter(torch.empty(num_experts))
 
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """The router's GEMM input: ``x`` RMS-normalised, times ``scale`` and ``1/sqrt(hidden)``."""
+        return unit_rms_norm(x, self.eps) * self.scale * self.root
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [T, H]`` -> (expert ids ``[T, k]``, weights ``[T, k]`` in ``x``'s dtype)."""
-        h = unit_rms_norm(x, self.eps) * self.scale * self.root
-        probs = torch.softmax(self.proj(h).float(), dim=-1)
+        probs = torch.softmax(self.proj(self.inputs(x)).float(), dim=-1)
         top, idx = torch.topk(probs, self.top_k, dim=-1)
         w = top / top.sum(-1, keepdim=True) * self.per_expert_scale[idx]
         return idx, w.to(x.dtype)
@@ -196,14 +200,29 @@ class Gemma4DecoderLayer(nn.Module):
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, cache, ctx.start, mask))
         f = self.mlp(self.pre_feedforward_layernorm(x))
         if self.router is not None:
-            idx, w = self.router(x)
-            moe = self.experts(self.pre_feedforward_layernorm_2(x), idx, w)
-            f = self.post_feedforward_layernorm_1(f) + self.post_feedforward_layernorm_2(moe)
+            f = self.post_feedforward_layernorm_1(f) + self.post_feedforward_layernorm_2(self._moe(x, ctx.live))
         x = x + self.post_feedforward_layernorm(f)
         if self.per_layer:
             g = gelu_tanh(self.per_layer_input_gate(x)) * ctx.per_layer[:, self.index]
             x = x + self.post_per_layer_input_norm(self.per_layer_projection(g))
         return x * self.layer_scalar
+
+
+    def _moe(self, x: torch.Tensor, live: torch.Tensor | None) -> torch.Tensor:
+        """The routed experts' output for the residual stream ``x``; ``live``: a static step's real rows (padding rows
+        skipped). A CUDA static step within the expert kernels' limits runs :func:`~.expert_kernel.moe` (the router's
+        GEMM, the routing with the per-expert scales, the GELU-tanh pairs and their weighted sum in four kernels:
+        ``SPECDEC_FUSED_MOE``); else the router in torch ops and :class:`~.moe.Experts`."""
+        r, ex = self.router, self.experts
+        xe = self.pre_feedforward_layernorm_2(x)
+        t = x.shape[0]
+        if (expert_kernel.FUSED_MOE and expert_kernel.usable(x, ex.act) and t * r.top_k <= ex.gate_up_proj.shape[0]
+                and (t <= ex.gather_max_rows or torch.cuda.is_current_stream_capturing())
+                and not (torch.is_grad_enabled() and ex.gate_up_proj.requires_grad) and r.proj.weight.is_contiguous()):
+            return expert_kernel.moe(xe, r.proj.weight, r.top_k, ex.gate_up_proj, ex.down_proj, None, live,
+                                     router_x=r.inputs(x), expert_scale=r.per_expert_scale, gelu=True)
+        idx, w = r(x)
+        return ex(xe, idx, w, live)
 
 
 class Gemma4ForCausalLM(WindowedCausalLM):
