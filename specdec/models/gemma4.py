@@ -26,8 +26,10 @@ Norms scale by ``w`` (not ``1 + w`` as in Gemma 3), statistics in fp32. Embeddin
 ``final_logit_softcapping``. The last ``num_kv_shared_layers`` layers compute no keys or values:
 they attend over the cache of the last earlier layer of their type (:class:`SharedKV`), so only
 that cache rolls back. Every cache is full-length and sliding layers mask by window, by position,
-in eager and static steps alike; MoE experts run :class:`~.moe.Experts` (gather + bmm for steps of
-at most 16 rows), so the per-position invariance of the static steps holds as for Gemma 3 and
+in eager and static steps alike. A CUDA static step's MoE block runs :func:`~.expert_kernel.moe` (the
+router's GEMM, the routing with the per-expert scales, one GEMV a (row, expert) pair with GELU-tanh, the
+weighted sum; a static step's padding rows skipped); elsewhere :class:`~.moe.Experts` (static forms for
+steps of at most 16 rows), so the per-position invariance of the static steps holds as for Gemma 3 and
 Qwen3.5 MoE.
 """
 
