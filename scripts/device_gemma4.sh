@@ -3,8 +3,8 @@
 #   bash scripts/device_gemma4.sh
 # On the gemma4-26b-a4b shape (random weights, context 512): the padded and 1-row steps with the MoE kernels (the
 # defaults: expert_kernel.moe, GELU-tanh experts), with the pairs only (SPECDEC_FUSED_MOE=0: the router in torch ops)
-# and with neither (SPECDEC_EXPERT_KERNEL=0: torch's dense form, every expert on every row), one process
-# (scripts/ab_flags.py); the padded step's kernels (profile_shape_step --timeline);
+# and with neither (SPECDEC_EXPERT_KERNEL=0: torch's dense form, every expert on every row), and with the attention's
+# norms, RoPE and cache write in torch ops (SPECDEC_NORM_ROPE=0), one process (scripts/ab_flags.py); the padded step's kernels (profile_shape_step --timeline);
 # device_check on a random Gemma 4 MoE with accepted drafts (oracle, n-gram; graphs and eager); `specdec bench --shape
 # gemma4-26b-a4b`. Results in $OUT/g.tgz.
 set -u
@@ -21,7 +21,7 @@ for m in graphs eager; do
 done
 python scripts/device_check.py compare $W/dc_gemma4_*.json --out $W/dc_report.json 2>&1 | tail -8
 timeout 240 python scripts/ab_flags.py --shape $S --context 512 --rounds 3 --reps 10 --no-drafters \
-    --variants defaults defaults-fused-moe defaults-expert-kernel --json $W/ab_gemma4.json > $W/ab_gemma4.log 2>&1
+    --variants defaults defaults-fused-moe defaults-expert-kernel defaults-norm-rope --json $W/ab_gemma4.json > $W/ab_gemma4.log 2>&1
 echo "== ab rc=$?"; grep -v "^round" $W/ab_gemma4.log | tail -4
 timeout 150 python scripts/profile_shape_step.py --shape $S --rows 1 --pad-to 16 --context 512 --top 22 \
     --timeline $W/tl_gemma4.json > $W/prof_gemma4.log 2>&1

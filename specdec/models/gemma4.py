@@ -43,12 +43,13 @@ import torch
 from torch import nn
 
 from ..cache import KVCache, SequenceCache
-from ..cpu_linear import Linear
-from . import expert_kernel
+from ..cpu_linear import Linear, linear
+from . import expert_kernel, layers, rope_write
 from .base import StepContext, WindowedCausalLM
 from .gemma4_config import Gemma4Config
 from .gemma4_gguf import gguf_config, gguf_names, gguf_tensor_config
-from .layers import GeluTanhGLU, RMSNorm, apply_rope, attend, gelu_tanh, rope_tables, static_cos_sin, unit_rms_norm
+from .layers import (GeluTanhGLU, RMSNorm, apply_rope, attend, fuse_linears, gelu_tanh, rope_tables, static_cos_sin,
+                     unit_rms_norm)
 from .moe import Experts
 from .registry import Architecture, register
 
@@ -125,9 +126,36 @@ class Gemma4Attention(nn.Module):
             self.v_proj = None if k_eq_v else Linear(h, self.n_kv * d, bias=bias)
             self.k_norm = RMSNorm(d, c.rms_norm_eps)
         self.o_proj = Linear(self.n_heads * d, h, bias=bias)
+        self._fused: tuple | None = None  # (weight, bias, sizes): q/k(/v) as one GEMM once fuse() ran
+
+    def fuse(self) -> None:
+        """q, k (and v) as one GEMM (:func:`~.layers.fuse_linears`); a KV-shared layer has only q. Call after loading."""
+        if self._fused is None and not self.shared:
+            self._fused = fuse_linears(*(p for p in (self.q_proj, self.k_proj, self.v_proj) if p is not None))
+
+    def fast_path(self, x: torch.Tensor, start) -> bool:
+        """Whether this step takes :meth:`forward`'s static CUDA path: the fused projection, then the q/k norms, RoPE,
+        the v norm and the cache write in one kernel (``rope_write.norm_rope_write``; ``layers.NORM_ROPE`` and
+        ``layers.FUSED_ROPE_WRITE``), no gradients."""
+        return (self._fused is not None and layers.NORM_ROPE and layers.FUSED_ROPE_WRITE and x.is_cuda and x.dim() == 2
+                and isinstance(start, torch.Tensor) and not torch.compiler.is_compiling()
+                and not (torch.is_grad_enabled() and self._fused[0].requires_grad))
 
     def forward(self, x: torch.Tensor, cos, sin, cache: KVCache, start, mask) -> torch.Tensor:
         t = x.shape[0]
+        if self.fast_path(x, start):
+            w, b, sizes = self._fused
+            parts = linear(x, w, b).split(sizes, dim=-1)
+            q = parts[0].view(t, self.n_heads, self.head_dim)
+            k = parts[1].view(t, self.n_kv, self.head_dim)
+            v = k if self.v_proj is None else parts[2].view(t, self.n_kv, self.head_dim)
+            rows = cos.reshape(-1, cos.shape[-1])
+            if rope_write.supported(q, k, rows, cache, start):
+                q = rope_write.norm_rope_write(q, k, v, self.q_norm.fp32_scale(), self.k_norm.fp32_scale(), self.eps,
+                                               rows, sin.reshape(rows.shape), cache.k, cache.v, start, row_tables=True,
+                                               v_norm=True)
+                o = attend(q, cache.k, cache.v, mask, 1.0)
+                return self.o_proj(o.transpose(0, 1).reshape(t, -1))
         q = self.q_norm(self.q_proj(x).view(t, self.n_heads, self.head_dim)).transpose(0, 1)
         q = apply_rope(q, cos, sin)
         if self.shared:
@@ -245,6 +273,11 @@ class Gemma4ForCausalLM(WindowedCausalLM):
             self.embed_tokens_per_layer = nn.Embedding(c.vocab_size_per_layer_input, n)
             self.per_layer_model_projection = Linear(c.hidden_size, n, bias=False)
             self.per_layer_projection_norm = RMSNorm(self.per_layer_dim, c.rms_norm_eps)
+
+    def fuse_projections(self) -> None:
+        super().fuse_projections()  # the dense MLPs' gate/up
+        for layer in self.layers:
+            layer.self_attn.fuse()
 
     def make_layer_cache(self, i, max_len, dtype, device):
         c = self.config

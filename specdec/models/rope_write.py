@@ -134,7 +134,7 @@ if triton is not None:
     def _norm_rope_kernel(q, k, v, qw, kw, cos, sin, q_out, ck, cv, start, T, H, Hkv, eps,
                           sqt, sqh, skt, skh, svt, svh, sot, soh, sch, scp,
                           R: tl.constexpr, HALF: tl.constexpr, D: tl.constexpr, HAS_Q: tl.constexpr,
-                          USE_GDC: tl.constexpr, ROW_TABLES: tl.constexpr = False):
+                          USE_GDC: tl.constexpr, ROW_TABLES: tl.constexpr = False, V_NORM: tl.constexpr = False):
         if USE_GDC:  # models/pdl.py
             pdl.begin()
         t, head = tl.program_id(0), tl.program_id(1)
@@ -170,13 +170,17 @@ if triton is not None:
             tl.store(q_out + t * sot + head * soh + i, y)
         else:
             tl.store(ck + kh * sch + p * scp + i, y)
-            tl.store(cv + kh * sch + p * scp + i, tl.load(v + t * svt + kh * svh + i))
+            vv = tl.load(v + t * svt + kh * svh + i)
+            if V_NORM:  # Gemma 4's v_norm: RMS-normalised, no weight, rounded to the model dtype
+                vf = vv.to(tl.float32)
+                vv = (vf * (1.0 / tl.sqrt_rn(tl.sum(vf * vf, 0) / D + eps))).to(vv.dtype)
+            tl.store(cv + kh * sch + p * scp + i, vv)
 
 
 def norm_rope_write(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, q_scale: torch.Tensor | None,
                     k_scale: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
-                    ck: torch.Tensor, cv: torch.Tensor, start: torch.Tensor, row_tables: bool = False
-                    ) -> torch.Tensor | None:
+                    ck: torch.Tensor, cv: torch.Tensor, start: torch.Tensor, row_tables: bool = False,
+                    v_norm: bool = False) -> torch.Tensor | None:
     """``q [T, H, d]`` (or None), ``k``/``v [T, Hkv, d]`` (``d`` contiguous), the fp32 norm scales
     ``[d]``, ``cos``/``sin`` tables ``[P, r]`` by position (model dtype), the context buffers ``ck``/``cv
     [Hkv, L, d]`` (contiguous) and ``start`` (a 0-d int64 device tensor): row ``t`` sits at position
@@ -184,7 +188,8 @@ def norm_rope_write(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, q_
     rotated queries come back as ``[H, T, d]`` (a view of a ``[T, H, d]`` tensor). What the eager
     ``RMSNorm`` then ``apply_rope`` compute, up to the norm's summation order. ``row_tables``: ``cos``/``sin``
     are ``[T, r]``, a row for each of the step's rows (a target's static step, ``layers.NORM_ROPE``), not
-    tables by position. A target's :class:`KVCache` ``k``/``v`` are such buffers."""
+    tables by position. A target's :class:`KVCache` ``k``/``v`` are such buffers. ``v_norm``: the values
+    RMS-normalised (no weight, ``eps``) before they are stored (Gemma 4's ``v_norm``)."""
     t, hkv, d = k.shape
     h = 0 if q is None else q.shape[1]
     r = cos.shape[-1]
@@ -197,5 +202,6 @@ def norm_rope_write(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, q_
         qq, k, v, k_scale if q_scale is None else q_scale, k_scale, cos, sin, q_out, ck, cv, start, t, h, hkv, eps,
         qq.stride(0), qq.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         q_out.stride(0), q_out.stride(1), ck.stride(0), ck.stride(1),
-        R=r, HALF=r // 2, D=d, HAS_Q=q is not None, ROW_TABLES=row_tables, **COMPILE_OPTIONS, **pdl.options(k))
+        R=r, HALF=r // 2, D=d, HAS_Q=q is not None, ROW_TABLES=row_tables, V_NORM=v_norm, **COMPILE_OPTIONS,
+        **pdl.options(k))
     return None if q is None else q_out.transpose(0, 1)
