@@ -639,6 +639,27 @@ def gemma4_moe() -> None:
                                       for k in calls), f"({len(calls)} calls)")
     _fused_checks("gemma4 moe", model, prompt, fused, torch_form, 14)
     expert_kernel.usable, expert_kernel.moe = usable, run
+    # the attention's static steps (padded to 16 rows, as on CUDA without row exactness): the fused q/k/v GEMM, then
+    # the q/k norms, RoPE, the v norm and the cache write in one kernel (forced on the CPU), against the torch layers
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _engine_util import SpoiledOracle
+    from specdec.engine import SpeculativeGenerator
+    from specdec.models import rope_write
+    from specdec.models.gemma4 import Gemma4Attention
+    eager = SpeculativeGenerator(model, None, 0, cuda_graphs=False, batch_invariant=False).generate(prompt, 14)
+    Gemma4Attention.fast_path = lambda self, x, start: self._fused is not None and isinstance(start, torch.Tensor)
+    rope_write.supported = lambda *a: True
+    nrw, kernel_calls = rope_write.norm_rope_write, []
+    rope_write.norm_rope_write = lambda *a, **k: kernel_calls.append(k["v_norm"]) or nrw(*a, **k)
+    plain = SpeculativeGenerator(model, None, 0, cuda_graphs=False, batch_invariant=True).generate(prompt, 14)
+    check("gemma4 attention: static steps ran the norm + RoPE + v norm + write kernel",
+          len(kernel_calls) >= 2 * 13 and all(kernel_calls), f"({len(kernel_calls)} calls)")
+    check("gemma4 attention: static steps on the kernel decode what the torch layers decode",
+          plain.token_ids == eager.token_ids, f"({plain.token_ids} / {eager.token_ids})")
+    spec = SpeculativeGenerator(model, SpoiledOracle(prompt + plain.token_ids, 256, spoil=0.25), 4, cuda_graphs=False,
+                                batch_invariant=True).generate(prompt, 14)
+    check("gemma4 attention: speculative output on the kernel (drafts accepted, rollbacks) equals plain decoding",
+          spec.token_ids == plain.token_ids and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
 
 
 def _tiny_llama():
@@ -665,7 +686,7 @@ def dflash_fast() -> None:
     from specdec.drafters.dflash import DFlashDrafter
     from specdec.models import fused_layer as fl
     from specdec.engine import SpeculativeGenerator
-    from specdec.models.layers import RMSNorm, RotaryEmbedding, apply_rope
+    from specdec.models.layers import RMSNorm, RotaryEmbedding, apply_rope, unit_rms_norm
     from specdec.models.rope_write import norm_rope_write
     from specdec.sampling import SamplingParams
     from specdec.shapes import build_shape
@@ -695,6 +716,14 @@ def dflash_fast() -> None:
                                  ck3, cv3, start, row_tables=True)
         check(f"norm+rope+write h={h} d={d} r={r}: tables by row, the bits of tables by position",
               torch.equal(got_q3, got_q) and torch.equal(ck3, ck) and torch.equal(cv3, cv))
+        ck4, cv4 = torch.zeros_like(ck), torch.zeros_like(cv)  # Gemma 4's v_norm: the values normed as stored
+        got_q4 = norm_rope_write(q, k, v, qn.fp32_scale(), kn.fp32_scale(), 1e-6, c7.contiguous(), s7.contiguous(),
+                                 ck4, cv4, start, row_tables=True, v_norm=True)
+        want_v = unit_rms_norm(v.float(), 1e-6).half().transpose(0, 1)
+        verr = (cv4[:, 7:7 + t].float() - want_v.float()).abs().max().item()
+        check(f"norm+rope+write h={h} d={d} r={r}: v_norm: the values unit-RMS-normed, queries and keys as before",
+              verr < 2e-3 and torch.equal(got_q4, got_q3) and torch.equal(ck4, ck3) and not cv4[:, :7].any(),
+              f"(max diff {verr:.1e})")
         ck2 = torch.zeros_like(ck)
         check(f"norm+rope+write h={h} d={d}: keys alone (no queries) the same",
               norm_rope_write(None, k, v, None, kn.fp32_scale(), 1e-6, cos, sin, ck2, cv, start) is None and torch.equal(ck2, ck))
@@ -847,6 +876,9 @@ def pdl_ptx() -> None:
              "norm-rope-rows": (rope_write._norm_rope_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
                                 | {"qw": "*fp32", "kw": "*fp32", "start": "*i64", "eps": "fp32"},
                                 {"R": 64, "HALF": 32, "D": 256, "HAS_Q": True, "ROW_TABLES": True}),
+             "norm-rope-vnorm": (rope_write._norm_rope_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
+                                 | {"qw": "*fp32", "kw": "*fp32", "start": "*i64", "eps": "fp32"},
+                                 {"R": 512, "HALF": 256, "D": 512, "HAS_Q": True, "ROW_TABLES": True, "V_NORM": True}),
              "moe-route": (expert_kernel._route_kernel, {"logits": "*bf16", "idx": "*i32", "wts": "*bf16", "live": "*i64",
                                                          "pes": "*bf16"},
                            {"LIVE": True, "SHARED": True, "K": 8, "KB": 16, "BE": 256, "SCALED": False}),
