@@ -101,12 +101,28 @@ def build(root: str) -> None:
     # values (one KV head of 256), 128 experts top 8 (so a padded 16-row step's 128 pairs take the expert kernels)
     # beside the dense GELU MLP, untied head; norm weights, router scales and layer scalars randomised (as
     # tests/test_gemma4.py does) so that a mis-wired one shows
-    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+    try:
+        from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+    except ImportError:  # a transformers before Gemma 4: the other targets still get built
+        print("device_check build: this transformers has no Gemma 4; gemma4 not built", flush=True)
+        Gemma4ForCausalLM = None
+    if Gemma4ForCausalLM is not None:
+        _build_gemma4(root, Gemma4ForCausalLM, Gemma4TextConfig, h)
+    for name, n_layers in TARGETS.items():
+        if name.startswith("gemma"):
+            continue  # DFlash drafters for Gemma targets are not supported yet
+        write_drafter(os.path.join(root, name + "-dflash"), hidden=h, num_target_layers=n_layers, n_layers=2,
+                      target_layer_ids=(1, n_layers // 2, n_layers - 1), block_size=16, heads=16, kv_heads=4,
+                      head_dim=64, inter=2816, dtype=torch.bfloat16)
+
+
+def _build_gemma4(root: str, model_cls, config_cls, h: int) -> None:
+    """The random Gemma 4 MoE target (see build)."""
     s, f = "sliding_attention", "full_attention"
-    g4 = Gemma4ForCausalLM(Gemma4TextConfig(
+    g4 = model_cls(config_cls(
         vocab_size=VOCAB, hidden_size=h, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=8,
         num_key_value_heads=4, head_dim=128, global_head_dim=256, num_global_key_value_heads=1, attention_k_eq_v=True,
-        enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=256,
+        enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=128,
         hidden_size_per_layer_input=0, num_kv_shared_layers=0, sliding_window=64, layer_types=[s, s, s, f] * 2,
         tie_word_embeddings=False, final_logit_softcapping=30.0, max_position_embeddings=4096,
         rope_parameters={f: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
@@ -119,12 +135,6 @@ def build(root: str) -> None:
             if n.endswith("layer_scalar"):
                 b.copy_(0.5 + torch.rand_like(b))
     g4.save_pretrained(os.path.join(root, "gemma4"))
-    for name, n_layers in TARGETS.items():
-        if name.startswith("gemma"):
-            continue  # DFlash drafters for Gemma targets are not supported yet
-        write_drafter(os.path.join(root, name + "-dflash"), hidden=h, num_target_layers=n_layers, n_layers=2,
-                      target_layer_ids=(1, n_layers // 2, n_layers - 1), block_size=16, heads=16, kv_heads=4,
-                      head_dim=64, inter=2816, dtype=torch.bfloat16)
 
 
 def prompts(n: int) -> list[list[int]]:
