@@ -1,7 +1,7 @@
 """The package's Triton kernels on the CPU, each run by tests/test_triton_interpret.py in a fresh process:
 
-- ``split``, ``delta``, ``linear``, ``rope``, ``fused``, ``fused-layer``, ``dflash-fast``, ``mtp-fast``, ``gemma4-moe``, ...: run by
-  Triton's interpreter (``TRITON_INTERPRET=1``) against
+- ``split``, ``delta``, ``linear``, ``rope``, ``fused``, ``fused-layer``, ``dflash-fast``, ``mtp-fast``,
+  ``gemma4-moe``, ...: run by Triton's interpreter (``TRITON_INTERPRET=1``) against
   their torch references, plus the invariances the split attention kernel promises. The interpreter
   computes with numpy (its bf16 rounding is not the GPU's), so values are compared with a tolerance;
   the GPU's bits are checked on the GPU (scripts/check_split_attention.py, scripts/device_check.py);
@@ -456,6 +456,11 @@ def fused() -> None:
         err = (got.float() - want).abs().max().item()
         check(f"fused silu*mul {dtype}: equals the torch ops", err < (1e-5 if dtype == torch.float32 else 1e-2), f"(max diff {err:.1e})")
         check(f"fused silu*mul {dtype}: a row alone has its bits", torch.equal(fused_ops.silu_mul(gu[2:3]), got[2:3]))
+        want = (torch.nn.functional.gelu(gu[:, :40].float(), approximate="tanh") * gu[:, 40:].float())
+        got_g = fused_ops.silu_mul(gu, gelu=True)
+        err = (got_g.float() - want).abs().max().item()
+        check(f"fused gelu_tanh*mul {dtype}: equals the torch ops (and not SiLU's)", err < (1e-5 if dtype == torch.float32
+              else 1e-2) and (got_g.float() - got.float()).abs().max().item() > 0.05, f"(max diff {err:.1e})")
 
 
 def fused_layer() -> None:
@@ -606,7 +611,7 @@ def gemma_fused() -> None:
 
 def gemma4_moe() -> None:
     """A Gemma 4 MoE target's routed experts on :func:`expert_kernel.moe` (its router's own input, the per-expert
-    scales, GELU-tanh experts) on the CPU: a tiny random fp16 Gemma 4 (a sliding and a full layer, 32 experts top 2,
+    scales, GELU-tanh experts) and its norms and GELU * up on ``fused_ops``' kernels on the CPU: a tiny random fp16 Gemma 4 (a sliding and a full layer, 32 experts top 2,
     keys as values in the full one, window 6) with the expert kernels forced, in the interpreter. Its logits (a 9-row step, then a 1-row step)
     equal the torch forms' within fp16 tolerance, and a speculative generation whose drafts are mostly accepted (a
     spoiled oracle: verify steps of several rows, rollbacks) equals plain decoding."""
@@ -631,6 +636,8 @@ def gemma4_moe() -> None:
     torch_form = logits()
     usable, calls = expert_kernel.usable, []
     expert_kernel.usable = lambda x, act: x.dtype == torch.float16 and not torch.is_grad_enabled()  # the CPU, forced
+    from specdec.models import fused_ops  # the norms (the router's input among them) and GELU * up as on CUDA
+    fused_ops.usable = lambda x: x.dtype == torch.float16 and not torch.is_grad_enabled()
     run = expert_kernel.moe
     expert_kernel.moe = lambda *a, **k: calls.append(k) or run(*a, **k)
     fused = logits()
@@ -654,7 +661,7 @@ def gemma4_moe() -> None:
     plain = SpeculativeGenerator(model, None, 0, cuda_graphs=False, batch_invariant=True).generate(prompt, 14)
     check("gemma4 attention: static steps ran the norm + RoPE + v norm + write kernel",
           len(kernel_calls) >= 2 * 13 and all(kernel_calls), f"({len(kernel_calls)} calls)")
-    check("gemma4 attention: static steps on the kernel decode what the torch layers decode",
+    check("gemma4 attention: static steps on the kernel decode what the eager attention decodes",
           plain.token_ids == eager.token_ids, f"({plain.token_ids} / {eager.token_ids})")
     spec = SpeculativeGenerator(model, SpoiledOracle(prompt + plain.token_ids, 256, spoil=0.25), 4, cuda_graphs=False,
                                 batch_invariant=True).generate(prompt, 14)

@@ -147,3 +147,22 @@ def test_grouped_never_accumulates_into_a_repeated_row(monkeypatch):
 def _one(ex, xt, e):
     gate, up = (ex.gate_up_proj[e] @ xt).chunk(2)
     return ex.down_proj[e] @ (torch.nn.functional.silu(gate) * up)
+
+
+def test_a_static_step_takes_the_static_forms_captured_or_not(monkeypatch):
+    """A static step (``live`` given: a padded decode step, or a static prefill chunk of more than 16 rows) takes the
+    static forms whether it is captured or not, so that ``--no-cuda-graphs`` computes what the graphs compute; an eager
+    forward of as many rows (a prefill, no ``live``) groups by expert. The same values (not the same bits)."""
+    ex = _experts()
+    t = 40
+    x = torch.randn(t, 32, generator=torch.Generator().manual_seed(3))
+    idx, w = _route(t, 8, 2)
+    calls = []
+    grouped = Experts._grouped_bmm
+    monkeypatch.setattr(Experts, "_grouped_bmm", lambda self, *a: calls.append("grouped") or grouped(self, *a))
+    with torch.no_grad():
+        static = ex.partial(x, idx, w, torch.tensor(t))
+        assert calls == []
+        eager = ex.partial(x, idx, w)
+        assert calls == ["grouped"]
+    assert torch.allclose(static, eager, atol=1e-5, rtol=1e-5)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from .. import env
-from . import pdl
+from . import fused_layer, pdl
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
     import triton
@@ -83,7 +83,7 @@ if triton is not None:
         tl.store(y + row * N + i, out.to(v.dtype), mask=m)
 
     @triton.jit(do_not_specialize=["I", "sg"])
-    def _silu_mul_kernel(g, y, I, sg, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
+    def _silu_mul_kernel(g, y, I, sg, BLOCK: tl.constexpr, USE_GDC: tl.constexpr, GELU: tl.constexpr = False):
         if USE_GDC:  # models/pdl.py
             pdl.begin()
         row, blk = tl.program_id(0), tl.program_id(1)
@@ -92,7 +92,7 @@ if triton is not None:
         gate = tl.load(g + row * sg + i, mask=m, other=0.0)
         up = tl.load(g + row * sg + I + i, mask=m, other=0.0)
         gf = gate.to(tl.float32)
-        act = (gf / (1.0 + tl.exp(-gf))).to(gate.dtype)  # silu, rounded as F.silu's output is
+        act = fused_layer.glu_act(gf, GELU).to(gate.dtype)  # silu (or GELU-tanh), rounded as the torch op's output is
         tl.store(y + row * I + i, (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=m)
 
 
@@ -124,15 +124,16 @@ def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float, residual: torch.T
     return (s, y) if residual is not None else y
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """``gate_up [..., 2I]`` (gate, then up; a contiguous last dimension) -> ``silu(gate) * up [..., I]``."""
+def silu_mul(gate_up: torch.Tensor, gelu: bool = False) -> torch.Tensor:
+    """``gate_up [..., 2I]`` (gate, then up; a contiguous last dimension) -> ``silu(gate) * up [..., I]``; ``gelu``:
+    ``gelu_tanh(gate) * up`` (Gemma's MLPs)."""
     if gate_up.dim() != 2:
-        return silu_mul(gate_up.reshape(-1, gate_up.shape[-1])).view(*gate_up.shape[:-1], -1)
+        return silu_mul(gate_up.reshape(-1, gate_up.shape[-1]), gelu).view(*gate_up.shape[:-1], -1)
     rows, two_i = gate_up.shape
     i = two_i // 2
     y = torch.empty(rows, i, dtype=gate_up.dtype, device=gate_up.device)
     if rows:
         block = min(1024, _block(i))
         _silu_mul_kernel[(rows, triton.cdiv(i, block))](gate_up, y, i, gate_up.stride(0), BLOCK=block, num_warps=4,
-                                                                  **pdl.options(gate_up))
+                                                                  GELU=gelu, **pdl.options(gate_up))
     return y

@@ -44,12 +44,12 @@ from torch import nn
 
 from ..cache import KVCache, SequenceCache
 from ..cpu_linear import Linear, linear
-from . import expert_kernel, layers, rope_write
+from . import expert_kernel, fused_ops, layers, rope_write
 from .base import StepContext, WindowedCausalLM
 from .gemma4_config import Gemma4Config
 from .gemma4_gguf import gguf_config, gguf_names, gguf_tensor_config
-from .layers import (GeluTanhGLU, RMSNorm, apply_rope, attend, fuse_linears, gelu_tanh, rope_tables, static_cos_sin,
-                     unit_rms_norm)
+from .layers import (GeluTanhGLU, RMSNorm, apply_rope, attend, derived_weight, fuse_linears, gelu_tanh, rope_tables,
+                     static_cos_sin, unit_rms_norm)
 from .moe import Experts
 from .registry import Architecture, register
 
@@ -129,7 +129,8 @@ class Gemma4Attention(nn.Module):
         self._fused: tuple | None = None  # (weight, bias, sizes): q/k(/v) as one GEMM once fuse() ran
 
     def fuse(self) -> None:
-        """q, k (and v) as one GEMM (:func:`~.layers.fuse_linears`); a KV-shared layer has only q. Call after loading."""
+        """q, k (and v) as one GEMM (:func:`~.layers.fuse_linears`); a KV-shared layer has only q. Call after
+        loading."""
         if self._fused is None and not self.shared:
             self._fused = fuse_linears(*(p for p in (self.q_proj, self.k_proj, self.v_proj) if p is not None))
 
@@ -181,7 +182,12 @@ class Gemma4Router(nn.Module):
         self.per_expert_scale = nn.Parameter(torch.empty(num_experts))
 
     def inputs(self, x: torch.Tensor) -> torch.Tensor:
-        """The router's GEMM input: ``x`` RMS-normalised, times ``scale`` and ``1/sqrt(hidden)``."""
+        """The router's GEMM input: ``x`` RMS-normalised, times ``scale`` and ``1/sqrt(hidden)``; on CUDA without
+        gradients one kernel (``fused_ops.rms_norm``, the two scales as one fp32 weight: other roundings than the
+        torch ops', every CUDA forward alike), else the torch ops."""
+        if fused_ops.usable(x) and not (torch.is_grad_enabled() and (x.requires_grad or self.scale.requires_grad)):
+            w = derived_weight(self, "_input_scale", self.scale, lambda s: s.float() * self.root)
+            return fused_ops.rms_norm(x, w, self.eps)
         return unit_rms_norm(x, self.eps) * self.scale * self.root
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,8 +233,9 @@ class Gemma4DecoderLayer(nn.Module):
             cos, sin, mask = ctx.local_cos, ctx.local_sin, ctx.local_mask
         else:
             cos, sin, mask = ctx.cos, ctx.sin, ctx.mask
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, cache, ctx.start, mask))
-        f = self.mlp(self.pre_feedforward_layernorm(x))
+        a = self.self_attn(self.input_layernorm(x), cos, sin, cache, ctx.start, mask)
+        x, h = self.pre_feedforward_layernorm.add(x, a, self.post_attention_layernorm)  # CUDA: one kernel
+        f = self.mlp(h)
         if self.router is not None:
             f = self.post_feedforward_layernorm_1(f) + self.post_feedforward_layernorm_2(self._moe(x, ctx.live))
         x = x + self.post_feedforward_layernorm(f)
@@ -247,8 +254,8 @@ class Gemma4DecoderLayer(nn.Module):
         xe = self.pre_feedforward_layernorm_2(x)
         t = x.shape[0]
         if (expert_kernel.FUSED_MOE and expert_kernel.usable(x, ex.act) and t * r.top_k <= ex.gate_up_proj.shape[0]
-                and (t <= ex.gather_max_rows or torch.cuda.is_current_stream_capturing())
-                and not (torch.is_grad_enabled() and ex.gate_up_proj.requires_grad) and r.proj.weight.is_contiguous()):
+                and ex.static_form(t, live, x) and r.proj.weight.is_contiguous()
+                and not (torch.is_grad_enabled() and ex.gate_up_proj.requires_grad)):
             return expert_kernel.moe(xe, r.proj.weight, r.top_k, ex.gate_up_proj, ex.down_proj, None, live,
                                      router_x=r.inputs(x), expert_scale=r.per_expert_scale, gelu=True)
         idx, w = r(x)

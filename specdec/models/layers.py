@@ -604,9 +604,10 @@ class SwiGLU(nn.Module):
         if self._fused is not None:
             w, b, sizes = self._fused
             gate_up = linear(x, w, b)
-            if (type(self).act is SwiGLU.act and not (torch.is_grad_enabled() and gate_up.requires_grad)
-                    and fused_ops.usable(gate_up)):
-                return fused_ops.silu_mul(gate_up)  # CUDA: the activation and product in one kernel
+            act = type(self).act
+            if ((act is SwiGLU.act or act is gelu_tanh) and not (torch.is_grad_enabled() and gate_up.requires_grad)
+                    and fused_ops.usable(gate_up)):  # CUDA: the activation and product in one kernel
+                return fused_ops.silu_mul(gate_up, gelu=act is gelu_tanh)
             gate, up = gate_up.split(sizes, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)

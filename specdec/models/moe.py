@@ -85,6 +85,15 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(local, 2 * inter, hidden))
         self.down_proj = nn.Parameter(torch.empty(local, hidden, inter))
 
+    def static_form(self, t: int, live: torch.Tensor | None, x: torch.Tensor) -> bool:
+        """Whether a forward of ``t`` rows takes the static forms (no host sync, graph-safe): a step of at most
+        ``gather_max_rows`` rows, a static step (``live`` given: its real rows) or a CUDA-graph capture. A static step
+        takes them whether captured or not, so that ``--no-cuda-graphs`` computes what the graphs compute (a static
+        prefill chunk wider than 16 rows took the grouped form eagerly and the dense one captured: device_check's random
+        Gemma 4 decoded other tokens in the two modes on 2 of 4 prompts, H100, 2026-12-06 (eleventh))."""
+        return (t <= self.gather_max_rows or live is not None
+                or (x.is_cuda and torch.cuda.is_current_stream_capturing()))
+
     def forward(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor,
                 live: torch.Tensor | None = None) -> torch.Tensor:
         """``x [T, H]``, chosen experts ``idx [T, k]`` with ``weights [T, k]`` -> ``[T, H]``. ``live``: a
@@ -97,7 +106,7 @@ class Experts(nn.Module):
         """This rank's share of :meth:`forward` (all of it without a shard): the pairs whose
         expert it holds, ``[T, H]``, not yet summed over ranks."""
         t, k = idx.shape
-        if t <= self.gather_max_rows or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if self.static_form(t, live, x):
             # one GEMV a pair, in place (CUDA): up to one pair an expert (a single sequence's steps); a batch
             # of many more pairs would read experts many times over, where the dense form reads each once
             if self.rows is None and t * k <= self.gate_up_proj.shape[0] and expert_kernel.usable(x, self.act):
@@ -217,15 +226,14 @@ class SparseMoeBlock(nn.Module):
         top, idx = torch.topk(probs, self.top_k, dim=-1)
         return idx, (top / top.sum(-1, keepdim=True)).to(x.dtype)
 
-    def _fused_ready(self, x: torch.Tensor) -> bool:
+    def _fused_ready(self, x: torch.Tensor, live: torch.Tensor | None = None) -> bool:
         """Whether :func:`~specdec.models.expert_kernel.moe` runs this step: a static step (as
         :meth:`Experts.partial` takes one) on CUDA within the pair kernel's limit, no gradients, and a
         shared expert (if any) without biases and as wide as the routed experts."""
         t = x.shape[0]
         ex = self.experts
-        if not (expert_kernel.FUSED_MOE and expert_kernel.usable(x, ex.act) and t * self.top_k <= ex.gate_up_proj.shape[0]
-                and (t <= ex.gather_max_rows or torch.cuda.is_current_stream_capturing())
-                and not (torch.is_grad_enabled() and ex.gate_up_proj.requires_grad)):
+        if not (expert_kernel.FUSED_MOE and expert_kernel.usable(x, ex.act)
+                and t * self.top_k <= ex.gate_up_proj.shape[0] and ex.static_form(t, live, x) and not (torch.is_grad_enabled() and ex.gate_up_proj.requires_grad)):
             return False
         return self._shared_fits()
 
@@ -277,7 +285,7 @@ class SparseMoeBlock(nn.Module):
         """``x [T, H]`` (or batched ``[b, T, H]``); ``live``: a static step's real rows (see :class:`Experts`)."""
         if x.dim() > 2:  # batched steps [b, T, H]: tokens are independent, route them flattened
             return self.forward(x.reshape(-1, x.shape[-1])).view(x.shape)
-        if self.shard is None and self._fused_ready(x):  # CUDA static steps: the router's GEMM and three kernels
+        if self.shard is None and self._fused_ready(x, live):  # CUDA static steps: the router's GEMM and three kernels
             return expert_kernel.moe(x, self._router_weight(), self.top_k, self.experts.gate_up_proj,
                                      self.experts.down_proj, self._shared_weights(), live)
         idx, w = self.route(x)
