@@ -7,12 +7,39 @@
 # norms, RoPE and cache write in torch ops (SPECDEC_NORM_ROPE=0), one process (scripts/ab_flags.py); the padded step's kernels (profile_shape_step --timeline);
 # device_check on a random Gemma 4 MoE with accepted drafts (oracle, n-gram; graphs and eager); `specdec bench --shape
 # gemma4-26b-a4b`. Results in $OUT/g.tgz.
+#   bash scripts/device_gemma4.sh again   # (carry .dev/old too: an earlier commit's specdec/ and scripts/) the old
+#                                         # tree's step against this one's, device_check Gemma 4 + Qwen3.5 MoE, bench
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1
 W=$OUT/g; mkdir -p $W
 S=gemma4-26b-a4b
+if [ "${1:-}" = again ]; then
+    # after the kernel-count changes: the old tree (a copy of an earlier commit's specdec/ and scripts/ in
+    # .dev/old, carried) and this one, each in its own process on this machine; device_check on Gemma 4 (graphs
+    # and eager: now equal?) and the Qwen3.5 MoE (the static forms' change); the bench
+    for tree in old new; do
+        P=$PWD; [ $tree = old ] && P=$PWD/.dev/old
+        (cd $P && PYTHONPATH=/tmp/site:$P:$P/tests timeout 150 python scripts/ab_flags.py --shape $S --context 512 \
+            --rounds 3 --reps 10 --no-drafters --variants defaults defaults-prenorm --json $W/ab_$tree.json \
+            > $W/ab_$tree.log 2>&1); echo "== ab $tree rc=$?"; grep -v "^round" $W/ab_$tree.log | tail -2
+    done
+    D=/tmp/dc; rm -rf $D
+    timeout 200 python scripts/device_check.py build $D > $W/dc_build.log 2>&1; echo "== build rc=$?"
+    for t in gemma4 qwen35moe; do
+        for m in graphs eager; do
+            timeout 150 python scripts/device_check.py run $D --target $t --mode $m --drafters oracle ngram \
+                --prompts 4 --new-tokens 128 --out $W/dc_${t}_$m.json 2>&1 | tail -1 | cut -c1-200
+        done
+    done
+    python scripts/device_check.py compare $W/dc_*.json --out $W/dc_report.json 2>&1 | tail -14
+    timeout 200 python -m specdec bench --shape $S --context 512 --oracle-tau 6.5 --reps 3 -n 128 \
+        --json $W/b_gemma4.json > $W/b_gemma4.log 2>&1
+    echo "== bench rc=$?"; grep -vE "^ *(verify|k=)" $W/b_gemma4.log | tail -8 | cut -c1-240
+    cd $OUT && tar czf g.tgz g && rm -rf g
+    exit 0
+fi
 D=/tmp/dc; rm -rf $D
 timeout 200 python scripts/device_check.py build $D > $W/dc_build.log 2>&1; echo "== build rc=$?"
 for m in graphs eager; do
