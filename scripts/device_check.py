@@ -127,14 +127,8 @@ def _build_gemma4(root: str, model_cls, config_cls, h: int) -> None:
         tie_word_embeddings=False, final_logit_softcapping=30.0, max_position_embeddings=4096,
         rope_parameters={f: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
                          s: {"rope_type": "default", "rope_theta": 1e4}}))
-    with torch.no_grad():
-        for n, p in g4.named_parameters():
-            if n.endswith(("norm.weight", "router.scale", "per_expert_scale")):
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-        for n, b in g4.named_buffers():
-            if n.endswith("layer_scalar"):
-                b.copy_(0.5 + torch.rand_like(b))
-    g4.save_pretrained(os.path.join(root, "gemma4"))
+    from _gemma_util import randomise_gemma4
+    randomise_gemma4(g4).save_pretrained(os.path.join(root, "gemma4"))
 
 
 def prompts(n: int) -> list[list[int]]:

@@ -1,6 +1,6 @@
 """Helpers for the Gemma 3 tests: tiny random HF ``gemma3_text`` models and GGUF files written
 from them the way llama.cpp's converter writes Gemma 3 (its tensor names, ``1 + w`` norms, a
-SentencePiece vocabulary), independently of specdec's loader.
+SentencePiece vocabulary), independently of specdec's loader; and :func:`randomise_gemma4` for Gemma 4's.
 """
 
 from __future__ import annotations
@@ -29,6 +29,20 @@ _BLOCK = {  # HF decoder-layer suffix -> llama.cpp gemma3 block suffix
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
+
+
+def randomise_gemma4(model):
+    """A Gemma 4 model (transformers' or specdec's) with its norm weights, router scales and per-expert scales near 1
+    and its layer scalars in [0.5, 1.5) (as checkpoints have them; a random init leaves them 1 or empty), so that a
+    mis-mapped one shows; in place, in eval mode."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("norm.weight", "router.scale", "per_expert_scale")):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand_like(b))
+    return model.eval()
 
 
 def tiny_config(kind: str = "base", layers: int = 4):

@@ -626,13 +626,9 @@ def gemma4_moe() -> None:
         "final_logit_softcapping": 30.0, "tie_word_embeddings": False,
         "rope_parameters": {f: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
                             s: {"rope_type": "default", "rope_theta": 1e4}}})
-    with torch.no_grad():  # norms (which scale by w), router scales and layer scalars near 1, as checkpoints have them
-        for name, p in model.named_parameters():
-            if name.endswith(("norm.weight", "router.scale", "per_expert_scale")):
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-        for name, b in model.named_buffers():
-            if name.endswith("layer_scalar"):
-                b.copy_(0.5 + torch.rand_like(b))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _gemma_util import randomise_gemma4
+    randomise_gemma4(model)  # norms (which scale by w), router scales and layer scalars near 1, as checkpoints have them
     torch_form = logits()
     usable, calls = expert_kernel.usable, []
     expert_kernel.usable = lambda x, act: x.dtype == torch.float16 and not torch.is_grad_enabled()  # the CPU, forced

@@ -25,6 +25,7 @@ import torch
 
 from _dense_util import hf_greedy, hf_logits, prompt_ids, rel_err, save_hf
 from _engine_util import SpoiledOracle
+from _gemma_util import randomise_gemma4 as randomise
 from specdec.drafters import NgramDrafter
 from specdec.drafters.factory import make_drafter
 from specdec.engine import SpeculativeGenerator
@@ -58,17 +59,6 @@ def tiny_config(kind: str):
                                 num_global_key_value_heads=1, hidden_size_per_layer_input=0, enable_moe_block=True,
                                 num_experts=8, top_k_experts=2, moe_intermediate_size=32, final_logit_softcapping=30.0)
     raise ValueError(kind)
-
-
-def randomise(model):
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("norm.weight", "router.scale", "per_expert_scale")):
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-        for name, b in model.named_buffers():
-            if name.endswith("layer_scalar"):
-                b.copy_(0.5 + torch.rand_like(b))
-    return model.eval()
 
 
 def tiny_model(kind: str, seed: int = 0):
