@@ -54,7 +54,6 @@ from .moe import Experts
 from .registry import Architecture, register
 
 
-
 class Gemma4Rotary(nn.Module):
     """RoPE over the whole head in rotate-half layout: pair ``i`` (channels ``i`` and ``i + d/2``)
     turns at ``base ** (-2i / d) / factor`` for the first ``fraction * d/2`` pairs; the others keep

@@ -233,7 +233,8 @@ class SparseMoeBlock(nn.Module):
         t = x.shape[0]
         ex = self.experts
         if not (expert_kernel.FUSED_MOE and expert_kernel.usable(x, ex.act)
-                and t * self.top_k <= ex.gate_up_proj.shape[0] and ex.static_form(t, live, x) and not (torch.is_grad_enabled() and ex.gate_up_proj.requires_grad)):
+                and t * self.top_k <= ex.gate_up_proj.shape[0] and ex.static_form(t, live, x)
+                and not (torch.is_grad_enabled() and ex.gate_up_proj.requires_grad)):
             return False
         return self._shared_fits()
 
