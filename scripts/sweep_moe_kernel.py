@@ -7,7 +7,7 @@ weights (so the active experts are not in the L2 between calls, as in a model's 
 sweep (the gate/up kernel's with the combine kernel's default, then the other way round); the bits of a
 row alone and beside 15 others are compared for the defaults.
 
-    python scripts/sweep_moe_kernel.py [--shape qwen3.5-35b-a3b] [--layers 12] [--json out.json]
+    python scripts/sweep_moe_kernel.py [--shape qwen3.5-35b-a3b | gemma4-26b-a4b] [--layers 12] [--json out.json]
 """
 
 from __future__ import annotations
@@ -45,8 +45,11 @@ def main() -> None:
     blocks = []
     with torch.no_grad():
         for _ in range(a.layers):
-            b = SparseMoeBlock(c.hidden_size, c.moe_intermediate_size, c.shared_expert_intermediate_size,
-                               c.num_experts, c.num_experts_per_tok).to(dev, torch.bfloat16)
+            # a Gemma 4 shape: no shared expert, top_k_experts (its GELU experts and router options cost the same
+            # bytes and kernels: the tiles' timing is that of this block without a shared expert)
+            b = SparseMoeBlock(c.hidden_size, c.moe_intermediate_size, getattr(c, "shared_expert_intermediate_size", 0),
+                               c.num_experts, getattr(c, "num_experts_per_tok", None) or c.top_k_experts
+                               ).to(dev, torch.bfloat16)
             for p in b.parameters():
                 p.normal_(0, 0.02)
             if b.shared_expert is not None:
