@@ -30,7 +30,7 @@ split, see SETTINGS), ``defaults+moe-bmm`` (moe.GROUPED_BMM: a MoE prefill's exp
 ``prefill_ms``), ``defaults-buckets`` (graphs.SPAN_BUCKETS off: steps over the whole cache, not power-of-two multiples of the first split;
 with a cache much longer than the context, ``-n``), ``defaults+far0`` (split_attention.schedule without far splits: one
 split size at any context), ``defaults+far2048`` (512-key splits past 2,048 positions; also ``defaults+split128+far2048``), ``defaults-norm-rope`` (layers.NORM_ROPE off: the q/k norms as kernels of their own), ``defaults-prenorm``
-(fused_ops.PRENORM_ADD off: Gemma 3's post-attention norm a kernel of its own), ``defaults-rope-table``
+(fused_ops.PRENORM_ADD off: Gemma 3's and 4's post-attention norm a kernel of its own), ``defaults-rope-table``
 (layers.ROPE_TABLE off: a static step's cos/sin computed, not looked up). Each
 variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs). The flags are module attributes read as a step
 is built, so a variant's steps are built with them set and the defaults come back after.

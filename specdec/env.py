@@ -39,7 +39,7 @@ SWITCHES: dict[str, tuple[bool, str]] = {
     "SPECDEC_FUSED_LAYER_WIDE": (True, "the fused GEMM for weights wider than its tile table"),
     "SPECDEC_FUSED_MOE": (True, "a MoE block's step in three kernels"),
     "SPECDEC_FUSED_NORM": (True, "RMSNorm (with its residual add) as one Triton kernel"),
-    "SPECDEC_PRENORM_ADD": (True, "a sandwich-normed layer's post-norm, residual add and next norm as one kernel (Gemma 3)"),
+    "SPECDEC_PRENORM_ADD": (True, "a sandwich-normed layer's post-norm, residual add and next norm as one kernel (Gemma 3 and 4)"),
     "SPECDEC_FUSED_ROPE": (True, "RoPE and the KV-cache write of static steps in one kernel"),
     "SPECDEC_FUSED_SPLIT_K": (True, "split K in the fused GEMM"),
     "SPECDEC_GREEDY_CHAIN": (True, "greedy plain decoding on the greedy-chain steps"),

@@ -29,9 +29,9 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 ENABLED = env.switch("SPECDEC_FUSED_NORM")
-# A sandwich-normed layer's (Gemma 3's) post-attention norm, its residual add and the pre-feed-forward norm as one
-# kernel (rms_norm's ``residual_scale``) instead of two: the same arithmetic, each value rounded where the two kernels
-# round it, so the same bits. SPECDEC_PRENORM_ADD=0 off.
+# A sandwich-normed layer's (Gemma 3's and 4's) post-attention norm, its residual add and the pre-feed-forward norm
+# as one kernel (rms_norm's ``residual_scale``) instead of two: the same arithmetic, each value rounded where the two
+# kernels round it, so the same bits. SPECDEC_PRENORM_ADD=0 off.
 PRENORM_ADD = env.switch("SPECDEC_PRENORM_ADD")
 
 

@@ -251,10 +251,7 @@ class Gemma4DecoderLayer(nn.Module):
         ``SPECDEC_FUSED_MOE``); else the router in torch ops and :class:`~.moe.Experts`."""
         r, ex = self.router, self.experts
         xe = self.pre_feedforward_layernorm_2(x)
-        t = x.shape[0]
-        if (expert_kernel.FUSED_MOE and expert_kernel.usable(x, ex.act) and t * r.top_k <= ex.gate_up_proj.shape[0]
-                and ex.static_form(t, live, x) and r.proj.weight.is_contiguous()
-                and not (torch.is_grad_enabled() and ex.gate_up_proj.requires_grad)):
+        if ex.block_kernels_run(x, r.top_k, live) and r.proj.weight.is_contiguous():
             return expert_kernel.moe(xe, r.proj.weight, r.top_k, ex.gate_up_proj, ex.down_proj, None, live,
                                      router_x=r.inputs(x), expert_scale=r.per_expert_scale, gelu=True)
         idx, w = r(x)

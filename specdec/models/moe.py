@@ -94,6 +94,16 @@ class Experts(nn.Module):
         return (t <= self.gather_max_rows or live is not None
                 or (x.is_cuda and torch.cuda.is_current_stream_capturing()))
 
+    def block_kernels_run(self, x: torch.Tensor, top_k: int, live: torch.Tensor | None) -> bool:
+        """Whether a whole MoE block's step over these experts may run :func:`~specdec.models.expert_kernel.moe`:
+        the kernels on (``SPECDEC_FUSED_MOE``) and usable (CUDA, this activation), every expert here (no expert
+        parallelism), at most one pair an expert, a static step (:meth:`static_form`), no gradients. The block asks
+        the rest (a shared expert's shape, the router's layout)."""
+        t = x.shape[0]
+        return (expert_kernel.FUSED_MOE and self.rows is None and expert_kernel.usable(x, self.act)
+                and t * top_k <= self.gate_up_proj.shape[0] and self.static_form(t, live, x)
+                and not (torch.is_grad_enabled() and self.gate_up_proj.requires_grad))
+
     def forward(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor,
                 live: torch.Tensor | None = None) -> torch.Tensor:
         """``x [T, H]``, chosen experts ``idx [T, k]`` with ``weights [T, k]`` -> ``[T, H]``. ``live``: a
@@ -230,13 +240,7 @@ class SparseMoeBlock(nn.Module):
         """Whether :func:`~specdec.models.expert_kernel.moe` runs this step: a static step (as
         :meth:`Experts.partial` takes one) on CUDA within the pair kernel's limit, no gradients, and a
         shared expert (if any) without biases and as wide as the routed experts."""
-        t = x.shape[0]
-        ex = self.experts
-        if not (expert_kernel.FUSED_MOE and expert_kernel.usable(x, ex.act)
-                and t * self.top_k <= ex.gate_up_proj.shape[0] and ex.static_form(t, live, x)
-                and not (torch.is_grad_enabled() and ex.gate_up_proj.requires_grad)):
-            return False
-        return self._shared_fits()
+        return self.experts.block_kernels_run(x, self.top_k, live) and self._shared_fits()
 
     def _shared_fits(self) -> bool:
         """No shared expert, or one the MoE kernels take: no biases, as wide as the routed experts."""
