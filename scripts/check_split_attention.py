@@ -3,7 +3,7 @@ the torch reference of the same algorithm and against SDPA; a row's bits at othe
 widths, other batch sizes and tile positions (each must be equal, bitwise); its time against the
 memory-efficient SDPA kernel the static steps used (query groups folded).
 
-    python scripts/check_split_attention.py [--json F]
+    python scripts/check_split_attention.py [--json F] [--only gemma4-full ...]
 """
 import argparse
 import json
@@ -15,7 +15,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from specdec.models import split_attention as sa
 from specdec.models.split_attention import split_attention, split_attention_reference, supported
 
-SHAPES = {"smollm2": (9, 3, 64), "qwen3-8b": (32, 8, 128), "qwen3.5-9b": (16, 4, 256)}  # heads, kv heads, d
+# heads, kv heads, d (gemma4-full: the gemma4-26b-a4b shape's full-attention layers, 512-wide heads)
+SHAPES = {"smollm2": (9, 3, 64), "qwen3-8b": (32, 8, 128), "qwen3.5-9b": (16, 4, 256), "gemma4-full": (16, 2, 512)}
 
 
 def inputs(b, h, hkv, d, t, span, starts, seed=0):
@@ -73,12 +74,15 @@ def without_pipeline(fn):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
+    ap.add_argument("--only", nargs="+", choices=tuple(SHAPES), help="these head shapes only (default: all)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("check_split_attention: needs CUDA (a GPU run; tests/_interpret_kernels.py split checks the kernel on the CPU)")
     rep = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "checks": [], "times_us": []}
     failures = 0
     for name, (h, hkv, d) in SHAPES.items():
+        if a.only and name not in a.only:
+            continue
         scale = d ** -0.5
         # spans of 8,192: rows past 4,096 positions (split_attention.schedule's far splits for heads of 128)
         for b, t, span in ((1, 1, 2048), (4, 16, 2048), (32, 16, 2048), (1, 128, 2048), (1, 1, 8192), (4, 16, 8192)):

@@ -9,12 +9,45 @@
 # gemma4-26b-a4b`. Results in $OUT/g.tgz.
 #   bash scripts/device_gemma4.sh again   # (carry .dev/old too: an earlier commit's specdec/ and scripts/) the old
 #                                         # tree's step against this one's, device_check Gemma 4 + Qwen3.5 MoE, bench
+#   bash scripts/device_gemma4.sh fused   # Gemma 4 row-exact on the fused layers (2026-12-07): the split attention's
+#                                         # 512-wide heads against SDPA; the fused path on and off (ab_flags:
+#                                         # defaults / defaults-fused-layer); device_check Gemma 4 graphs and eager;
+#                                         # the bench; the 1-row step's kernels; the GEMMs' tile sweep (last, as time
+#                                         # allows; SWEEP_S seconds at most)
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1
 W=$OUT/g; mkdir -p $W
 S=gemma4-26b-a4b
+left() { echo $(( ${1} < 560 - SECONDS ? ${1} : 560 - SECONDS )); }  # a step's timeout within the call's 600 s
+if [ "${1:-}" = fused ]; then
+    timeout $(left 200) python scripts/ab_flags.py --shape $S --context 512 --rounds 3 --reps 10 --no-drafters \
+        --variants defaults defaults-fused-layer --json $W/ab_fused.json > $W/ab_fused.log 2>&1
+    echo "== ab rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_fused.log | tail -3 | cut -c1-300
+    D=/tmp/dc; rm -rf $D
+    timeout $(left 150) python scripts/device_check.py build $D > $W/dc_build.log 2>&1; echo "== build rc=$? ${SECONDS}s"
+    for m in graphs eager; do
+        timeout $(left 120) python scripts/device_check.py run $D --target gemma4 --mode $m --drafters oracle ngram \
+            --prompts 4 --new-tokens 128 --out $W/dc_gemma4_$m.json 2>&1 | tail -1 | cut -c1-200
+    done
+    python scripts/device_check.py compare $W/dc_gemma4_*.json --out $W/dc_report.json 2>&1 | tail -8
+    echo "== dc ${SECONDS}s"
+    timeout $(left 150) python -m specdec bench --shape $S --context 512 --oracle-tau 6.5 --reps 3 -n 128 \
+        --json $W/b_gemma4.json > $W/b_gemma4.log 2>&1
+    echo "== bench rc=$? ${SECONDS}s"; grep -vE "^ *(verify|k=)" $W/b_gemma4.log | tail -8 | cut -c1-240
+    timeout $(left 90) python scripts/check_split_attention.py --only gemma4-full --json $W/split512.json \
+        > $W/split512.log 2>&1
+    echo "== split512 rc=$? ${SECONDS}s"; grep -E "failures|\"t\": 1, \"span\": (256|1024|4096), \"split\"" $W/split512.log | head -5 | cut -c1-200
+    timeout $(left 100) python scripts/profile_shape_step.py --shape $S --rows 1 --context 512 --top 22 \
+        --timeline $W/tl_gemma4_1row.json > $W/prof_gemma4.log 2>&1
+    echo "== profile rc=$? ${SECONDS}s"; grep -vE "^ *$" $W/prof_gemma4.log | head -30 | cut -c1-160
+    timeout $(left ${SWEEP_S:-200}) python scripts/check_fused_layer.py --shape $S --sweep --head --rows 1 --no-model \
+        --json $W/sweep.json > $W/sweep.log 2>&1
+    echo "== sweep rc=$? ${SECONDS}s"; grep -iE "best|FAIL|TILES" $W/sweep.log | tail -12 | cut -c1-300
+    cd $OUT && tar czf g.tgz g && rm -rf g
+    exit 0
+fi
 if [ "${1:-}" = again ]; then
     # after the kernel-count changes: the old tree (a copy of an earlier commit's specdec/ and scripts/ in
     # .dev/old, carried) and this one, each in its own process on this machine; device_check on Gemma 4 (graphs

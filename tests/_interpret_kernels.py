@@ -86,6 +86,7 @@ def split() -> None:
              ("qwen3-8b heads", (1, 32, 8, 128, 2, 300, [200]), 0),
              ("qwen3-8b heads, one query", (1, 32, 8, 128, 1, 300, [290]), 0),  # 4 rows: the combine's small cut
              ("qwen3.5 heads (d 256)", (1, 16, 4, 256, 2, 300, [150]), 0),
+             ("gemma4 full heads (d 512)", (1, 16, 2, 512, 2, 300, [150]), 0),
              ("heads of 128, three splits", (1, 8, 4, 128, 2, three, [three - 100]), 0),
              ("heads of 128, three splits, window", (1, 8, 4, 128, 2, three, [three - 100]), s128 + 40),
              ("chunks", (2, 4, 2, 16, 3, many, [many - 3, 40]), 0),
@@ -137,7 +138,8 @@ def split() -> None:
     try:
         for name, (b, h, hkv, d, t, span, starts) in [("smollm2 heads", (2, 9, 3, 64, 4, 200, [3, 190])),
                                                          ("qwen3-8b heads", (1, 32, 8, 128, 3, sa.split_keys(128), [250])),
-                                                         ("qwen3.5 heads (d 256)", (1, 16, 4, 256, 2, sa.split_keys(256), [40]))]:
+                                                         ("qwen3.5 heads (d 256)", (1, 16, 4, 256, 2, sa.split_keys(256), [40])),
+                                                         ("gemma4 full heads (d 512)", (1, 16, 2, 512, 1, sa.split_keys(512), [40]))]:
             q, k, v, mask = _attn_case(b, h, hkv, d, t, span, starts)
             scale = d ** -0.5
             sa.DIRECT = False
@@ -665,6 +667,68 @@ def gemma4_moe() -> None:
           spec.token_ids == plain.token_ids and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
 
 
+def gemma4_fused() -> None:
+    """A Gemma 4 MoE target on its fused layers (``Gemma4DecoderLayer.forward_fused``: q/k(/v), o_proj and the GELU-tanh
+    MLP on the fused GEMM, the experts on the MoE kernels, the layer scalar on the whole stream) on the CPU: the tiny
+    random fp16 Gemma 4 of ``gemma4-moe`` with fused_layer, the expert kernels and the norms forced, in the interpreter.
+    Its logits equal the torch layers' within fp16 tolerance; a capture of a layer's output is that layer's output;
+    speculative output with accepted and rolled-back drafts equals plain decoding, also with the model taken as row-exact
+    (its weights taken as on CUDA: unpadded steps, the LM head on the fused GEMM)."""
+    from specdec.models import expert_kernel, fused_layer, fused_ops
+    s, f = "sliding_attention", "full_attention"
+    model, prompt, logits = _tiny_fused_model({
+        "model_type": "gemma4_text", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "global_head_dim": 32, "num_global_key_value_heads": 1, "attention_k_eq_v": True, "enable_moe_block": True,
+        "num_experts": 32, "top_k_experts": 2, "moe_intermediate_size": 32, "hidden_size_per_layer_input": 0,
+        "sliding_window": 6, "layer_types": [s, f], "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
+        "final_logit_softcapping": 30.0, "tie_word_embeddings": False,
+        "rope_parameters": {f: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+                            s: {"rope_type": "default", "rope_theta": 1e4}}})
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _gemma_util import randomise_gemma4
+    randomise_gemma4(model)
+    torch_form = logits()
+    ids = torch.tensor(prompt)
+    torch_cap = model.forward(ids, model.new_cache(32), capture=(0,)).captured
+    check("gemma4 fused: every layer eligible, sliding and full", all(layer.fused_path for layer in model.layers)
+          and {layer.sliding for layer in model.layers} == {True, False})
+    forced = lambda x: x.dtype == torch.float16 and not torch.is_grad_enabled()  # noqa: E731  (the CPU, forced)
+    fused_layer.usable, fused_ops.usable, expert_kernel.usable = forced, forced, lambda x, act: forced(x)
+    calls, run = [], fused_layer.linear
+    fused_layer.linear = lambda *a, **k: calls.append(k.get("gelu", False)) or run(*a, **k)
+    fused = logits()
+    # a layer a forward: q/k, o_proj, gate/up with GELU-tanh, down_proj, the router's GEMM (expert_kernel.routing)
+    check("gemma4 fused: the fused GEMMs ran, the MLP's with the GELU-tanh product",
+          len(calls) == 2 * 5 * 2 and calls.count(True) == 2 * 2, f"({len(calls)} calls)")
+    n = len(calls)
+    cap = model.forward(ids, model.new_cache(32), capture=(0,)).captured
+    check("gemma4 fused: a capturing forward on the fused path too", len(calls) == n + 2 * 5)
+    fused_layer.linear = run
+    err = (cap.float() - torch_cap.float()).abs().max().item()
+    check("gemma4 fused: a capture is the layer's output", err <= torch_cap.float().abs().max().item() / 64,
+          f"(max diff {err:.1e})")
+    _fused_checks("gemma4 fused", model, prompt, fused, torch_form, 14)
+    check("gemma4 fused: not row-exact with its weights on the CPU", not model.row_exact(4))
+    on_device = fused_layer.on_device
+    fused_layer.on_device = lambda w: True  # as on CUDA: the model row-exact up to 16 rows (32 experts, top 2)
+    try:
+        check("gemma4 fused: row-exact up to its MoE kernels' 16 rows", model.row_exact(16) and not model.row_exact(17))
+        from _engine_util import SpoiledOracle
+        from specdec.engine import SpeculativeGenerator
+        one = SpeculativeGenerator(model, None, 0, cuda_graphs=False, batch_invariant=True)
+        plain = one.generate(prompt, 14)
+        gen = SpeculativeGenerator(model, SpoiledOracle(prompt + plain.token_ids, 256, spoil=0.25), 4,
+                                   cuda_graphs=False, batch_invariant=True)
+        spec = gen.generate(prompt, 14)
+        check("gemma4 fused, row-exact: 1-row plain steps, 5-row verify steps; speculative output equals plain decoding",
+              one.row_exact and one.pad_to is None and gen.row_exact and gen.pad_to == 5
+              and spec.token_ids == plain.token_ids
+              and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
+    finally:
+        fused_layer.on_device = on_device
+
+
 def _tiny_llama():
     """A random fp16 Llama of 2 layers (64 wide, 4 / 2 heads), seed 0."""
     from specdec.models.llama import LlamaConfig, LlamaForCausalLM
@@ -926,4 +990,4 @@ def pdl_ptx() -> None:
 
 if __name__ == "__main__":
     {"split": split, "delta": delta, "delta-step": delta_step, "experts": experts, "moe": moe, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
-     "dflash-fast": dflash_fast, "mtp-fast": mtp_fast, "hybrid-fused": hybrid_fused, "gemma-fused": gemma_fused, "gemma4-moe": gemma4_moe, "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()
+     "dflash-fast": dflash_fast, "mtp-fast": mtp_fast, "hybrid-fused": hybrid_fused, "gemma-fused": gemma_fused, "gemma4-moe": gemma4_moe, "gemma4-fused": gemma4_fused, "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()

@@ -139,7 +139,7 @@ def test_split_attention_under_torch_compile(monkeypatch):
 
 def test_split_keys_by_head_size_and_from_the_environment():
     """Keys a (first) split: 128 for heads of 128 features (512 until 2026-12-04, 256 until 2026-12-06 (fifth)), 64 for
-    heads of 256, 256 for the others; SPECDEC_SPLIT_KEYS
+    heads of 256 and 512, 256 for the others; SPECDEC_SPLIT_KEYS
     (64, 128, 256, 512 or 1024) sets one value for every head size, raised to the tile's block of keys (128 up to
     128 features); anything else is a one-line error naming it."""
     import subprocess
@@ -152,7 +152,7 @@ def test_split_keys_by_head_size_and_from_the_environment():
                                "print(s.split_keys(64), s.split_keys(128), s.split_keys(256))"],
                               env=env, capture_output=True, text=True)
     if "SPECDEC_SPLIT_KEYS" not in os.environ:
-        assert [split_attention.split_keys(d) for d in (16, 64, 128, 256)] == [256, 256, 128, 64]
+        assert [split_attention.split_keys(d) for d in (16, 64, 128, 256, 512)] == [256, 256, 128, 64, 64]
     assert run("512").stdout.split() == ["512"] * 3
     assert run("256").stdout.split() == ["256"] * 3
     assert run("64").stdout.split() == ["128", "128", "64"]

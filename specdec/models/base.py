@@ -246,7 +246,7 @@ class CausalLM(nn.Module):
             if fused and fused_layer.runs(layer, ctx.length):
                 x, delta = layer.forward_fused(x, delta, ctx, cache.layers[i])
                 if i in want and i != last:
-                    caps[i] = x + delta
+                    caps[i] = x if delta is None else x + delta  # (Gemma 4's layers leave no add)
                 continue
             if FOLD_RESIDUAL and hasattr(layer, "forward_folded"):
                 x, delta = layer.forward_folded(x, delta, ctx, cache.layers[i])

@@ -31,6 +31,11 @@ router's GEMM, the routing with the per-expert scales, one GEMV a (row, expert) 
 weighted sum; a static step's padding rows skipped); elsewhere :class:`~.moe.Experts` (static forms for
 steps of at most 16 rows), so the per-position invariance of the static steps holds as for Gemma 3 and
 Qwen3.5 MoE.
+
+On CUDA a layer without KV sharing or per-layer inputs (the 26B-A4B and 31B shapes) runs
+:meth:`Gemma4DecoderLayer.forward_fused`: its dense GEMMs on ``fused_layer.linear`` (the LM head too), the MoE block
+on the expert kernels, the full layers' 512-wide heads on the split attention. A row's bits are then its own at any
+row count up to 16 (:meth:`Gemma4ForCausalLM.row_exact`), so the steps need no padding to stay exact.
 """
 
 from __future__ import annotations
@@ -43,8 +48,8 @@ import torch
 from torch import nn
 
 from ..cache import KVCache, SequenceCache
-from ..cpu_linear import Linear, linear
-from . import expert_kernel, fused_ops, layers, rope_write
+from ..cpu_linear import Linear, linear, plain
+from . import expert_kernel, fused_layer, fused_ops, layers, rope_write
 from .base import StepContext, WindowedCausalLM
 from .gemma4_config import Gemma4Config
 from .gemma4_gguf import gguf_config, gguf_names, gguf_tensor_config
@@ -141,33 +146,41 @@ class Gemma4Attention(nn.Module):
                 and isinstance(start, torch.Tensor) and not torch.compiler.is_compiling()
                 and not (torch.is_grad_enabled() and self._fused[0].requires_grad))
 
-    def forward(self, x: torch.Tensor, cos, sin, cache: KVCache, start, mask) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos, sin, cache: KVCache, start, mask, fused: bool = False) -> torch.Tensor:
+        """``fused``: every GEMM on ``fused_layer.linear`` (:meth:`Gemma4DecoderLayer.forward_fused`; q/k(/v) fused)."""
         t = x.shape[0]
-        if self.fast_path(x, start):
+        q = k = v = None
+        fast = self.fast_path(x, start)
+        if self._fused is not None and (fused or fast):
             w, b, sizes = self._fused
-            parts = linear(x, w, b).split(sizes, dim=-1)
+            parts = (fused_layer.linear(x, w) if fused else linear(x, w, b)).split(sizes, dim=-1)
             q = parts[0].view(t, self.n_heads, self.head_dim)
             k = parts[1].view(t, self.n_kv, self.head_dim)
             v = k if self.v_proj is None else parts[2].view(t, self.n_kv, self.head_dim)
             rows = cos.reshape(-1, cos.shape[-1])
-            if rope_write.supported(q, k, rows, cache, start):
+            if fast and rope_write.supported(q, k, rows, cache, start):
                 q = rope_write.norm_rope_write(q, k, v, self.q_norm.fp32_scale(), self.k_norm.fp32_scale(), self.eps,
                                                rows, sin.reshape(rows.shape), cache.k, cache.v, start, row_tables=True,
                                                v_norm=True)
-                o = attend(q, cache.k, cache.v, mask, 1.0)
-                return self.o_proj(o.transpose(0, 1).reshape(t, -1))
-        q = self.q_norm(self.q_proj(x).view(t, self.n_heads, self.head_dim)).transpose(0, 1)
-        q = apply_rope(q, cos, sin)
+                return self._out(attend(q, cache.k, cache.v, mask, 1.0), fused)
+        if q is None:
+            q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
+            if not self.shared:
+                k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
+                v = k if self.v_proj is None else self.v_proj(x).view(t, self.n_kv, self.head_dim)
+        q = apply_rope(self.q_norm(q).transpose(0, 1), cos, sin)
         if self.shared:
             k_all, v_all = cache.read(start, t)
         else:
-            k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
-            v = k if self.v_proj is None else self.v_proj(x).view(t, self.n_kv, self.head_dim)
             k = apply_rope(self.k_norm(k).transpose(0, 1), cos, sin)
             v = unit_rms_norm(v, self.eps).transpose(0, 1)
             k_all, v_all = cache.update(start, k, v)
-        o = attend(q, k_all, v_all, mask, 1.0)  # [H, T, d]
-        return self.o_proj(o.transpose(0, 1).reshape(t, -1))
+        return self._out(attend(q, k_all, v_all, mask, 1.0), fused)  # attend: [H, T, d]
+
+    def _out(self, o: torch.Tensor, fused: bool) -> torch.Tensor:
+        """The attention's output ``[H, T, d]`` through ``o_proj``."""
+        o = o.transpose(0, 1).reshape(o.shape[1], -1)
+        return fused_layer.linear(o, self.o_proj.weight) if fused else self.o_proj(o)
 
 
 class Gemma4Router(nn.Module):
@@ -200,8 +213,11 @@ class Gemma4Router(nn.Module):
 class Gemma4DecoderLayer(nn.Module):
     """One decoder layer, transformers' parameter names (see the module docstring)."""
 
+    fused_path = False  # fused_layer's GEMMs on CUDA (set by CausalLM.fuse_projections)
+
     def __init__(self, c: Gemma4Config, i: int):
         super().__init__()
+        self.config = c
         self.index = i
         self.sliding = c.layer_types[i] == "sliding_attention"
         shared = c.kv_source[i] is not None
@@ -228,20 +244,52 @@ class Gemma4DecoderLayer(nn.Module):
             self.post_per_layer_input_norm = norm()
 
     def forward(self, x: torch.Tensor, ctx: Gemma4StepContext, cache: KVCache) -> torch.Tensor:
-        if self.sliding:
-            cos, sin, mask = ctx.local_cos, ctx.local_sin, ctx.local_mask
-        else:
-            cos, sin, mask = ctx.cos, ctx.sin, ctx.mask
+        cos, sin, mask = (ctx.local_cos, ctx.local_sin, ctx.local_mask) if self.sliding else (ctx.cos, ctx.sin, ctx.mask)
         a = self.self_attn(self.input_layernorm(x), cos, sin, cache, ctx.start, mask)
         x, h = self.pre_feedforward_layernorm.add(x, a, self.post_attention_layernorm)  # CUDA: one kernel
-        f = self.mlp(h)
-        if self.router is not None:
-            f = self.post_feedforward_layernorm_1(f) + self.post_feedforward_layernorm_2(self._moe(x, ctx.live))
-        x = x + self.post_feedforward_layernorm(f)
+        x = x + self.post_feedforward_layernorm(self._ffn(self.mlp(h), x, ctx))
         if self.per_layer:
             g = gelu_tanh(self.per_layer_input_gate(x)) * ctx.per_layer[:, self.index]
             x = x + self.post_per_layer_input_norm(self.per_layer_projection(g))
         return x * self.layer_scalar
+
+    def _ffn(self, f: torch.Tensor, x: torch.Tensor, ctx: Gemma4StepContext) -> torch.Tensor:
+        """The dense MLP's output ``f`` with the routed experts' (of the residual stream ``x``) where the layer has them."""
+        if self.router is None:
+            return f
+        return self.post_feedforward_layernorm_1(f) + self.post_feedforward_layernorm_2(self._moe(x, ctx.live))
+
+    def fused_eligible(self) -> bool:
+        """Whether :meth:`forward_fused` can run this layer (``fused_layer.eligible``'s question): q/k(/v) and gate/up
+        fused without biases, contiguous output weights, the MoE block on the expert kernels (``SPECDEC_FUSED_MOE``,
+        no expert parallelism, a contiguous router), no KV sharing and no per-layer inputs (Gemma 4's small models keep
+        the torch layers), wider than ``fused_layer.MAX_HIDDEN`` only with ``fused_layer.WIDE``."""
+        a, r = self.self_attn, self.router
+        moe = r is None or (expert_kernel.FUSED_MOE and expert_kernel.ENABLED and self.experts.rows is None
+                            and plain(r.proj) and r.proj.weight.is_contiguous())
+        return (not a.shared and not self.per_layer and moe and fused_layer.attention_fusable(a)
+                and fused_layer.mlp_fusable(self.mlp)
+                and (self.config.hidden_size <= fused_layer.MAX_HIDDEN or fused_layer.WIDE))
+
+    def moe_rows(self) -> int:
+        """The rows a sequence up to which every CUDA forward of this layer's MoE block runs the expert kernels (a row's
+        bits its own): a step's pairs at most one an expert (``Experts.block_kernels_run``)."""
+        ex = self.experts
+        return min(ex.gather_max_rows, ex.gate_up_proj.shape[0] // self.router.top_k)
+
+    def forward_fused(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: Gemma4StepContext, cache: KVCache
+                      ) -> tuple[torch.Tensor, None]:
+        """:meth:`forward` on ``fused_layer``'s GEMMs (CUDA, no gradients; routed by ``base.run_layers`` where
+        ``fused_layer.runs``): ``(x, delta)`` whose sum is its input -> ``(output, None)`` (the layer scalar multiplies
+        the whole residual stream, so no add is left to the next layer). A row's bits depend on its own inputs only."""
+        if delta is not None:
+            x = x + delta
+        cos, sin, mask = (ctx.local_cos, ctx.local_sin, ctx.local_mask) if self.sliding else (ctx.cos, ctx.sin, ctx.mask)
+        a = self.self_attn(self.input_layernorm(x), cos, sin, cache, ctx.start, mask, fused=True)
+        x, h = self.pre_feedforward_layernorm.add(x, a, self.post_attention_layernorm)
+        mlp = self.mlp
+        f = fused_layer.linear(fused_layer.linear(h, mlp._fused[0], gelu=True), mlp.down_proj.weight)
+        return (x + self.post_feedforward_layernorm(self._ffn(f, x, ctx))) * self.layer_scalar, None
 
 
     def _moe(self, x: torch.Tensor, live: torch.Tensor | None) -> torch.Tensor:
@@ -278,9 +326,15 @@ class Gemma4ForCausalLM(WindowedCausalLM):
             self.per_layer_projection_norm = RMSNorm(self.per_layer_dim, c.rms_norm_eps)
 
     def fuse_projections(self) -> None:
-        super().fuse_projections()  # the dense MLPs' gate/up
-        for layer in self.layers:
+        for layer in self.layers:  # first: the layers' fused path (set by CausalLM's) asks for the fused attention
             layer.self_attn.fuse()
+        super().fuse_projections()  # the dense MLPs' gate/up
+
+    def row_exact(self, rows: int = 1) -> bool:
+        """:meth:`CausalLM.row_exact`, and every MoE block's steps within the expert kernels' rows
+        (:meth:`Gemma4DecoderLayer.moe_rows`)."""
+        return (super().row_exact(rows)
+                and all(rows <= layer.moe_rows() for layer in self.layers if layer.router is not None))
 
     def make_layer_cache(self, i, max_len, dtype, device):
         c = self.config

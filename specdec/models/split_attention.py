@@ -62,8 +62,8 @@ _SPLIT_ENV = _split_keys_env()
 
 def split_keys(d: int) -> int:
     """Keys per split (walked by one program, at fixed absolute offsets) of :func:`schedule`'s first tier for heads of
-    ``d`` features: 128 for d = 128 (256 until the session of 2026-12-06 (fifth); see FAR), 64 for d = 256, 256
-    otherwise; ``SPECDEC_SPLIT_KEYS`` sets one value for every head size (raised to the tile's block of keys,
+    ``d`` features: 128 for d = 128 (256 until the session of 2026-12-06 (fifth); see FAR), 64 for d = 256 and 512,
+    256 otherwise; ``SPECDEC_SPLIT_KEYS`` sets one value for every head size (raised to the tile's block of keys,
     :func:`_tile`, where that is larger: 128 up to d = 128, 64 for d = 256). A span of one split
     needs no combine kernel (DIRECT, and graphs.SHORT_SPAN's steps within the first split). Every attention
     of a model takes the same value, so plain and speculative decoding stay equal at any of them (their bits
@@ -77,7 +77,7 @@ def split_keys(d: int) -> int:
     scripts/ab_flags.py, session of 2026-12-04)."""
     if _SPLIT_ENV:  # never fewer keys than one inner block of the head size's tile
         return max(_SPLIT_ENV, _tile(d)[1])
-    return {128: 128, 256: 64}.get(d, 256)
+    return {128: 128, 256: 64, 512: 64}.get(d, 256)
 
 
 def _far_env() -> tuple[int, int] | None:
@@ -190,7 +190,7 @@ def supported(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bo
     d = q.shape[-1]
     return (triton is not None and q.is_cuda and q.dim() == 4 and mask is not None and mask.dim() == 4
             and mask.dtype == torch.bool
-            and q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype and 16 <= d <= 256
+            and q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype and 16 <= d <= 512
             and d & (d - 1) == 0 and q.stride(-1) == 1 and k.stride(-1) == 1 and mask.shape[1] == 1)
 
 
@@ -211,15 +211,20 @@ def _tile(d: int) -> tuple[int, int, int]:
     """(query rows per tile, keys per inner block, warps) for head size ``d``: fixed per model, never
     per shape. Up to d = 128: 128-key blocks and 4 warps, the fastest of the sweeps on the H200 and the H100 at every
     context and step width measured (scripts/sweep_split_attention.py, BENCHMARKS.md), in 16-row query
-    tiles (SMALL_TILES), else 64; larger heads (Qwen3.5's 256) keep the blocks they were checked with."""
+    tiles (SMALL_TILES), else 64; heads of 256 (Qwen3.5's, Gemma's) keep the blocks they were checked with; Gemma 4's
+    heads of 512 take 16-row tiles of 32-key blocks (its 1-row step's 8 query rows of a KV head fill half a tile)."""
     if d <= 128 and SMALL_TILES:
         return 16, 128, 4
+    if d > 256:  # Gemma 4's 512-wide full-attention heads: a 16 x 512 fp32 state and 32-key blocks in 8 warps' registers
+        return 16, 32, 8
     return (64, 128, 4) if d <= 128 else (32, 64, 8)
 
 
 def _stages(d: int) -> int | None:
     """The split kernel's software-pipeline depth (Triton's ``num_stages``) for head size ``d``: 2 for the 16-row tiles
     of heads of 128 (SMALL_TILES), else Triton's default (None). No bit depends on it."""
+    if d > 256:  # two 32 x 512 key and value blocks a stage: two stages fit the shared memory
+        return 2
     return 2 if d == 128 and SMALL_TILES else None
 
 
@@ -345,7 +350,7 @@ def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
                     ) -> torch.Tensor:
     """``q [B, H, T, d]``, ``k``/``v [B, Hkv, S, d]`` (head ``h`` reads KV head ``h // (H / Hkv)``),
     ``mask [B, 1, T, S]`` (True: seen) -> ``[B, H, T, d]`` (a view of a ``[B, T, H, d]`` tensor).
-    CUDA, bf16/fp16, ``d`` a power of two in 16..256 (:func:`supported`). Under torch.compile the
+    CUDA, bf16/fp16, ``d`` a power of two in 16..512 (:func:`supported`). Under torch.compile the
     kernels run as one opaque custom op (``specdec::split_attention``), the same launches."""
     run = split_attention_op if torch.compiler.is_compiling() else _launch
     return run(q, k, v, mask, scale).transpose(1, 2)
