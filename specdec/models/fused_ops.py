@@ -29,7 +29,8 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 ENABLED = env.switch("SPECDEC_FUSED_NORM")
-# A sandwich-normed layer's (Gemma 3's and 4's) post-attention norm, its residual add and the pre-feed-forward norm
+# A sandwich-normed layer's (Gemma 3's and 4's) post-attention norm, its residual add and the pre-feed-forward norm (and
+# Gemma 4's post-feed-forward norms: the experts' norm, the sum with the MLP's and the norm of that sum)
 # as one kernel (rms_norm's ``residual_scale``) instead of two: the same arithmetic, each value rounded where the two
 # kernels round it, so the same bits. SPECDEC_PRENORM_ADD=0 off.
 PRENORM_ADD = env.switch("SPECDEC_PRENORM_ADD")

@@ -247,17 +247,20 @@ class Gemma4DecoderLayer(nn.Module):
         cos, sin, mask = (ctx.local_cos, ctx.local_sin, ctx.local_mask) if self.sliding else (ctx.cos, ctx.sin, ctx.mask)
         a = self.self_attn(self.input_layernorm(x), cos, sin, cache, ctx.start, mask)
         x, h = self.pre_feedforward_layernorm.add(x, a, self.post_attention_layernorm)  # CUDA: one kernel
-        x = x + self.post_feedforward_layernorm(self._ffn(self.mlp(h), x, ctx))
+        x = x + self._ffn(self.mlp(h), x, ctx)
         if self.per_layer:
             g = gelu_tanh(self.per_layer_input_gate(x)) * ctx.per_layer[:, self.index]
             x = x + self.post_per_layer_input_norm(self.per_layer_projection(g))
         return x * self.layer_scalar
 
     def _ffn(self, f: torch.Tensor, x: torch.Tensor, ctx: Gemma4StepContext) -> torch.Tensor:
-        """The dense MLP's output ``f`` with the routed experts' (of the residual stream ``x``) where the layer has them."""
+        """``post_feedforward_layernorm`` of the dense MLP's output ``f``, with the routed experts' (of the residual
+        stream ``x``) where the layer has them: ``post_1(f) + post_2(experts)``, normed, the sum and its norm in one
+        kernel on CUDA (``RMSNorm.add``; the same bits as the three ops)."""
         if self.router is None:
-            return f
-        return self.post_feedforward_layernorm_1(f) + self.post_feedforward_layernorm_2(self._moe(x, ctx.live))
+            return self.post_feedforward_layernorm(f)
+        return self.post_feedforward_layernorm.add(self.post_feedforward_layernorm_1(f), self._moe(x, ctx.live),
+                                                   self.post_feedforward_layernorm_2)[1]
 
     def fused_eligible(self) -> bool:
         """Whether :meth:`forward_fused` can run this layer (``fused_layer.eligible``'s question): q/k(/v) and gate/up
@@ -289,7 +292,7 @@ class Gemma4DecoderLayer(nn.Module):
         x, h = self.pre_feedforward_layernorm.add(x, a, self.post_attention_layernorm)
         mlp = self.mlp
         f = fused_layer.linear(fused_layer.linear(h, mlp._fused[0], gelu=True), mlp.down_proj.weight)
-        return (x + self.post_feedforward_layernorm(self._ffn(f, x, ctx))) * self.layer_scalar, None
+        return (x + self._ffn(f, x, ctx)) * self.layer_scalar, None
 
 
     def _moe(self, x: torch.Tensor, live: torch.Tensor | None) -> torch.Tensor:
