@@ -23,7 +23,7 @@ S=gemma4-26b-a4b
 left() { echo $(( ${1} < 560 - SECONDS ? ${1} : 560 - SECONDS )); }  # a step's timeout within the call's 600 s
 if [ "${1:-}" = fused ]; then
     timeout $(left 200) python scripts/ab_flags.py --shape $S --context 512 --rounds 3 --reps 10 --no-drafters \
-        --variants defaults defaults-fused-layer --json $W/ab_fused.json > $W/ab_fused.log 2>&1
+        --variants defaults defaults-fused-layer defaults-prenorm --json $W/ab_fused.json > $W/ab_fused.log 2>&1
     echo "== ab rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_fused.log | tail -3 | cut -c1-300
     D=/tmp/dc; rm -rf $D
     timeout $(left 150) python scripts/device_check.py build $D > $W/dc_build.log 2>&1; echo "== build rc=$? ${SECONDS}s"
