@@ -12,8 +12,8 @@
 #   bash scripts/device_gemma4.sh fused   # Gemma 4 row-exact on the fused layers (2026-12-07): the split attention's
 #                                         # 512-wide heads against SDPA; the fused path on and off (ab_flags:
 #                                         # defaults / defaults-fused-layer); device_check Gemma 4 graphs and eager;
-#                                         # the bench; the 1-row step's kernels; the GEMMs' tile sweep (last, as time
-#                                         # allows; SWEEP_S seconds at most)
+#                                         # the bench; the 1-row step's kernels; the MoE kernels' and the GEMMs' tile
+#                                         # sweeps (last, as time allows; SWEEP_S seconds at most for the GEMMs')
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
@@ -42,6 +42,9 @@ if [ "${1:-}" = fused ]; then
     timeout $(left 100) python scripts/profile_shape_step.py --shape $S --rows 1 --context 512 --top 22 \
         --timeline $W/tl_gemma4_1row.json > $W/prof_gemma4.log 2>&1
     echo "== profile rc=$? ${SECONDS}s"; grep -vE "^ *$" $W/prof_gemma4.log | head -30 | cut -c1-160
+    timeout $(left 150) python scripts/sweep_moe_kernel.py --shape $S --layers 12 --json $W/moe_sweep.json \
+        > $W/moe_sweep.log 2>&1
+    echo "== moe sweep rc=$? ${SECONDS}s"; grep -E "^best|bits|fused " $W/moe_sweep.log | cut -c1-200
     timeout $(left ${SWEEP_S:-200}) python scripts/check_fused_layer.py --shape $S --sweep --head --rows 1 --no-model \
         --json $W/sweep.json > $W/sweep.log 2>&1
     echo "== sweep rc=$? ${SECONDS}s"; grep -iE "best|FAIL|TILES" $W/sweep.log | tail -12 | cut -c1-300
