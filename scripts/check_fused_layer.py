@@ -72,6 +72,7 @@ def weight_shapes(shape: str) -> dict:
     q/k/v (+ Qwen3.5's output gate), o_proj, a Gated DeltaNet's in- and out-projections, gate/up + SwiGLU, down_proj
     (a MoE block's experts run their own kernels), the LM head."""
     from specdec.models.deltanet import GatedDeltaNet
+    from specdec.models.gemma4 import Gemma4Attention, Gemma4Router
     from specdec.models.layers import Attention, SwiGLU
     from specdec.models.moe import SparseMoeBlock
     from specdec.shapes import meta_model
@@ -86,9 +87,12 @@ def weight_shapes(shape: str) -> dict:
             out[name] = key
     for layer in m.layers:
         for mod in layer.children():
-            if isinstance(mod, Attention):
-                add("qkv", mod._fused[0])
-                add("o", mod.o_proj.weight)
+            if isinstance(mod, (Attention, Gemma4Attention)):  # (Gemma 4: a sliding and a full layer's, suffixed)
+                sfx = "" if isinstance(mod, Attention) else f"_{mod.head_dim}"
+                add("qkv" + sfx, mod._fused[0])
+                add("o" + sfx, mod.o_proj.weight)
+            elif isinstance(mod, Gemma4Router):
+                add("router", mod.proj.weight)
             elif isinstance(mod, GatedDeltaNet):
                 add("delta_in", mod._fused[0])
                 add("delta_out", mod.out_proj.weight)

@@ -9,6 +9,8 @@
 # gemma4-26b-a4b`. Results in $OUT/g.tgz.
 #   bash scripts/device_gemma4.sh again   # (carry .dev/old too: an earlier commit's specdec/ and scripts/) the old
 #                                         # tree's step against this one's, device_check Gemma 4 + Qwen3.5 MoE, bench
+#   bash scripts/device_gemma4.sh tiles   # (after fused) the MoE kernels' tile pairs, SHAPE_TILES on and off in the
+#                                         # step, the attention's GEMM tiles swept and tried in the step, device_check
 #   bash scripts/device_gemma4.sh fused   # Gemma 4 row-exact on the fused layers (2026-12-07): the split attention's
 #                                         # 512-wide heads against SDPA; the fused path on and off (ab_flags:
 #                                         # defaults / defaults-fused-layer); device_check Gemma 4 graphs and eager;
@@ -21,6 +23,39 @@ export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1
 W=$OUT/g; mkdir -p $W
 S=gemma4-26b-a4b
 left() { echo $(( ${1} < 560 - SECONDS ? ${1} : 560 - SECONDS )); }  # a step's timeout within the call's 600 s
+if [ "${1:-}" = tiles ]; then
+    # after call 1's sweeps: the MoE kernels' tile pairs at every row count; the step with SHAPE_TILES and without
+    # (defaults / defaults+moe-tiles0); the attention's GEMMs swept, their best against the table in the step
+    # (defaults+tiles); device_check Gemma 4 graphs and eager on the new tiles; the bench
+    timeout $(left 120) python scripts/sweep_moe_kernel.py --shape $S --layers 12 --json $W/moe_combos.json --combos \
+        4,1024,4/1,512,1,16 2,2048,2/1,512,1,16 4,1024,4/2,256,8,8 2,2048,2/2,256,8,8 8,256,8/2,256,8,8 \
+        2,2048,2/2,256,8,16 8,512,4/2,256,4,8 > $W/moe_combos.log 2>&1
+    echo "== moe combos rc=$? ${SECONDS}s"; cut -c1-200 $W/moe_combos.log
+    timeout $(left 120) python scripts/ab_flags.py --shape $S --context 512 --rounds 3 --reps 10 --no-drafters \
+        --variants defaults defaults+moe-tiles0 --json $W/ab_moe.json > $W/ab_moe.log 2>&1
+    echo "== ab moe rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_moe.log | tail -2 | cut -c1-300
+    timeout $(left 150) python scripts/check_fused_layer.py --shape $S --sweep --rows 1 --no-model --json $W/sweep2.json \
+        --only qkv_256 o_256 qkv_512 o_512 router gate_up+silu down > $W/sweep2.log 2>&1
+    echo "== sweep rc=$? ${SECONDS}s"; grep -E "rows, triton|best tiles|FAIL" $W/sweep2.log | cut -c1-200
+    T=$(grep -o "SPECDEC_FUSED_LAYER_TILES='.*'" $W/sweep2.log | sed "s/^SPECDEC_FUSED_LAYER_TILES='//; s/'$//")
+    if [ -n "$T" ]; then
+        AB_TILES="$T" timeout $(left 120) python scripts/ab_flags.py --shape $S --context 512 --rounds 3 --reps 10 \
+            --no-drafters --variants defaults defaults+tiles --json $W/ab_tiles.json > $W/ab_tiles.log 2>&1
+        echo "== ab tiles rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_tiles.log | tail -2 | cut -c1-300
+    fi
+    D=/tmp/dc; rm -rf $D
+    timeout $(left 150) python scripts/device_check.py build $D > $W/dc_build.log 2>&1; echo "== build rc=$? ${SECONDS}s"
+    for m in graphs eager; do
+        timeout $(left 120) python scripts/device_check.py run $D --target gemma4 --mode $m --drafters oracle ngram \
+            --prompts 4 --new-tokens 128 --out $W/dc_gemma4_$m.json 2>&1 | tail -1 | cut -c1-200
+    done
+    python scripts/device_check.py compare $W/dc_gemma4_*.json --out $W/dc_report.json 2>&1 | tail -3
+    timeout $(left 150) python -m specdec bench --shape $S --context 512 --oracle-tau 6.5 --reps 3 -n 128 \
+        --json $W/b_gemma4.json > $W/b_gemma4.log 2>&1
+    echo "== bench rc=$? ${SECONDS}s"; grep -vE "^ *(verify|k=)" $W/b_gemma4.log | tail -6 | cut -c1-240
+    cd $OUT && tar czf g.tgz g && rm -rf g
+    exit 0
+fi
 if [ "${1:-}" = fused ]; then
     timeout $(left 200) python scripts/ab_flags.py --shape $S --context 512 --rounds 3 --reps 10 --no-drafters \
         --variants defaults defaults-fused-layer defaults-prenorm --json $W/ab_fused.json > $W/ab_fused.log 2>&1

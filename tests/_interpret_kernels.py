@@ -354,6 +354,39 @@ def moe() -> None:
     check("moe (Gemma 4): a row's bits alone equal its bits beside the others", torch.equal(alone, got))
     part = expert_kernel.moe(x, router[:e], k, gate_up, down, None, torch.tensor(2), tiles=tiles, **gemma)
     check("moe (Gemma 4): the live rows as before, the padding rows zero", torch.equal(part[:2], got[:2]) and not part[2:].any())
+    # the tiles of a shape in SHAPE_TILES (the gemma4-26b-a4b shape's, on this block's sizes): the tiles given, the
+    # output as the torch form's; another shape's block keeps the defaults
+    saved_tiles = expert_kernel.SHAPE_TILES
+    try:
+        defaults = (expert_kernel.GATE_UP_TILE, expert_kernel.COMBINE_TILE)
+        launched = []  # each launch's (gate/up BN, BK), (combine BN, BK)
+        kernels = expert_kernel._gate_up_kernel, expert_kernel._combine_kernel
+
+        class Record:
+            def __init__(self, kernel):
+                self.kernel = kernel
+
+            def __getitem__(self, grid):
+                return lambda *a, **kw: launched.append((kw["BN"], kw["BK"])) or self.kernel[grid](*a, **kw)
+        expert_kernel._gate_up_kernel, expert_kernel._combine_kernel = Record(kernels[0]), Record(kernels[1])
+        try:
+            expert_kernel.SHAPE_TILES = {(hidden, inter): tiles}
+            same = torch.equal(expert_kernel.moe(x, router[:e], k, gate_up, down, None, **gemma), got)
+            check("moe (Gemma 4): a shape's SHAPE_TILES are its default tiles", same and launched == [(16, 128), (8, 32)],
+                  f"({launched})")
+            expert_kernel.SHAPE_TILES, launched[:] = {(hidden + 1, inter): tiles}, []
+            expert_kernel.moe(x, router[:e], k, gate_up, down, None, **gemma)
+            check("moe: a block of another shape keeps the default tiles",
+                  launched == [defaults[0][:2], defaults[1][:2]], f"({launched})")
+        finally:
+            expert_kernel._gate_up_kernel, expert_kernel._combine_kernel = kernels
+        by_shape = expert_kernel.moe(x, router[:e], k, gate_up, down, None, tiles=saved_tiles[(2816, 704)], **gemma)
+        diff2 = (by_shape.float() - want.float()).abs()
+        ulps2 = (diff2 / (want.float().abs() * 2 ** -10 + 1e-3)).max().item()
+        check("moe (Gemma 4) on the gemma4-26b-a4b shape's tiles: the output equals the torch form's", ulps2 <= 2.0,
+              f"({ulps2:.2f} steps)")
+    finally:
+        expert_kernel.SHAPE_TILES = saved_tiles
     try:
         expert_kernel.moe(x, router[:e], k, gate_up, down, None, expert_scale=scale[:-1])
         check("moe: expert scales of the wrong length are refused", False)

@@ -64,6 +64,14 @@ BN, BK = 16, 256  # rows of a weight and features of the input a program step ho
 # scripts/sweep_moe_kernel.py's on the H200 (qwen3.5-35b-a3b's block, one row; BENCHMARKS.md)
 GATE_UP_TILE = (4, 1024, 4)
 COMBINE_TILE = (1, 512, 1, 16)
+# (hidden, expert width) -> (GATE_UP_TILE, COMBINE_TILE) for a block whose own sweep found other tiles faster (a row's
+# bits still fixed per shape). The gemma4-26b-a4b shape's (2816 x 704 experts, top 8 of 128): on an H100
+# (scripts/sweep_moe_kernel.py --shape gemma4-26b-a4b, 1 row, us a layer, each kernel's sweep beside the other's
+# default) gate/up (2, 2048, 2) 49.82 and combine (2, 256, 8, 8) 46.75 against the defaults' 58.82: the combine's
+# 512-wide blocks left 27 % of its lanes masked on 704-wide experts (session of 2026-12-07 (twelfth))
+SHAPE_TILES: dict[tuple[int, int], tuple[tuple[int, int, int], tuple[int, int, int, int]]] = {
+    (2816, 704): ((2, 2048, 2), (2, 256, 8, 8)),
+}
 # moe()'s programs each take rows g, g + G, ... of a step (G = min(rows, ROW_GROUPS)): a static step of 16 rows
 # with one live (plain decoding's) then launches G/16 of the programs a program a row would, where a padding row's
 # programs did nothing but start (on the H200, qwen3.5-35b-a3b: the two kernels 1.08 -> 1.58 ms a step from 1 to
@@ -293,7 +301,7 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
     ``[E, H]`` (with a shared expert ``[E + 1, H]``: its gate's row last), ``gate_up [E, 2I, H]``, ``down [E, H,
     I]``; ``shared``: the shared expert's ``(fused gate/up [2I, H], down [H, I])`` (its width that of the routed
     experts) or None; ``live`` as in :func:`pairs`; ``tiles``: ``(GATE_UP_TILE, COMBINE_TILE)`` for the sweep
-    script. Gemma 4's router: ``router_x`` (the router's own input ``[T, H]``, else ``x``), ``expert_scale`` ``[E]``
+    script (default: the shape's in SHAPE_TILES, else those two). Gemma 4's router: ``router_x`` (the router's own input ``[T, H]``, else ``x``), ``expert_scale`` ``[E]``
     (each chosen weight times its expert's scale, after the renormalisation) and ``gelu`` (GELU-tanh experts)."""
     t, hidden = x.shape
     e, two_i, _ = gate_up.shape
@@ -302,7 +310,7 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
     if router.shape != (e + (shared is not None), hidden):
         raise ValueError(f"expert_kernel.moe: router {tuple(router.shape)} for {e} experts"
                          f"{' and a shared gate' if shared is not None else ''} of {hidden} features")
-    (gbn, gbk, gw), (cbn, cbk, cw, cpc) = tiles or (GATE_UP_TILE, COMBINE_TILE)
+    (gbn, gbk, gw), (cbn, cbk, cw, cpc) = tiles or SHAPE_TILES.get((hidden, inter)) or (GATE_UP_TILE, COMBINE_TILE)
     x = x.contiguous()
     has_live = live is not None
     sgu, sdown = shared if shared is not None else (gate_up, down)  # stand-ins, never read
