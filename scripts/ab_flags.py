@@ -61,6 +61,7 @@ FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.m
          "hybrid": ("specdec.models.qwen35", "HYBRID_FUSED"),
          "norm-rope": ("specdec.models.layers", "NORM_ROPE"),
          "prenorm": ("specdec.models.fused_ops", "PRENORM_ADD"),
+         "tail": ("specdec.models.fused_ops", "SANDWICH_TAIL"),
          "buckets": ("specdec.models.graphs", "SPAN_BUCKETS"),
          "rope-table": ("specdec.models.layers", "ROPE_TABLE")}
 # settings other than on/off, each on top of the defaults: defaults+split64 (SPECDEC_SPLIT_KEYS=64), ...

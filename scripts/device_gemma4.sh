@@ -25,14 +25,14 @@ S=gemma4-26b-a4b
 left() { echo $(( ${1} < 560 - SECONDS ? ${1} : 560 - SECONDS )); }  # a step's timeout within the call's 600 s
 if [ "${1:-}" = tiles ]; then
     # after call 1's sweeps: the MoE kernels' tile pairs at every row count; the step with SHAPE_TILES and without
-    # (defaults / defaults+moe-tiles0); the attention's GEMMs swept, their best against the table in the step
+    # (defaults / defaults+moe-tiles0), the one-kernel tail and not (defaults-tail); the attention's GEMMs swept, their best against the table in the step
     # (defaults+tiles); device_check Gemma 4 graphs and eager on the new tiles; the bench
     timeout $(left 120) python scripts/sweep_moe_kernel.py --shape $S --layers 12 --json $W/moe_combos.json --combos \
         4,1024,4/1,512,1,16 2,2048,2/1,512,1,16 4,1024,4/2,256,8,8 2,2048,2/2,256,8,8 8,256,8/2,256,8,8 \
         2,2048,2/2,256,8,16 8,512,4/2,256,4,8 > $W/moe_combos.log 2>&1
     echo "== moe combos rc=$? ${SECONDS}s"; cut -c1-200 $W/moe_combos.log
     timeout $(left 120) python scripts/ab_flags.py --shape $S --context 512 --rounds 3 --reps 10 --no-drafters \
-        --variants defaults defaults+moe-tiles0 --json $W/ab_moe.json > $W/ab_moe.log 2>&1
+        --variants defaults defaults+moe-tiles0 defaults-tail --json $W/ab_moe.json > $W/ab_moe.log 2>&1
     echo "== ab moe rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_moe.log | tail -2 | cut -c1-300
     timeout $(left 150) python scripts/check_fused_layer.py --shape $S --sweep --rows 1 --no-model --json $W/sweep2.json \
         --only qkv_256 o_256 qkv_512 o_512 router gate_up+silu down > $W/sweep2.log 2>&1

@@ -479,6 +479,20 @@ def fused() -> None:
             s1, y1 = fused_ops.rms_norm(x, norm.fp32_scale(), 1e-6, residual=fused_ops.rms_norm(d3, post, 1e-5))
             check(f"fused norm+add+norm {dtype}: the bits of the norm, then the add and norm",
                   torch.equal(s2, s1) and torch.equal(y2, y1) and not torch.equal(s2, x + d3))
+            # Gemma 4's MoE layer tail in one kernel: (x + norm(norm_1(f) + norm_2(e))) * scalar, the bits of the
+            # norm kernels, the torch add and the torch product in turn
+            f, e = torch.randn(7, 48, generator=g).to(dtype) * 3, d3
+            w1, w2 = torch.rand(48, generator=g) + 0.5, post
+            sc = torch.tensor([0.75], dtype=dtype)
+            tail = fused_ops.sandwich_tail(x, f, e, (w1, w2, norm.fp32_scale()), (1e-5, 1e-4, 1e-6), sc)
+            u, p = fused_ops.rms_norm(fused_ops.rms_norm(f, w1, 1e-5), norm.fp32_scale(), 1e-6,
+                                      residual=fused_ops.rms_norm(e, w2, 1e-4))
+            want_t = (x + p) * sc
+            check(f"fused sandwich tail {dtype}: the bits of the norms, the add and the scalar", torch.equal(tail, want_t))
+            check(f"fused sandwich tail {dtype}: the scalar applied", not torch.equal(tail, x + p))
+            check(f"fused sandwich tail {dtype}: a row alone has its bits among 7", torch.equal(
+                fused_ops.sandwich_tail(x[2:3], f[2:3], e[2:3], (w1, w2, norm.fp32_scale()), (1e-5, 1e-4, 1e-6), sc),
+                tail[2:3]))
         # strided rows: per-head norms of q as a view of a fused projection [T, H*d + more]
         big = torch.randn(5, 4 * 16 + 8, generator=g).to(dtype)
         q = big[:, : 4 * 16].view(5, 4, 16)
@@ -728,9 +742,12 @@ def gemma4_fused() -> None:
           and {layer.sliding for layer in model.layers} == {True, False})
     forced = lambda x: x.dtype == torch.float16 and not torch.is_grad_enabled()  # noqa: E731  (the CPU, forced)
     fused_layer.usable, fused_ops.usable, expert_kernel.usable = forced, forced, lambda x, act: forced(x)
-    calls, run = [], fused_layer.linear
+    calls, run, tails, tail = [], fused_layer.linear, [], fused_ops.sandwich_tail
     fused_layer.linear = lambda *a, **k: calls.append(k.get("gelu", False)) or run(*a, **k)
+    fused_ops.sandwich_tail = lambda *a, **k: tails.append(1) or tail(*a, **k)
     fused = logits()
+    fused_ops.sandwich_tail = tail
+    check("gemma4 fused: each layer's tail in one kernel", len(tails) == 2 * 2, f"({len(tails)} calls)")
     # a layer a forward: q/k, o_proj, gate/up with GELU-tanh, down_proj, the router's GEMM (expert_kernel.routing)
     check("gemma4 fused: the fused GEMMs ran, the MLP's with the GELU-tanh product",
           len(calls) == 2 * 5 * 2 and calls.count(True) == 2 * 2, f"({len(calls)} calls)")
@@ -968,6 +985,10 @@ def pdl_ptx() -> None:
              "norm-prenormed": (fused_ops._norm_kernel, {"x": "*bf16", "res": "*bf16", "w": "*fp32", "y": "*bf16",
                                                          "s": "*bf16", "eps": "fp32", "wr": "*fp32", "eps_r": "fp32"},
                                 {"HAS_RES": True, "BLOCK": 1024, "RES_NORM": True}),
+             "sandwich-tail": (fused_ops._tail_kernel, {"x": "*bf16", "f": "*bf16", "e": "*bf16", "w1": "*fp32",
+                                                        "w2": "*fp32", "w": "*fp32", "sc": "*bf16", "y": "*bf16",
+                                                        "eps1": "fp32", "eps2": "fp32", "eps": "fp32"},
+                               {"BLOCK": 4096}),
              "rope": (rope_write._rope_write_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
                       | {"slots": "*i64", "pos": "*i64"}, {"R": 64, "HALF": 32, "D": 64}),
              "norm-rope": (rope_write._norm_rope_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}

@@ -34,6 +34,10 @@ ENABLED = env.switch("SPECDEC_FUSED_NORM")
 # as one kernel (rms_norm's ``residual_scale``) instead of two: the same arithmetic, each value rounded where the two
 # kernels round it, so the same bits. SPECDEC_PRENORM_ADD=0 off.
 PRENORM_ADD = env.switch("SPECDEC_PRENORM_ADD")
+# Gemma 4's MoE layer tail, ``(x + norm(norm_1(f) + norm_2(m))) * layer_scalar``, as one kernel (:func:`sandwich_tail`)
+# instead of four (the MLP's norm, the experts' norm + the sum + its norm, the residual add, the scalar): each value
+# rounded where the torch ops round it. SPECDEC_SANDWICH_TAIL=0 off.
+SANDWICH_TAIL = env.switch("SPECDEC_SANDWICH_TAIL")
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -83,6 +87,31 @@ if triton is not None:
         out = f * (1.0 / tl.sqrt_rn(ms + eps)) * scale
         tl.store(y + row * N + i, out.to(v.dtype), mask=m)
 
+    @triton.jit
+    def _rms(v, w, i, m, N, eps):
+        """A row's RMSNorm times its fp32 scale, in fp32 (as _norm_kernel computes it)."""
+        f = v.to(tl.float32)
+        ms = tl.sum(f * f, 0) / N
+        return f * (1.0 / tl.sqrt_rn(ms + eps)) * tl.load(w + i, mask=m, other=0.0)
+
+    @triton.jit
+    def _tail_kernel(x, f, e, w1, w2, w, sc, y, N, eps1, eps2, eps, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
+        # y = (x + norm_w(norm_w1(f) + norm_w2(e))) * sc, every op's result rounded to the model dtype
+        if USE_GDC:  # models/pdl.py
+            pdl.begin()
+        row = tl.program_id(0)
+        i = tl.arange(0, BLOCK)
+        m = i < N
+        xv = tl.load(x + row * N + i, mask=m, other=0.0)
+        dt = xv.dtype
+        a = _rms(tl.load(f + row * N + i, mask=m, other=0.0), w1, i, m, N, eps1).to(dt)
+        b = _rms(tl.load(e + row * N + i, mask=m, other=0.0), w2, i, m, N, eps2).to(dt)
+        u = (a.to(tl.float32) + b.to(tl.float32)).to(dt)
+        p = _rms(u, w, i, m, N, eps).to(dt)
+        t = (xv.to(tl.float32) + p.to(tl.float32)).to(dt)
+        out = t.to(tl.float32) * tl.load(sc).to(tl.float32)
+        tl.store(y + row * N + i, out.to(dt), mask=m)
+
     @triton.jit(do_not_specialize=["I", "sg"])
     def _silu_mul_kernel(g, y, I, sg, BLOCK: tl.constexpr, USE_GDC: tl.constexpr, GELU: tl.constexpr = False):
         if USE_GDC:  # models/pdl.py
@@ -123,6 +152,24 @@ def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float, residual: torch.T
                               HAS_RES=residual is not None, BLOCK=block, num_warps=4 if block <= 2048 else 8,
                               RES_NORM=residual is not None and residual_scale is not None, **pdl.options(x))
     return (s, y) if residual is not None else y
+
+
+def sandwich_tail(x: torch.Tensor, f: torch.Tensor, e: torch.Tensor, scales: tuple, eps: tuple,
+                  scalar: torch.Tensor) -> torch.Tensor:
+    """Gemma 4's MoE layer tail: ``(x + norm(norm_1(f) + norm_2(e))) * scalar`` for ``x``, ``f``, ``e [T, N]``
+    (contiguous, one dtype): ``scales`` the three norms' fp32 scales ``(w_1, w_2, w)``, ``eps`` their epsilons,
+    ``scalar`` a one-element tensor of ``x``'s dtype. Each op rounded as the torch ops round it. Callers check
+    :func:`usable`."""
+    rows, n = x.shape
+    if f.shape != x.shape or e.shape != x.shape or not (x.is_contiguous() and f.is_contiguous() and e.is_contiguous()):
+        raise ValueError(f"sandwich_tail: inputs {tuple(x.shape)}, {tuple(f.shape)}, {tuple(e.shape)}: want one "
+                         "contiguous [T, N] shape")
+    y = torch.empty_like(x)
+    if rows:
+        block = _block(n)
+        _tail_kernel[(rows,)](x, f, e, *scales, scalar, y, n, *eps, BLOCK=block, num_warps=4 if block <= 2048 else 8,
+                              **pdl.options(x))
+    return y
 
 
 def silu_mul(gate_up: torch.Tensor, gelu: bool = False) -> torch.Tensor:

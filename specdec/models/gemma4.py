@@ -284,7 +284,9 @@ class Gemma4DecoderLayer(nn.Module):
                       ) -> tuple[torch.Tensor, None]:
         """:meth:`forward` on ``fused_layer``'s GEMMs (CUDA, no gradients; routed by ``base.run_layers`` where
         ``fused_layer.runs``): ``(x, delta)`` whose sum is its input -> ``(output, None)`` (the layer scalar multiplies
-        the whole residual stream, so no add is left to the next layer). A row's bits depend on its own inputs only."""
+        the whole residual stream, so no add is left to the next layer). A MoE layer's tail (the post-feed-forward
+        norms, their sum, the residual add, the scalar) is one kernel (``fused_ops.sandwich_tail``). A row's bits depend
+        on its own inputs only."""
         if delta is not None:
             x = x + delta
         cos, sin, mask = (ctx.local_cos, ctx.local_sin, ctx.local_mask) if self.sliding else (ctx.cos, ctx.sin, ctx.mask)
@@ -292,6 +294,10 @@ class Gemma4DecoderLayer(nn.Module):
         x, h = self.pre_feedforward_layernorm.add(x, a, self.post_attention_layernorm)
         mlp = self.mlp
         f = fused_layer.linear(fused_layer.linear(h, mlp._fused[0], gelu=True), mlp.down_proj.weight)
+        if self.router is not None and fused_ops.SANDWICH_TAIL and fused_ops.usable(x) and x.is_contiguous():
+            norms = (self.post_feedforward_layernorm_1, self.post_feedforward_layernorm_2, self.post_feedforward_layernorm)
+            return fused_ops.sandwich_tail(x, f, self._moe(x, ctx.live), tuple(n.fp32_scale() for n in norms),
+                                           tuple(n.eps for n in norms), self.layer_scalar), None
         return (x + self._ffn(f, x, ctx)) * self.layer_scalar, None
 
 
