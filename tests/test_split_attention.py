@@ -211,3 +211,27 @@ def test_reference_with_far_splits(monkeypatch):
     assert torch.equal(got, split_attention_reference(q, k2, v2, torch.cat([mask, torch.zeros_like(mask)], -1), 0.3))
     monkeypatch.setattr(sa, "FAR", {})
     assert not torch.equal(got, split_attention_reference(q, k, v, mask, 0.3))
+
+
+def test_batched_steps_keep_sdpa_past_heads_of_256(monkeypatch):
+    """Batched (span-invariant) steps take the split kernel for heads of at most layers.SPLIT_BATCHED_MAX_D (256) and
+    the memory-efficient SDPA for Gemma 4's 512-wide heads (by head size only, so plain and speculative serving run
+    the same kernel); one sequence's steps take the kernel at 512 too."""
+    from specdec.models import layers
+    from specdec.models import split_attention as sa
+
+    calls = []
+    monkeypatch.setattr(sa, "supported", lambda q, k, mask: q.dim() == 4 and mask.dim() == 4 and mask.dtype == torch.bool)
+    monkeypatch.setattr(sa, "split_attention", _reference_kernel(calls))
+    for d, want in ((256, 1), (512, 0)):
+        q, k, v, mask = _case(2, 4, 2, 3, 40, d, [10, 30])
+        calls.clear()
+        with layers.span_invariant_attention():
+            got = layers.attend(q, k, v, mask, d ** -0.5)
+        assert len(calls) == want, d
+        assert torch.allclose(got, _sdpa(q, k, v, mask, d ** -0.5), atol=1e-5)
+    q, k, v, mask = _case(1, 4, 2, 3, 40, 512, [30])
+    calls.clear()
+    with layers.live_context_attention():
+        layers.attend(q[0], k[0], v[0], mask[0, 0], 512 ** -0.5)
+    assert len(calls) == 1

@@ -410,8 +410,16 @@ def _attend_live(q, k, v, mask, scale: float) -> torch.Tensor | None:
     return split_attention.split_attention(q, k, v, mask, scale)[0]
 
 
+# Batched steps (the serving loop's) take the split kernel for heads of at most this size; Gemma 4's 512-wide heads keep
+# the memory-efficient SDPA there. On an H100 (scripts/check_split_attention.py --only gemma4-full, us a layer, 16
+# heads on 2 KV heads) the split kernel's 16-row tiles took 32 sequences x 16 rows at 1,024 / 4,096 keys 775 / 3,300
+# against SDPA's 225 / 786 (each tile re-reads its keys), where one sequence's step (the split kernel's, generate()'s)
+# took 10.3 / 16.9 against 91.7 / 345.4. By head size only, so plain and speculative serving run the same kernel.
+SPLIT_BATCHED_MAX_D = 256
+
+
 def _attend_span_invariant(q, k, v, mask, scale: float, groups: int) -> torch.Tensor:
-    if SPLIT_ATTENTION and split_attention.supported(q, k, mask):
+    if SPLIT_ATTENTION and q.shape[-1] <= SPLIT_BATCHED_MAX_D and split_attention.supported(q, k, mask):
         return split_attention.split_attention(q, k, v, mask, scale)
 
     def run():
