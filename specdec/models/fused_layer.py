@@ -118,6 +118,16 @@ TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     # with K split 1-8 ways): 4.58 us (the default TILE 5.41; cuBLAS 3.09); the 1-row step (ab_flags defaults+tiles)
     # 3.691 / 3.709 -> 3.660 / 3.621 ms in two rounds
     (257, 2048, False): (16, 128, 2, 3, 8),
+    # the gemma4-26b-a4b shape (2026-12-07 (twelfth), H100, --shape gemma4-26b-a4b --sweep --rows 1 --only ..., us at 1
+    # row, the default tiling and cuBLAS in brackets; each keeps a row's bits at 1..512 rows); all seven in the 1-row step
+    # (scripts/ab_flags.py defaults+tiles, context 512, one process) 4.560 -> 4.382 ms
+    (8192, 2816, False): (64, 256, 4, 4, 1),  # a sliding layer's q/k/v: 17.45 (17.38; 17.82)
+    (9216, 2816, False): (32, 256, 4, 4, 1),  # a full layer's q/k (keys as values): 21.90 (23.37; 20.22)
+    (2816, 4096, False): (64, 256, 4, 3, 3),  # a sliding layer's o_proj: 11.03 (11.97; 12.81)
+    (2816, 8192, False): (64, 256, 4, 3, 3),  # a full layer's o_proj: 18.70 (20.33; 20.63)
+    (2112, 2816, True): (32, 256, 4, 4, 1),  # gate/up + gelu_tanh * up: 10.63 (11.62; cuBLAS + the product 13.53)
+    (2816, 2112, False): (64, 256, 4, 3, 3),  # down_proj: 8.43 (8.76; 7.34)
+    (128, 2816, False): (16, 256, 4, 3, 8),  # the MoE router: 4.16 (6.02; 6.36)
 }
 # weights of 2,048 or more outputs and inputs that the table does not name (a Qwen3.5 MTP block's fc, other 4096-wide
 # layers): the qwen3-8b shape's tilings by kind (its default TILE took 24.8 against 17.0 us on its q/k/v, 60.8 against
