@@ -9,6 +9,7 @@
 # gemma4-26b-a4b`. Results in $OUT/g.tgz.
 #   bash scripts/device_gemma4.sh again   # (carry .dev/old too: an earlier commit's specdec/ and scripts/) the old
 #                                         # tree's step against this one's, device_check Gemma 4 + Qwen3.5 MoE, bench
+#   bash scripts/device_gemma4.sh final   # the bench and device_check (graphs) on the final tree
 #   bash scripts/device_gemma4.sh tiles   # (after fused) the MoE kernels' tile pairs, SHAPE_TILES on and off in the
 #                                         # step, the attention's GEMM tiles swept and tried in the step, device_check
 #   bash scripts/device_gemma4.sh fused   # Gemma 4 row-exact on the fused layers (2026-12-07): the split attention's
@@ -23,6 +24,18 @@ export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1
 W=$OUT/g; mkdir -p $W
 S=gemma4-26b-a4b
 left() { echo $(( ${1} < 560 - SECONDS ? ${1} : 560 - SECONDS )); }  # a step's timeout within the call's 600 s
+if [ "${1:-}" = final ]; then  # the final tree (the GEMM tilings in the table): the bench, device_check graphs
+    timeout $(left 150) python -m specdec bench --shape $S --context 512 --oracle-tau 6.5 --reps 3 -n 128 \
+        --json $W/b_gemma4.json > $W/b_gemma4.log 2>&1
+    echo "== bench rc=$? ${SECONDS}s"; grep -vE "^ *(verify|k=)" $W/b_gemma4.log | tail -6 | cut -c1-240
+    D=/tmp/dc; rm -rf $D
+    timeout $(left 120) python scripts/device_check.py build $D > $W/dc_build.log 2>&1; echo "== build rc=$? ${SECONDS}s"
+    timeout $(left 100) python scripts/device_check.py run $D --target gemma4 --mode graphs --drafters oracle ngram \
+        --prompts 4 --new-tokens 128 --out $W/dc_gemma4_graphs.json 2>&1 | tail -1 | cut -c1-200
+    python scripts/device_check.py compare $W/dc_gemma4_*.json --out $W/dc_report.json 2>&1 | tail -4
+    cd $OUT && tar czf g.tgz g && rm -rf g
+    exit 0
+fi
 if [ "${1:-}" = tiles ]; then
     # after call 1's sweeps: the MoE kernels' tile pairs at every row count; the step with SHAPE_TILES and without
     # (defaults / defaults+moe-tiles0), the one-kernel tail and not (defaults-tail); the attention's GEMMs swept, their best against the table in the step

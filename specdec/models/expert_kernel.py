@@ -67,8 +67,10 @@ COMBINE_TILE = (1, 512, 1, 16)
 # (hidden, expert width) -> (GATE_UP_TILE, COMBINE_TILE) for a block whose own sweep found other tiles faster (a row's
 # bits still fixed per shape). The gemma4-26b-a4b shape's (2816 x 704 experts, top 8 of 128): on an H100
 # (scripts/sweep_moe_kernel.py --shape gemma4-26b-a4b, 1 row, us a layer, each kernel's sweep beside the other's
-# default) gate/up (2, 2048, 2) 49.82 and combine (2, 256, 8, 8) 46.75 against the defaults' 58.82: the combine's
-# 512-wide blocks left 27 % of its lanes masked on 704-wide experts (session of 2026-12-07 (twelfth))
+# default) gate/up (2, 2048, 2) 49.82 and combine (2, 256, 8, 8) 46.75 against the defaults' 58.82 (the combine's
+# 512-wide blocks left 27 % of its lanes masked on 704-wide experts); both (--combos) 60.0 -> 47.4 at 1 row, 472 -> 421
+# at 16, but 134 -> 143 at 4 rows; in the 1-row step (scripts/ab_flags.py defaults+moe-tiles0) 4.485 -> 4.433 ms
+# (session of 2026-12-07 (twelfth))
 SHAPE_TILES: dict[tuple[int, int], tuple[tuple[int, int, int], tuple[int, int, int, int]]] = {
     (2816, 704): ((2, 2048, 2), (2, 256, 8, 8)),
 }
@@ -301,7 +303,8 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
     ``[E, H]`` (with a shared expert ``[E + 1, H]``: its gate's row last), ``gate_up [E, 2I, H]``, ``down [E, H,
     I]``; ``shared``: the shared expert's ``(fused gate/up [2I, H], down [H, I])`` (its width that of the routed
     experts) or None; ``live`` as in :func:`pairs`; ``tiles``: ``(GATE_UP_TILE, COMBINE_TILE)`` for the sweep
-    script (default: the shape's in SHAPE_TILES, else those two). Gemma 4's router: ``router_x`` (the router's own input ``[T, H]``, else ``x``), ``expert_scale`` ``[E]``
+    script (default: the shape's in SHAPE_TILES, else those two). Gemma 4's router: ``router_x`` (the router's own
+    input ``[T, H]``, else ``x``), ``expert_scale`` ``[E]``
     (each chosen weight times its expert's scale, after the renormalisation) and ``gelu`` (GELU-tanh experts)."""
     t, hidden = x.shape
     e, two_i, _ = gate_up.shape
