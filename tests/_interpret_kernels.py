@@ -658,13 +658,9 @@ def gemma_fused() -> None:
     _fused_checks("gemma fused", model, prompt, fused, torch_form, 14)
 
 
-def gemma4_moe() -> None:
-    """A Gemma 4 MoE target's routed experts on :func:`expert_kernel.moe` (its router's own input, the per-expert
-    scales, GELU-tanh experts) and its norms and GELU * up on ``fused_ops``' kernels on the CPU: a tiny random fp16 Gemma 4 (a sliding and a full layer, 32 experts top 2,
-    keys as values in the full one, window 6) with the expert kernels forced, in the interpreter. Its logits (a 9-row step, then a 1-row step)
-    equal the torch forms' within fp16 tolerance, and a speculative generation whose drafts are mostly accepted (a
-    spoiled oracle: verify steps of several rows, rollbacks) equals plain decoding."""
-    from specdec.models import expert_kernel
+def _tiny_gemma4():
+    """:func:`_tiny_fused_model` of a tiny random fp16 Gemma 4 MoE (a sliding and a full layer, 32 experts top 2, keys
+    as values in the full one, window 6), its norms, router scales and layer scalars near 1 as checkpoints have them."""
     s, f = "sliding_attention", "full_attention"
     model, prompt, logits = _tiny_fused_model({
         "model_type": "gemma4_text", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
@@ -677,7 +673,18 @@ def gemma4_moe() -> None:
                             s: {"rope_type": "default", "rope_theta": 1e4}}})
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _gemma_util import randomise_gemma4
-    randomise_gemma4(model)  # norms (which scale by w), router scales and layer scalars near 1, as checkpoints have them
+    randomise_gemma4(model)
+    return model, prompt, logits
+
+
+def gemma4_moe() -> None:
+    """A Gemma 4 MoE target's routed experts on :func:`expert_kernel.moe` (its router's own input, the per-expert
+    scales, GELU-tanh experts) and its norms and GELU * up on ``fused_ops``' kernels on the CPU: a tiny random fp16 Gemma 4 (a sliding and a full layer, 32 experts top 2,
+    keys as values in the full one, window 6) with the expert kernels forced, in the interpreter. Its logits (a 9-row step, then a 1-row step)
+    equal the torch forms' within fp16 tolerance, and a speculative generation whose drafts are mostly accepted (a
+    spoiled oracle: verify steps of several rows, rollbacks) equals plain decoding."""
+    from specdec.models import expert_kernel
+    model, prompt, logits = _tiny_gemma4()
     torch_form = logits()
     usable, calls = expert_kernel.usable, []
     expert_kernel.usable = lambda x, act: x.dtype == torch.float16 and not torch.is_grad_enabled()  # the CPU, forced
@@ -722,19 +729,7 @@ def gemma4_fused() -> None:
     speculative output with accepted and rolled-back drafts equals plain decoding, also with the model taken as row-exact
     (its weights taken as on CUDA: unpadded steps, the LM head on the fused GEMM)."""
     from specdec.models import expert_kernel, fused_layer, fused_ops
-    s, f = "sliding_attention", "full_attention"
-    model, prompt, logits = _tiny_fused_model({
-        "model_type": "gemma4_text", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "global_head_dim": 32, "num_global_key_value_heads": 1, "attention_k_eq_v": True, "enable_moe_block": True,
-        "num_experts": 32, "top_k_experts": 2, "moe_intermediate_size": 32, "hidden_size_per_layer_input": 0,
-        "sliding_window": 6, "layer_types": [s, f], "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
-        "final_logit_softcapping": 30.0, "tie_word_embeddings": False,
-        "rope_parameters": {f: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
-                            s: {"rope_type": "default", "rope_theta": 1e4}}})
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _gemma_util import randomise_gemma4
-    randomise_gemma4(model)
+    model, prompt, logits = _tiny_gemma4()
     torch_form = logits()
     ids = torch.tensor(prompt)
     torch_cap = model.forward(ids, model.new_cache(32), capture=(0,)).captured
