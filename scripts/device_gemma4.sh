@@ -24,15 +24,24 @@ export PYTHONPATH=/tmp/site:$PWD:$PWD/tests PYTHONUNBUFFERED=1
 W=$OUT/g; mkdir -p $W
 S=gemma4-26b-a4b
 left() { echo $(( ${1} < 560 - SECONDS ? ${1} : 560 - SECONDS )); }  # a step's timeout within the call's 600 s
-if [ "${1:-}" = final ]; then  # the final tree (the GEMM tilings in the table): the bench, device_check graphs
+dcheck() {  # MODE...: device_check on a random Gemma 4 MoE (oracle and n-gram drafts) in these modes, then compared
+    D=/tmp/dc; rm -rf $D
+    timeout $(left 150) python scripts/device_check.py build $D > $W/dc_build.log 2>&1; echo "== build rc=$? ${SECONDS}s"
+    for m in "$@"; do
+        timeout $(left 120) python scripts/device_check.py run $D --target gemma4 --mode $m --drafters oracle ngram \
+            --prompts 4 --new-tokens 128 --out $W/dc_gemma4_$m.json 2>&1 | tail -1 | cut -c1-200
+    done
+    python scripts/device_check.py compare $W/dc_gemma4_*.json --out $W/dc_report.json 2>&1 | tail -8
+    echo "== dc ${SECONDS}s"
+}
+bench() {  # the shape bench at context 512 (the oracle at tau 6.5)
     timeout $(left 150) python -m specdec bench --shape $S --context 512 --oracle-tau 6.5 --reps 3 -n 128 \
         --json $W/b_gemma4.json > $W/b_gemma4.log 2>&1
-    echo "== bench rc=$? ${SECONDS}s"; grep -vE "^ *(verify|k=)" $W/b_gemma4.log | tail -6 | cut -c1-240
-    D=/tmp/dc; rm -rf $D
-    timeout $(left 120) python scripts/device_check.py build $D > $W/dc_build.log 2>&1; echo "== build rc=$? ${SECONDS}s"
-    timeout $(left 100) python scripts/device_check.py run $D --target gemma4 --mode graphs --drafters oracle ngram \
-        --prompts 4 --new-tokens 128 --out $W/dc_gemma4_graphs.json 2>&1 | tail -1 | cut -c1-200
-    python scripts/device_check.py compare $W/dc_gemma4_*.json --out $W/dc_report.json 2>&1 | tail -4
+    echo "== bench rc=$? ${SECONDS}s"; grep -vE "^ *(verify|k=)" $W/b_gemma4.log | tail -8 | cut -c1-240
+}
+if [ "${1:-}" = final ]; then  # the final tree (the GEMM tilings in the table): the bench, device_check graphs
+    bench
+    dcheck graphs
     cd $OUT && tar czf g.tgz g && rm -rf g
     exit 0
 fi
@@ -56,16 +65,8 @@ if [ "${1:-}" = tiles ]; then
             --no-drafters --variants defaults defaults+tiles --json $W/ab_tiles.json > $W/ab_tiles.log 2>&1
         echo "== ab tiles rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_tiles.log | tail -2 | cut -c1-300
     fi
-    D=/tmp/dc; rm -rf $D
-    timeout $(left 150) python scripts/device_check.py build $D > $W/dc_build.log 2>&1; echo "== build rc=$? ${SECONDS}s"
-    for m in graphs eager; do
-        timeout $(left 120) python scripts/device_check.py run $D --target gemma4 --mode $m --drafters oracle ngram \
-            --prompts 4 --new-tokens 128 --out $W/dc_gemma4_$m.json 2>&1 | tail -1 | cut -c1-200
-    done
-    python scripts/device_check.py compare $W/dc_gemma4_*.json --out $W/dc_report.json 2>&1 | tail -3
-    timeout $(left 150) python -m specdec bench --shape $S --context 512 --oracle-tau 6.5 --reps 3 -n 128 \
-        --json $W/b_gemma4.json > $W/b_gemma4.log 2>&1
-    echo "== bench rc=$? ${SECONDS}s"; grep -vE "^ *(verify|k=)" $W/b_gemma4.log | tail -6 | cut -c1-240
+    dcheck graphs eager
+    bench
     cd $OUT && tar czf g.tgz g && rm -rf g
     exit 0
 fi
@@ -73,17 +74,8 @@ if [ "${1:-}" = fused ]; then
     timeout $(left 200) python scripts/ab_flags.py --shape $S --context 512 --rounds 3 --reps 10 --no-drafters \
         --variants defaults defaults-fused-layer defaults-prenorm --json $W/ab_fused.json > $W/ab_fused.log 2>&1
     echo "== ab rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_fused.log | tail -3 | cut -c1-300
-    D=/tmp/dc; rm -rf $D
-    timeout $(left 150) python scripts/device_check.py build $D > $W/dc_build.log 2>&1; echo "== build rc=$? ${SECONDS}s"
-    for m in graphs eager; do
-        timeout $(left 120) python scripts/device_check.py run $D --target gemma4 --mode $m --drafters oracle ngram \
-            --prompts 4 --new-tokens 128 --out $W/dc_gemma4_$m.json 2>&1 | tail -1 | cut -c1-200
-    done
-    python scripts/device_check.py compare $W/dc_gemma4_*.json --out $W/dc_report.json 2>&1 | tail -8
-    echo "== dc ${SECONDS}s"
-    timeout $(left 150) python -m specdec bench --shape $S --context 512 --oracle-tau 6.5 --reps 3 -n 128 \
-        --json $W/b_gemma4.json > $W/b_gemma4.log 2>&1
-    echo "== bench rc=$? ${SECONDS}s"; grep -vE "^ *(verify|k=)" $W/b_gemma4.log | tail -8 | cut -c1-240
+    dcheck graphs eager
+    bench
     timeout $(left 90) python scripts/check_split_attention.py --only gemma4-full --json $W/split512.json \
         > $W/split512.log 2>&1
     echo "== split512 rc=$? ${SECONDS}s"; grep -E "failures|\"t\": 1, \"span\": (256|1024|4096), \"split\"" $W/split512.log | head -5 | cut -c1-200

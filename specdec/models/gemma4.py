@@ -243,8 +243,14 @@ class Gemma4DecoderLayer(nn.Module):
             self.per_layer_projection = Linear(c.hidden_size_per_layer_input, h, bias=False)
             self.post_per_layer_input_norm = norm()
 
+    def _positions(self, ctx: Gemma4StepContext) -> tuple:
+        """This layer's RoPE tables and mask: the local ones (window) for a sliding layer, else the full ones."""
+        if self.sliding:
+            return ctx.local_cos, ctx.local_sin, ctx.local_mask
+        return ctx.cos, ctx.sin, ctx.mask
+
     def forward(self, x: torch.Tensor, ctx: Gemma4StepContext, cache: KVCache) -> torch.Tensor:
-        cos, sin, mask = (ctx.local_cos, ctx.local_sin, ctx.local_mask) if self.sliding else (ctx.cos, ctx.sin, ctx.mask)
+        cos, sin, mask = self._positions(ctx)
         a = self.self_attn(self.input_layernorm(x), cos, sin, cache, ctx.start, mask)
         x, h = self.pre_feedforward_layernorm.add(x, a, self.post_attention_layernorm)  # CUDA: one kernel
         x = x + self._ffn(self.mlp(h), x, ctx)
@@ -274,12 +280,6 @@ class Gemma4DecoderLayer(nn.Module):
                 and fused_layer.mlp_fusable(self.mlp)
                 and (self.config.hidden_size <= fused_layer.MAX_HIDDEN or fused_layer.WIDE))
 
-    def moe_rows(self) -> int:
-        """The rows a sequence up to which every CUDA forward of this layer's MoE block runs the expert kernels (a row's
-        bits its own): a step's pairs at most one an expert (``Experts.block_kernels_run``)."""
-        ex = self.experts
-        return min(ex.gather_max_rows, ex.gate_up_proj.shape[0] // self.router.top_k)
-
     def forward_fused(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: Gemma4StepContext, cache: KVCache
                       ) -> tuple[torch.Tensor, None]:
         """:meth:`forward` on ``fused_layer``'s GEMMs (CUDA, no gradients; routed by ``base.run_layers`` where
@@ -289,7 +289,7 @@ class Gemma4DecoderLayer(nn.Module):
         on its own inputs only."""
         if delta is not None:
             x = x + delta
-        cos, sin, mask = (ctx.local_cos, ctx.local_sin, ctx.local_mask) if self.sliding else (ctx.cos, ctx.sin, ctx.mask)
+        cos, sin, mask = self._positions(ctx)
         a = self.self_attn(self.input_layernorm(x), cos, sin, cache, ctx.start, mask, fused=True)
         x, h = self.pre_feedforward_layernorm.add(x, a, self.post_attention_layernorm)
         mlp = self.mlp
@@ -299,7 +299,6 @@ class Gemma4DecoderLayer(nn.Module):
             return fused_ops.sandwich_tail(x, f, self._moe(x, ctx.live), tuple(n.fp32_scale() for n in norms),
                                            tuple(n.eps for n in norms), self.layer_scalar), None
         return (x + self._ffn(f, x, ctx)) * self.layer_scalar, None
-
 
     def _moe(self, x: torch.Tensor, live: torch.Tensor | None) -> torch.Tensor:
         """The routed experts' output for the residual stream ``x``; ``live``: a static step's real rows (padding rows
@@ -341,9 +340,9 @@ class Gemma4ForCausalLM(WindowedCausalLM):
 
     def row_exact(self, rows: int = 1) -> bool:
         """:meth:`CausalLM.row_exact`, and every MoE block's steps within the expert kernels' rows
-        (:meth:`Gemma4DecoderLayer.moe_rows`)."""
-        return (super().row_exact(rows)
-                and all(rows <= layer.moe_rows() for layer in self.layers if layer.router is not None))
+        (``Experts.block_rows``)."""
+        return (super().row_exact(rows) and all(rows <= layer.experts.block_rows(layer.router.top_k)
+                                                for layer in self.layers if layer.router is not None))
 
     def make_layer_cache(self, i, max_len, dtype, device):
         c = self.config

@@ -94,6 +94,11 @@ class Experts(nn.Module):
         return (t <= self.gather_max_rows or live is not None
                 or (x.is_cuda and torch.cuda.is_current_stream_capturing()))
 
+    def block_rows(self, top_k: int) -> int:
+        """The rows a sequence up to which :meth:`block_kernels_run`'s shape limits hold for every forward: at most
+        ``gather_max_rows`` rows and one pair an expert (a row-exact target's steps stay within it)."""
+        return min(self.gather_max_rows, self.gate_up_proj.shape[0] // top_k)
+
     def block_kernels_run(self, x: torch.Tensor, top_k: int, live: torch.Tensor | None) -> bool:
         """Whether a whole MoE block's step over these experts may run :func:`~specdec.models.expert_kernel.moe`:
         the kernels on (``SPECDEC_FUSED_MOE``) and usable (CUDA, this activation), every expert here (no expert
@@ -257,7 +262,7 @@ class SparseMoeBlock(nn.Module):
         if not (expert_kernel.FUSED_MOE and expert_kernel.ENABLED and self.shard is None and ex.act is F.silu
                 and self._shared_fits()):
             return 0
-        return min(ex.gather_max_rows, ex.gate_up_proj.shape[0] // self.top_k)
+        return ex.block_rows(self.top_k)
 
     def fuse(self) -> None:
         """The router and the shared expert's gate as one weight ``[E + 1, H]`` (see
