@@ -192,13 +192,17 @@ def bandwidth(dev: torch.device, nbytes: int, reps: int) -> float:
 
 def decode_bytes(model, context: int) -> tuple[int, int, int]:
     """``(weight bytes, bytes a decode step reads, KV bytes at context)``. A decode step reads every
-    weight except the experts a token does not route to (MoE: top-k of E) and, where the LM head
-    is its own matrix, the embedding table (one row of it)."""
+    weight except the experts a token does not route to (MoE: top-k of E), where the LM head
+    is its own matrix the embedding table (one row of it), and a per-layer embedding table (Gemma 4's
+    small models: one row of it)."""
     size = model.dtype.itemsize
     total = param_count(model) * size
     active = total
     if model.lm_head is not None:
         active -= model.embed_tokens.weight.numel() * size
+    per_layer = getattr(model, "embed_tokens_per_layer", None)
+    if per_layer is not None:
+        active -= per_layer.weight.numel() * size
     c = model.config
     if getattr(c, "num_experts", 0):
         experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n) * size

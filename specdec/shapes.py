@@ -71,6 +71,22 @@ GEMMA4_26B_A4B = {
     "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
     "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh",
 }
+# Gemma 4 E2B (google/gemma-4-E2B-it's text_config): 35 layers of 1536, four sliding-window (512) layers of one KV
+# head x 256 per full layer of one KV head x 512 (keys and values their own); the last 20 layers reuse the keys and
+# values of the last earlier layer of their type and have a GELU MLP twice as wide (12,288; the others 6,144); every
+# layer adds a 256-wide per-layer input (a 262,144 x 35 x 256 table read one row a token, and a projection of the
+# embeddings); tied, scaled embeddings; final logits soft-capped at 30.
+GEMMA4_E2B = {
+    "model_type": "gemma4_text", "vocab_size": 262144, "hidden_size": 1536, "intermediate_size": 6144,
+    "num_hidden_layers": 35, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256,
+    "global_head_dim": 512, "attention_k_eq_v": False, "enable_moe_block": False,
+    "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262144, "num_kv_shared_layers": 20,
+    "use_double_wide_mlp": True, "sliding_window": 512,
+    "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 7,
+    "rope_parameters": GEMMA4_26B_A4B["rope_parameters"],
+    "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 131072,
+    "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh",
+}
 # Gemma 3 270M (google/gemma-3-270m; the values the packaged gemma-3-270m GGUF's metadata gives, `specdec info`): 18
 # layers of 640, 4 heads / 1 KV head of 256, GELU-tanh MLP of 2048, every 6th layer global, the others a 512-position
 # window; a tied 262,144-token vocabulary (the head is 60 % of the bytes a step reads).
@@ -89,7 +105,8 @@ TINY = {
 }
 
 SHAPES = {"qwen3-8b": QWEN3_8B, "qwen3.5-9b": QWEN35_9B, "qwen3.5-35b-a3b": QWEN35_35B_A3B,
-          "gemma4-26b-a4b": GEMMA4_26B_A4B, "gemma3-270m": GEMMA3_270M, "smollm2-135m": SMOLLM2_135M, "tiny": TINY}
+          "gemma4-26b-a4b": GEMMA4_26B_A4B, "gemma4-e2b": GEMMA4_E2B, "gemma3-270m": GEMMA3_270M,
+          "smollm2-135m": SMOLLM2_135M, "tiny": TINY}
 
 
 def shape_config(name: str):

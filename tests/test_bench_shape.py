@@ -161,7 +161,8 @@ def test_oracle_spoil_probability():
 
 # parameters including embeddings (and the untied LM head): the published sizes' orders of magnitude
 @pytest.mark.parametrize("name, params", [("qwen3-8b", 8.19e9), ("qwen3.5-9b", 8.95e9), ("qwen3.5-35b-a3b", 34.7e9),
-                                          ("gemma4-26b-a4b", 25.2e9), ("gemma3-270m", 2.68e8), ("smollm2-135m", 1.35e8),
+                                          ("gemma4-26b-a4b", 25.2e9), ("gemma4-e2b", 4.63e9), ("gemma3-270m", 2.68e8),
+                                          ("smollm2-135m", 1.35e8),
                                           ("tiny", 2.1e5)])
 def test_shapes_build_on_meta(name, params):
     m = meta_model(name)
@@ -170,8 +171,8 @@ def test_shapes_build_on_meta(name, params):
 
 
 def test_every_shape_is_tested():
-    assert set(SHAPES) == {"qwen3-8b", "qwen3.5-9b", "qwen3.5-35b-a3b", "gemma4-26b-a4b", "gemma3-270m", "smollm2-135m",
-                           "tiny"}
+    assert set(SHAPES) == {"qwen3-8b", "qwen3.5-9b", "qwen3.5-35b-a3b", "gemma4-26b-a4b", "gemma4-e2b", "gemma3-270m",
+                           "smollm2-135m", "tiny"}
 
 
 def test_gemma4_moe_shape_runs_scaled_down(monkeypatch, single_thread):
@@ -197,6 +198,29 @@ def test_gemma4_moe_shape_runs_scaled_down(monkeypatch, single_thread):
     e = r["oracle_e2e"]
     assert e["output_equals_plain"] and e["measured_tau"] > 2, e
     assert r["drafter_ms"]["dflash (5 layers, block 16)"]["ms"] > 0
+
+
+def test_gemma4_small_shape_runs_scaled_down(monkeypatch, single_thread):
+    """The gemma4-e2b shape's structure (KV-shared last layers with double-wide MLPs, a per-layer input into every
+    layer, tied embeddings) scaled down: it builds with finite logits, its decode bytes leave out the per-layer
+    embedding table but one row of it (a lookup) and count the tied table (the head), and the oracle run equals plain."""
+    from specdec import shapes
+    from specdec.bench_shape import decode_bytes, run_shape_bench
+
+    small = dict(shapes.GEMMA4_E2B, vocab_size=512, vocab_size_per_layer_input=512, hidden_size=64, intermediate_size=48,
+                 num_hidden_layers=5, num_attention_heads=4, head_dim=16, global_head_dim=32,
+                 hidden_size_per_layer_input=8, num_kv_shared_layers=2, sliding_window=8, max_position_embeddings=4096,
+                 layer_types=["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention", "full_attention"])
+    monkeypatch.setitem(SHAPES, "gemma4-e2b-small", small)
+    model = build_shape("gemma4-e2b-small", torch.device("cpu"), torch.float32)
+    assert [layer.self_attn.shared for layer in model.layers] == [False] * 3 + [True] * 2
+    logits = model(torch.arange(20), model.new_cache(32)).logits
+    assert torch.isfinite(logits).all() and logits.abs().max() <= 30.0  # soft-capped
+    total, per_token, _ = decode_bytes(model, 0)
+    assert total - per_token == model.embed_tokens_per_layer.weight.numel() * 4 == 512 * 5 * 8 * 4
+    r = run_shape_bench("gemma4-e2b-small", device="cpu", context=24, reps=2, new_tokens=48, oracle_tau=4)
+    e = r["oracle_e2e"]
+    assert e["output_equals_plain"] and e["measured_tau"] > 2, e
 
 
 def test_too_big_is_refused_before_allocating():
