@@ -38,7 +38,7 @@ from specdec.loading import load_model  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402
 
 VOCAB = 32000
-TARGETS = {"llama": 12, "qwen3": 12, "qwen35": 8, "qwen35moe": 8, "gemma3": 12, "gemma4": 8}
+TARGETS = {"llama": 12, "qwen3": 12, "qwen35": 8, "qwen35moe": 8, "gemma3": 12, "gemma4": 8, "gemma4e": 10}
 
 
 def build(root: str) -> None:
@@ -117,7 +117,7 @@ def build(root: str) -> None:
 
 
 def _build_gemma4(root: str, model_cls, config_cls, h: int) -> None:
-    """The random Gemma 4 MoE target (see build)."""
+    """The random Gemma 4 targets: the MoE and the small one (see build)."""
     s, f = "sliding_attention", "full_attention"
     g4 = model_cls(config_cls(
         vocab_size=VOCAB, hidden_size=h, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=8,
@@ -129,6 +129,18 @@ def _build_gemma4(root: str, model_cls, config_cls, h: int) -> None:
                          s: {"rope_type": "default", "rope_theta": 1e4}}))
     from _gemma_util import randomise_gemma4
     randomise_gemma4(g4).save_pretrained(os.path.join(root, "gemma4"))
+    # a small Gemma 4 (E2B's layout, smaller): four sliding layers (window 64, one KV head of 128) per full one (one
+    # of 256), the last five reusing the keys and values of the last earlier layer of their type, with MLPs twice as
+    # wide; a 64-wide per-layer input into every layer; an untied head (a tied random one repeats a token)
+    g4e = model_cls(config_cls(
+        vocab_size=VOCAB, hidden_size=h, intermediate_size=1536, num_hidden_layers=10, num_attention_heads=8,
+        num_key_value_heads=1, head_dim=128, global_head_dim=256, attention_k_eq_v=False, enable_moe_block=False,
+        hidden_size_per_layer_input=64, vocab_size_per_layer_input=VOCAB, num_kv_shared_layers=5,
+        use_double_wide_mlp=True, sliding_window=64, layer_types=[s, s, s, s, f] * 2, tie_word_embeddings=False,
+        final_logit_softcapping=30.0, max_position_embeddings=4096,
+        rope_parameters={f: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+                         s: {"rope_type": "default", "rope_theta": 1e4}}))
+    randomise_gemma4(g4e).save_pretrained(os.path.join(root, "gemma4e"))
 
 
 def prompts(n: int) -> list[list[int]]:

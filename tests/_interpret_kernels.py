@@ -774,6 +774,84 @@ def gemma4_fused() -> None:
         fused_layer.on_device = on_device
 
 
+def gemma4_small_fused() -> None:
+    """A small Gemma 4 (E2B/E4B's kind: the last layers reuse earlier layers' keys and values, a per-layer input into
+    every layer, the shared layers' MLP twice as wide, no experts) on its fused layers on the CPU: a tiny random fp16
+    one (a sliding and a full layer with their own keys and values, then one of each sharing them) with fused_layer and
+    the norms forced, in the interpreter. Every layer is eligible; the fused GEMM runs the per-layer inputs' projection
+    (one a forward), q alone in a shared layer, and each layer's per-layer gate and projection; the logits equal the
+    torch layers' within fp16 tolerance; speculative output equals plain decoding, also row-exact (its weights taken as
+    on CUDA: 1-row plain steps, unpadded verify steps)."""
+    from specdec.models import fused_layer, fused_ops
+    s, f = "sliding_attention", "full_attention"
+    model, prompt, logits = _tiny_fused_model({
+        "model_type": "gemma4_text", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16,
+        "global_head_dim": 32, "attention_k_eq_v": False, "enable_moe_block": False,
+        "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 256, "num_kv_shared_layers": 2,
+        "use_double_wide_mlp": True, "sliding_window": 6, "layer_types": [s, f, s, f], "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 512, "final_logit_softcapping": 30.0, "tie_word_embeddings": False,
+        "rope_parameters": {f: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+                            s: {"rope_type": "default", "rope_theta": 1e4}}})
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _gemma_util import randomise_gemma4
+    randomise_gemma4(model)
+    torch_form = logits()
+    check("gemma4 small fused: every layer eligible, two of them KV-shared with double-wide MLPs",
+          all(layer.fused_path for layer in model.layers)
+          and [layer.self_attn.shared for layer in model.layers] == [False, False, True, True]
+          and model.layers[3].mlp.down_proj.weight.shape[1] == 2 * model.layers[1].mlp.down_proj.weight.shape[1])
+    forced = lambda x: x.dtype == torch.float16 and not torch.is_grad_enabled()  # noqa: E731  (the CPU, forced)
+    fused_layer.usable, fused_ops.usable = forced, forced
+    weights, run = [], fused_layer.linear
+    fused_layer.linear = lambda x, w, **k: weights.append(w.data_ptr()) or run(x, w, **k)
+    fused = logits()
+    fused_layer.linear = run
+    named = [model.per_layer_model_projection.weight] + [w for layer in model.layers[2:] for w in (
+        layer.self_attn.q_proj.weight, layer.per_layer_input_gate.weight, layer.per_layer_projection.weight)]
+    # a forward: the per-layer inputs' projection, then per layer q/k/v (q alone where shared), o_proj, gate/up,
+    # down_proj, the per-layer gate and projection
+    check("gemma4 small fused: the fused GEMMs ran, the per-layer inputs' and the shared layers' q among them",
+          len(weights) == 2 * (1 + 4 * 6) and all(weights.count(w.data_ptr()) == 2 for w in named),
+          f"({len(weights)} calls)")
+    _fused_checks("gemma4 small fused", model, prompt, fused, torch_form, 14)
+    on_device = fused_layer.on_device
+    fused_layer.on_device = lambda w: True  # as on CUDA
+    try:
+        check("gemma4 small fused: row-exact (no experts: at any row count the fused layers take)", model.row_exact(16))
+        from _engine_util import SpoiledOracle
+        from specdec.engine import SpeculativeGenerator
+        one = SpeculativeGenerator(model, None, 0, cuda_graphs=False, batch_invariant=True)
+        plain = one.generate(prompt, 14)
+        gen = SpeculativeGenerator(model, SpoiledOracle(prompt + plain.token_ids, 256, spoil=0.25), 4,
+                                   cuda_graphs=False, batch_invariant=True)
+        spec = gen.generate(prompt, 14)
+        check("gemma4 small fused, row-exact: 1-row plain steps, 5-row verify steps; speculative output equals plain",
+              one.row_exact and one.pad_to is None and gen.row_exact and gen.pad_to == 5
+              and spec.token_ids == plain.token_ids and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
+    finally:
+        fused_layer.on_device = on_device
+    # the static steps' attention kernel (forced on the CPU): a KV-shared layer's q norm and RoPE alone (no keys,
+    # values or cache write), the others' q/k norms, RoPE, v norm and write; against the eager steps
+    from specdec.models import rope_write
+    from specdec.models.gemma4 import Gemma4Attention
+    eager = SpeculativeGenerator(model, None, 0, cuda_graphs=False, batch_invariant=False).generate(prompt, 14)
+    Gemma4Attention.fast_path = lambda self, x, start: isinstance(start, torch.Tensor)
+    rope_write.supported = rope_write.supported_q = lambda *a: True
+    nrw, kernel_calls = rope_write.norm_rope_write, []
+    rope_write.norm_rope_write = lambda q, k, *a, **kw: kernel_calls.append(k is None) or nrw(q, k, *a, **kw)
+    static = SpeculativeGenerator(model, None, 0, cuda_graphs=False, batch_invariant=True).generate(prompt, 14)
+    check("gemma4 small fused: static steps ran the attention kernel, queries alone in the KV-shared layers",
+          len(kernel_calls) >= 4 * 13 and kernel_calls.count(True) == kernel_calls.count(False),
+          f"({kernel_calls.count(True)} of {len(kernel_calls)} calls queries alone)")
+    check("gemma4 small fused: static steps on the kernel decode what the eager steps decode",
+          static.token_ids == eager.token_ids, f"({static.token_ids} / {eager.token_ids})")
+    spec = SpeculativeGenerator(model, SpoiledOracle(prompt + static.token_ids, 256, spoil=0.25), 4, cuda_graphs=False,
+                                batch_invariant=True).generate(prompt, 14)
+    check("gemma4 small fused: speculative output on the kernel (drafts accepted, rollbacks) equals plain decoding",
+          spec.token_ids == static.token_ids and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
+
+
 def _tiny_llama():
     """A random fp16 Llama of 2 layers (64 wide, 4 / 2 heads), seed 0."""
     from specdec.models.llama import LlamaConfig, LlamaForCausalLM
@@ -1039,4 +1117,4 @@ def pdl_ptx() -> None:
 
 if __name__ == "__main__":
     {"split": split, "delta": delta, "delta-step": delta_step, "experts": experts, "moe": moe, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
-     "dflash-fast": dflash_fast, "mtp-fast": mtp_fast, "hybrid-fused": hybrid_fused, "gemma-fused": gemma_fused, "gemma4-moe": gemma4_moe, "gemma4-fused": gemma4_fused, "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()
+     "dflash-fast": dflash_fast, "mtp-fast": mtp_fast, "hybrid-fused": hybrid_fused, "gemma-fused": gemma_fused, "gemma4-moe": gemma4_moe, "gemma4-fused": gemma4_fused, "gemma4-small-fused": gemma4_small_fused, "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TRITON_DIR = Path(os.environ.get("SPECDEC_TRITON_DIR", ROOT / ".cache" / "triton"))
 
 
-@pytest.mark.parametrize("kernel", ["split", "delta", "delta-step", "experts", "moe", "linear", "rope", "fused", "fused-layer", "hybrid-fused", "gemma-fused", "gemma4-moe", "gemma4-fused", "dflash-fast", "mtp-fast", "rope-ptx", "pdl-ptx"])
+@pytest.mark.parametrize("kernel", ["split", "delta", "delta-step", "experts", "moe", "linear", "rope", "fused", "fused-layer", "hybrid-fused", "gemma-fused", "gemma4-moe", "gemma4-fused", "gemma4-small-fused", "dflash-fast", "mtp-fast", "rope-ptx", "pdl-ptx"])
 def test_kernel_on_the_cpu(kernel):
     if not (TRITON_DIR / "triton" / "__init__.py").is_file():
         pytest.fail(f"no Triton for the interpreter at {TRITON_DIR}: `make test` installs it "

@@ -32,10 +32,11 @@ weighted sum; a static step's padding rows skipped); elsewhere :class:`~.moe.Exp
 steps of at most 16 rows), so the per-position invariance of the static steps holds as for Gemma 3 and
 Qwen3.5 MoE.
 
-On CUDA a layer without KV sharing or per-layer inputs (the 26B-A4B and 31B shapes) runs
-:meth:`Gemma4DecoderLayer.forward_fused`: its dense GEMMs on ``fused_layer.linear`` (the LM head too), the MoE block
-on the expert kernels, the full layers' 512-wide heads on the split attention. A row's bits are then its own at any
-row count up to 16 (:meth:`Gemma4ForCausalLM.row_exact`), so the steps need no padding to stay exact.
+On CUDA every layer runs :meth:`Gemma4DecoderLayer.forward_fused`: its dense GEMMs on ``fused_layer.linear`` (a
+KV-shared layer's q alone; the per-layer input's gate and projection, the per-layer inputs' projection of the
+embeddings and the LM head too), the MoE block on the expert kernels, the full layers' 512-wide heads on the split
+attention. A row's bits are then its own at any row count up to 16 where the model has experts, up to
+``fused_layer.WIDE_ROWS`` where not (:meth:`Gemma4ForCausalLM.row_exact`), so the steps need no padding to stay exact.
 """
 
 from __future__ import annotations
@@ -139,18 +140,27 @@ class Gemma4Attention(nn.Module):
             self._fused = fuse_linears(*(p for p in (self.q_proj, self.k_proj, self.v_proj) if p is not None))
 
     def fast_path(self, x: torch.Tensor, start) -> bool:
-        """Whether this step takes :meth:`forward`'s static CUDA path: the fused projection, then the q/k norms, RoPE,
-        the v norm and the cache write in one kernel (``rope_write.norm_rope_write``; ``layers.NORM_ROPE`` and
-        ``layers.FUSED_ROPE_WRITE``), no gradients."""
-        return (self._fused is not None and layers.NORM_ROPE and layers.FUSED_ROPE_WRITE and x.is_cuda and x.dim() == 2
+        """Whether this step takes :meth:`forward`'s static CUDA path: the fused projection (a KV-shared layer: q), then
+        the q/k norms, RoPE, the v norm and the cache write (a KV-shared layer: the q norm and RoPE) in one kernel
+        (``rope_write.norm_rope_write``; ``layers.NORM_ROPE`` and ``layers.FUSED_ROPE_WRITE``), no gradients."""
+        w = self.q_proj.weight if self.shared else (None if self._fused is None else self._fused[0])
+        return (w is not None and layers.NORM_ROPE and layers.FUSED_ROPE_WRITE and x.is_cuda and x.dim() == 2
                 and isinstance(start, torch.Tensor) and not torch.compiler.is_compiling()
-                and not (torch.is_grad_enabled() and self._fused[0].requires_grad))
+                and not (torch.is_grad_enabled() and w.requires_grad))
 
     def forward(self, x: torch.Tensor, cos, sin, cache: KVCache, start, mask, fused: bool = False) -> torch.Tensor:
         """``fused``: every GEMM on ``fused_layer.linear`` (:meth:`Gemma4DecoderLayer.forward_fused`; q/k(/v) fused)."""
         t = x.shape[0]
         q = k = v = None
         fast = self.fast_path(x, start)
+        if self.shared and fast:  # q, its norm and RoPE in one kernel, over the keys and values of the layer shared
+            q = fused_layer.linear(x, self.q_proj.weight) if fused else self.q_proj(x)
+            q = q.view(t, self.n_heads, self.head_dim)
+            rows = cos.reshape(-1, cos.shape[-1])
+            if rope_write.supported_q(q, rows):
+                q = rope_write.norm_rope_write(q, None, None, self.q_norm.fp32_scale(), None, self.eps, rows,
+                                               sin.reshape(rows.shape), None, None, start, row_tables=True)
+                return self._out(attend(q, *cache.read(start, t), mask, 1.0), fused)
         if self._fused is not None and (fused or fast):
             w, b, sizes = self._fused
             parts = (fused_layer.linear(x, w) if fused else linear(x, w, b)).split(sizes, dim=-1)
@@ -163,8 +173,9 @@ class Gemma4Attention(nn.Module):
                                                rows, sin.reshape(rows.shape), cache.k, cache.v, start, row_tables=True,
                                                v_norm=True)
                 return self._out(attend(q, cache.k, cache.v, mask, 1.0), fused)
-        if q is None:
-            q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
+        if q is None:  # (a KV-shared layer on the fused path: q alone on the fused GEMM)
+            q = fused_layer.linear(x, self.q_proj.weight) if fused else self.q_proj(x)
+            q = q.view(t, self.n_heads, self.head_dim)
             if not self.shared:
                 k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
                 v = k if self.v_proj is None else self.v_proj(x).view(t, self.n_kv, self.head_dim)
@@ -269,15 +280,17 @@ class Gemma4DecoderLayer(nn.Module):
                                                    self.post_feedforward_layernorm_2)[1]
 
     def fused_eligible(self) -> bool:
-        """Whether :meth:`forward_fused` can run this layer (``fused_layer.eligible``'s question): q/k(/v) and gate/up
-        fused without biases, contiguous output weights, the MoE block on the expert kernels (``SPECDEC_FUSED_MOE``,
-        no expert parallelism, a contiguous router), no KV sharing and no per-layer inputs (Gemma 4's small models keep
-        the torch layers), wider than ``fused_layer.MAX_HIDDEN`` only with ``fused_layer.WIDE``."""
+        """Whether :meth:`forward_fused` can run this layer (``fused_layer.eligible``'s question): q/k(/v) (a KV-shared
+        layer: q) and gate/up fused without biases, contiguous output weights, the MoE block on the expert kernels
+        (``SPECDEC_FUSED_MOE``, no expert parallelism, a contiguous router), the per-layer input's two projections
+        (the small models') plain linears with contiguous weights, wider than ``fused_layer.MAX_HIDDEN`` only with
+        ``fused_layer.WIDE``."""
         a, r = self.self_attn, self.router
         moe = r is None or (expert_kernel.FUSED_MOE and expert_kernel.ENABLED and self.experts.rows is None
                             and plain(r.proj) and r.proj.weight.is_contiguous())
-        return (not a.shared and not self.per_layer and moe and fused_layer.attention_fusable(a)
-                and fused_layer.mlp_fusable(self.mlp)
+        attn = (_gemm_ready(a.q_proj) and _gemm_ready(a.o_proj)) if a.shared else fused_layer.attention_fusable(a)
+        per = not self.per_layer or (_gemm_ready(self.per_layer_input_gate) and _gemm_ready(self.per_layer_projection))
+        return (attn and per and moe and fused_layer.mlp_fusable(self.mlp)
                 and (self.config.hidden_size <= fused_layer.MAX_HIDDEN or fused_layer.WIDE))
 
     def forward_fused(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: Gemma4StepContext, cache: KVCache
@@ -294,11 +307,16 @@ class Gemma4DecoderLayer(nn.Module):
         x, h = self.pre_feedforward_layernorm.add(x, a, self.post_attention_layernorm)
         mlp = self.mlp
         f = fused_layer.linear(fused_layer.linear(h, mlp._fused[0], gelu=True), mlp.down_proj.weight)
-        if self.router is not None and fused_ops.SANDWICH_TAIL and fused_ops.usable(x) and x.is_contiguous():
+        if (self.router is not None and not self.per_layer and fused_ops.SANDWICH_TAIL and fused_ops.usable(x)
+                and x.is_contiguous()):
             norms = (self.post_feedforward_layernorm_1, self.post_feedforward_layernorm_2, self.post_feedforward_layernorm)
             return fused_ops.sandwich_tail(x, f, self._moe(x, ctx.live), tuple(n.fp32_scale() for n in norms),
                                            tuple(n.eps for n in norms), self.layer_scalar), None
-        return (x + self._ffn(f, x, ctx)) * self.layer_scalar, None
+        x = x + self._ffn(f, x, ctx)
+        if self.per_layer:  # the per-layer input's two projections on the fused GEMM
+            g = gelu_tanh(fused_layer.linear(x, self.per_layer_input_gate.weight)) * ctx.per_layer[:, self.index]
+            x = x + self.post_per_layer_input_norm(fused_layer.linear(g, self.per_layer_projection.weight))
+        return x * self.layer_scalar, None
 
     def _moe(self, x: torch.Tensor, live: torch.Tensor | None) -> torch.Tensor:
         """The routed experts' output for the residual stream ``x``; ``live``: a static step's real rows (padding rows
@@ -312,6 +330,11 @@ class Gemma4DecoderLayer(nn.Module):
                                      router_x=r.inputs(x), expert_scale=r.per_expert_scale, gelu=True)
         idx, w = r(x)
         return ex(xe, idx, w, live)
+
+
+def _gemm_ready(lin) -> bool:
+    """A projection as ``fused_layer.linear`` takes it: a plain linear without a bias, its weight contiguous."""
+    return plain(lin) and lin.bias is None and lin.weight.is_contiguous()
 
 
 class Gemma4ForCausalLM(WindowedCausalLM):
@@ -371,7 +394,12 @@ class Gemma4ForCausalLM(WindowedCausalLM):
             return ctx
         shape = (ids.shape[0], self.config.num_hidden_layers, self.per_layer_dim)
         tokens = self._scale(self.embed_tokens_per_layer(ids), self.per_layer_dim ** 0.5).view(shape)
-        proj = self.per_layer_model_projection(x) * self.config.hidden_size ** -0.5
+        w = self.per_layer_model_projection.weight
+        # on the fused GEMM where the layers run theirs (a row's bits its own in row-exact steps)
+        fused = (fused_layer.usable(x) and fused_layer.runs(self.layers[0], ctx.length) and x.is_contiguous()
+                 and _gemm_ready(self.per_layer_model_projection))
+        proj = fused_layer.linear(x, w) if fused else self.per_layer_model_projection(x)
+        proj = proj * self.config.hidden_size ** -0.5
         proj = self.per_layer_projection_norm(proj.view(shape))
         return dataclasses.replace(ctx, per_layer=(proj + tokens) * 2 ** -0.5)
 

@@ -32,6 +32,14 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 
+def supported_q(q: torch.Tensor, cos: torch.Tensor) -> bool:
+    """Whether :func:`norm_rope_write` takes queries alone (``q [T, H, d]``, a static step's tables a row a row)."""
+    d, r = q.shape[-1], cos.shape[-1]
+    return (triton is not None and q.is_cuda and q.dim() == 3 and q.dtype in (torch.bfloat16, torch.float16)
+            and cos.dtype == q.dtype and d & (d - 1) == 0 and r % 2 == 0 and r <= d and q.stride(-1) == 1
+            and cos.is_contiguous())
+
+
 def supported(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, cache, w) -> bool:
     """Whether :func:`rope_write` takes these (else the eager ops run): a batched step (``q [B, T, H,
     d]``, a :class:`BatchKVCache` and a :class:`BatchWrite`) or one sequence's static step (``q [T, H,
@@ -177,9 +185,9 @@ if triton is not None:
             tl.store(cv + kh * sch + p * scp + i, vv)
 
 
-def norm_rope_write(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, q_scale: torch.Tensor | None,
-                    k_scale: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
-                    ck: torch.Tensor, cv: torch.Tensor, start: torch.Tensor, row_tables: bool = False,
+def norm_rope_write(q: torch.Tensor | None, k: torch.Tensor | None, v: torch.Tensor | None, q_scale: torch.Tensor | None,
+                    k_scale: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                    ck: torch.Tensor | None, cv: torch.Tensor | None, start: torch.Tensor, row_tables: bool = False,
                     v_norm: bool = False) -> torch.Tensor | None:
     """``q [T, H, d]`` (or None), ``k``/``v [T, Hkv, d]`` (``d`` contiguous), the fp32 norm scales
     ``[d]``, ``cos``/``sin`` tables ``[P, r]`` by position (model dtype), the context buffers ``ck``/``cv
@@ -189,12 +197,20 @@ def norm_rope_write(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, q_
     ``RMSNorm`` then ``apply_rope`` compute, up to the norm's summation order. ``row_tables``: ``cos``/``sin``
     are ``[T, r]``, a row for each of the step's rows (a target's static step, ``layers.NORM_ROPE``), not
     tables by position. A target's :class:`KVCache` ``k``/``v`` are such buffers. ``v_norm``: the values
-    RMS-normalised (no weight, ``eps``) before they are stored (Gemma 4's ``v_norm``)."""
+    RMS-normalised (no weight, ``eps``) before they are stored (Gemma 4's ``v_norm``). ``k``, ``v``, ``k_scale``,
+    ``ck`` and ``cv`` all None: the queries alone (a Gemma 4 KV-shared layer's, whose keys and values are another
+    layer's)."""
+    q_only = k is None
+    if q_only:  # stand-ins for the keys' and the buffers' pointers and strides: no program reads or writes them
+        if q is None or any(a is not None for a in (v, k_scale, ck, cv)):
+            raise ValueError("norm_rope_write: queries alone take no values, key scale or buffers")
+        k = v = ck = cv = q[:, :0]
+        k_scale = q_scale
     t, hkv, d = k.shape
     h = 0 if q is None else q.shape[1]
     r = cos.shape[-1]
     if d & (d - 1) or r % 2 or r > d or not (ck.is_contiguous() and cv.is_contiguous() and cos.is_contiguous()
-                                             and sin.is_contiguous()) or ck.shape[-1] != d:
+                                             and sin.is_contiguous()) or (ck.shape[-1] != d and not q_only):
         raise ValueError(f"norm_rope_write: heads of {d}, rotary {r}, buffers {tuple(ck.shape)}")
     q_out = torch.empty(t, max(h, 1), d, dtype=k.dtype, device=k.device)
     qq = k if q is None else q

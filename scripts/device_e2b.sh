@@ -1,0 +1,54 @@
+#!/bin/bash
+# Issue 10's shapes on one tree, and Gemma 4's small models (E2B, E4B: KV sharing, per-layer inputs) on the fused
+# layers; one device call each (carry .whl):
+#   bash scripts/device_e2b.sh shapes   # specdec bench --shape for qwen3.5-35b-a3b, qwen3-8b (512, then 4,096 and
+#                                       # 16,384; the DFlash drafter on int8 weights too), qwen3.5-9b, smollm2-135m,
+#                                       # gemma4-26b-a4b and gemma4-e2b, as the call's time allows
+#   bash scripts/device_e2b.sh fused    # the gemma4-e2b shape: its fused path on and off in one process (ab_flags
+#                                       # defaults / defaults-fused-layer), device_check on a random small Gemma 4
+#                                       # (graphs and eager, oracle and n-gram drafts), its bench, its 1-row step's kernels
+# Results in $OUT/e.tgz.
+set -u
+nvidia-smi --query-gpu=name --format=csv,noheader | head -1
+pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
+export PYTHONPATH=/tmp/site:$PWD:$PWD/tests:$PWD/scripts PYTHONUNBUFFERED=1
+W=$OUT/e; mkdir -p $W
+left() { echo $(( ${1} < 570 - SECONDS ? ${1} : 570 - SECONDS )); }  # a step's timeout within the call's 600 s
+bench() {  # NAME CONTEXT TIMEOUT [bench args]: the shape bench (the oracle at tau 6.5), its log's summary lines
+    local name=$1 ctx=$2 t=$3; shift 3
+    [ "$(left $t)" -lt 30 ] && { echo "== $name $ctx skipped (${SECONDS}s)"; return; }
+    timeout $(left $t) python -m specdec bench --shape $name --context $ctx --oracle-tau 6.5 \
+        --json $W/b_${name}_$ctx.json "$@" > $W/b_${name}_$ctx.log 2>&1
+    echo "== $name $ctx rc=$? ${SECONDS}s"; grep -vE "^ *(verify|k=)" $W/b_${name}_$ctx.log | tail -9 | cut -c1-240
+}
+dcheck() {  # TARGET MODE...: device_check with accepted drafts (oracle, n-gram), then the outputs compared
+    local target=$1; shift
+    D=/tmp/dc; [ -d $D ] || timeout $(left 150) python scripts/device_check.py build $D > $W/dc_build.log 2>&1
+    for m in "$@"; do
+        timeout $(left 120) python scripts/device_check.py run $D --target $target --mode $m --drafters oracle ngram \
+            --prompts 4 --new-tokens 128 --out $W/dc_${target}_$m.json 2>&1 | tail -1 | cut -c1-200
+    done
+    python scripts/device_check.py compare $W/dc_${target}_*.json --out $W/dc_${target}.json 2>&1 | tail -6
+    echo "== dc $target ${SECONDS}s"
+}
+case "${1:-}" in
+shapes)
+    bench qwen3.5-35b-a3b 512 150 --draft-vocab 32768 --reps 10
+    bench qwen3-8b 512 170 --contexts 4096,16384 --draft-vocab 32768 --draft-int8 --reps 10
+    bench qwen3.5-9b 512 120 --draft-vocab 32768 --reps 10
+    bench smollm2-135m 512 60
+    bench gemma4-26b-a4b 512 100 --reps 3 -n 128
+    bench gemma4-e2b 512 90 --reps 3 -n 128 ;;
+fused)
+    timeout $(left 200) python scripts/ab_flags.py --shape gemma4-e2b --context 512 --rounds 3 --reps 10 --no-drafters \
+        --variants defaults defaults-fused-layer --json $W/ab_e2b.json > $W/ab_e2b.log 2>&1
+    echo "== ab rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_e2b.log | tail -3 | cut -c1-300
+    dcheck gemma4e graphs eager
+    bench gemma4-e2b 512 100 --reps 3 -n 128
+    timeout $(left 100) python scripts/profile_shape_step.py --shape gemma4-e2b --rows 1 --context 512 --top 22 \
+        --timeline $W/tl_e2b_1row.json > $W/prof_e2b.log 2>&1
+    echo "== profile rc=$? ${SECONDS}s"; grep -vE "^ *$" $W/prof_e2b.log | head -30 | cut -c1-160 ;;
+*)
+    echo "usage: bash scripts/device_e2b.sh shapes | fused"; exit 2 ;;
+esac
+cd $OUT && tar czf e.tgz e && rm -rf e
