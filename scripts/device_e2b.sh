@@ -4,9 +4,10 @@
 #   bash scripts/device_e2b.sh shapes   # specdec bench --shape for qwen3.5-35b-a3b, qwen3-8b (512, then 4,096 and
 #                                       # 16,384; the DFlash drafter on int8 weights too), qwen3.5-9b, smollm2-135m,
 #                                       # gemma4-26b-a4b and gemma4-e2b, as the call's time allows
-#   bash scripts/device_e2b.sh fused    # the gemma4-e2b shape: its fused path on and off in one process (ab_flags
-#                                       # defaults / defaults-fused-layer), device_check on a random small Gemma 4
-#                                       # (graphs and eager, oracle and n-gram drafts), its bench, its 1-row step's kernels
+#   bash scripts/device_e2b.sh fused    # the gemma4-e2b shape: device_check on a random small Gemma 4 (graphs and
+#                                       # eager, oracle and n-gram drafts) with SPECDEC_GEMMA4_SMALL_FUSED=1; its fused
+#                                       # path on and off in one process (ab_flags defaults / defaults+small-fused); its
+#                                       # bench and its 1-row step's kernels (fused), as time allows
 # Results in $OUT/e.tgz.
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
@@ -31,6 +32,7 @@ dcheck() {  # TARGET MODE...: device_check with accepted drafts (oracle, n-gram)
     python scripts/device_check.py compare $W/dc_${target}_*.json --out $W/dc_${target}.json 2>&1 | tail -6
     echo "== dc $target ${SECONDS}s"
 }
+save() { (cd $OUT && tar czf e.tgz e); }
 case "${1:-}" in
 shapes)
     bench qwen3.5-35b-a3b 512 150 --draft-vocab 32768 --reps 10
@@ -39,16 +41,16 @@ shapes)
     bench smollm2-135m 512 60
     bench gemma4-26b-a4b 512 100 --reps 3 -n 128
     bench gemma4-e2b 512 90 --reps 3 -n 128 ;;
-fused)
+fused)  # (each step's files packed as it ends: a call cut short by the device time left still returns them)
+    SPECDEC_GEMMA4_SMALL_FUSED=1 dcheck gemma4e graphs eager; save
     timeout $(left 200) python scripts/ab_flags.py --shape gemma4-e2b --context 512 --rounds 3 --reps 10 --no-drafters \
-        --variants defaults defaults-fused-layer --json $W/ab_e2b.json > $W/ab_e2b.log 2>&1
-    echo "== ab rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_e2b.log | tail -3 | cut -c1-300
-    dcheck gemma4e graphs eager
-    bench gemma4-e2b 512 100 --reps 3 -n 128
-    timeout $(left 100) python scripts/profile_shape_step.py --shape gemma4-e2b --rows 1 --context 512 --top 22 \
-        --timeline $W/tl_e2b_1row.json > $W/prof_e2b.log 2>&1
-    echo "== profile rc=$? ${SECONDS}s"; grep -vE "^ *$" $W/prof_e2b.log | head -30 | cut -c1-160 ;;
+        --variants defaults defaults+small-fused --json $W/ab_e2b.json > $W/ab_e2b.log 2>&1
+    echo "== ab rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_e2b.log | tail -3 | cut -c1-300; save
+    SPECDEC_GEMMA4_SMALL_FUSED=1 bench gemma4-e2b 512 100 --reps 3 -n 128; save
+    [ "$(left 100)" -gt 60 ] && { SPECDEC_GEMMA4_SMALL_FUSED=1 timeout $(left 100) python scripts/profile_shape_step.py --shape gemma4-e2b --rows 1 \
+        --context 512 --top 22 --timeline $W/tl_e2b_1row.json > $W/prof_e2b.log 2>&1
+        echo "== profile rc=$? ${SECONDS}s"; grep -vE "^ *$" $W/prof_e2b.log | head -30 | cut -c1-160; } ;;
 *)
     echo "usage: bash scripts/device_e2b.sh shapes | fused"; exit 2 ;;
 esac
-cd $OUT && tar czf e.tgz e && rm -rf e
+save && rm -rf $W

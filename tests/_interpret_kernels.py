@@ -782,7 +782,7 @@ def gemma4_small_fused() -> None:
     (one a forward), q alone in a shared layer, and each layer's per-layer gate and projection; the logits equal the
     torch layers' within fp16 tolerance; speculative output equals plain decoding, also row-exact (its weights taken as
     on CUDA: 1-row plain steps, unpadded verify steps)."""
-    from specdec.models import fused_layer, fused_ops
+    from specdec.models import fused_layer, fused_ops, gemma4
     s, f = "sliding_attention", "full_attention"
     model, prompt, logits = _tiny_fused_model({
         "model_type": "gemma4_text", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96,
@@ -797,6 +797,9 @@ def gemma4_small_fused() -> None:
     from _gemma_util import randomise_gemma4
     randomise_gemma4(model)
     torch_form = logits()
+    check("gemma4 small fused: off by default (SPECDEC_GEMMA4_SMALL_FUSED), the KV-shared layers and those with a "
+          "per-layer input then off the fused path", not gemma4.SMALL_FUSED and not any(layer.fused_path for layer in model.layers))
+    gemma4.SMALL_FUSED = True
     check("gemma4 small fused: every layer eligible, two of them KV-shared with double-wide MLPs",
           all(layer.fused_path for layer in model.layers)
           and [layer.self_attn.shared for layer in model.layers] == [False, False, True, True]

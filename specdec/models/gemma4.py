@@ -48,6 +48,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from .. import env
 from ..cache import KVCache, SequenceCache
 from ..cpu_linear import Linear, linear, plain
 from . import expert_kernel, fused_layer, fused_ops, layers, rope_write
@@ -58,6 +59,12 @@ from .layers import (GeluTanhGLU, RMSNorm, apply_rope, attend, derived_weight, f
                      static_cos_sin, unit_rms_norm)
 from .moe import Experts
 from .registry import Architecture, register
+
+# Gemma 4's small models (E2B, E4B: KV-shared layers, per-layer inputs) on the fused layers, row-exact: a KV-shared
+# layer's q on the fused GEMM and its q norm and RoPE in the attention kernel's queries-alone form, the per-layer
+# projections on the fused GEMM. SPECDEC_GEMMA4_SMALL_FUSED=1 on; off by default until a GPU has run it (built
+# 2026-12-07; tested in Triton's interpreter only): off, those models keep cuBLAS and padded steps
+SMALL_FUSED = env.switch("SPECDEC_GEMMA4_SMALL_FUSED")
 
 
 class Gemma4Rotary(nn.Module):
@@ -143,7 +150,7 @@ class Gemma4Attention(nn.Module):
         """Whether this step takes :meth:`forward`'s static CUDA path: the fused projection (a KV-shared layer: q), then
         the q/k norms, RoPE, the v norm and the cache write (a KV-shared layer: the q norm and RoPE) in one kernel
         (``rope_write.norm_rope_write``; ``layers.NORM_ROPE`` and ``layers.FUSED_ROPE_WRITE``), no gradients."""
-        w = self.q_proj.weight if self.shared else (None if self._fused is None else self._fused[0])
+        w = (self.q_proj.weight if SMALL_FUSED else None) if self.shared else (None if self._fused is None else self._fused[0])
         return (w is not None and layers.NORM_ROPE and layers.FUSED_ROPE_WRITE and x.is_cuda and x.dim() == 2
                 and isinstance(start, torch.Tensor) and not torch.compiler.is_compiling()
                 and not (torch.is_grad_enabled() and w.requires_grad))
@@ -224,7 +231,17 @@ class Gemma4Router(nn.Module):
 class Gemma4DecoderLayer(nn.Module):
     """One decoder layer, transformers' parameter names (see the module docstring)."""
 
-    fused_path = False  # fused_layer's GEMMs on CUDA (set by CausalLM.fuse_projections)
+    _eligible = False  # fused_layer's GEMMs on CUDA (set by CausalLM.fuse_projections, as fused_path)
+
+    @property
+    def fused_path(self) -> bool:
+        """Whether this layer runs :meth:`forward_fused` (``fused_layer.runs``): eligible, and a small model's layer
+        (KV-shared or with a per-layer input) only with ``SMALL_FUSED`` (read at every step: a switch of its own)."""
+        return self._eligible and (SMALL_FUSED or not (self.self_attn.shared or self.per_layer))
+
+    @fused_path.setter
+    def fused_path(self, value: bool) -> None:
+        self._eligible = value
 
     def __init__(self, c: Gemma4Config, i: int):
         super().__init__()
@@ -284,7 +301,7 @@ class Gemma4DecoderLayer(nn.Module):
         layer: q) and gate/up fused without biases, contiguous output weights, the MoE block on the expert kernels
         (``SPECDEC_FUSED_MOE``, no expert parallelism, a contiguous router), the per-layer input's two projections
         (the small models') plain linears with contiguous weights, wider than ``fused_layer.MAX_HIDDEN`` only with
-        ``fused_layer.WIDE``."""
+        ``fused_layer.WIDE``. A small model's layer takes the path only with ``SMALL_FUSED`` (:attr:`fused_path`)."""
         a, r = self.self_attn, self.router
         moe = r is None or (expert_kernel.FUSED_MOE and expert_kernel.ENABLED and self.experts.rows is None
                             and plain(r.proj) and r.proj.weight.is_contiguous())
