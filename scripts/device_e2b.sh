@@ -24,7 +24,9 @@ bench() {  # NAME CONTEXT TIMEOUT [bench args]: the shape bench (the oracle at t
 }
 dcheck() {  # TARGET MODE...: device_check with accepted drafts (oracle, n-gram), then the outputs compared
     local target=$1; shift
-    D=/tmp/dc; [ -d $D ] || timeout $(left 150) python scripts/device_check.py build $D > $W/dc_build.log 2>&1
+    D=/tmp/dc; [ -d $D ] || timeout $(left 150) python -c "import os, device_check as d
+from transformers import Gemma4ForCausalLM as M, Gemma4TextConfig as C
+os.makedirs('$D'); d._build_gemma4('$D', M, C, 1024)" > $W/dc_build.log 2>&1  # the Gemma 4 targets alone
     for m in "$@"; do
         timeout $(left 120) python scripts/device_check.py run $D --target $target --mode $m --drafters oracle ngram \
             --prompts 4 --new-tokens 128 --out $W/dc_${target}_$m.json 2>&1 | tail -1 | cut -c1-200
