@@ -98,6 +98,8 @@ for _n in FLAGS:  # each flag's question against what ships: defaults-fold, defa
 for _n in SETTINGS:
     VARIANTS[f"defaults+{_n}"] = tuple(FLAGS) + (_n,)
 VARIANTS["defaults+split128+far2048"] = tuple(FLAGS) + ("split128", "far2048")
+if "tiles" in SETTINGS:  # Gemma 4's small models on the fused layers with the tilings of AB_TILES
+    VARIANTS["defaults+small-fused+tiles"] = tuple(FLAGS) + ("small-fused", "tiles")
 
 
 @contextlib.contextmanager

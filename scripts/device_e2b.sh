@@ -52,6 +52,12 @@ fused)  # (each step's files packed as it ends: a call cut short by the device t
     [ "$(left 100)" -gt 60 ] && { SPECDEC_GEMMA4_SMALL_FUSED=1 timeout $(left 100) python scripts/profile_shape_step.py --shape gemma4-e2b --rows 1 \
         --context 512 --top 22 --timeline $W/tl_e2b_1row.json > $W/prof_e2b.log 2>&1
         echo "== profile rc=$? ${SECONDS}s"; grep -vE "^ *$" $W/prof_e2b.log | head -30 | cut -c1-160; } ;;
+tiles)  # the E2B's narrow projections (1536 outputs) on 64-output tiles with K split 4 ways, against the defaults
+    AB_TILES='{"1536,6144,0": [64,256,4,3,4], "1536,12288,0": [64,256,4,3,4], "1536,2048,0": [64,256,4,3,4], "1536,4096,0": [64,256,4,3,4]}' \
+        timeout $(left 200) python scripts/ab_flags.py --shape gemma4-e2b --context 512 --rounds 2 --reps 10 \
+        --no-drafters --variants defaults defaults+small-fused defaults+small-fused+tiles --json $W/ab_tiles.json \
+        > $W/ab_tiles.log 2>&1
+    echo "== ab tiles rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_tiles.log | tail -4 | cut -c1-300 ;;
 *)
     echo "usage: bash scripts/device_e2b.sh shapes | fused"; exit 2 ;;
 esac
