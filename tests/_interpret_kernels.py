@@ -700,8 +700,6 @@ def gemma4_moe() -> None:
     expert_kernel.usable, expert_kernel.moe = usable, run
     # the attention's static steps (padded to 16 rows, as on CUDA without row exactness): the fused q/k/v GEMM, then
     # the q/k norms, RoPE, the v norm and the cache write in one kernel (forced on the CPU), against the torch layers
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _engine_util import SpoiledOracle
     from specdec.engine import SpeculativeGenerator
     from specdec.models import rope_write
     from specdec.models.gemma4 import Gemma4Attention
@@ -713,12 +711,21 @@ def gemma4_moe() -> None:
     plain = SpeculativeGenerator(model, None, 0, cuda_graphs=False, batch_invariant=True).generate(prompt, 14)
     check("gemma4 attention: static steps ran the norm + RoPE + v norm + write kernel",
           len(kernel_calls) >= 2 * 13 and all(kernel_calls), f"({len(kernel_calls)} calls)")
-    check("gemma4 attention: static steps on the kernel decode what the eager attention decodes",
-          plain.token_ids == eager.token_ids, f"({plain.token_ids} / {eager.token_ids})")
-    spec = SpeculativeGenerator(model, SpoiledOracle(prompt + plain.token_ids, 256, spoil=0.25), 4, cuda_graphs=False,
+    _kernel_generation("gemma4 attention", model, prompt, eager, plain)
+
+
+def _kernel_generation(name: str, model, prompt, eager, static) -> None:
+    """Static steps on a forced kernel (``static``, a plain generation) decode what the eager steps decode (``eager``),
+    and speculative output on it with a spoiled oracle's drafts (accepted, rolled back) equals that plain decoding."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _engine_util import SpoiledOracle
+    from specdec.engine import SpeculativeGenerator
+    check(f"{name}: static steps on the kernel decode what the eager steps decode",
+          static.token_ids == eager.token_ids, f"({static.token_ids} / {eager.token_ids})")
+    spec = SpeculativeGenerator(model, SpoiledOracle(prompt + static.token_ids, 256, spoil=0.25), 4, cuda_graphs=False,
                                 batch_invariant=True).generate(prompt, 14)
-    check("gemma4 attention: speculative output on the kernel (drafts accepted, rollbacks) equals plain decoding",
-          spec.token_ids == plain.token_ids and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
+    check(f"{name}: speculative output on the kernel (drafts accepted, rollbacks) equals plain decoding",
+          spec.token_ids == static.token_ids and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
 
 
 def gemma4_fused() -> None:
@@ -759,19 +766,25 @@ def gemma4_fused() -> None:
     fused_layer.on_device = lambda w: True  # as on CUDA: the model row-exact up to 16 rows (32 experts, top 2)
     try:
         check("gemma4 fused: row-exact up to its MoE kernels' 16 rows", model.row_exact(16) and not model.row_exact(17))
-        from _engine_util import SpoiledOracle
-        from specdec.engine import SpeculativeGenerator
-        one = SpeculativeGenerator(model, None, 0, cuda_graphs=False, batch_invariant=True)
-        plain = one.generate(prompt, 14)
-        gen = SpeculativeGenerator(model, SpoiledOracle(prompt + plain.token_ids, 256, spoil=0.25), 4,
-                                   cuda_graphs=False, batch_invariant=True)
-        spec = gen.generate(prompt, 14)
-        check("gemma4 fused, row-exact: 1-row plain steps, 5-row verify steps; speculative output equals plain decoding",
-              one.row_exact and one.pad_to is None and gen.row_exact and gen.pad_to == 5
-              and spec.token_ids == plain.token_ids
-              and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
+        _row_exact_generation("gemma4 fused", model, prompt)
     finally:
         fused_layer.on_device = on_device
+
+
+def _row_exact_generation(name: str, model, prompt) -> None:
+    """A row-exact model (its weights taken as on CUDA by the caller): plain decoding on 1-row steps, verify steps of
+    k + 1 = 5 rows unpadded, and speculative output with a spoiled oracle's drafts equal to plain decoding's."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _engine_util import SpoiledOracle
+    from specdec.engine import SpeculativeGenerator
+    one = SpeculativeGenerator(model, None, 0, cuda_graphs=False, batch_invariant=True)
+    plain = one.generate(prompt, 14)
+    gen = SpeculativeGenerator(model, SpoiledOracle(prompt + plain.token_ids, 256, spoil=0.25), 4, cuda_graphs=False,
+                               batch_invariant=True)
+    spec = gen.generate(prompt, 14)
+    check(f"{name}, row-exact: 1-row plain steps, 5-row verify steps; speculative output equals plain decoding",
+          one.row_exact and one.pad_to is None and gen.row_exact and gen.pad_to == 5 and spec.token_ids == plain.token_ids
+          and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
 
 
 def gemma4_small_fused() -> None:
@@ -822,18 +835,10 @@ def gemma4_small_fused() -> None:
     fused_layer.on_device = lambda w: True  # as on CUDA
     try:
         check("gemma4 small fused: row-exact (no experts: at any row count the fused layers take)", model.row_exact(16))
-        from _engine_util import SpoiledOracle
-        from specdec.engine import SpeculativeGenerator
-        one = SpeculativeGenerator(model, None, 0, cuda_graphs=False, batch_invariant=True)
-        plain = one.generate(prompt, 14)
-        gen = SpeculativeGenerator(model, SpoiledOracle(prompt + plain.token_ids, 256, spoil=0.25), 4,
-                                   cuda_graphs=False, batch_invariant=True)
-        spec = gen.generate(prompt, 14)
-        check("gemma4 small fused, row-exact: 1-row plain steps, 5-row verify steps; speculative output equals plain",
-              one.row_exact and one.pad_to is None and gen.row_exact and gen.pad_to == 5
-              and spec.token_ids == plain.token_ids and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
+        _row_exact_generation("gemma4 small fused", model, prompt)
     finally:
         fused_layer.on_device = on_device
+    from specdec.engine import SpeculativeGenerator
     # the static steps' attention kernel (forced on the CPU): a KV-shared layer's q norm and RoPE alone (no keys,
     # values or cache write), the others' q/k norms, RoPE, v norm and write; against the eager steps
     from specdec.models import rope_write
@@ -847,12 +852,7 @@ def gemma4_small_fused() -> None:
     check("gemma4 small fused: static steps ran the attention kernel, queries alone in the KV-shared layers",
           len(kernel_calls) >= 4 * 13 and kernel_calls.count(True) == kernel_calls.count(False),
           f"({kernel_calls.count(True)} of {len(kernel_calls)} calls queries alone)")
-    check("gemma4 small fused: static steps on the kernel decode what the eager steps decode",
-          static.token_ids == eager.token_ids, f"({static.token_ids} / {eager.token_ids})")
-    spec = SpeculativeGenerator(model, SpoiledOracle(prompt + static.token_ids, 256, spoil=0.25), 4, cuda_graphs=False,
-                                batch_invariant=True).generate(prompt, 14)
-    check("gemma4 small fused: speculative output on the kernel (drafts accepted, rollbacks) equals plain decoding",
-          spec.token_ids == static.token_ids and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
+    _kernel_generation("gemma4 small fused", model, prompt, eager, static)
 
 
 def _tiny_llama():

@@ -32,7 +32,8 @@ weighted sum; a static step's padding rows skipped); elsewhere :class:`~.moe.Exp
 steps of at most 16 rows), so the per-position invariance of the static steps holds as for Gemma 3 and
 Qwen3.5 MoE.
 
-On CUDA every layer runs :meth:`Gemma4DecoderLayer.forward_fused`: its dense GEMMs on ``fused_layer.linear`` (a
+On CUDA every layer runs :meth:`Gemma4DecoderLayer.forward_fused` (a small model's, KV-shared or with a per-layer
+input, only with ``SMALL_FUSED``, off by default: see there): its dense GEMMs on ``fused_layer.linear`` (a
 KV-shared layer's q alone; the per-layer input's gate and projection, the per-layer inputs' projection of the
 embeddings and the LM head too), the MoE block on the expert kernels, the full layers' 512-wide heads on the split
 attention. A row's bits are then its own at any row count up to 16 where the model has experts, up to
@@ -154,7 +155,10 @@ class Gemma4Attention(nn.Module):
         """Whether this step takes :meth:`forward`'s static CUDA path: the fused projection (a KV-shared layer: q), then
         the q/k norms, RoPE, the v norm and the cache write (a KV-shared layer: the q norm and RoPE) in one kernel
         (``rope_write.norm_rope_write``; ``layers.NORM_ROPE`` and ``layers.FUSED_ROPE_WRITE``), no gradients."""
-        w = (self.q_proj.weight if SMALL_FUSED else None) if self.shared else (None if self._fused is None else self._fused[0])
+        if self.shared:
+            w = self.q_proj.weight if SMALL_FUSED else None
+        else:
+            w = None if self._fused is None else self._fused[0]
         return (w is not None and layers.NORM_ROPE and layers.FUSED_ROPE_WRITE and x.is_cuda and x.dim() == 2
                 and isinstance(start, torch.Tensor) and not torch.compiler.is_compiling()
                 and not (torch.is_grad_enabled() and w.requires_grad))
