@@ -67,7 +67,7 @@ from .registry import Architecture, register
 # steps): on an H100 (session of 2026-12-07 (thirteenth), gemma4-e2b shape, context 512, scripts/ab_flags.py) plain
 # decoding's step took 4.254 ms padded on cuBLAS and 4.624 ms on this path's 1-row steps, its output equal to plain
 # decoding's with accepted drafts (device_check). Its 1,536-output projections run the fused GEMM's default tile
-# unsplit (24-96 programs): a shared layer's down_proj (1536 x 12288) 80 us for 38 MB; their split-K tilings
+# unsplit (96 programs of 16 outputs): a shared layer's down_proj (1536 x 12288) 80 us for 38 MB; their split-K tilings
 # (scripts/device_e2b.sh tiles) are not yet measured
 SMALL_FUSED = env.switch("SPECDEC_GEMMA4_SMALL_FUSED")
 
