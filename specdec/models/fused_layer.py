@@ -209,18 +209,21 @@ def eligible(layer) -> bool:
             and type(mlp).act is _silu_act() and (layer.config.hidden_size <= MAX_HIDDEN or WIDE))
 
 
+def linear_ready(lin) -> bool:
+    """A projection as :func:`linear` takes it: a plain linear without a bias, its weight contiguous."""
+    return plain(lin) and lin.bias is None and lin.weight.is_contiguous()
+
+
 def attention_fusable(a) -> bool:
     """An attention module's projections as the kernels take them: q/k/v fused into one contiguous weight without a
     bias (``Attention.fuse``), o_proj a plain linear without a bias, its weight contiguous."""
-    return (a._fused is not None and a._fused[1] is None and a._fused[0].is_contiguous()
-            and plain(a.o_proj) and a.o_proj.bias is None and a.o_proj.weight.is_contiguous())
+    return a._fused is not None and a._fused[1] is None and a._fused[0].is_contiguous() and linear_ready(a.o_proj)
 
 
 def mlp_fusable(mlp) -> bool:
     """A gated MLP's projections as the kernels take them: gate/up fused without a bias (``SwiGLU.fuse``), down_proj a
     plain linear without a bias, its weight contiguous (the activation is the caller's question)."""
-    return (mlp._fused is not None and mlp._fused[1] is None and plain(mlp.down_proj)
-            and mlp.down_proj.bias is None and mlp.down_proj.weight.is_contiguous())
+    return mlp._fused is not None and mlp._fused[1] is None and linear_ready(mlp.down_proj)
 
 
 def runs(layer, rows: int) -> bool:

@@ -168,11 +168,11 @@ class Gemma4Attention(nn.Module):
         t = x.shape[0]
         q = k = v = None
         fast = self.fast_path(x, start)
-        if self.shared and fast:  # q, its norm and RoPE in one kernel, over the keys and values of the layer shared
+        if self.shared:  # q alone (on the fused GEMM in a fused forward), over the keys and values of the layer shared
             q = fused_layer.linear(x, self.q_proj.weight) if fused else self.q_proj(x)
             q = q.view(t, self.n_heads, self.head_dim)
             rows = cos.reshape(-1, cos.shape[-1])
-            if rope_write.supported_q(q, rows):
+            if fast and rope_write.supported_q(q, rows):  # its norm and RoPE in one kernel
                 q = rope_write.norm_rope_write(q, None, None, self.q_norm.fp32_scale(), None, self.eps, rows,
                                                sin.reshape(rows.shape), None, None, start, row_tables=True)
                 return self._out(attend(q, *cache.read(start, t), mask, 1.0), fused)
@@ -188,12 +188,10 @@ class Gemma4Attention(nn.Module):
                                                rows, sin.reshape(rows.shape), cache.k, cache.v, start, row_tables=True,
                                                v_norm=True)
                 return self._out(attend(q, cache.k, cache.v, mask, 1.0), fused)
-        if q is None:  # (a KV-shared layer on the fused path: q alone on the fused GEMM)
-            q = fused_layer.linear(x, self.q_proj.weight) if fused else self.q_proj(x)
-            q = q.view(t, self.n_heads, self.head_dim)
-            if not self.shared:
-                k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
-                v = k if self.v_proj is None else self.v_proj(x).view(t, self.n_kv, self.head_dim)
+        if q is None:
+            q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
+            k = self.k_proj(x).view(t, self.n_kv, self.head_dim)
+            v = k if self.v_proj is None else self.v_proj(x).view(t, self.n_kv, self.head_dim)
         q = apply_rope(self.q_norm(q).transpose(0, 1), cos, sin)
         if self.shared:
             k_all, v_all = cache.read(start, t)
@@ -313,8 +311,9 @@ class Gemma4DecoderLayer(nn.Module):
         a, r = self.self_attn, self.router
         moe = r is None or (expert_kernel.FUSED_MOE and expert_kernel.ENABLED and self.experts.rows is None
                             and plain(r.proj) and r.proj.weight.is_contiguous())
-        attn = (_gemm_ready(a.q_proj) and _gemm_ready(a.o_proj)) if a.shared else fused_layer.attention_fusable(a)
-        per = not self.per_layer or (_gemm_ready(self.per_layer_input_gate) and _gemm_ready(self.per_layer_projection))
+        ready = fused_layer.linear_ready
+        attn = (ready(a.q_proj) and ready(a.o_proj)) if a.shared else fused_layer.attention_fusable(a)
+        per = not self.per_layer or (ready(self.per_layer_input_gate) and ready(self.per_layer_projection))
         return (attn and per and moe and fused_layer.mlp_fusable(self.mlp)
                 and (self.config.hidden_size <= fused_layer.MAX_HIDDEN or fused_layer.WIDE))
 
@@ -355,11 +354,6 @@ class Gemma4DecoderLayer(nn.Module):
                                      router_x=r.inputs(x), expert_scale=r.per_expert_scale, gelu=True)
         idx, w = r(x)
         return ex(xe, idx, w, live)
-
-
-def _gemm_ready(lin) -> bool:
-    """A projection as ``fused_layer.linear`` takes it: a plain linear without a bias, its weight contiguous."""
-    return plain(lin) and lin.bias is None and lin.weight.is_contiguous()
 
 
 class Gemma4ForCausalLM(WindowedCausalLM):
@@ -422,7 +416,7 @@ class Gemma4ForCausalLM(WindowedCausalLM):
         w = self.per_layer_model_projection.weight
         # on the fused GEMM where the layers run theirs (a row's bits its own in row-exact steps)
         fused = (fused_layer.usable(x) and fused_layer.runs(self.layers[0], ctx.length) and x.is_contiguous()
-                 and _gemm_ready(self.per_layer_model_projection))
+                 and fused_layer.linear_ready(self.per_layer_model_projection))
         proj = fused_layer.linear(x, w) if fused else self.per_layer_model_projection(x)
         proj = proj * self.config.hidden_size ** -0.5
         proj = self.per_layer_projection_norm(proj.view(shape))

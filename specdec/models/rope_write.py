@@ -32,27 +32,29 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 
+def _takes(q: torch.Tensor, cos: torch.Tensor) -> bool:
+    """The kernels' own conditions: Triton, CUDA, bf16/fp16 heads of a power-of-two size with contiguous features,
+    tables of that dtype, contiguous, an even rotary width within the head."""
+    d, r = q.shape[-1], cos.shape[-1]
+    return (triton is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and cos.dtype == q.dtype
+            and d & (d - 1) == 0 and r % 2 == 0 and r <= d and q.stride(-1) == 1 and cos.is_contiguous())
+
+
 def supported_q(q: torch.Tensor, cos: torch.Tensor) -> bool:
     """Whether :func:`norm_rope_write` takes queries alone (``q [T, H, d]``, a static step's tables a row a row)."""
-    d, r = q.shape[-1], cos.shape[-1]
-    return (triton is not None and q.is_cuda and q.dim() == 3 and q.dtype in (torch.bfloat16, torch.float16)
-            and cos.dtype == q.dtype and d & (d - 1) == 0 and r % 2 == 0 and r <= d and q.stride(-1) == 1
-            and cos.is_contiguous())
+    return q.dim() == 3 and _takes(q, cos)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, cache, w) -> bool:
     """Whether :func:`rope_write` takes these (else the eager ops run): a batched step (``q [B, T, H,
     d]``, a :class:`BatchKVCache` and a :class:`BatchWrite`) or one sequence's static step (``q [T, H,
     d]``, a :class:`KVCache` and the step's start as a 0-d device tensor)."""
-    d, r = q.shape[-1], cos.shape[-1]
     if q.dim() == 4:
         layout = isinstance(cache, BatchKVCache) and isinstance(w, BatchWrite)
     else:
         layout = (q.dim() == 3 and type(cache) is KVCache and isinstance(w, torch.Tensor) and w.dim() == 0
-                  and w.dtype == torch.int64 and cache.k.shape[-1] == cache.v.shape[-1] == d)
-    return (triton is not None and q.is_cuda and layout and q.dtype in (torch.bfloat16, torch.float16)
-            and cos.dtype == q.dtype and d & (d - 1) == 0 and r % 2 == 0 and r <= d
-            and q.stride(-1) == 1 and k.stride(-1) == 1 and cos.is_contiguous())
+                  and w.dtype == torch.int64 and cache.k.shape[-1] == cache.v.shape[-1] == q.shape[-1])
+    return layout and _takes(q, cos) and k.stride(-1) == 1
 
 
 # launch options: one warp a (row, head); no contraction of a product and a sum into an FMA
