@@ -82,14 +82,17 @@ def weight_shapes(shape: str) -> dict:
 
     def add(name, w, silu=False):
         key = (w.shape[0], w.shape[1], silu)
-        if key not in seen:
+        if key not in seen:  # (a second shape of one role, e.g. Gemma 4 E2B's double-wide MLPs: named by its shape)
             seen.add(key)
-            out[name] = key
+            out[name if name not in out else f"{name}_{key[0]}x{key[1]}"] = key
     for layer in m.layers:
         for mod in layer.children():
             if isinstance(mod, (Attention, Gemma4Attention)):  # (Gemma 4: a sliding and a full layer's, suffixed)
                 sfx = "" if isinstance(mod, Attention) else f"_{mod.head_dim}"
-                add("qkv" + sfx, mod._fused[0])
+                if getattr(mod, "shared", False):  # a KV-shared layer (Gemma 4's E2B/E4B): q alone
+                    add("q_shared" + sfx, mod.q_proj.weight)
+                else:
+                    add("qkv" + sfx, mod._fused[0])
                 add("o" + sfx, mod.o_proj.weight)
             elif isinstance(mod, Gemma4Router):
                 add("router", mod.proj.weight)
@@ -102,6 +105,11 @@ def weight_shapes(shape: str) -> dict:
             elif isinstance(mod, SparseMoeBlock):  # the router (+ the shared expert's gate) on the fused GEMM
                 mod.fuse()
                 add("router", mod._router_weight())
+        if getattr(layer, "per_layer", False):  # a Gemma 4 small model's per-layer input: its gate and projection
+            add("per_layer_gate", layer.per_layer_input_gate.weight)
+            add("per_layer_proj", layer.per_layer_projection.weight)
+    if hasattr(m, "per_layer_model_projection"):  # (the embeddings' projection to every layer's per-layer input)
+        add("per_layer_model", m.per_layer_model_projection.weight)
     hidden = m.config.hidden_size
     if hidden > fl.MAX_HIDDEN:  # a drafter's weights on a wide target: DFlash's fc (5 target layers) and context K/V
         # (5 layers x 8 KV heads of 128), an MTP block's fc

@@ -8,6 +8,9 @@
 #                                       # eager, oracle and n-gram drafts) with SPECDEC_GEMMA4_SMALL_FUSED=1; its fused
 #                                       # path on and off in one process (ab_flags defaults / defaults+small-fused); its
 #                                       # bench and its 1-row step's kernels (fused), as time allows
+#   bash scripts/device_e2b.sh tiles    # the gemma4-e2b shape's fused GEMMs swept at 1 row (check_fused_layer.py), the
+#                                       # 1-row step with the sweep's best tilings (ab_flags defaults / +small-fused /
+#                                       # +small-fused+tiles)
 # Results in $OUT/e.tgz.
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
@@ -52,13 +55,23 @@ fused)  # (each step's files packed as it ends: a call cut short by the device t
     [ "$(left 100)" -gt 60 ] && { SPECDEC_GEMMA4_SMALL_FUSED=1 timeout $(left 100) python scripts/profile_shape_step.py --shape gemma4-e2b --rows 1 \
         --context 512 --top 22 --timeline $W/tl_e2b_1row.json > $W/prof_e2b.log 2>&1
         echo "== profile rc=$? ${SECONDS}s"; grep -vE "^ *$" $W/prof_e2b.log | head -30 | cut -c1-160; } ;;
-tiles)  # the E2B's narrow projections (1536 outputs) on 64-output tiles with K split 4 ways, against the defaults
-    AB_TILES='{"1536,6144,0": [64,256,4,3,4], "1536,12288,0": [64,256,4,3,4], "1536,2048,0": [64,256,4,3,4], "1536,4096,0": [64,256,4,3,4]}' \
-        timeout $(left 200) python scripts/ab_flags.py --shape gemma4-e2b --context 512 --rounds 2 --reps 10 \
-        --no-drafters --variants defaults defaults+small-fused defaults+small-fused+tiles --json $W/ab_tiles.json \
-        > $W/ab_tiles.log 2>&1
-    echo "== ab tiles rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_tiles.log | tail -4 | cut -c1-300 ;;
+tiles)  # the E2B's fused GEMMs swept at 1 row: first its narrow 1,536-output projections (K split too), then the 1-row
+    # step with their best tilings against the defaults and the switch on with the table's (one process), then the others
+    sweep() {  # NAME WEIGHT...: check_fused_layer's sweep of these weights; its best tilings in $T
+        local n=$1; shift
+        timeout $(left 200) python scripts/check_fused_layer.py --shape gemma4-e2b --sweep --rows 1 --no-model \
+            --json $W/sweep_$n.json --only "$@" > $W/sweep_$n.log 2>&1
+        echo "== sweep $n rc=$? ${SECONDS}s"; grep -E "rows, triton|best tiles|FAIL" $W/sweep_$n.log | cut -c1-220; save
+        T=$(grep -o "SPECDEC_FUSED_LAYER_TILES='.*'" $W/sweep_$n.log | sed "s/^SPECDEC_FUSED_LAYER_TILES='//; s/'$//")
+    }
+    sweep narrow o_256 o_512 down down_1536x12288 per_layer_proj
+    [ -n "$T" ] && { AB_TILES="$T" timeout $(left 200) python scripts/ab_flags.py --shape gemma4-e2b --context 512 \
+        --rounds 3 --reps 10 --no-drafters --variants defaults defaults+small-fused defaults+small-fused+tiles \
+        --json $W/ab_tiles.json > $W/ab_tiles.log 2>&1
+    echo "== ab tiles rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_tiles.log | tail -4 | cut -c1-300; save; }
+    sweep rest qkv_256 qkv_512 q_shared_256 q_shared_512 per_layer_gate gate_up+silu gate_up+silu_24576x1536 \
+        per_layer_model ;;
 *)
-    echo "usage: bash scripts/device_e2b.sh shapes | fused"; exit 2 ;;
+    echo "usage: bash scripts/device_e2b.sh shapes | fused | tiles"; exit 2 ;;
 esac
 save && rm -rf $W
