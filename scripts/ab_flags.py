@@ -32,7 +32,9 @@ with a cache much longer than the context, ``-n``), ``defaults+far0`` (split_att
 split size at any context), ``defaults+far2048`` (512-key splits past 2,048 positions; also ``defaults+split128+far2048``), ``defaults-norm-rope`` (layers.NORM_ROPE off: the q/k norms as kernels of their own), ``defaults-prenorm``
 (fused_ops.PRENORM_ADD off: Gemma 3's and 4's post-attention norm a kernel of its own), ``defaults-rope-table``
 (layers.ROPE_TABLE off: a static step's cos/sin computed, not looked up), ``defaults+small-fused`` (gemma4.SMALL_FUSED:
-Gemma 4's small models, KV-shared layers and per-layer inputs, on the fused layers, row-exact). Each
+Gemma 4's small models, KV-shared layers and per-layer inputs, on the fused layers, row-exact), ``defaults-dense-tail``
+(fused_ops.DENSE_TAIL off: Gemma 4's dense layer tail as the torch ops; ``defaults+small-fused-dense-tail``, and with
+AB_TILES ``defaults+small-fused+tiles(-dense-tail)``). Each
 variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs). The flags are module attributes read as a step
 is built, so a variant's steps are built with them set and the defaults come back after.
 """
@@ -63,6 +65,7 @@ FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.m
          "norm-rope": ("specdec.models.layers", "NORM_ROPE"),
          "prenorm": ("specdec.models.fused_ops", "PRENORM_ADD"),
          "tail": ("specdec.models.fused_ops", "SANDWICH_TAIL"),
+         "dense-tail": ("specdec.models.fused_ops", "DENSE_TAIL"),
          "buckets": ("specdec.models.graphs", "SPAN_BUCKETS"),
          "rope-table": ("specdec.models.layers", "ROPE_TABLE")}
 # settings other than on/off, each on top of the defaults: defaults+split64 (SPECDEC_SPLIT_KEYS=64), ...
@@ -98,8 +101,10 @@ for _n in FLAGS:  # each flag's question against what ships: defaults-fold, defa
 for _n in SETTINGS:
     VARIANTS[f"defaults+{_n}"] = tuple(FLAGS) + (_n,)
 VARIANTS["defaults+split128+far2048"] = tuple(FLAGS) + ("split128", "far2048")
-if "tiles" in SETTINGS:  # Gemma 4's small models on the fused layers with the tilings of AB_TILES
+VARIANTS["defaults+small-fused-dense-tail"] = VARIANTS["defaults-dense-tail"] + ("small-fused",)
+if "tiles" in SETTINGS:  # Gemma 4's small models on the fused layers with the tilings of AB_TILES (dense tail off too)
     VARIANTS["defaults+small-fused+tiles"] = tuple(FLAGS) + ("small-fused", "tiles")
+    VARIANTS["defaults+small-fused+tiles-dense-tail"] = VARIANTS["defaults-dense-tail"] + ("small-fused", "tiles")
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@
 #                                       # bench and its 1-row step's kernels (fused), as time allows
 #   bash scripts/device_e2b.sh tiles    # the gemma4-e2b shape's fused GEMMs swept at 1 row (check_fused_layer.py), the
 #                                       # 1-row step with the sweep's best tilings (ab_flags defaults / +small-fused /
-#                                       # +small-fused+tiles)
+#                                       # +small-fused+tiles / the same without the dense tail kernels)
 # Results in $OUT/e.tgz.
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
@@ -56,7 +56,8 @@ fused)  # (each step's files packed as it ends: a call cut short by the device t
         --context 512 --top 22 --timeline $W/tl_e2b_1row.json > $W/prof_e2b.log 2>&1
         echo "== profile rc=$? ${SECONDS}s"; grep -vE "^ *$" $W/prof_e2b.log | head -30 | cut -c1-160; } ;;
 tiles)  # the E2B's fused GEMMs swept at 1 row: first its narrow 1,536-output projections (K split too), then the 1-row
-    # step with their best tilings against the defaults and the switch on with the table's (one process), then the others
+    # step with their best tilings against the defaults and the switch on with the table's, and without the dense tail
+    # kernels (fused_ops.DENSE_TAIL; one process), then the others
     sweep() {  # NAME WEIGHT...: check_fused_layer's sweep of these weights; its best tilings in $T
         local n=$1; shift
         timeout $(left 200) python scripts/check_fused_layer.py --shape gemma4-e2b --sweep --rows 1 --no-model \
@@ -67,7 +68,7 @@ tiles)  # the E2B's fused GEMMs swept at 1 row: first its narrow 1,536-output pr
     sweep narrow o_256 o_512 down down_1536x12288 per_layer_proj
     [ -n "$T" ] && { AB_TILES="$T" timeout $(left 200) python scripts/ab_flags.py --shape gemma4-e2b --context 512 \
         --rounds 3 --reps 10 --no-drafters --variants defaults defaults+small-fused defaults+small-fused+tiles \
-        --json $W/ab_tiles.json > $W/ab_tiles.log 2>&1
+        defaults+small-fused+tiles-dense-tail --json $W/ab_tiles.json > $W/ab_tiles.log 2>&1
     echo "== ab tiles rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_tiles.log | tail -4 | cut -c1-300; save; }
     sweep rest qkv_256 qkv_512 q_shared_256 q_shared_512 per_layer_gate gate_up+silu gate_up+silu_24576x1536 \
         per_layer_model ;;

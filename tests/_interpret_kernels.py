@@ -493,6 +493,15 @@ def fused() -> None:
             check(f"fused sandwich tail {dtype}: a row alone has its bits among 7", torch.equal(
                 fused_ops.sandwich_tail(x[2:3], f[2:3], e[2:3], (w1, w2, norm.fp32_scale()), (1e-5, 1e-4, 1e-6), sc),
                 tail[2:3]))
+            # Gemma 4's dense layer tail in one kernel: x + norm(f), times the scalar or not, the bits of the norm
+            # kernel, the torch add and the torch product
+            nf = fused_ops.rms_norm(f, w1, 1e-5)
+            an = fused_ops.add_norm(x, f, w1, 1e-5, sc)
+            check(f"fused add+norm+scalar {dtype}: the bits of the norm, the add and the scalar",
+                  torch.equal(an, (x + nf) * sc) and not torch.equal(an, x + nf))
+            check(f"fused add+norm {dtype}: the bits of the norm and the add", torch.equal(fused_ops.add_norm(x, f, w1, 1e-5), x + nf))
+            check(f"fused add+norm+scalar {dtype}: a row alone has its bits among 7",
+                  torch.equal(fused_ops.add_norm(x[2:3], f[2:3], w1, 1e-5, sc), an[2:3]))
         # strided rows: per-head norms of q as a view of a fused projection [T, H*d + more]
         big = torch.randn(5, 4 * 16 + 8, generator=g).to(dtype)
         q = big[:, : 4 * 16].view(5, 4, 16)
@@ -510,6 +519,18 @@ def fused() -> None:
         err = (got_g.float() - want).abs().max().item()
         check(f"fused gelu_tanh*mul {dtype}: equals the torch ops (and not SiLU's)", err < (1e-5 if dtype == torch.float32
               else 1e-2) and (got_g.float() - got.float()).abs().max().item() > 0.05, f"(max diff {err:.1e})")
+        # gate and up apart, up a strided view (Gemma 4's per-layer input of one layer among three): the bits of the
+        # fused form on the two side by side
+        ups = torch.randn(6, 3, 40, generator=g).to(dtype)
+        got_s = fused_ops.glu_mul(gu[:, :40], ups[:, 1], gelu=True)
+        check(f"fused gelu_tanh*mul {dtype}: gate and a strided up apart, the bits of the fused form",
+              torch.equal(got_s, fused_ops.silu_mul(torch.cat([gu[:, :40], ups[:, 1]], 1), gelu=True))
+              and not torch.equal(got_s, got_g))
+        try:
+            fused_ops.glu_mul(gu[:, :40], ups[:5, 1])
+            check(f"fused glu_mul {dtype}: rows that differ refused", False)
+        except ValueError as e:
+            check(f"fused glu_mul {dtype}: rows that differ refused", "glu_mul" in str(e))
 
 
 def fused_layer() -> None:
@@ -819,10 +840,22 @@ def gemma4_small_fused() -> None:
           and model.layers[3].mlp.down_proj.weight.shape[1] == 2 * model.layers[1].mlp.down_proj.weight.shape[1])
     forced = lambda x: x.dtype == torch.float16 and not torch.is_grad_enabled()  # noqa: E731  (the CPU, forced)
     fused_layer.usable, fused_ops.usable = forced, forced
-    weights, run = [], fused_layer.linear
+    weights, run, tails, add_norm, glu, glu_mul = [], fused_layer.linear, [], fused_ops.add_norm, [], fused_ops.glu_mul
     fused_layer.linear = lambda x, w, **k: weights.append(w.data_ptr()) or run(x, w, **k)
+    fused_ops.add_norm = lambda *a, **k: tails.append(len(a) > 4) or add_norm(*a, **k)
+    fused_ops.glu_mul = lambda *a, **k: glu.append(k["gelu"]) or glu_mul(*a, **k)
     fused = logits()
     fused_layer.linear = run
+    # a layer's tail: x + norm(f), then gelu(gate) * its per-layer input, then (x + norm(projection)) * scalar
+    check("gemma4 small fused: each layer's tail in three kernels (fused_ops.DENSE_TAIL)",
+          tails == 2 * 4 * [False, True] and glu == 2 * 4 * [True], f"({len(tails)} add_norm, {len(glu)} glu_mul)")
+    fused_ops.DENSE_TAIL = False
+    fused_ops.add_norm, fused_ops.glu_mul = add_norm, glu_mul
+    off = logits()
+    fused_ops.DENSE_TAIL = True
+    err = max((a.float() - b.float()).abs().max().item() for a, b in zip(fused, off))
+    check("gemma4 small fused: the logits with the tail kernels as without (their GELU the fused GEMM's, not torch's)",
+          err <= max(b.float().abs().max().item() for b in off) / 64, f"(max diff {err:.1e})")
     named = [model.per_layer_model_projection.weight] + [w for layer in model.layers[2:] for w in (
         layer.self_attn.q_proj.weight, layer.per_layer_input_gate.weight, layer.per_layer_projection.weight)]
     # a forward: the per-layer inputs' projection, then per layer q/k/v (q alone where shared), o_proj, gate/up,
@@ -853,6 +886,17 @@ def gemma4_small_fused() -> None:
           len(kernel_calls) >= 4 * 13 and kernel_calls.count(True) == kernel_calls.count(False),
           f"({kernel_calls.count(True)} of {len(kernel_calls)} calls queries alone)")
     _kernel_generation("gemma4 small fused", model, prompt, eager, static)
+    # a dense layer without a per-layer input (Gemma 4 31B's kind): its tail one kernel, the bits of the three
+    for layer in model.layers:
+        layer.per_layer = False
+    fused_ops.DENSE_TAIL = False
+    off = logits()
+    fused_ops.DENSE_TAIL, tails[:] = True, []
+    fused_ops.add_norm = lambda *a, **k: tails.append(len(a) > 4) or add_norm(*a, **k)
+    on = logits()
+    fused_ops.add_norm = add_norm
+    check("gemma4 fused, no per-layer input: each layer's tail in one kernel, the bits of the torch ops",
+          tails == 2 * 4 * [True] and all(torch.equal(a, b) for a, b in zip(on, off)), f"({len(tails)} calls)")
 
 
 def _tiny_llama():
@@ -1065,6 +1109,9 @@ def pdl_ptx() -> None:
                                                         "w2": "*fp32", "w": "*fp32", "sc": "*bf16", "y": "*bf16",
                                                         "eps1": "fp32", "eps2": "fp32", "eps": "fp32"},
                                {"BLOCK": 4096}),
+             "add-norm": (fused_ops._add_norm_kernel, {"x": "*bf16", "v": "*bf16", "w": "*fp32", "sc": "*bf16", "y": "*bf16",
+                                                       "eps": "fp32"}, {"BLOCK": 2048, "SCALAR": True}),
+             "glu-mul": (fused_ops._silu_mul_kernel, {"g": "*bf16", "u": "*bf16", "y": "*bf16"}, {"BLOCK": 1024, "GELU": True}),
              "rope": (rope_write._rope_write_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}
                       | {"slots": "*i64", "pos": "*i64"}, {"R": 64, "HALF": 32, "D": 64}),
              "norm-rope": (rope_write._norm_rope_kernel, {n: "*bf16" for n in ("q", "k", "v", "cos", "sin", "q_out", "ck", "cv")}

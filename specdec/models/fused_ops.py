@@ -38,6 +38,12 @@ PRENORM_ADD = env.switch("SPECDEC_PRENORM_ADD")
 # instead of four (the MLP's norm, the experts' norm + the sum + its norm, the residual add, the scalar): each value
 # rounded where the torch ops round it. SPECDEC_SANDWICH_TAIL=0 off.
 SANDWICH_TAIL = env.switch("SPECDEC_SANDWICH_TAIL")
+# Gemma 4's dense layer tail on the fused path: ``(x + norm(f)) * layer_scalar`` as one kernel (:func:`add_norm`) instead
+# of three; a small model's (E2B, E4B) with its per-layer input, ``x + norm(f)``, ``gelu_tanh(gate) * p`` and
+# ``(x + norm(proj)) * layer_scalar`` as three (:func:`add_norm`, :func:`glu_mul`) instead of seven. The norms, adds and
+# product rounded where the torch ops round them; the GELU is the fused GEMM's (``fused_layer.glu_act``), not torch's
+# bits. SPECDEC_DENSE_TAIL=0 off.
+DENSE_TAIL = env.switch("SPECDEC_DENSE_TAIL")
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -112,15 +118,31 @@ if triton is not None:
         out = t.to(tl.float32) * tl.load(sc).to(tl.float32)
         tl.store(y + row * N + i, out.to(dt), mask=m)
 
-    @triton.jit(do_not_specialize=["I", "sg"])
-    def _silu_mul_kernel(g, y, I, sg, BLOCK: tl.constexpr, USE_GDC: tl.constexpr, GELU: tl.constexpr = False):
+    @triton.jit
+    def _add_norm_kernel(x, v, w, sc, y, N, eps, BLOCK: tl.constexpr, USE_GDC: tl.constexpr, SCALAR: tl.constexpr):
+        # y = x + norm_w(v) (times sc with SCALAR), every op's result rounded to the model dtype
+        if USE_GDC:  # models/pdl.py
+            pdl.begin()
+        row = tl.program_id(0)
+        i = tl.arange(0, BLOCK)
+        m = i < N
+        xv = tl.load(x + row * N + i, mask=m, other=0.0)
+        dt = xv.dtype
+        p = _rms(tl.load(v + row * N + i, mask=m, other=0.0), w, i, m, N, eps).to(dt)
+        t = (xv.to(tl.float32) + p.to(tl.float32)).to(dt)
+        if SCALAR:
+            t = (t.to(tl.float32) * tl.load(sc).to(tl.float32)).to(dt)
+        tl.store(y + row * N + i, t, mask=m)
+
+    @triton.jit(do_not_specialize=["I", "sg", "su"])
+    def _silu_mul_kernel(g, u, y, I, sg, su, BLOCK: tl.constexpr, USE_GDC: tl.constexpr, GELU: tl.constexpr = False):
         if USE_GDC:  # models/pdl.py
             pdl.begin()
         row, blk = tl.program_id(0), tl.program_id(1)
         i = blk * BLOCK + tl.arange(0, BLOCK)
         m = i < I
         gate = tl.load(g + row * sg + i, mask=m, other=0.0)
-        up = tl.load(g + row * sg + I + i, mask=m, other=0.0)
+        up = tl.load(u + row * su + i, mask=m, other=0.0)
         gf = gate.to(tl.float32)
         act = fused_layer.glu_act(gf, GELU).to(gate.dtype)  # silu (or GELU-tanh), rounded as the torch op's output is
         tl.store(y + row * I + i, (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=m)
@@ -172,16 +194,42 @@ def sandwich_tail(x: torch.Tensor, f: torch.Tensor, e: torch.Tensor, scales: tup
     return y
 
 
+def add_norm(x: torch.Tensor, v: torch.Tensor, scale: torch.Tensor, eps: float,
+             scalar: torch.Tensor | None = None) -> torch.Tensor:
+    """``x + rms_norm(v, scale, eps)`` for ``x``, ``v [T, N]`` (contiguous, one dtype), times ``scalar`` (a
+    one-element tensor of ``x``'s dtype) when given: Gemma 4's dense layer tail (:data:`DENSE_TAIL`). Each op rounded
+    as the norm kernel and the torch add and product round it. Callers check :func:`usable`."""
+    if v.shape != x.shape or x.dim() != 2 or not (x.is_contiguous() and v.is_contiguous()):
+        raise ValueError(f"add_norm: inputs {tuple(x.shape)}, {tuple(v.shape)}: want one contiguous [T, N] shape")
+    y = torch.empty_like(x)
+    rows, n = x.shape
+    if rows:
+        block = _block(n)
+        _add_norm_kernel[(rows,)](x, v, scale, x if scalar is None else scalar, y, n, eps, BLOCK=block,
+                                  num_warps=4 if block <= 2048 else 8, SCALAR=scalar is not None, **pdl.options(x))
+    return y
+
+
+def glu_mul(gate: torch.Tensor, up: torch.Tensor, gelu: bool = False) -> torch.Tensor:
+    """``silu(gate) * up`` (``gelu``: ``gelu_tanh(gate) * up``) for ``gate``, ``up [T, I]`` of one dtype whose last
+    dimensions are contiguous (rows strided: a view of a fused projection, or of Gemma 4's per-layer inputs): the
+    fused GEMM's activation (``fused_layer.glu_act``) rounded to the dtype, then the product rounded."""
+    if gate.dim() != 2 or up.shape != gate.shape or gate.stride(-1) != 1 or up.stride(-1) != 1 or up.dtype != gate.dtype:
+        raise ValueError(f"glu_mul: gate {tuple(gate.shape)}, up {tuple(up.shape)}: want one [T, I] shape and dtype, "
+                         "contiguous last dimensions")
+    rows, i = gate.shape
+    y = torch.empty(rows, i, dtype=gate.dtype, device=gate.device)
+    if rows:
+        block = min(1024, _block(i))
+        _silu_mul_kernel[(rows, triton.cdiv(i, block))](gate, up, y, i, gate.stride(0), up.stride(0), BLOCK=block,
+                                                        num_warps=4, GELU=gelu, **pdl.options(gate))
+    return y
+
+
 def silu_mul(gate_up: torch.Tensor, gelu: bool = False) -> torch.Tensor:
     """``gate_up [..., 2I]`` (gate, then up; a contiguous last dimension) -> ``silu(gate) * up [..., I]``; ``gelu``:
     ``gelu_tanh(gate) * up`` (Gemma's MLPs)."""
     if gate_up.dim() != 2:
         return silu_mul(gate_up.reshape(-1, gate_up.shape[-1]), gelu).view(*gate_up.shape[:-1], -1)
-    rows, two_i = gate_up.shape
-    i = two_i // 2
-    y = torch.empty(rows, i, dtype=gate_up.dtype, device=gate_up.device)
-    if rows:
-        block = min(1024, _block(i))
-        _silu_mul_kernel[(rows, triton.cdiv(i, block))](gate_up, y, i, gate_up.stride(0), BLOCK=block, num_warps=4,
-                                                                  GELU=gelu, **pdl.options(gate_up))
-    return y
+    i = gate_up.shape[1] // 2
+    return glu_mul(gate_up[:, :i], gate_up[:, i:], gelu)

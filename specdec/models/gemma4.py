@@ -322,8 +322,9 @@ class Gemma4DecoderLayer(nn.Module):
         """:meth:`forward` on ``fused_layer``'s GEMMs (CUDA, no gradients; routed by ``base.run_layers`` where
         ``fused_layer.runs``): ``(x, delta)`` whose sum is its input -> ``(output, None)`` (the layer scalar multiplies
         the whole residual stream, so no add is left to the next layer). A MoE layer's tail (the post-feed-forward
-        norms, their sum, the residual add, the scalar) is one kernel (``fused_ops.sandwich_tail``). A row's bits depend
-        on its own inputs only."""
+        norms, their sum, the residual add, the scalar) is one kernel (``fused_ops.sandwich_tail``), a dense layer's
+        one too, or three with a per-layer input (``fused_ops.DENSE_TAIL``). A row's bits depend on its own inputs
+        only."""
         if delta is not None:
             x = x + delta
         cos, sin, mask = self._positions(ctx)
@@ -336,6 +337,16 @@ class Gemma4DecoderLayer(nn.Module):
             norms = (self.post_feedforward_layernorm_1, self.post_feedforward_layernorm_2, self.post_feedforward_layernorm)
             return fused_ops.sandwich_tail(x, f, self._moe(x, ctx.live), tuple(n.fp32_scale() for n in norms),
                                            tuple(n.eps for n in norms), self.layer_scalar), None
+        if self.router is None and fused_ops.DENSE_TAIL and fused_ops.usable(x) and x.is_contiguous():
+            post = self.post_feedforward_layernorm  # the dense tail: 1 kernel (3 with a per-layer input) for 3 (7)
+            if not self.per_layer:
+                return fused_ops.add_norm(x, f, post.fp32_scale(), post.eps, self.layer_scalar), None
+            x = fused_ops.add_norm(x, f, post.fp32_scale(), post.eps)
+            g = fused_ops.glu_mul(fused_layer.linear(x, self.per_layer_input_gate.weight), ctx.per_layer[:, self.index],
+                                  gelu=True)
+            norm = self.post_per_layer_input_norm
+            return fused_ops.add_norm(x, fused_layer.linear(g, self.per_layer_projection.weight), norm.fp32_scale(),
+                                      norm.eps, self.layer_scalar), None
         x = x + self._ffn(f, x, ctx)
         if self.per_layer:  # the per-layer input's two projections on the fused GEMM
             g = gelu_tanh(fused_layer.linear(x, self.per_layer_input_gate.weight)) * ctx.per_layer[:, self.index]
