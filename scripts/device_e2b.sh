@@ -57,7 +57,8 @@ fused)  # (each step's files packed as it ends: a call cut short by the device t
         echo "== profile rc=$? ${SECONDS}s"; grep -vE "^ *$" $W/prof_e2b.log | head -30 | cut -c1-160; } ;;
 tiles)  # the E2B's fused GEMMs swept at 1 row: first its narrow 1,536-output projections (K split too), then the 1-row
     # step with their best tilings against the defaults and the switch on with the table's, and without the dense tail
-    # kernels (fused_ops.DENSE_TAIL; one process), then the others
+    # kernels (fused_ops.DENSE_TAIL; one process); device_check on the random small Gemma 4; the others swept; the bench
+    # with the narrow projections' best tilings
     sweep() {  # NAME WEIGHT...: check_fused_layer's sweep of these weights; its best tilings in $T
         local n=$1; shift
         timeout $(left 200) python scripts/check_fused_layer.py --shape gemma4-e2b --sweep --rows 1 --no-model \
@@ -69,9 +70,11 @@ tiles)  # the E2B's fused GEMMs swept at 1 row: first its narrow 1,536-output pr
     [ -n "$T" ] && { AB_TILES="$T" timeout $(left 200) python scripts/ab_flags.py --shape gemma4-e2b --context 512 \
         --rounds 3 --reps 10 --no-drafters --variants defaults defaults+small-fused defaults+small-fused+tiles \
         defaults+small-fused+tiles-dense-tail --json $W/ab_tiles.json > $W/ab_tiles.log 2>&1
-    echo "== ab tiles rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_tiles.log | tail -4 | cut -c1-300; save; }
-    sweep rest qkv_256 qkv_512 q_shared_256 q_shared_512 per_layer_gate gate_up+silu gate_up+silu_24576x1536 \
-        per_layer_model ;;
+    echo "== ab tiles rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_tiles.log | tail -6 | cut -c1-300; save; }
+    SPECDEC_GEMMA4_SMALL_FUSED=1 dcheck gemma4e graphs eager; save  # (the dense tail kernels on accepted drafts)
+    NT="$T"; sweep rest qkv_256 qkv_512 q_shared_256 q_shared_512 per_layer_gate gate_up+silu gate_up+silu_24576x1536 \
+        per_layer_model
+    [ -n "$NT" ] && SPECDEC_GEMMA4_SMALL_FUSED=1 SPECDEC_FUSED_LAYER_TILES="$NT" bench gemma4-e2b 512 100 --reps 3 -n 128 ;;
 *)
     echo "usage: bash scripts/device_e2b.sh shapes | fused | tiles"; exit 2 ;;
 esac
