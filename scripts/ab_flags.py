@@ -31,10 +31,9 @@ split, see SETTINGS), ``defaults+moe-bmm`` (moe.GROUPED_BMM: a MoE prefill's exp
 with a cache much longer than the context, ``-n``), ``defaults+far0`` (split_attention.schedule without far splits: one
 split size at any context), ``defaults+far2048`` (512-key splits past 2,048 positions; also ``defaults+split128+far2048``), ``defaults-norm-rope`` (layers.NORM_ROPE off: the q/k norms as kernels of their own), ``defaults-prenorm``
 (fused_ops.PRENORM_ADD off: Gemma 3's and 4's post-attention norm a kernel of its own), ``defaults-rope-table``
-(layers.ROPE_TABLE off: a static step's cos/sin computed, not looked up), ``defaults+small-fused`` (gemma4.SMALL_FUSED:
-Gemma 4's small models, KV-shared layers and per-layer inputs, on the fused layers, row-exact), ``defaults-dense-tail``
-(fused_ops.DENSE_TAIL off: Gemma 4's dense layer tail as the torch ops; ``defaults+small-fused-dense-tail``, and with
-AB_TILES ``defaults+small-fused+tiles(-dense-tail)``). Each
+(layers.ROPE_TABLE off: a static step's cos/sin computed, not looked up), ``defaults-small-fused`` (gemma4.SMALL_FUSED
+off: Gemma 4's small models, KV-shared layers and per-layer inputs, on cuBLAS with padded steps), ``defaults-dense-tail``
+(fused_ops.DENSE_TAIL off: Gemma 4's dense layer tail as the torch ops). Each
 variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs). The flags are module attributes read as a step
 is built, so a variant's steps are built with them set and the defaults come back after.
 """
@@ -66,6 +65,7 @@ FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.m
          "prenorm": ("specdec.models.fused_ops", "PRENORM_ADD"),
          "tail": ("specdec.models.fused_ops", "SANDWICH_TAIL"),
          "dense-tail": ("specdec.models.fused_ops", "DENSE_TAIL"),
+         "small-fused": ("specdec.models.gemma4", "SMALL_FUSED"),
          "buckets": ("specdec.models.graphs", "SPAN_BUCKETS"),
          "rope-table": ("specdec.models.layers", "ROPE_TABLE")}
 # settings other than on/off, each on top of the defaults: defaults+split64 (SPECDEC_SPLIT_KEYS=64), ...
@@ -82,7 +82,6 @@ SETTINGS["qkv4"] = ("specdec.models.fused_layer", "_FORCED", {(6144, 4096, 0): (
 SETTINGS["down4"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 12288, 0): (64, 256, 4, 3, 4)})
 SETTINGS["moe-tiles0"] = ("specdec.models.expert_kernel", "SHAPE_TILES", {})  # the MoE kernels' default tiles for every shape
 SETTINGS["moe-bmm"] = ("specdec.models.moe", "GROUPED_BMM", True)  # a MoE prefill's experts as two batched GEMMs
-SETTINGS["small-fused"] = ("specdec.models.gemma4", "SMALL_FUSED", True)  # Gemma 4's small models on the fused layers
 SETTINGS["far0"] = ("specdec.models.split_attention", "_FAR_ENV", (0, 0))  # one split size (no far splits)
 SETTINGS["far2048"] = ("specdec.models.split_attention", "_FAR_ENV", (2048, 512))  # 512-key splits past 2,048 positions
 # AB_TILES='{"N,K,silu": [BN, BK, warps, stages(, split)], ...}' (check_fused_layer.py --sweep's best_tiles): defaults+tiles
@@ -101,10 +100,6 @@ for _n in FLAGS:  # each flag's question against what ships: defaults-fold, defa
 for _n in SETTINGS:
     VARIANTS[f"defaults+{_n}"] = tuple(FLAGS) + (_n,)
 VARIANTS["defaults+split128+far2048"] = tuple(FLAGS) + ("split128", "far2048")
-VARIANTS["defaults+small-fused-dense-tail"] = VARIANTS["defaults-dense-tail"] + ("small-fused",)
-if "tiles" in SETTINGS:  # Gemma 4's small models on the fused layers with the tilings of AB_TILES (dense tail off too)
-    VARIANTS["defaults+small-fused+tiles"] = tuple(FLAGS) + ("small-fused", "tiles")
-    VARIANTS["defaults+small-fused+tiles-dense-tail"] = VARIANTS["defaults-dense-tail"] + ("small-fused", "tiles")
 
 
 @contextlib.contextmanager

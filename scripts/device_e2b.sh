@@ -11,6 +11,10 @@
 #   bash scripts/device_e2b.sh tiles    # the gemma4-e2b shape's fused GEMMs swept at 1 row (check_fused_layer.py), the
 #                                       # 1-row step with the sweep's best tilings (ab_flags defaults / +small-fused /
 #                                       # +small-fused+tiles / the same without the dense tail kernels)
+#   bash scripts/device_e2b.sh e4b      # the gemma4-e4b shape: ab_flags (cuBLAS padded / fused / no dense tail), its
+#                                       # bench, its GEMMs swept
+# (fused and tiles ran before SPECDEC_GEMMA4_SMALL_FUSED was on by default and the E2B's tilings in the table, as
+# defaults / defaults+small-fused(+tiles) variants; the variants here are today's names.)
 # Results in $OUT/e.tgz.
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
@@ -49,7 +53,7 @@ shapes)
 fused)  # (each step's files packed as it ends: a call cut short by the device time left still returns them)
     SPECDEC_GEMMA4_SMALL_FUSED=1 dcheck gemma4e graphs eager; save
     timeout $(left 200) python scripts/ab_flags.py --shape gemma4-e2b --context 512 --rounds 3 --reps 10 --no-drafters \
-        --variants defaults defaults+small-fused --json $W/ab_e2b.json > $W/ab_e2b.log 2>&1
+        --variants defaults-small-fused defaults --json $W/ab_e2b.json > $W/ab_e2b.log 2>&1
     echo "== ab rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_e2b.log | tail -3 | cut -c1-300; save
     SPECDEC_GEMMA4_SMALL_FUSED=1 bench gemma4-e2b 512 100 --reps 3 -n 128; save
     [ "$(left 100)" -gt 60 ] && { SPECDEC_GEMMA4_SMALL_FUSED=1 timeout $(left 100) python scripts/profile_shape_step.py --shape gemma4-e2b --rows 1 \
@@ -68,14 +72,25 @@ tiles)  # the E2B's fused GEMMs swept at 1 row: first its narrow 1,536-output pr
     }
     sweep narrow o_256 o_512 down down_1536x12288 per_layer_proj
     [ -n "$T" ] && { AB_TILES="$T" timeout $(left 200) python scripts/ab_flags.py --shape gemma4-e2b --context 512 \
-        --rounds 3 --reps 10 --no-drafters --variants defaults defaults+small-fused defaults+small-fused+tiles \
-        defaults+small-fused+tiles-dense-tail --json $W/ab_tiles.json > $W/ab_tiles.log 2>&1
+        --rounds 3 --reps 10 --no-drafters --variants defaults-small-fused defaults defaults+tiles defaults-dense-tail \
+        --json $W/ab_tiles.json > $W/ab_tiles.log 2>&1
     echo "== ab tiles rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_tiles.log | tail -6 | cut -c1-300; save; }
     SPECDEC_GEMMA4_SMALL_FUSED=1 dcheck gemma4e graphs eager; save  # (the dense tail kernels on accepted drafts)
     NT="$T"; sweep rest qkv_256 qkv_512 q_shared_256 q_shared_512 per_layer_gate gate_up+silu gate_up+silu_24576x1536 \
         per_layer_model
     [ -n "$NT" ] && SPECDEC_GEMMA4_SMALL_FUSED=1 SPECDEC_FUSED_LAYER_TILES="$NT" bench gemma4-e2b 512 100 --reps 3 -n 128 ;;
+e4b)  # the gemma4-e4b shape: its step on cuBLAS padded, on the fused layers, and without the dense tail kernels (one
+    # process); its bench; its fused GEMMs swept at 1 row, as time allows
+    timeout $(left 200) python scripts/ab_flags.py --shape gemma4-e4b --context 512 --rounds 3 --reps 10 --no-drafters \
+        --variants defaults-small-fused defaults defaults-dense-tail --json $W/ab_e4b.json > $W/ab_e4b.log 2>&1
+    echo "== ab e4b rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_e4b.log | tail -5 | cut -c1-300; save
+    bench gemma4-e4b 512 120 --reps 3 -n 128; save
+    timeout $(left 200) python scripts/check_fused_layer.py --shape gemma4-e4b --sweep --rows 1 --no-model \
+        --json $W/sweep_e4b.json --only o_256 o_512 down \
+        per_layer_gate per_layer_proj qkv_256 qkv_512 q_shared_256 q_shared_512 gate_up+silu per_layer_model \
+        > $W/sweep_e4b.log 2>&1
+    echo "== sweep e4b rc=$? ${SECONDS}s"; grep -E "rows, triton|best tiles|FAIL" $W/sweep_e4b.log | cut -c1-220 ;;
 *)
-    echo "usage: bash scripts/device_e2b.sh shapes | fused | tiles"; exit 2 ;;
+    echo "usage: bash scripts/device_e2b.sh shapes | fused | tiles | e4b"; exit 2 ;;
 esac
 save && rm -rf $W

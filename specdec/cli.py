@@ -197,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-chat", action="store_true", help="use raw prompts instead of the chat template")
     b.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON to FILE")
     b.add_argument("--shape", default=None, help="instead of --model: a random-weight target of a published shape "
-                   "(qwen3-8b | qwen3.5-9b | qwen3.5-35b-a3b | gemma4-26b-a4b | gemma4-e2b | gemma3-270m | smollm2-135m | tiny) "
+                   "(qwen3-8b | qwen3.5-9b | qwen3.5-35b-a3b | gemma4-26b-a4b | gemma4-e2b | gemma4-e4b | gemma3-270m | smollm2-135m | "
+                   "tiny) "
                    "built in device memory; reports "
                    "decode / verify step costs, the bandwidth bound and an ORACLE drafter's end-to-end tok/s")
     b.add_argument("--context", type=int, default=512, help="--shape: context (prompt) tokens (default 512)")

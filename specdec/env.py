@@ -40,7 +40,7 @@ SWITCHES: dict[str, tuple[bool, str]] = {
     "SPECDEC_FUSED_MOE": (True, "a MoE block's step in three kernels"),
     "SPECDEC_FUSED_NORM": (True, "RMSNorm (with its residual add) as one Triton kernel"),
     "SPECDEC_PRENORM_ADD": (True, "a sandwich-normed layer's post-norm, residual add and next norm as one kernel (Gemma 3 and 4)"),
-    "SPECDEC_GEMMA4_SMALL_FUSED": (False, "Gemma 4's small models (KV sharing, per-layer inputs) on the fused layers, row-exact (off: slower than the padded steps until their narrow projections are tiled)"),
+    "SPECDEC_GEMMA4_SMALL_FUSED": (True, "Gemma 4's small models (KV sharing, per-layer inputs) on the fused layers, row-exact (off: cuBLAS and padded steps)"),
     "SPECDEC_SANDWICH_TAIL": (True, "Gemma 4's MoE layer tail (its post-feed-forward norms, the residual add, the layer scalar) as one kernel"),
     "SPECDEC_DENSE_TAIL": (True, "Gemma 4's dense layer tail (the post-feed-forward norm, the residual add, the layer scalar) as one kernel; with a per-layer input (E2B, E4B) three for seven"),
     "SPECDEC_FUSED_ROPE": (True, "RoPE and the KV-cache write of static steps in one kernel"),

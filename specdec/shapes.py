@@ -87,6 +87,13 @@ GEMMA4_E2B = {
     "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 131072,
     "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh",
 }
+# Gemma 4 E4B (google/gemma-4-E4B-it; as gemma.cpp's Gemma 4 configs and NVIDIA Megatron Bridge's E4B recipe describe
+# it, not checked against the checkpoint's config.json): 42 layers of 2560, five sliding-window (512) layers of two KV
+# heads x 256 per full layer of two KV heads x 512; the last 18 layers reuse earlier layers' keys and values; one MLP
+# width (10,240); a 256-wide per-layer input; otherwise as E2B.
+GEMMA4_E4B = {**GEMMA4_E2B, "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 42,
+              "num_key_value_heads": 2, "num_kv_shared_layers": 18, "use_double_wide_mlp": False,
+              "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 7}
 # Gemma 3 270M (google/gemma-3-270m; the values the packaged gemma-3-270m GGUF's metadata gives, `specdec info`): 18
 # layers of 640, 4 heads / 1 KV head of 256, GELU-tanh MLP of 2048, every 6th layer global, the others a 512-position
 # window; a tied 262,144-token vocabulary (the head is 60 % of the bytes a step reads).
@@ -105,7 +112,7 @@ TINY = {
 }
 
 SHAPES = {"qwen3-8b": QWEN3_8B, "qwen3.5-9b": QWEN35_9B, "qwen3.5-35b-a3b": QWEN35_35B_A3B,
-          "gemma4-26b-a4b": GEMMA4_26B_A4B, "gemma4-e2b": GEMMA4_E2B, "gemma3-270m": GEMMA3_270M,
+          "gemma4-26b-a4b": GEMMA4_26B_A4B, "gemma4-e2b": GEMMA4_E2B, "gemma4-e4b": GEMMA4_E4B, "gemma3-270m": GEMMA3_270M,
           "smollm2-135m": SMOLLM2_135M, "tiny": TINY}
 
 

@@ -831,8 +831,10 @@ def gemma4_small_fused() -> None:
     from _gemma_util import randomise_gemma4
     randomise_gemma4(model)
     torch_form = logits()
-    check("gemma4 small fused: off by default (SPECDEC_GEMMA4_SMALL_FUSED), the KV-shared layers and those with a "
-          "per-layer input then off the fused path", not gemma4.SMALL_FUSED and not any(layer.fused_path for layer in model.layers))
+    check("gemma4 small fused: on by default (SPECDEC_GEMMA4_SMALL_FUSED)", gemma4.SMALL_FUSED)
+    gemma4.SMALL_FUSED = False
+    check("gemma4 small fused: switched off, the KV-shared layers and those with a per-layer input off the fused path",
+          not any(layer.fused_path for layer in model.layers))
     gemma4.SMALL_FUSED = True
     check("gemma4 small fused: every layer eligible, two of them KV-shared with double-wide MLPs",
           all(layer.fused_path for layer in model.layers)

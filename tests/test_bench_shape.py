@@ -161,7 +161,8 @@ def test_oracle_spoil_probability():
 
 # parameters including embeddings (and the untied LM head): the published sizes' orders of magnitude
 @pytest.mark.parametrize("name, params", [("qwen3-8b", 8.19e9), ("qwen3.5-9b", 8.95e9), ("qwen3.5-35b-a3b", 34.7e9),
-                                          ("gemma4-26b-a4b", 25.2e9), ("gemma4-e2b", 4.63e9), ("gemma3-270m", 2.68e8),
+                                          ("gemma4-26b-a4b", 25.2e9), ("gemma4-e2b", 4.63e9), ("gemma4-e4b", 7.46e9),
+                                          ("gemma3-270m", 2.68e8),
                                           ("smollm2-135m", 1.35e8),
                                           ("tiny", 2.1e5)])
 def test_shapes_build_on_meta(name, params):
@@ -171,8 +172,8 @@ def test_shapes_build_on_meta(name, params):
 
 
 def test_every_shape_is_tested():
-    assert set(SHAPES) == {"qwen3-8b", "qwen3.5-9b", "qwen3.5-35b-a3b", "gemma4-26b-a4b", "gemma4-e2b", "gemma3-270m",
-                           "smollm2-135m", "tiny"}
+    assert set(SHAPES) == {"qwen3-8b", "qwen3.5-9b", "qwen3.5-35b-a3b", "gemma4-26b-a4b", "gemma4-e2b", "gemma4-e4b",
+                           "gemma3-270m", "smollm2-135m", "tiny"}
 
 
 def test_gemma4_moe_shape_runs_scaled_down(monkeypatch, single_thread):

@@ -128,6 +128,22 @@ TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     (2112, 2816, True): (32, 256, 4, 4, 1),  # gate/up + gelu_tanh * up: 10.63 (11.62; cuBLAS + the product 13.53)
     (2816, 2112, False): (64, 256, 4, 3, 3),  # down_proj: 8.43 (8.76; 7.34)
     (128, 2816, False): (16, 256, 4, 3, 8),  # the MoE router: 4.16 (6.02; 6.36)
+    # the gemma4-e2b shape (2026-12-07 (fourteenth), H100, scripts/device_e2b.sh tiles: --shape gemma4-e2b --sweep --rows
+    # 1; us at 1 row, the default TILE and cuBLAS in brackets; each keeps a row's bits at 1..200 rows): the 1,536-output
+    # projections with K split, the others on wider tiles; its per-layer projection (1536 x 256) keeps TILE, the best
+    # (1.82 us). The 1-row step (scripts/ab_flags.py, context 512, one process) 4.533 -> 3.025 ms with the first five
+    (1536, 12288, False): (64, 256, 4, 4, 4),  # a KV-shared layer's (double-wide) down_proj: 16.57 (28.07; 17.80)
+    (1536, 6144, False): (64, 256, 4, 4, 4),  # down_proj: 10.13 (14.69; 11.50)
+    (1536, 4096, False): (32, 256, 4, 4, 4),  # a full layer's o_proj: 10.34 (12.29; 9.48)
+    (1536, 2048, False): (64, 256, 4, 4, 2),  # a sliding layer's o_proj: 6.53 (6.66; 5.70)
+    (2560, 1536, False): (64, 256, 4, 4, 1),  # a sliding layer's q/k/v: 6.08 (7.67; 5.71)
+    (5120, 1536, False): (64, 256, 4, 4, 1),  # a full layer's q/k/v: 9.18 (13.44; 8.20)
+    (2048, 1536, False): (64, 256, 4, 4, 2),  # a KV-shared sliding layer's q: 5.59 (6.35; 5.68)
+    (4096, 1536, False): (64, 256, 4, 4, 1),  # a KV-shared full layer's q: 6.97 (11.30; 7.05)
+    (6144, 1536, True): (32, 128, 4, 4, 1),  # gate/up + gelu_tanh * up: 15.30 (16.96; cuBLAS + the product 17.38)
+    (12288, 1536, True): (32, 128, 4, 4, 1),  # a KV-shared layer's gate/up: 26.63 (27.37; 29.54)
+    (256, 1536, False): (16, 256, 2, 4, 1),  # the per-layer input's gate: 3.40 (3.92; 4.88)
+    (8960, 1536, False): (32, 256, 4, 4, 1),  # the embeddings' projection to the per-layer inputs: 12.80 (13.10; 12.42)
 }
 # weights of 2,048 or more outputs and inputs that the table does not name (a Qwen3.5 MTP block's fc, other 4096-wide
 # layers): the qwen3-8b shape's tilings by kind (its default TILE took 24.8 against 17.0 us on its q/k/v, 60.8 against

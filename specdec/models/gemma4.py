@@ -33,7 +33,7 @@ steps of at most 16 rows), so the per-position invariance of the static steps ho
 Qwen3.5 MoE.
 
 On CUDA every layer runs :meth:`Gemma4DecoderLayer.forward_fused` (a small model's, KV-shared or with a per-layer
-input, only with ``SMALL_FUSED``, off by default: see there): its dense GEMMs on ``fused_layer.linear`` (a
+input, only with ``SMALL_FUSED``, on by default: see there): its dense GEMMs on ``fused_layer.linear`` (a
 KV-shared layer's q alone; the per-layer input's gate and projection, the per-layer inputs' projection of the
 embeddings and the LM head too), the MoE block on the expert kernels, the full layers' 512-wide heads on the split
 attention. A row's bits are then its own at any row count up to 16 where the model has experts, up to
@@ -63,12 +63,11 @@ from .registry import Architecture, register
 
 # Gemma 4's small models (E2B, E4B: KV-shared layers, per-layer inputs) on the fused layers, row-exact: a KV-shared
 # layer's q on the fused GEMM and its q norm and RoPE in the attention kernel's queries-alone form, the per-layer
-# projections on the fused GEMM. SPECDEC_GEMMA4_SMALL_FUSED=1 on; off by default (those models keep cuBLAS and padded
-# steps): on an H100 (session of 2026-12-07 (thirteenth), gemma4-e2b shape, context 512, scripts/ab_flags.py) plain
-# decoding's step took 4.254 ms padded on cuBLAS and 4.624 ms on this path's 1-row steps, its output equal to plain
-# decoding's with accepted drafts (device_check). Its 1,536-output projections run the fused GEMM's default tile
-# unsplit (96 programs of 16 outputs): a shared layer's down_proj (1536 x 12288) 80 us for 38 MB; their split-K tilings
-# (scripts/device_e2b.sh tiles) are not yet measured
+# projections on the fused GEMM. On by default since the session of 2026-12-07 (fourteenth): on an H100 (gemma4-e2b
+# shape, context 512, scripts/ab_flags.py, one process) plain decoding's step took 4.172 ms padded on cuBLAS, 4.533 ms
+# on this path's 1-row steps with the fused GEMM's default tile, 3.025 ms with the 1,536-output projections on split-K
+# tilings (fused_layer.TILES) and 2.956 with all the shape's tilings; its output equal to plain decoding's with
+# accepted drafts (device_check). SPECDEC_GEMMA4_SMALL_FUSED=0: those models on cuBLAS with padded steps
 SMALL_FUSED = env.switch("SPECDEC_GEMMA4_SMALL_FUSED")
 
 
