@@ -101,6 +101,16 @@ if triton is not None:
         return f * (1.0 / tl.sqrt_rn(ms + eps)) * tl.load(w + i, mask=m, other=0.0)
 
     @triton.jit
+    def _add_out(y, xv, p, sc, row, N, i, m, SCALAR: tl.constexpr):
+        """A layer tail's last ops into row ``row`` of ``y``: ``xv + p``, times ``sc`` with SCALAR, each rounded to the
+        model dtype (as the torch add and product)."""
+        dt = xv.dtype
+        t = (xv.to(tl.float32) + p.to(tl.float32)).to(dt)
+        if SCALAR:
+            t = (t.to(tl.float32) * tl.load(sc).to(tl.float32)).to(dt)
+        tl.store(y + row * N + i, t, mask=m)
+
+    @triton.jit
     def _tail_kernel(x, f, e, w1, w2, w, sc, y, N, eps1, eps2, eps, BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
         # y = (x + norm_w(norm_w1(f) + norm_w2(e))) * sc, every op's result rounded to the model dtype
         if USE_GDC:  # models/pdl.py
@@ -108,15 +118,12 @@ if triton is not None:
         row = tl.program_id(0)
         i = tl.arange(0, BLOCK)
         m = i < N
-        xv = tl.load(x + row * N + i, mask=m, other=0.0)
-        dt = xv.dtype
+        dt = y.dtype.element_ty
         a = _rms(tl.load(f + row * N + i, mask=m, other=0.0), w1, i, m, N, eps1).to(dt)
         b = _rms(tl.load(e + row * N + i, mask=m, other=0.0), w2, i, m, N, eps2).to(dt)
         u = (a.to(tl.float32) + b.to(tl.float32)).to(dt)
         p = _rms(u, w, i, m, N, eps).to(dt)
-        t = (xv.to(tl.float32) + p.to(tl.float32)).to(dt)
-        out = t.to(tl.float32) * tl.load(sc).to(tl.float32)
-        tl.store(y + row * N + i, out.to(dt), mask=m)
+        _add_out(y, tl.load(x + row * N + i, mask=m, other=0.0), p, sc, row, N, i, m, True)
 
     @triton.jit
     def _add_norm_kernel(x, v, w, sc, y, N, eps, BLOCK: tl.constexpr, USE_GDC: tl.constexpr, SCALAR: tl.constexpr):
@@ -126,13 +133,8 @@ if triton is not None:
         row = tl.program_id(0)
         i = tl.arange(0, BLOCK)
         m = i < N
-        xv = tl.load(x + row * N + i, mask=m, other=0.0)
-        dt = xv.dtype
-        p = _rms(tl.load(v + row * N + i, mask=m, other=0.0), w, i, m, N, eps).to(dt)
-        t = (xv.to(tl.float32) + p.to(tl.float32)).to(dt)
-        if SCALAR:
-            t = (t.to(tl.float32) * tl.load(sc).to(tl.float32)).to(dt)
-        tl.store(y + row * N + i, t, mask=m)
+        p = _rms(tl.load(v + row * N + i, mask=m, other=0.0), w, i, m, N, eps).to(y.dtype.element_ty)
+        _add_out(y, tl.load(x + row * N + i, mask=m, other=0.0), p, sc, row, N, i, m, SCALAR)
 
     @triton.jit(do_not_specialize=["I", "sg", "su"])
     def _silu_mul_kernel(g, u, y, I, sg, su, BLOCK: tl.constexpr, USE_GDC: tl.constexpr, GELU: tl.constexpr = False):
