@@ -14,7 +14,7 @@ whole, then narrowed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable
 
 import torch
 
