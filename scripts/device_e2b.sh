@@ -3,7 +3,7 @@
 # layers; one device call each (carry .whl):
 #   bash scripts/device_e2b.sh shapes   # specdec bench --shape for qwen3.5-35b-a3b, qwen3-8b (512, then 4,096 and
 #                                       # 16,384; the DFlash drafter on int8 weights too), qwen3.5-9b, smollm2-135m,
-#                                       # gemma4-26b-a4b and gemma4-e2b, as the call's time allows
+#                                       # gemma4-26b-a4b, gemma4-e2b and gemma4-e4b, as the call's time allows
 #   bash scripts/device_e2b.sh fused    # the gemma4-e2b shape: device_check on a random small Gemma 4 (graphs and
 #                                       # eager, oracle and n-gram drafts) with SPECDEC_GEMMA4_SMALL_FUSED=1; its fused
 #                                       # path on and off in one process (ab_flags defaults / defaults+small-fused); its
@@ -51,7 +51,8 @@ shapes)
     bench qwen3.5-9b 512 120 --draft-vocab 32768 --reps 10
     bench smollm2-135m 512 60
     bench gemma4-26b-a4b 512 100 --reps 3 -n 128
-    bench gemma4-e2b 512 90 --reps 3 -n 128 ;;
+    bench gemma4-e2b 512 90 --reps 3 -n 128
+    bench gemma4-e4b 512 90 --reps 3 -n 128 ;;
 fused)  # (each step's files packed as it ends: a call cut short by the device time left still returns them)
     SPECDEC_GEMMA4_SMALL_FUSED=1 dcheck gemma4e graphs eager; save
     timeout $(left 200) python scripts/ab_flags.py --shape gemma4-e2b --context 512 --rounds 3 --reps 10 --no-drafters \
