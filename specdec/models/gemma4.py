@@ -288,9 +288,16 @@ class Gemma4DecoderLayer(nn.Module):
         x, h = self.pre_feedforward_layernorm.add(x, a, self.post_attention_layernorm)  # CUDA: one kernel
         x = x + self._ffn(self.mlp(h), x, ctx)
         if self.per_layer:
-            g = gelu_tanh(self.per_layer_input_gate(x)) * ctx.per_layer[:, self.index]
-            x = x + self.post_per_layer_input_norm(self.per_layer_projection(g))
+            x = self._add_per_layer(x, ctx)
         return x * self.layer_scalar
+
+    def _add_per_layer(self, x: torch.Tensor, ctx: Gemma4StepContext, fused: bool = False) -> torch.Tensor:
+        """``x`` plus this layer's per-layer input term: ``norm(projection(gelu_tanh(gate(x)) * p_i))``; ``fused``: the
+        gate and projection on ``fused_layer.linear``."""
+        def lin(m, t):
+            return fused_layer.linear(t, m.weight) if fused else m(t)
+        g = gelu_tanh(lin(self.per_layer_input_gate, x)) * ctx.per_layer[:, self.index]
+        return x + self.post_per_layer_input_norm(lin(self.per_layer_projection, g))
 
     def _ffn(self, f: torch.Tensor, x: torch.Tensor, ctx: Gemma4StepContext) -> torch.Tensor:
         """``post_feedforward_layernorm`` of the dense MLP's output ``f``, with the routed experts' (of the residual
@@ -331,12 +338,12 @@ class Gemma4DecoderLayer(nn.Module):
         x, h = self.pre_feedforward_layernorm.add(x, a, self.post_attention_layernorm)
         mlp = self.mlp
         f = fused_layer.linear(fused_layer.linear(h, mlp._fused[0], gelu=True), mlp.down_proj.weight)
-        if (self.router is not None and not self.per_layer and fused_ops.SANDWICH_TAIL and fused_ops.usable(x)
-                and x.is_contiguous()):
+        kernels = fused_ops.usable(x) and x.is_contiguous()  # (the tails' kernels)
+        if self.router is not None and not self.per_layer and fused_ops.SANDWICH_TAIL and kernels:
             norms = (self.post_feedforward_layernorm_1, self.post_feedforward_layernorm_2, self.post_feedforward_layernorm)
             return fused_ops.sandwich_tail(x, f, self._moe(x, ctx.live), tuple(n.fp32_scale() for n in norms),
                                            tuple(n.eps for n in norms), self.layer_scalar), None
-        if self.router is None and fused_ops.DENSE_TAIL and fused_ops.usable(x) and x.is_contiguous():
+        if self.router is None and fused_ops.DENSE_TAIL and kernels:
             post = self.post_feedforward_layernorm  # the dense tail: 1 kernel (3 with a per-layer input) for 3 (7)
             if not self.per_layer:
                 return fused_ops.add_norm(x, f, post.fp32_scale(), post.eps, self.layer_scalar), None
@@ -347,9 +354,8 @@ class Gemma4DecoderLayer(nn.Module):
             return fused_ops.add_norm(x, fused_layer.linear(g, self.per_layer_projection.weight), norm.fp32_scale(),
                                       norm.eps, self.layer_scalar), None
         x = x + self._ffn(f, x, ctx)
-        if self.per_layer:  # the per-layer input's two projections on the fused GEMM
-            g = gelu_tanh(fused_layer.linear(x, self.per_layer_input_gate.weight)) * ctx.per_layer[:, self.index]
-            x = x + self.post_per_layer_input_norm(fused_layer.linear(g, self.per_layer_projection.weight))
+        if self.per_layer:
+            x = self._add_per_layer(x, ctx, fused=True)
         return x * self.layer_scalar, None
 
     def _moe(self, x: torch.Tensor, live: torch.Tensor | None) -> torch.Tensor:
