@@ -31,8 +31,8 @@ split, see SETTINGS), ``defaults+moe-bmm`` (moe.GROUPED_BMM: a MoE prefill's exp
 with a cache much longer than the context, ``-n``), ``defaults+far0`` (split_attention.schedule without far splits: one
 split size at any context), ``defaults+far2048`` (512-key splits past 2,048 positions; also ``defaults+split128+far2048``), ``defaults-norm-rope`` (layers.NORM_ROPE off: the q/k norms as kernels of their own), ``defaults-prenorm``
 (fused_ops.PRENORM_ADD off: Gemma 3's and 4's post-attention norm a kernel of its own), ``defaults-rope-table``
-(layers.ROPE_TABLE off: a static step's cos/sin computed, not looked up), ``defaults+narrow-split`` (fused_layer.NARROW_SPLIT: narrow weights over a long K
-that the tiling table does not name on the wide tiling with K split), ``defaults-small-fused`` (gemma4.SMALL_FUSED
+(layers.ROPE_TABLE off: a static step's cos/sin computed, not looked up), ``defaults+index-select``
+(layers.INDEX_LOOKUPS off: the token embeddings and RoPE tables looked up by index_select, not indexing), ``defaults-small-fused`` (gemma4.SMALL_FUSED
 off: Gemma 4's small models, KV-shared layers and per-layer inputs, on cuBLAS with padded steps), ``defaults-dense-tail``
 (fused_ops.DENSE_TAIL off: Gemma 4's dense layer tail as the torch ops). Each
 variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs). The flags are module attributes read as a step
@@ -83,7 +83,7 @@ SETTINGS["qkv4"] = ("specdec.models.fused_layer", "_FORCED", {(6144, 4096, 0): (
 SETTINGS["down4"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 12288, 0): (64, 256, 4, 3, 4)})
 SETTINGS["moe-tiles0"] = ("specdec.models.expert_kernel", "SHAPE_TILES", {})  # the MoE kernels' default tiles for every shape
 SETTINGS["moe-bmm"] = ("specdec.models.moe", "GROUPED_BMM", True)  # a MoE prefill's experts as two batched GEMMs
-SETTINGS["narrow-split"] = ("specdec.models.fused_layer", "NARROW_SPLIT", True)  # narrow long-K weights: wide tiles, K split
+SETTINGS["index-select"] = ("specdec.models.layers", "INDEX_LOOKUPS", False)  # table lookups by index_select
 SETTINGS["far0"] = ("specdec.models.split_attention", "_FAR_ENV", (0, 0))  # one split size (no far splits)
 SETTINGS["far2048"] = ("specdec.models.split_attention", "_FAR_ENV", (2048, 512))  # 512-key splits past 2,048 positions
 # AB_TILES='{"N,K,silu": [BN, BK, warps, stages(, split)], ...}' (check_fused_layer.py --sweep's best_tiles): defaults+tiles
@@ -175,6 +175,7 @@ def main(argv=None) -> int:
     if a.context < 1 or a.new_tokens < 1 or a.rounds < 1 or a.reps < 1:
         ap.error("--context, -n, --rounds and --reps must be >= 1")
     from specdec.bench_shape import _dflash, _mtp
+    from specdec.drafters import mtp_dir
     from specdec.errors import SpecdecError
     from specdec.loading import resolve_device, resolve_dtype
     from specdec.shapes import build_shape, shape_config
@@ -189,7 +190,7 @@ def main(argv=None) -> int:
         print(f"ab_flags: {e}", file=sys.stderr)
         return 2
     ids = torch.randint(0, model.config.vocab_size, (a.context + 1,), generator=torch.Generator().manual_seed(3)).to(dev)
-    drafters = {} if a.no_drafters else {"dflash": _dflash, "mtp": _mtp}
+    drafters = {} if a.no_drafters else {"dflash": _dflash, **({"mtp": _mtp} if mtp_dir.fits(model) else {})}
     runs = {v: [] for v in a.variants}
     for r in range(a.rounds):
         for v in a.variants:

@@ -13,10 +13,9 @@
 #                                       # +small-fused+tiles / the same without the dense tail kernels)
 #   bash scripts/device_e2b.sh e4b      # the gemma4-e4b shape: ab_flags (cuBLAS padded / fused / no dense tail), its
 #                                       # bench, its GEMMs swept
-#   bash scripts/device_e2b.sh narrow   # fused_layer.NARROW_SPLIT (off) against the defaults: smollm2-135m,
-#                                       # gemma3-270m, gemma4-e4b, their steps and drafter proposes (not yet run)
 # (fused and tiles ran before SPECDEC_GEMMA4_SMALL_FUSED was on by default and the E2B's tilings in the table, as
-# defaults / defaults+small-fused(+tiles) variants; the variants here are today's names.)
+# defaults / defaults+small-fused(+tiles) variants; the variants here are today's names. A mode `narrow` timed
+# fused_layer.NARROW_SPLIT against the defaults in the session of 2026-12-07 (fifteenth): no gain, removed with it.)
 # Results in $OUT/e.tgz.
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
@@ -93,14 +92,7 @@ e4b)  # the gemma4-e4b shape: its step on cuBLAS padded, on the fused layers, an
         per_layer_gate per_layer_proj qkv_256 qkv_512 q_shared_256 q_shared_512 gate_up+silu per_layer_model \
         > $W/sweep_e4b.log 2>&1
     echo "== sweep e4b rc=$? ${SECONDS}s"; grep -E "rows, triton|best tiles|FAIL" $W/sweep_e4b.log | cut -c1-220 ;;
-narrow)  # fused_layer.NARROW_SPLIT against the defaults (one process a shape): the steps and drafter proposes of the
-    # shapes with narrow long-K weights the table does not name (SmolLM2's and Gemma 3's drafter fc, E4B's per-layer gate)
-    for S in smollm2-135m gemma3-270m gemma4-e4b; do
-        timeout $(left 150) python scripts/ab_flags.py --shape $S --context 512 --rounds 4 --reps 10 \
-            --variants defaults defaults+narrow-split --json $W/ab_narrow_$S.json > $W/ab_narrow_$S.log 2>&1
-        echo "== ab narrow $S rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_narrow_$S.log | tail -3 | cut -c1-300; save
-    done ;;
 *)
-    echo "usage: bash scripts/device_e2b.sh shapes | fused | tiles | e4b | narrow"; exit 2 ;;
+    echo "usage: bash scripts/device_e2b.sh shapes | fused | tiles | e4b"; exit 2 ;;
 esac
 save && rm -rf $W

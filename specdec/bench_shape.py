@@ -32,6 +32,7 @@ import torch
 
 from .bench import git_commit, machine_description
 from .cache import KVCache
+from .drafters import mtp_dir
 from .drafters.base import Proposal
 from .engine import SpeculativeGenerator
 from .engine.generate import STEP_ROWS
@@ -222,7 +223,7 @@ def drafter_steps(model, context: int, reps: int, draft_vocab: int | None = None
     its fast steps on int8 weights (``DFlashDrafter.use_int8_weights``), labelled ``..., int8 weights``."""
     out = {}
     makers = {"dflash (5 layers, block 16)": _dflash}
-    if model.config.model_type.startswith("qwen3_5") or model.config.model_type in ("llama", "qwen3"):
+    if mtp_dir.fits(model):  # (no Gemma)
         makers["mtp (1 layer)"] = _mtp
     ids = torch.randint(0, model.config.vocab_size, (context,), generator=torch.Generator().manual_seed(2))
     runs = [(label, make, None, False) for label, make in makers.items()]

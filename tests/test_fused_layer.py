@@ -154,16 +154,12 @@ def test_bad_tiles_setting_is_one_line(monkeypatch):
 
 def test_default_tilings(monkeypatch):
     """tile_for without a table entry: TILE; the wide tiling with K split filling WIDE_PROGRAMS from 2,048 outputs and
-    inputs on; a narrow weight over a long K on the wide tiling too only with NARROW_SPLIT (off by default)."""
+    inputs on; a narrow weight over a long K keeps TILE."""
     monkeypatch.setattr(fused_layer, "_FORCED", {})
     assert fused_layer.tile_for(1000, 900, False) == fused_layer.TILE
     assert fused_layer.tile_for(2048, 3000, False) == fused_layer.TILE_WIDE[False] + (4,)  # 32 tiles of 64
     assert fused_layer.tile_for(4096, 3000, False) == fused_layer.TILE_WIDE[False] + (2,)
-    assert not fused_layer.NARROW_SPLIT and fused_layer.tile_for(576, 2880, False) == fused_layer.TILE
-    monkeypatch.setattr(fused_layer, "NARROW_SPLIT", True)
-    assert fused_layer.tile_for(576, 2880, False) == fused_layer.TILE_WIDE[False] + (4,)
-    assert fused_layer.tile_for(576, 1000, False) == fused_layer.TILE  # K under twice the outputs
-    assert fused_layer.tile_for(576, 2880, True) == fused_layer.TILE  # (gate/up pairs keep theirs)
+    assert fused_layer.tile_for(576, 2880, False) == fused_layer.TILE
     assert fused_layer.tile_for(576, 1536, False) == fused_layer.TILES[(576, 1536, False)]  # the table first
 
 

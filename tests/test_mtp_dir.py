@@ -304,11 +304,20 @@ def test_spec_and_cli(capsys):
 
 
 def test_gemma3_target_is_refused(heads, tmp_path):
-    """Gemma 3 has no MTP head format yet: one line naming the target and the families that fit."""
+    """Gemma 3 has no MTP head format yet: one line naming the target and the families that fit; ``fits`` (what bench
+    --shape and ab_flags ask before timing an MTP block) says no there and yes for the families that fit."""
     from _gemma_util import tiny_model as gemma_model
+    from _mtp_util import build_qwen35
+    from specdec.drafters.mtp_dir import fits
 
     path = str(tmp_path / "gemma")
     gemma_model().save_pretrained(path)
+    assert not fits(load_model(path, "cpu", tokenizer=False).model)
+    for kind in ("llama", "qwen3"):
+        assert fits(load_model(heads[kind][0], "cpu", tokenizer=False).model)
+    for moe in (False, True):
+        q35 = build_qwen35(tmp_path / f"q35_{moe}", moe=moe, mtp=False, seed=2)
+        assert fits(load_model(q35, "cpu", tokenizer=False).model)
     with pytest.raises(ConfigError) as e:
         LLM(path, draft=f"mtp:{heads['llama'][1]}", device="cpu")
     _one_line_error(e, path, "llama, qwen3, qwen3_5, qwen3_5_moe", "gemma3")

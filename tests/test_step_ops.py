@@ -184,3 +184,28 @@ def test_rope_table_static_steps_keep_their_bits(family, tmp_path, monkeypatch):
     for a, b in zip(outs[False], outs[True]):
         assert torch.equal(torch.as_tensor(a), torch.as_tensor(b))
     assert 16 in model.__dict__.get("_aranges", {}), "the generation's 16-row static steps did not take the table"
+
+
+def test_embedding_lookup_is_f_embeddings(monkeypatch):
+    """layers.embedding: CUDA's form without gradients (indexing) gives F.embedding's rows; with a gradient to the table
+    the lookup stays F.embedding's and the gradient arrives. The RoPE tables' lookups give the same rows by indexing
+    (INDEX_LOOKUPS, the default) and by index_select."""
+    from specdec.models import layers
+    monkeypatch.setattr(layers, "ROPE_TABLE", True)
+    monkeypatch.setattr(layers, "TABLE_OFF_CUDA", True)  # CUDA's path, on the CPU
+    r, pos = RotaryEmbedding(**ROTARIES[next(iter(ROTARIES))]), torch.tensor([7, 0, 299, 7])
+    both = []
+    for on in (True, False):
+        monkeypatch.setattr(layers, "INDEX_LOOKUPS", on)
+        both.append(layers.static_cos_sin(r, pos, torch.bfloat16, 300))
+    assert all(torch.equal(a, b) for a, b in zip(*both)) and torch.equal(both[0][0], r.cos_sin(pos, torch.bfloat16)[0])
+    w = torch.randn(50, 8)
+    ids = torch.tensor([3, 0, 49, 3])
+    assert torch.equal(w[ids], F.embedding(ids, w))  # the CUDA form
+    e = layers.Embedding(50, 8)
+    with torch.no_grad():
+        e.weight.copy_(w)
+        assert torch.equal(e(ids), F.embedding(ids, w))
+    e(ids).sum().backward()
+    assert e.weight.grad[3].eq(2).all() and e.weight.grad[0].eq(1).all() and e.weight.grad[1].eq(0).all()
+

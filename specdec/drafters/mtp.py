@@ -53,7 +53,7 @@ from ..hostcopy import device_ints
 from ..models import fused_layer
 from ..models.base import CausalLM, ForwardOut
 from ..models.graphs import capture, maybe_compile
-from ..models.layers import RMSNorm, drafter_static_attention
+from ..models.layers import Embedding, RMSNorm, drafter_static_attention
 from ..models.qwen35 import FullAttentionDecoderLayer, checkpoint_view
 from ..sampling import SamplingParams, probs_from_logits, sample_inverse_cdf
 from ..weights import load_into
@@ -85,7 +85,7 @@ class MTPBlock(nn.Module):
         self.pre_fc_norm_hidden = RMSNorm(h, eps, zero_centered)
         self.layers = nn.ModuleList([layer])
         self.norm = RMSNorm(h, eps, zero_centered)
-        self.embed_tokens = nn.Embedding(config.vocab_size, h) if dedicated_embed else None
+        self.embed_tokens = Embedding(config.vocab_size, h) if dedicated_embed else None
         self.shared_head = nn.Module() if dedicated_head else None
         if dedicated_head:
             self.shared_head.head = Linear(h, config.vocab_size, bias=False)

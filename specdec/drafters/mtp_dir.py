@@ -61,6 +61,15 @@ def _family(target: CausalLM) -> str:
                       f"{target.config.model_type} ({type(target).__name__})")
 
 
+def fits(target: CausalLM) -> bool:
+    """Whether an MTP block can be built for ``target`` (its family one of FAMILIES)."""
+    try:
+        _family(target)
+    except ConfigError:
+        return False
+    return True
+
+
 def _build(target: CausalLM) -> MTPBlock:
     """An uninitialised block for ``target`` (on the current default device)."""
     c, family = target.config, _family(target)

@@ -20,7 +20,7 @@ from ..config import ModelConfig
 from ..cpu_linear import Linear, linear
 from ..parallel.tp import Shard, VocabParallelEmbedding, gather_vocab, vocab_parallel_head
 from . import fused_layer, layers
-from .layers import RMSNorm, RotaryEmbedding, causal_mask, sliding_causal_mask
+from .layers import Embedding, RMSNorm, RotaryEmbedding, causal_mask, sliding_causal_mask
 
 # Each layer's last residual add folded into the next layer's input norm (``RMSNorm.add``: one kernel
 # on CUDA for the add and the norm), for layers with ``forward_folded`` (Llama/Qwen3, Qwen3.5): one kernel less a
@@ -88,7 +88,7 @@ class CausalLM(nn.Module):
         self.config = config
         self.shard = shard
         v, h = config.vocab_size, config.hidden_size
-        self.embed_tokens = nn.Embedding(v, h) if shard is None else VocabParallelEmbedding(v, h, shard)
+        self.embed_tokens = Embedding(v, h) if shard is None else VocabParallelEmbedding(v, h, shard)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, self.zero_centered_norms())
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.partial_rotary_factor, config.rope_scaling)
         if config.tie_word_embeddings:

@@ -150,12 +150,10 @@ TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
 # 30.1 on its down_proj)
 TILE_WIDE = {False: (64, 256, 4, 4), True: (32, 128, 4, 4)}
 WIDE_PROGRAMS = 128  # (the H100's and H200's 132 SMs)
-# a weight of fewer than 2,048 outputs over at least twice as many inputs that the table does not name (a DFlash
-# drafter's fc on a small target, a small model's down_proj): TILE_WIDE with K split too, as _wide_tile gives the wider
-# weights. The best tiling of the sweeps on all three such weights measured (gemma4-e2b's 1536 x 6144 and 1536 x 12288,
-# gemma3-270m's 640 x 2048: (64, 256, 4, 4, 4)). Off until a step measures it (scripts/device_e2b.sh narrow): it would
-# move SmolLM2's drafter weights (576 x 2880, 576 x 1152) off their default TILE
-NARROW_SPLIT = False
+# (Measured and removed, session of 2026-12-07 (fifteenth), H100: narrow weights over a long K that the table does not
+# name (fewer than 2,048 outputs, K at least twice that) on TILE_WIDE with K split, the sweeps' best on the three such
+# weights swept. In the steps and drafter proposes that would take it (SmolLM2's and Gemma 3's drafter fc, E4B's
+# per-layer gate; scripts/ab_flags.py, two calls) it moved them -5 % to +2 %, within the calls' noise.)
 # int8 rows (Int8Rows: a DFlash drafter's --draft-int8) by (N, K, silu): half the bytes a K block, so wider K blocks
 # than the bf16 tilings (which took these weights at 0.79-1.18x their bf16 time). The qwen3-8b shape's drafter weights
 # (scripts/check_fused_layer.py --shape qwen3-8b --int8 --sweep, 16 rows, INT8_SWEEP's 24 tilings, H100, session of
@@ -200,7 +198,7 @@ def tile_for(n: int, k: int, silu: bool, int8: bool = False) -> tuple[int, ...]:
         return TILES_INT8.get((n, k, silu)) or TILE_INT8 + (max(1, min(4, 2 * WIDE_PROGRAMS // -(-n // TILE_INT8[0]))),)
     forced = forced_tiles()
     return (forced.get((n, k, int(silu))) or TILES.get((n, k, silu)) or forced.get("*")
-            or (_wide_tile(n, silu) if min(n, k) >= 2048 or (NARROW_SPLIT and not silu and k >= 2 * n) else TILE))
+            or (_wide_tile(n, silu) if min(n, k) >= 2048 else TILE))
 
 
 def _wide_tile(n: int, silu: bool) -> tuple[int, ...]:

@@ -56,8 +56,8 @@ from . import expert_kernel, fused_layer, fused_ops, layers, rope_write
 from .base import StepContext, WindowedCausalLM
 from .gemma4_config import Gemma4Config
 from .gemma4_gguf import gguf_config, gguf_names, gguf_tensor_config
-from .layers import (GeluTanhGLU, RMSNorm, apply_rope, attend, derived_weight, fuse_linears, gelu_tanh, rope_tables,
-                     static_cos_sin, unit_rms_norm)
+from .layers import (Embedding, GeluTanhGLU, RMSNorm, apply_rope, attend, derived_weight, fuse_linears, gelu_tanh,
+                     rope_tables, static_cos_sin, unit_rms_norm)
 from .moe import Experts
 from .registry import Architecture, register
 
@@ -387,7 +387,7 @@ class Gemma4ForCausalLM(WindowedCausalLM):
         self.per_layer_dim = c.hidden_size_per_layer_input
         if self.per_layer_dim:
             n = c.num_hidden_layers * self.per_layer_dim
-            self.embed_tokens_per_layer = nn.Embedding(c.vocab_size_per_layer_input, n)
+            self.embed_tokens_per_layer = Embedding(c.vocab_size_per_layer_input, n)
             self.per_layer_model_projection = Linear(c.hidden_size, n, bias=False)
             self.per_layer_projection_norm = RMSNorm(self.per_layer_dim, c.rms_norm_eps)
 

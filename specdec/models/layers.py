@@ -40,6 +40,29 @@ def derived_weight(owner: nn.Module, name: str, w: torch.Tensor | tuple, make) -
     return kept[1]
 
 
+# Table lookups on CUDA (the token embeddings, :func:`static_cos_sin`'s RoPE tables) by indexing, not index_select
+# (F.embedding's kernel): for a few ids its CUDA kernel (``indexSelectSmallIndex``) walks them one after another in every
+# block. On an H100 a 16-row step's three lookups (the tokens, RoPE's cos and sin) took ~13 us each against ~2.5 for
+# one row (qwen3-8b shape, ``profile_shape_step.py --timeline``, session of 2026-12-07 (fifteenth)); indexing gathers
+# every row at once, the same values. False: index_select (scripts/ab_flags.py ``defaults+index-select``).
+INDEX_LOOKUPS = True
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.embedding(ids, weight)``; on CUDA without a gradient to the table, by indexing (INDEX_LOOKUPS): the same
+    rows."""
+    if INDEX_LOOKUPS and ids.is_cuda and not (weight.requires_grad and torch.is_grad_enabled()):
+        return weight[ids]
+    return F.embedding(ids, weight)
+
+
+class Embedding(nn.Embedding):
+    """``nn.Embedding`` whose lookup is :func:`embedding` (no padding index, no max norm)."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return embedding(ids, self.weight)
+
+
 class RMSNorm(nn.Module):
     """RMSNorm with fp32 statistics. ``zero_centered`` scales by ``1 + w`` (Qwen3.5, Gemma).
 
@@ -173,6 +196,8 @@ def static_cos_sin(rotary: nn.Module, positions: torch.Tensor, dtype: torch.dtyp
         tables.append(rotary.cos_sin(torch.arange(n, device=positions.device), dtype))
     cos, sin = tables[-1]
     idx = positions.clamp(max=limit - 1)
+    if INDEX_LOOKUPS:
+        return cos[idx], sin[idx]
     return cos.index_select(0, idx), sin.index_select(0, idx)
 
 
