@@ -8,6 +8,8 @@
 #   bash scripts/device_gather.sh profile # the smollm2-135m shape's 16-row step's kernels (profile_shape_step.py
 #                                         # --timeline) and its bench, lookups by indexing and by index_select, alternated
 #   bash scripts/device_gather.sh bench   # specdec bench --shape smollm2-135m, qwen3-8b, qwen3.5-9b, qwen3.5-35b-a3b
+# (A mode `resident` timed a register-resident GEMM form in the session of 2026-12-07 (fifteenth): slower, removed with
+# it; BENCHMARKS.md.)
 # Results in $OUT/g.tgz.
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1

@@ -154,6 +154,13 @@ WIDE_PROGRAMS = 128  # (the H100's and H200's 132 SMs)
 # name (fewer than 2,048 outputs, K at least twice that) on TILE_WIDE with K split, the sweeps' best on the three such
 # weights swept. In the steps and drafter proposes that would take it (SmolLM2's and Gemma 3's drafter fc, E4B's
 # per-layer gate; scripts/ab_flags.py, two calls) it moved them -5 % to +2 %, within the calls' noise.)
+# (Measured and removed, session of 2026-12-07 (fifteenth), H100: a resident form for chosen weights, each program's 16
+# weight rows loaded into registers before its PDL wait, then x's rows in turn, fp32 products summed in one reduction
+# (a row's bits its own at any row count). A probe (scripts/probe_persistent.py) had put it at 2.3 us after its input
+# against 9.0 loading after. On the qwen3.5-35b-a3b shape's 2048 x 4096 out/o_proj (scripts/ab_flags.py, 3 rounds) the
+# 1-row step went 3.720 -> 3.808 ms and the padded 16-row step 3.860 -> 5.064: its programs, a whole SM's registers
+# each, started only as the chain's programs left the SMs (8 us added a projection, the timeline's), and each row's
+# reduction cost ~2 us. The idea needs the weights in shared memory or the chain and the projection in one kernel.)
 # int8 rows (Int8Rows: a DFlash drafter's --draft-int8) by (N, K, silu): half the bytes a K block, so wider K blocks
 # than the bf16 tilings (which took these weights at 0.79-1.18x their bf16 time). The qwen3-8b shape's drafter weights
 # (scripts/check_fused_layer.py --shape qwen3-8b --int8 --sweep, 16 rows, INT8_SWEEP's 24 tilings, H100, session of
