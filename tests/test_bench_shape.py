@@ -348,3 +348,33 @@ def test_step_floors_count_what_bench_counts():
     m = step_floors.floors("qwen3.5-35b-a3b")
     assert 1 < m["verify_2"] < m["verify_4"] < m["verify_5"] < m["verify_16"] < 16
     assert m["mtp_k3_248320"] > m["mtp_k3_32768"] > m["verify_4"]
+
+
+class _Seen(Exception):
+    pass
+
+
+def test_default_new_tokens(monkeypatch):
+    """-n's default: 512 tokens for --shape (its oracle realizes the asked tau over them), 128 a reply for a prompt
+    set; a given -n is kept."""
+    import specdec.bench
+    import specdec.bench_shape
+    import specdec.cli
+
+    seen = []
+
+    def shape_run(shape, **kw):
+        seen.append(kw["new_tokens"])
+        raise _Seen
+
+    def set_run(model, drafts, dataset, num_prompts, new_tokens, **kw):
+        seen.append(new_tokens)
+        raise _Seen
+
+    monkeypatch.setattr(specdec.bench_shape, "run_shape_bench", shape_run)
+    monkeypatch.setattr(specdec.bench, "run_bench", set_run)
+    monkeypatch.setattr(specdec.cli, "_check_model_args", lambda args, drafts: None)
+    for argv in (["--shape", "tiny"], ["--shape", "tiny", "-n", "40"], ["--model", "m.gguf"], ["--model", "m.gguf", "-n", "9"]):
+        with pytest.raises(_Seen):
+            main(["bench", *argv, "--device", "cpu"])
+    assert seen == [512, 40, 128, 9]
