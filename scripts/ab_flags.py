@@ -174,8 +174,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.context < 1 or a.new_tokens < 1 or a.rounds < 1 or a.reps < 1:
         ap.error("--context, -n, --rounds and --reps must be >= 1")
-    from specdec.bench_shape import _dflash, _mtp
-    from specdec.drafters import mtp_dir
+    from specdec.bench_shape import drafter_makers
     from specdec.errors import SpecdecError
     from specdec.loading import resolve_device, resolve_dtype
     from specdec.shapes import build_shape, shape_config
@@ -190,7 +189,7 @@ def main(argv=None) -> int:
         print(f"ab_flags: {e}", file=sys.stderr)
         return 2
     ids = torch.randint(0, model.config.vocab_size, (a.context + 1,), generator=torch.Generator().manual_seed(3)).to(dev)
-    drafters = {} if a.no_drafters else {"dflash": _dflash, **({"mtp": _mtp} if mtp_dir.fits(model) else {})}
+    drafters = {} if a.no_drafters else drafter_makers(model)
     runs = {v: [] for v in a.variants}
     for r in range(a.rounds):
         for v in a.variants:

@@ -222,9 +222,8 @@ def drafter_steps(model, context: int, reps: int, draft_vocab: int | None = None
     random weights), labelled ``..., draft vocab N``. ``draft_int8``: the DFlash drafter timed again with
     its fast steps on int8 weights (``DFlashDrafter.use_int8_weights``), labelled ``..., int8 weights``."""
     out = {}
-    makers = {"dflash (5 layers, block 16)": _dflash}
-    if mtp_dir.fits(model):  # (no Gemma)
-        makers["mtp (1 layer)"] = _mtp
+    labels = {"dflash": "dflash (5 layers, block 16)", "mtp": "mtp (1 layer)"}
+    makers = {labels[name]: make for name, make in drafter_makers(model).items()}
     ids = torch.randint(0, model.config.vocab_size, (context,), generator=torch.Generator().manual_seed(2))
     runs = [(label, make, None, False) for label, make in makers.items()]
     if draft_vocab:
@@ -291,9 +290,14 @@ def _dflash(model):
 
 def _mtp(model):
     from .drafters.mtp import MTPDrafter
-    from .drafters.mtp_dir import new_mtp_block
 
-    return MTPDrafter(new_mtp_block(model).to(model.dtype).eval(), model, sample_drafts=False), 3, True
+    return MTPDrafter(mtp_dir.new_mtp_block(model).to(model.dtype).eval(), model, sample_drafts=False), 3, True
+
+
+def drafter_makers(model) -> dict:
+    """The random drafters of the published shapes that fit ``model``, by name: DFlash always, an MTP block where one
+    fits its family (``mtp_dir.fits``: no Gemma). Each maker returns (drafter, drafts a propose, whether it samples)."""
+    return {"dflash": _dflash, **({"mtp": _mtp} if mtp_dir.fits(model) else {})}
 
 
 def end_to_end(model, prompt_len: int, new_tokens: int, tau: float, k: int, cuda_graphs: bool,
