@@ -399,6 +399,79 @@ def moe() -> None:
         check("moe: a router without the shared gate's row is refused", "router" in str(err))
 
 
+def norm_router() -> None:
+    """models/expert_kernel.py's post-mixer add and norm with the router's GEMM (``norm_router``): the sum and the norm
+    the bits of fused_ops' norm kernel, the logits the torch form's within fp16 rounding, a row's logits alone equal
+    its logits beside the others (7 router rows: the last block half full), the live rows' as before with padding
+    rows; :func:`moe` on those logits as the torch form; bad shapes refused. Then a tiny random fp16 Qwen3.5 MoE
+    target (three Gated DeltaNet layers and a gated attention, 32 experts top 2 and a shared one) on its fused layers
+    with every kernel forced: each layer's MoE step takes its logits from the kernel, its logits equal the torch
+    layers' within fp16 tolerance, and speculative output with accepted and rolled-back drafts equals plain decoding,
+    padded and row-exact."""
+    from specdec.models import delta_kernel, expert_kernel, fused_layer, fused_ops
+    torch.manual_seed(0)
+    e, hidden, inter, t, k = 6, 300, 40, 5, 2
+    x, d = torch.randn(t, hidden).half(), torch.randn(t, hidden).half()
+    scale, eps = 1.0 + 0.1 * torch.randn(hidden), 1e-6
+    router = (torch.randn(e + 1, hidden) * 0.1).half()  # the shared gate's row last
+    s, y, lg = expert_kernel.norm_router(x, d, scale, eps, router)
+    ws, wy = fused_ops.rms_norm(x, scale, eps, residual=d)
+    check("norm_router: the sum and the norm are the norm kernel's bits", torch.equal(s, ws) and torch.equal(y, wy))
+    want = (wy.float() @ router.float().T).half().float()
+    ulps = ((lg.float() - want).abs() / (want.abs() * 2 ** -10 + 1e-3)).max().item()
+    check("norm_router: the logits the torch form's (within one fp16 step)", lg.shape == (t, e + 1) and ulps <= 1.0,
+          f"({ulps:.2f} steps)")
+    alone = torch.cat([expert_kernel.norm_router(x[i:i + 1], d[i:i + 1], scale, eps, router)[2] for i in range(t)])
+    check("norm_router: a row's logits alone equal its logits beside the others", torch.equal(alone, lg))
+    ps, py, pl = expert_kernel.norm_router(x, d, scale, eps, router, torch.tensor(2))
+    check("norm_router: with padding rows the sum and norm of every row, the live rows' logits as before",
+          torch.equal(ps, s) and torch.equal(py, y) and torch.equal(pl[:2], lg[:2]))
+    gate_up = (torch.randn(e, 2 * inter, hidden) * 0.1).half()
+    down = (torch.randn(e, hidden, inter) * 0.1).half()
+    shared = ((torch.randn(2 * inter, hidden) * 0.1).half(), (torch.randn(hidden, inter) * 0.1).half())
+    got = expert_kernel.moe(y, router, k, gate_up, down, shared, logits=lg)
+    ref = expert_kernel.moe_reference(y, router, k, gate_up, down, shared)
+    diff = (got.float() - ref.float()).abs()
+    steps = (diff / (ref.float().abs() * 2 ** -10 + 1e-3)).max().item()
+    check("norm_router: moe on its logits the torch form's (within two fp16 steps)", steps <= 2.0, f"({steps:.2f} steps)")
+    for label, call in (("a delta of another shape", lambda: expert_kernel.norm_router(x, d[:2], scale, eps, router)),
+                        ("logits of another shape", lambda: expert_kernel.moe(y, router, k, gate_up, down, shared,
+                                                                                logits=lg[:, :e]))):
+        try:
+            call()
+            check(f"norm_router: {label} refused", False)
+        except ValueError as err:
+            check(f"norm_router: {label} refused", "expert_kernel" in str(err), f"({err})")
+    model, prompt, logits = _tiny_fused_model({
+        "model_type": "qwen3_5_moe_text", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "full_attention_interval": 4, "num_experts": 32, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32, "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}})
+    torch_form = logits()
+    forced = lambda x: x.dtype == torch.float16 and not torch.is_grad_enabled()  # noqa: E731  (the CPU, forced)
+    fused_layer.usable, fused_ops.usable, expert_kernel.usable = forced, forced, lambda x, act: forced(x)
+    delta_kernel.step_kernels_available = lambda x, dk, dv: True
+    expert_kernel.SHAPE_TILES = {(64, 32): ((16, 64, 4), (16, 32, 4, 4))}  # few programs (the interpreter's time)
+    check("hybrid moe fused: every layer on the fused path", all(layer.fused_path for layer in model.layers))
+    calls, run = [], expert_kernel.norm_router
+    expert_kernel.norm_router = lambda *a, **kw: calls.append(a[0].shape[0]) or run(*a, **kw)
+    expert_kernel.NORM_ROUTER = True  # SPECDEC_NORM_ROUTER's default is off until measured on a GPU
+    fused = logits()
+    check("hybrid moe fused: each layer's MoE step routed on the norm kernel's logits", calls == [9] * 4 + [1] * 4,
+          f"({calls})")
+    _fused_checks("hybrid moe fused", model, prompt, fused, torch_form, 14)
+    on_device = fused_layer.on_device
+    fused_layer.on_device = lambda w: True  # as on CUDA: row-exact up to the MoE kernels' rows (32 experts, top 2: 16)
+    try:
+        check("hybrid moe fused: row-exact up to 16 rows", model.row_exact(16) and not model.row_exact(17))
+        _row_exact_generation("hybrid moe fused", model, prompt)
+    finally:
+        fused_layer.on_device = on_device
+
+
 def linear() -> None:
     """The row-count-invariant GEMM against F.linear, and a row's bits at every row count."""
     from specdec.models.invariant_linear import config_for, run_kernel
@@ -793,19 +866,24 @@ def gemma4_fused() -> None:
 
 
 def _row_exact_generation(name: str, model, prompt) -> None:
+    """:func:`_row_exact_generation_k` with k = 4 drafts a step."""
+    _row_exact_generation_k(name, model, prompt, 4)
+
+
+def _row_exact_generation_k(name: str, model, prompt, k: int) -> None:
     """A row-exact model (its weights taken as on CUDA by the caller): plain decoding on 1-row steps, verify steps of
-    k + 1 = 5 rows unpadded, and speculative output with a spoiled oracle's drafts equal to plain decoding's."""
+    k + 1 rows unpadded, and speculative output with a spoiled oracle's drafts equal to plain decoding's."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _engine_util import SpoiledOracle
     from specdec.engine import SpeculativeGenerator
     one = SpeculativeGenerator(model, None, 0, cuda_graphs=False, batch_invariant=True)
     plain = one.generate(prompt, 14)
-    gen = SpeculativeGenerator(model, SpoiledOracle(prompt + plain.token_ids, 256, spoil=0.25), 4, cuda_graphs=False,
+    gen = SpeculativeGenerator(model, SpoiledOracle(prompt + plain.token_ids, 256, spoil=0.25), k, cuda_graphs=False,
                                batch_invariant=True)
     spec = gen.generate(prompt, 14)
-    check(f"{name}, row-exact: 1-row plain steps, 5-row verify steps; speculative output equals plain decoding",
-          one.row_exact and one.pad_to is None and gen.row_exact and gen.pad_to == 5 and spec.token_ids == plain.token_ids
-          and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
+    check(f"{name}, row-exact: 1-row plain steps, {k + 1}-row verify steps; speculative output equals plain decoding",
+          one.row_exact and one.pad_to is None and gen.row_exact and gen.pad_to == k + 1
+          and spec.token_ids == plain.token_ids and sum(spec.stats.accepted) > 0, f"(accepted {spec.stats.accepted})")
 
 
 def gemma4_small_fused() -> None:
@@ -1087,7 +1165,8 @@ def pdl_ptx() -> None:
     global load and store of the fused layer's GEMM, the fused norm, RoPE + the cache write, the q/k norm +
     RoPE + write kernel, the three MoE kernels and the three Gated DeltaNet step kernels comes
     after ``griddepcontrol.wait`` (so a kernel launched early reads nothing before the one before it has
-    finished), and ``launch_dependents`` comes first."""
+    finished), and ``launch_dependents`` comes first; the MoE add-norm-router kernel loads its router rows (weights)
+    before the wait, its rows and every store after it."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -1146,6 +1225,8 @@ def pdl_ptx() -> None:
              "delta-recurrent": (delta_kernel._recurrent_cache_kernel, {n: "*fp32" for n in ("q", "k", "v", "g", "beta", "s0",
                                                                                             "states", "out")}
                                  | {"cur": "*i64", "live": "*i64"}, {"CACHE": True, "LIVE": True, "DK": 128, "DV": 128, "BV": 32}),
+             "norm-router": (expert_kernel._norm_router_kernel, {n: "*bf16" for n in ("x", "res", "s", "y", "rw", "logits")}
+                             | {"w": "*fp32", "live": "*i64", "eps": "fp32"}, {"LIVE": True, "RB": 2, "BLOCK": 2048}),
              "delta-norm": (delta_kernel._gated_norm_kernel, {"o": "*fp32", "z": "*bf16", "w": "*fp32", "y": "*bf16",
                                                               "eps": "fp32"}, {"DV": 128})}
     for name, (fn, ptrs, const) in cases.items():
@@ -1155,8 +1236,14 @@ def pdl_ptx() -> None:
         body = ptx[ptx.index(".entry"):]
         wait = body.find("griddepcontrol.wait")
         first_mem = min(i for i in (body.find("ld.global"), body.find("st.global"), body.find("cp.async")) if i >= 0)
-        check(f"pdl-ptx {name}: launch_dependents, then wait, then the first global access",
-              0 <= body.find("griddepcontrol.launch_dependents") < wait < first_mem)
+        if name != "norm-router":
+            check(f"pdl-ptx {name}: launch_dependents, then wait, then the first global access",
+                  0 <= body.find("griddepcontrol.launch_dependents") < wait < first_mem)
+        if name == "norm-router":  # the router rows loaded before the wait (weights), the step's rows after it
+            check("pdl-ptx norm-router: launch_dependents, the router rows' loads, the wait, then the rows' loads and "
+                  "every store", 0 <= body.find("griddepcontrol.launch_dependents") < body.find("ld.global") < wait
+                  < body.find("ld.global", wait) < body.find("st.global") and body.find("st.global") > wait)
+            continue
         if name == "gemm-split":  # a program's partials fenced at GPU scope before it counts in, the count atomic
             fence, atom = body.find("fence.acq_rel.gpu"), body.find("atom.global")
             check("pdl-ptx gemm-split: the partials' stores, a GPU-scope fence, then the tile's atomic count",
@@ -1168,5 +1255,5 @@ def pdl_ptx() -> None:
 
 
 if __name__ == "__main__":
-    {"split": split, "delta": delta, "delta-step": delta_step, "experts": experts, "moe": moe, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
+    {"split": split, "delta": delta, "delta-step": delta_step, "experts": experts, "moe": moe, "norm-router": norm_router, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
      "dflash-fast": dflash_fast, "mtp-fast": mtp_fast, "hybrid-fused": hybrid_fused, "gemma-fused": gemma_fused, "gemma4-moe": gemma4_moe, "gemma4-fused": gemma4_fused, "gemma4-small-fused": gemma4_small_fused, "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()

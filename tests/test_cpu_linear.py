@@ -16,7 +16,9 @@ from _engine_util import SpoiledOracle, plain_generate, tiny_llama
 @pytest.fixture
 def calls(monkeypatch):
     """Counts oneDNN calls (the op is wrapped, so a call that silently fell back to F.linear shows); the
-    tests' small weights take it too (MIN_WEIGHT 0)."""
+    tests' small weights take it too (MIN_WEIGHT 0). The build's probe runs first, uncounted (a test run alone
+    would otherwise count the probe's own call)."""
+    cpu_linear._probe()
     monkeypatch.setattr(cpu_linear, "MIN_WEIGHT", 0)
     n = {"onednn": 0, "packed": 0, "packs": 0}
     real, reorder = torch.ops.mkldnn._linear_pointwise, torch.ops.mkldnn._reorder_linear_weight

@@ -19,7 +19,8 @@ each launched with PDL (models/pdl.py) so that it starts while the one before it
 
 - the router's GEMM over the router's rows and the shared expert's gate as one more (``SparseMoeBlock.fuse``):
   ``fused_layer.linear`` (a row's bits its own, whatever the row count), its logits rounded to the model dtype
-  as ``F.linear`` rounds them;
+  as ``F.linear`` rounds them; in a Qwen3.5 MoE layer (``SparseMoeBlock.add_forward``) inside the kernel of the
+  post-mixer residual add and norm instead (:func:`norm_router`, :data:`NORM_ROUTER`), one kernel fewer;
 - ``_route_kernel``: program ``row``: the fp32 softmax of the router's logits, the top k (largest first,
   the lowest id among equal values; one max a pick over int64 keys), renormalised over them and rounded to the
   model dtype, and the shared expert's gate ``sigmoid(logit)`` as the row's weight number k;
@@ -47,7 +48,7 @@ import torch.nn.functional as F
 
 from .. import env
 from ..cpu_linear import linear
-from . import fused_layer, pdl
+from . import fused_layer, fused_ops, pdl
 from .layers import gelu_tanh
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
@@ -58,6 +59,13 @@ except ImportError:  # pragma: no cover - depends on the install
 
 ENABLED = env.switch("SPECDEC_EXPERT_KERNEL")
 FUSED_MOE = env.switch("SPECDEC_FUSED_MOE")
+# The router's GEMM inside the add-and-norm kernel before the block (norm_router): a MoE layer's post-mixer residual
+# add, its RMSNorm and every router logit in one kernel, each program's ROUTER_ROWS router rows loaded before its PDL
+# wait (the weights never depend on the kernel before). On the H100 (2026-12-06 (third)) the router's GEMM alone cost
+# ~4.6-4.9 us a layer for 1 MB, latency-bound at any split; the norm kernel before it ~2 us. The logits' bits are this
+# kernel's (a row's own, at any row count), not the GEMM's: every forward the MoE kernels take routes on them.
+NORM_ROUTER = env.switch("SPECDEC_NORM_ROUTER")
+ROUTER_ROWS = 2
 BN, BK = 16, 256  # rows of a weight and features of the input a program step holds
 # moe()'s tiles: (BN, BK, warps) of the gate/up kernel and (BN, BK, warps, PC) of the combine kernel (PC: the
 # pairs whose down rows one load takes): fixed per build (a row's bits depend on them), the fastest of
@@ -274,6 +282,59 @@ if triton is not None:
             tl.store(y + t * H + rn, tot.to(dt), mask=nm)
 
 
+    @triton.jit
+    def _norm_router_kernel(x, res, w, s, y, rw, logits, live, N, E, eps, LIVE: tl.constexpr, RB: tl.constexpr,
+                            BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
+        # program (block b of RB router rows, row t): s = x + res (rounded), y = RMSNorm(s) as fused_ops' norm kernel
+        # computes it, stored by the block-0 program; the block's logits y . router rows, fp32, rounded to the model
+        # dtype. A padding row (at or past live) gets s and y, no logits (the routing skips it)
+        b = tl.program_id(0)
+        t = tl.program_id(1)
+        i = tl.arange(0, BLOCK)
+        m = i < N
+        re = b * RB + tl.arange(0, RB)
+        em = re < E
+        if USE_GDC:  # models/pdl.py
+            tl.extra.cuda.gdc_launch_dependents()
+        wt = tl.load(rw + re[:, None] * N + i[None, :], mask=em[:, None] & m[None, :], other=0.0)  # before the wait
+        if USE_GDC:
+            tl.extra.cuda.gdc_wait()
+        real = t < _live_rows(tl.num_programs(1), live, LIVE)
+        if (b == 0) | real:
+            v = tl.load(x + t * N + i, mask=m, other=0.0)
+            r = tl.load(res + t * N + i, mask=m, other=0.0)
+            v = (v.to(tl.float32) + r.to(tl.float32)).to(v.dtype)
+            out = fused_ops.rms_scaled(v, w, i, m, N, eps).to(v.dtype)
+            if b == 0:
+                tl.store(s + t * N + i, v, mask=m)
+                tl.store(y + t * N + i, out, mask=m)
+            if real:
+                lg = tl.sum(wt.to(tl.float32) * out.to(tl.float32)[None, :], axis=1)
+                tl.store(logits + t * E + re, lg.to(v.dtype), mask=em)
+
+
+def norm_router(x: torch.Tensor, delta: torch.Tensor, scale: torch.Tensor, eps: float, router: torch.Tensor,
+                live: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A MoE layer's post-mixer add and norm with the router's GEMM (:data:`NORM_ROUTER`): ``x, delta [T, H]``
+    (contiguous, one dtype), the norm's fp32 ``scale [H]`` and ``eps``, the ``router`` weight ``[E', H]`` (the
+    shared gate's row last, as :func:`moe` takes it) -> ``(x + delta, rms_norm(x + delta), logits [T, E'])``: the
+    sum and the norm the bits of ``fused_ops.rms_norm(x, scale, eps, residual=delta)``, the logits rounded to the
+    model dtype as ``F.linear`` rounds them (its bits this kernel's). ``live``: rows from it on get no logits."""
+    t, n = x.shape
+    if delta.shape != x.shape or router.shape[1] != n or not (x.is_contiguous() and delta.is_contiguous()):
+        raise ValueError(f"expert_kernel.norm_router: x {tuple(x.shape)}, delta {tuple(delta.shape)}, router "
+                         f"{tuple(router.shape)}: want contiguous [T, H] inputs and an [E, H] router")
+    e = router.shape[0]
+    s, y = torch.empty_like(x), torch.empty_like(x)
+    logits = torch.empty(t, e, dtype=x.dtype, device=x.device)
+    if t:
+        block = fused_ops.block_size(n)
+        _norm_router_kernel[(triton.cdiv(e, ROUTER_ROWS), t)](
+            x, delta, scale, s, y, router.contiguous(), logits, live if live is not None else x, n, e, eps,
+            LIVE=live is not None, RB=ROUTER_ROWS, BLOCK=block, num_warps=4 if block <= 2048 else 8, **pdl.options(x))
+    return s, y, logits
+
+
 def pairs(x: torch.Tensor, idx: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
           live: torch.Tensor | None = None, gelu: bool = False) -> torch.Tensor:
     """Each (row, expert) pair's output ``[T, k, H]``: ``x [T, H]``, ``idx [T, k]`` (expert ids),
@@ -298,14 +359,15 @@ def pairs(x: torch.Tensor, idx: torch.Tensor, gate_up: torch.Tensor, down: torch
 def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor,
         shared: tuple[torch.Tensor, torch.Tensor] | None = None, live: torch.Tensor | None = None,
         tiles: tuple | None = None, router_x: torch.Tensor | None = None, expert_scale: torch.Tensor | None = None,
-        gelu: bool = False) -> torch.Tensor:
+        gelu: bool = False, logits: torch.Tensor | None = None) -> torch.Tensor:
     """A MoE block's output ``[T, H]`` (the module docstring's kernels): ``x [T, H]``, the ``router`` weight
     ``[E, H]`` (with a shared expert ``[E + 1, H]``: its gate's row last), ``gate_up [E, 2I, H]``, ``down [E, H,
     I]``; ``shared``: the shared expert's ``(fused gate/up [2I, H], down [H, I])`` (its width that of the routed
     experts) or None; ``live`` as in :func:`pairs`; ``tiles``: ``(GATE_UP_TILE, COMBINE_TILE)`` for the sweep
     script (default: the shape's in SHAPE_TILES, else those two). Gemma 4's router: ``router_x`` (the router's own
     input ``[T, H]``, else ``x``), ``expert_scale`` ``[E]``
-    (each chosen weight times its expert's scale, after the renormalisation) and ``gelu`` (GELU-tanh experts)."""
+    (each chosen weight times its expert's scale, after the renormalisation) and ``gelu`` (GELU-tanh experts).
+    ``logits``: the router's logits ``[T, E (+1)]`` already computed (:func:`norm_router`), its GEMM skipped."""
     t, hidden = x.shape
     e, two_i, _ = gate_up.shape
     inter = two_i // 2
@@ -318,7 +380,7 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
     has_live = live is not None
     sgu, sdown = shared if shared is not None else (gate_up, down)  # stand-ins, never read
     rx = x if router_x is None else router_x.contiguous()
-    idx, wts = routing(rx, router, top_k, shared is not None, live, scale=expert_scale)
+    idx, wts = routing(rx, router, top_k, shared is not None, live, scale=expert_scale, logits=logits)
     live_ptr = live if has_live else idx
     gdc = pdl.options(x)
     per_line, h_lines = pdl.l2_lines(hidden, x.element_size())
@@ -336,13 +398,13 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
 
 
 def routing(x: torch.Tensor, router: torch.Tensor, top_k: int, shared: bool, live: torch.Tensor | None = None,
-            out: tuple[torch.Tensor, torch.Tensor] | None = None, scale: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+            out: tuple[torch.Tensor, torch.Tensor] | None = None, scale: torch.Tensor | None = None,
+            logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`moe`'s routing: ``x [T, H]`` (contiguous), the ``router`` weight (the shared gate's row last where
     ``shared``) -> (expert ids ``[T, k]`` int32, weights ``[T, k (+1: the shared gate)]`` in ``x``'s dtype): the
     router's GEMM, then :func:`_route_kernel`; a padding row (from ``live`` on) gets expert 0, weight 0. ``out``:
     the two tensors to write (the interpreter test's, filled beforehand); ``scale`` ``[E]``: each chosen weight
-    times its expert's scale (Gemma 4)."""
+    times its expert's scale (Gemma 4); ``logits``: the router's ``[T, E (+1)]``, computed already (no GEMM here)."""
     t = x.shape[0]
     e = router.shape[0] - shared
     p = top_k + shared
@@ -350,7 +412,11 @@ def routing(x: torch.Tensor, router: torch.Tensor, top_k: int, shared: bool, liv
                                             torch.empty(t, p, dtype=x.dtype, device=x.device))
     live_ptr = live if live is not None else idx  # a stand-in pointer, never read without LIVE
     # the router's logits in the model dtype, as F.linear rounds them: a Triton GEMM (PDL, a row's bits its own)
-    logits = fused_layer.linear(x, router) if fused_layer.usable(x) else linear(x, router)
+    if logits is None:
+        logits = fused_layer.linear(x, router) if fused_layer.usable(x) else linear(x, router)
+    elif logits.shape != (t, router.shape[0]) or logits.stride(-1) != 1:
+        raise ValueError(f"expert_kernel.routing: logits {tuple(logits.shape)} for {t} rows of a router "
+                         f"{tuple(router.shape)}")
     if scale is not None and scale.shape != (e,):
         raise ValueError(f"expert_kernel.routing: expert scales {tuple(scale.shape)} for {e} experts")
     _route_kernel[(t,)](logits, idx, wts, live_ptr, logits if scale is None else scale, e, logits.stride(0), p,

@@ -94,7 +94,7 @@ if triton is not None:
         tl.store(y + row * N + i, out.to(v.dtype), mask=m)
 
     @triton.jit
-    def _rms(v, w, i, m, N, eps):
+    def rms_scaled(v, w, i, m, N, eps):
         """A row's RMSNorm times its fp32 scale, in fp32 (as _norm_kernel computes it)."""
         f = v.to(tl.float32)
         ms = tl.sum(f * f, 0) / N
@@ -119,10 +119,10 @@ if triton is not None:
         i = tl.arange(0, BLOCK)
         m = i < N
         dt = y.dtype.element_ty
-        a = _rms(tl.load(f + row * N + i, mask=m, other=0.0), w1, i, m, N, eps1).to(dt)
-        b = _rms(tl.load(e + row * N + i, mask=m, other=0.0), w2, i, m, N, eps2).to(dt)
+        a = rms_scaled(tl.load(f + row * N + i, mask=m, other=0.0), w1, i, m, N, eps1).to(dt)
+        b = rms_scaled(tl.load(e + row * N + i, mask=m, other=0.0), w2, i, m, N, eps2).to(dt)
         u = (a.to(tl.float32) + b.to(tl.float32)).to(dt)
-        p = _rms(u, w, i, m, N, eps).to(dt)
+        p = rms_scaled(u, w, i, m, N, eps).to(dt)
         _add_out(y, tl.load(x + row * N + i, mask=m, other=0.0), p, sc, row, N, i, m, True)
 
     @triton.jit
@@ -133,7 +133,7 @@ if triton is not None:
         row = tl.program_id(0)
         i = tl.arange(0, BLOCK)
         m = i < N
-        p = _rms(tl.load(v + row * N + i, mask=m, other=0.0), w, i, m, N, eps).to(y.dtype.element_ty)
+        p = rms_scaled(tl.load(v + row * N + i, mask=m, other=0.0), w, i, m, N, eps).to(y.dtype.element_ty)
         _add_out(y, tl.load(x + row * N + i, mask=m, other=0.0), p, sc, row, N, i, m, SCALAR)
 
     @triton.jit(do_not_specialize=["I", "sg", "su"])
@@ -150,7 +150,7 @@ if triton is not None:
         tl.store(y + row * I + i, (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=m)
 
 
-def _block(n: int) -> int:
+def block_size(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
@@ -170,7 +170,7 @@ def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float, residual: torch.T
         if residual.shape != x.shape or r_inner != inner:
             raise ValueError(f"rms_norm: residual of shape {tuple(residual.shape)} for x of shape {tuple(x.shape)}")
     if rows:
-        block = _block(n)
+        block = block_size(n)
         _norm_kernel[(rows,)](xr, res, scale, y, s, n, inner, s_out, s_in, sr_out, sr_in, eps,
                               scale if residual_scale is None else residual_scale, residual_eps,
                               HAS_RES=residual is not None, BLOCK=block, num_warps=4 if block <= 2048 else 8,
@@ -190,7 +190,7 @@ def sandwich_tail(x: torch.Tensor, f: torch.Tensor, e: torch.Tensor, scales: tup
                          "contiguous [T, N] shape")
     y = torch.empty_like(x)
     if rows:
-        block = _block(n)
+        block = block_size(n)
         _tail_kernel[(rows,)](x, f, e, *scales, scalar, y, n, *eps, BLOCK=block, num_warps=4 if block <= 2048 else 8,
                               **pdl.options(x))
     return y
@@ -206,7 +206,7 @@ def add_norm(x: torch.Tensor, v: torch.Tensor, scale: torch.Tensor, eps: float,
     y = torch.empty_like(x)
     rows, n = x.shape
     if rows:
-        block = _block(n)
+        block = block_size(n)
         _add_norm_kernel[(rows,)](x, v, scale, x if scalar is None else scalar, y, n, eps, BLOCK=block,
                                   num_warps=4 if block <= 2048 else 8, SCALAR=scalar is not None, **pdl.options(x))
     return y
@@ -222,7 +222,7 @@ def glu_mul(gate: torch.Tensor, up: torch.Tensor, gelu: bool = False) -> torch.T
     rows, i = gate.shape
     y = torch.empty(rows, i, dtype=gate.dtype, device=gate.device)
     if rows:
-        block = min(1024, _block(i))
+        block = min(1024, block_size(i))
         _silu_mul_kernel[(rows, triton.cdiv(i, block))](gate, up, y, i, gate.stride(0), up.stride(0), BLOCK=block,
                                                         num_warps=4, GELU=gelu, **pdl.options(gate))
     return y

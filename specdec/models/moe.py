@@ -38,7 +38,7 @@ from ..cpu_linear import Linear, linear
 from ..errors import CheckpointError, ConfigError
 from ..parallel.tp import Shard, even_split
 from ..weights.source import TensorSource
-from . import expert_kernel
+from . import expert_kernel, fused_ops
 from .layers import SwiGLU, derived_weight, fuse_linears, gelu_tanh
 from .source_view import SourceView, ViewTensor, derived, passthrough
 
@@ -290,6 +290,27 @@ class SparseMoeBlock(nn.Module):
         gate_up = se._fused[0] if se._fused is not None else derived_weight(
             self, "_shared_gate_up", (se.gate_proj.weight, se.up_proj.weight), lambda g, u: torch.cat([g, u]))
         return gate_up, se.down_proj.weight
+
+    def add_forward(self, x: torch.Tensor, delta: torch.Tensor, norm, live: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x + delta, self(norm(x + delta), live))`` for the layer's post-mixer ``norm`` (an ``RMSNorm``): where
+        the MoE kernels take the step, the add, the norm and the router's GEMM as one kernel
+        (:func:`~specdec.models.expert_kernel.norm_router`, :data:`~specdec.models.expert_kernel.NORM_ROUTER`), so
+        that every step those kernels route takes its logits from it; elsewhere ``norm.add`` and :meth:`forward`."""
+        shape = x.shape
+        rows = x.reshape(-1, shape[-1])
+        live = live if x.dim() == 2 else None  # batched steps route their rows flattened, as forward does
+        if (expert_kernel.NORM_ROUTER and self.shard is None and fused_ops.usable(x) and delta.shape == shape
+                and delta.dtype == x.dtype and self._fused_ready(rows, live)
+                and not (torch.is_grad_enabled() and norm.weight.requires_grad)):
+            router = self._router_weight()
+            s, h, logits = expert_kernel.norm_router(rows.contiguous(), delta.reshape(-1, shape[-1]).contiguous(),
+                                                     norm.fp32_scale(), norm.eps, router, live)
+            out = expert_kernel.moe(h, router, self.top_k, self.experts.gate_up_proj, self.experts.down_proj,
+                                    self._shared_weights(), live, logits=logits)
+            return s.view(shape), out.view(shape)
+        x, h = norm.add(x, delta)
+        return x, self(h, live)
 
     def forward(self, x: torch.Tensor, live: torch.Tensor | None = None) -> torch.Tensor:
         """``x [T, H]`` (or batched ``[b, T, H]``); ``live``: a static step's real rows (see :class:`Experts`)."""

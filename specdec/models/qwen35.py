@@ -130,9 +130,6 @@ def _mlp(c: Qwen35Config, moe: bool, shard: Shard | None = None) -> nn.Module:
     return SwiGLU(c.hidden_size, c.intermediate_size, shard=shard)
 
 
-def _ffn(mlp: nn.Module, h: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-    """A layer's FFN; routed experts also get the step's real rows (``ctx.live``: padding rows skipped)."""
-    return mlp(h, ctx.live) if isinstance(mlp, SparseMoeBlock) else mlp(h)
 
 
 class _HybridLayer(nn.Module):
@@ -168,15 +165,24 @@ class _HybridLayer(nn.Module):
         """:meth:`forward_folded` with every GEMM on ``fused_layer.linear`` (a row's bits its own at any row count;
         routed by ``base.run_layers`` where ``fused_layer.runs``)."""
         x, h = self.input_layernorm.add(x, delta)
-        x, h = self.post_attention_layernorm.add(x, self._mix_fused(h, ctx, cache))
-        mlp = self.mlp
+        mix, mlp = self._mix_fused(h, ctx, cache), self.mlp
         if isinstance(mlp, SparseMoeBlock):  # the router's GEMM and the MoE kernels (within mlp.fused_rows)
-            return x, _ffn(mlp, h, ctx)
+            return self._add_ffn(x, mix, ctx)
+        x, h = self.post_attention_layernorm.add(x, mix)
         return x, fused_layer.linear(fused_layer.linear(h, mlp._fused[0], silu=True), mlp.down_proj.weight)
 
+    def _add_ffn(self, x: torch.Tensor, mix: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x + mix, FFN(post_attention_layernorm(x + mix)))``; routed experts also get the step's real rows
+        (``ctx.live``: padding rows skipped), and on the MoE kernels the norm's kernel computes the router's logits
+        (:meth:`SparseMoeBlock.add_forward`)."""
+        if isinstance(self.mlp, SparseMoeBlock):
+            return self.mlp.add_forward(x, mix, self.post_attention_layernorm, ctx.live)
+        x, h = self.post_attention_layernorm.add(x, mix)
+        return x, self.mlp(h)
+
     def forward(self, x: torch.Tensor, ctx: StepContext, cache) -> torch.Tensor:
-        x, h = self.post_attention_layernorm.add(x, self._mix(self.input_layernorm(x), ctx, cache))
-        return x + _ffn(self.mlp, h, ctx)
+        x, f = self._add_ffn(x, self._mix(self.input_layernorm(x), ctx, cache), ctx)
+        return x + f
 
     def forward_folded(self, x: torch.Tensor, delta: torch.Tensor | None, ctx: StepContext, cache
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,8 +190,7 @@ class _HybridLayer(nn.Module):
         one kernel a layer less on CUDA): it takes ``(x, delta)``, whose sum is its input (``delta`` None: ``x``
         alone), and returns ``(x', delta')``, whose sum is :meth:`forward`'s output, the add rounded alike."""
         x, h = self.input_layernorm.add(x, delta)
-        x, h = self.post_attention_layernorm.add(x, self._mix(h, ctx, cache))
-        return x, _ffn(self.mlp, h, ctx)
+        return self._add_ffn(x, self._mix(h, ctx, cache), ctx)
 
 
 class FullAttentionDecoderLayer(_HybridLayer):

@@ -1,0 +1,51 @@
+#!/bin/bash
+# A MoE layer's post-mixer add and norm with the router's GEMM in one kernel (expert_kernel.NORM_ROUTER) against the
+# norm kernel then the router's GEMM; one device call each (carry .whl):
+#   bash scripts/device_router.sh check  # check_norm_router.py (bits against the norm kernel, a row alone and among
+#                                        # others, the two forms' time) on the qwen3.5-35b-a3b shape's sizes; ab_flags
+#                                        # defaults / defaults-norm-router on that shape (padded 16-row and 1-row steps,
+#                                        # its MTP propose); device_check on random Qwen3.5 MoE, Gemma 4 and Gemma 4 E
+#                                        # (graphs; oracle, n-gram, MTP and DFlash drafts where they fit; the kernel on)
+#   bash scripts/device_router.sh bench  # the 35b shape's 1-row step's kernels (profile_shape_step.py --timeline);
+#                                        # specdec bench --shape qwen3.5-35b-a3b, qwen3-8b, qwen3.5-9b, smollm2-135m
+# Results in $OUT/r.tgz.
+set -u
+nvidia-smi --query-gpu=name --format=csv,noheader | head -1
+pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
+export PYTHONPATH=/tmp/site:$PWD:$PWD/tests:$PWD/scripts PYTHONUNBUFFERED=1
+W=$OUT/r; mkdir -p $W
+left() { echo $(( ${1} < 570 - SECONDS ? ${1} : 570 - SECONDS )); }  # a step's timeout within the call's 600 s
+save() { (cd $OUT && tar czf r.tgz r); }
+case "${1:-}" in
+check)
+    timeout $(left 60) python scripts/check_norm_router.py --json $W/check_35b.json > $W/check_35b.log 2>&1
+    echo "== check rc=$? ${SECONDS}s"; cat $W/check_35b.log | tr -d '\n' | cut -c1-900; echo; save
+    timeout $(left 240) python scripts/ab_flags.py --shape qwen3.5-35b-a3b --context 512 --rounds 3 --reps 10 \
+        --variants defaults defaults-norm-router --json $W/ab_35b.json > $W/ab_35b.log 2>&1
+    echo "== ab rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_35b.log | tail -4 | cut -c1-300; save
+    timeout $(left 120) python scripts/device_check.py build /tmp/dc > $W/dc_build.log 2>&1
+    for t in qwen35moe gemma4 gemma4e; do
+        SPECDEC_NORM_ROUTER=1 timeout $(left 70) python scripts/device_check.py run /tmp/dc --target $t --mode graphs \
+            --drafters oracle ngram mtp dflash --prompts 4 --new-tokens 128 --out $W/dc_$t.json > $W/dc_$t.log 2>&1 \
+            || echo "dc $t rc=$?"
+    done
+    python scripts/device_check.py compare $W/dc_*.json --out $W/dc_report.json 2>&1 | tail -14; echo "== dc ${SECONDS}s" ;;
+bench)
+    timeout $(left 150) python scripts/profile_shape_step.py --shape qwen3.5-35b-a3b --rows 1 --context 512 --top 14 \
+        --timeline $W/tl35.json > $W/prof35.log 2>&1
+    echo "== profile rc=$? ${SECONDS}s $(grep -m1 captured_ms $W/prof35.log)"; save
+    bench() {  # NAME TIMEOUT [bench args]: the shape bench at context 512 (the oracle at tau 6.5), its summary lines
+        local name=$1 t=$2; shift 2
+        [ "$(left $t)" -lt 30 ] && { echo "== $name skipped (${SECONDS}s)"; return; }
+        timeout $(left $t) python -m specdec bench --shape $name --context 512 --oracle-tau 6.5 --json $W/b_$name.json \
+            "$@" > $W/b_$name.log 2>&1
+        echo "== $name rc=$? ${SECONDS}s"; grep -vE "^ *(verify|k=)" $W/b_$name.log | tail -9 | cut -c1-240; save
+    }
+    bench qwen3.5-35b-a3b 150 --draft-vocab 32768 --reps 10
+    bench qwen3-8b 130 --draft-vocab 32768 --reps 10
+    bench qwen3.5-9b 110 --draft-vocab 32768 --reps 10
+    bench smollm2-135m 50 ;;
+*)
+    echo "usage: bash scripts/device_router.sh check | bench"; exit 2 ;;
+esac
+save && rm -rf $W
