@@ -8,6 +8,9 @@
 #                                        # (graphs; oracle, n-gram, MTP and DFlash drafts where they fit; the kernel on)
 #   bash scripts/device_router.sh bench  # the 35b shape's 1-row step's kernels (profile_shape_step.py --timeline);
 #                                        # specdec bench --shape qwen3.5-35b-a3b, qwen3-8b, qwen3.5-9b, smollm2-135m
+#   bash scripts/device_router.sh once   # where one call is all there is: check_norm_router, ab_flags, device_check
+#                                        # on random Qwen3.5 MoE (the kernel on), the 35b shape's bench with and without
+#                                        # the kernel, then qwen3-8b's, as the call's time allows
 # Results in $OUT/r.tgz.
 set -u
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
@@ -45,7 +48,28 @@ bench)
     bench qwen3-8b 130 --draft-vocab 32768 --reps 10
     bench qwen3.5-9b 110 --draft-vocab 32768 --reps 10
     bench smollm2-135m 50 ;;
+once)
+    timeout $(left 60) python scripts/check_norm_router.py --json $W/check_35b.json > $W/check_35b.log 2>&1
+    echo "== check rc=$? ${SECONDS}s"; cat $W/check_35b.log | tr -d '\n' | cut -c1-900; echo; save
+    timeout $(left 200) python scripts/ab_flags.py --shape qwen3.5-35b-a3b --context 512 --rounds 3 --reps 10 \
+        --variants defaults defaults-norm-router --json $W/ab_35b.json > $W/ab_35b.log 2>&1
+    echo "== ab rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_35b.log | tail -4 | cut -c1-300; save
+    timeout $(left 100) python scripts/device_check.py build /tmp/dc > $W/dc_build.log 2>&1
+    SPECDEC_NORM_ROUTER=1 timeout $(left 70) python scripts/device_check.py run /tmp/dc --target qwen35moe --mode graphs \
+        --drafters oracle ngram mtp dflash --prompts 4 --new-tokens 128 --out $W/dc_qwen35moe.json > $W/dc_qwen35moe.log 2>&1
+    python scripts/device_check.py compare $W/dc_*.json --out $W/dc_report.json 2>&1 | tail -8; echo "== dc ${SECONDS}s"; save
+    for v in 1 0; do
+        [ "$(left 150)" -lt 60 ] && break
+        SPECDEC_NORM_ROUTER=$v timeout $(left 150) python -m specdec bench --shape qwen3.5-35b-a3b --context 512 \
+            --oracle-tau 6.5 --draft-vocab 32768 --reps 10 --json $W/b_35b_nr$v.json > $W/b_35b_nr$v.log 2>&1
+        echo "== bench 35b NORM_ROUTER=$v rc=$? ${SECONDS}s"; grep -vE "^ *(verify|k=)" $W/b_35b_nr$v.log | tail -9 | cut -c1-240; save
+    done
+    if [ "$(left 130)" -ge 90 ]; then
+        timeout $(left 130) python -m specdec bench --shape qwen3-8b --context 512 --oracle-tau 6.5 --draft-vocab 32768 \
+            --reps 10 --json $W/b_qwen3-8b.json > $W/b_qwen3-8b.log 2>&1
+        echo "== bench qwen3-8b rc=$? ${SECONDS}s"; grep -vE "^ *(verify|k=)" $W/b_qwen3-8b.log | tail -9 | cut -c1-240
+    fi ;;
 *)
-    echo "usage: bash scripts/device_router.sh check | bench"; exit 2 ;;
+    echo "usage: bash scripts/device_router.sh check | bench | once"; exit 2 ;;
 esac
 save && rm -rf $W
