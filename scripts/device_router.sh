@@ -3,9 +3,10 @@
 # norm kernel then the router's GEMM; one device call each (carry .whl):
 #   bash scripts/device_router.sh check  # check_norm_router.py (bits against the norm kernel, a row alone and among
 #                                        # others, the two forms' time) on the qwen3.5-35b-a3b shape's sizes; ab_flags
-#                                        # defaults / defaults-norm-router on that shape (padded 16-row and 1-row steps,
-#                                        # its MTP propose); device_check on random Qwen3.5 MoE, Gemma 4 and Gemma 4 E
-#                                        # (graphs; oracle, n-gram, MTP and DFlash drafts where they fit; the kernel on)
+#                                        # defaults / defaults-norm-router on that shape (padded 16-row and 1-row steps;
+#                                        # --no-drafters: its random drafters beside it ran an 80 GB card out of memory);
+#                                        # device_check on random Qwen3.5 MoE, Gemma 4 and Gemma 4 E (graphs; oracle,
+#                                        # n-gram, MTP and DFlash drafts where they fit; the kernel on)
 #   bash scripts/device_router.sh bench  # the 35b shape's 1-row step's kernels (profile_shape_step.py --timeline);
 #                                        # specdec bench --shape qwen3.5-35b-a3b, qwen3-8b, qwen3.5-9b, smollm2-135m
 #   bash scripts/device_router.sh once   # where one call is all there is: check_norm_router, ab_flags, device_check
@@ -24,7 +25,7 @@ check)
     timeout $(left 60) python scripts/check_norm_router.py --json $W/check_35b.json > $W/check_35b.log 2>&1
     echo "== check rc=$? ${SECONDS}s"; cat $W/check_35b.log | tr -d '\n' | cut -c1-900; echo; save
     timeout $(left 240) python scripts/ab_flags.py --shape qwen3.5-35b-a3b --context 512 --rounds 3 --reps 10 \
-        --variants defaults defaults-norm-router --json $W/ab_35b.json > $W/ab_35b.log 2>&1
+        --no-drafters --variants defaults defaults-norm-router --json $W/ab_35b.json > $W/ab_35b.log 2>&1
     echo "== ab rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_35b.log | tail -4 | cut -c1-300; save
     timeout $(left 120) python scripts/device_check.py build /tmp/dc > $W/dc_build.log 2>&1
     for t in qwen35moe gemma4 gemma4e; do
@@ -52,7 +53,7 @@ once)
     timeout $(left 60) python scripts/check_norm_router.py --json $W/check_35b.json > $W/check_35b.log 2>&1
     echo "== check rc=$? ${SECONDS}s"; cat $W/check_35b.log | tr -d '\n' | cut -c1-900; echo; save
     timeout $(left 200) python scripts/ab_flags.py --shape qwen3.5-35b-a3b --context 512 --rounds 3 --reps 10 \
-        --variants defaults defaults-norm-router --json $W/ab_35b.json > $W/ab_35b.log 2>&1
+        --no-drafters --variants defaults defaults-norm-router --json $W/ab_35b.json > $W/ab_35b.log 2>&1
     echo "== ab rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_35b.log | tail -4 | cut -c1-300; save
     timeout $(left 100) python scripts/device_check.py build /tmp/dc > $W/dc_build.log 2>&1
     SPECDEC_NORM_ROUTER=1 timeout $(left 70) python scripts/device_check.py run /tmp/dc --target qwen35moe --mode graphs \

@@ -61,9 +61,12 @@ ENABLED = env.switch("SPECDEC_EXPERT_KERNEL")
 FUSED_MOE = env.switch("SPECDEC_FUSED_MOE")
 # The router's GEMM inside the add-and-norm kernel before the block (norm_router): a MoE layer's post-mixer residual
 # add, its RMSNorm and every router logit in one kernel, each program's ROUTER_ROWS router rows loaded before its PDL
-# wait (the weights never depend on the kernel before). On the H100 (2026-12-06 (third)) the router's GEMM alone cost
-# ~4.6-4.9 us a layer for 1 MB, latency-bound at any split; the norm kernel before it ~2 us. The logits' bits are this
-# kernel's (a row's own, at any row count), not the GEMM's: every forward the MoE kernels take routes on them.
+# wait (the weights never depend on the kernel before). The router's GEMM alone cost ~4.6-4.9 us a layer for 1 MB,
+# latency-bound at any split, the norm kernel before it ~2 us; the one kernel adds 2.7 us (H100, qwen3.5-35b-a3b shape).
+# Its sum and norm are the norm kernel's bits; its logits' bits are its own (a row's own, at any row count), not the
+# GEMM's: every forward the MoE kernels take routes on them. On since measured (session of 2026-12-07 (sixteenth),
+# H100, scripts/ab_flags.py, one process): the 35b shape's 1-row step 3.646 -> 3.475 ms, its padded step 3.918 ->
+# 3.696 (5 rounds); ROUTER_ROWS 1 / 2 / 4 within noise of each other. SPECDEC_NORM_ROUTER=0: the norm, then the GEMM.
 NORM_ROUTER = env.switch("SPECDEC_NORM_ROUTER")
 ROUTER_ROWS = 2
 BN, BK = 16, 256  # rows of a weight and features of the input a program step holds
