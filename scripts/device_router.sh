@@ -20,20 +20,27 @@ export PYTHONPATH=/tmp/site:$PWD:$PWD/tests:$PWD/scripts PYTHONUNBUFFERED=1
 W=$OUT/r; mkdir -p $W
 left() { echo $(( ${1} < 570 - SECONDS ? ${1} : 570 - SECONDS )); }  # a step's timeout within the call's 600 s
 save() { (cd $OUT && tar czf r.tgz r); }
-case "${1:-}" in
-check)
+check_ab() {  # AB_TIMEOUT: check_norm_router.py, then ab_flags on the 35b shape with the kernel and without
     timeout $(left 60) python scripts/check_norm_router.py --json $W/check_35b.json > $W/check_35b.log 2>&1
     echo "== check rc=$? ${SECONDS}s"; cat $W/check_35b.log | tr -d '\n' | cut -c1-900; echo; save
-    timeout $(left 240) python scripts/ab_flags.py --shape qwen3.5-35b-a3b --context 512 --rounds 3 --reps 10 \
+    timeout $(left $1) python scripts/ab_flags.py --shape qwen3.5-35b-a3b --context 512 --rounds 3 --reps 10 \
         --no-drafters --variants defaults defaults-norm-router --json $W/ab_35b.json > $W/ab_35b.log 2>&1
     echo "== ab rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_35b.log | tail -4 | cut -c1-300; save
-    timeout $(left 120) python scripts/device_check.py build /tmp/dc > $W/dc_build.log 2>&1
-    for t in qwen35moe gemma4 gemma4e; do
+}
+dc() {  # BUILD_TIMEOUT TARGET...: device_check (graphs, the kernel on) on each random target, then the comparison
+    local t0=$1; shift
+    timeout $(left $t0) python scripts/device_check.py build /tmp/dc > $W/dc_build.log 2>&1
+    for t in "$@"; do
         SPECDEC_NORM_ROUTER=1 timeout $(left 70) python scripts/device_check.py run /tmp/dc --target $t --mode graphs \
             --drafters oracle ngram mtp dflash --prompts 4 --new-tokens 128 --out $W/dc_$t.json > $W/dc_$t.log 2>&1 \
             || echo "dc $t rc=$?"
     done
-    python scripts/device_check.py compare $W/dc_*.json --out $W/dc_report.json 2>&1 | tail -14; echo "== dc ${SECONDS}s" ;;
+    python scripts/device_check.py compare $W/dc_*.json --out $W/dc_report.json 2>&1 | tail -14; echo "== dc ${SECONDS}s"; save
+}
+case "${1:-}" in
+check)
+    check_ab 240
+    dc 120 qwen35moe gemma4 gemma4e ;;
 bench)
     timeout $(left 150) python scripts/profile_shape_step.py --shape qwen3.5-35b-a3b --rows 1 --context 512 --top 14 \
         --timeline $W/tl35.json > $W/prof35.log 2>&1
@@ -50,15 +57,8 @@ bench)
     bench qwen3.5-9b 110 --draft-vocab 32768 --reps 10
     bench smollm2-135m 50 ;;
 once)
-    timeout $(left 60) python scripts/check_norm_router.py --json $W/check_35b.json > $W/check_35b.log 2>&1
-    echo "== check rc=$? ${SECONDS}s"; cat $W/check_35b.log | tr -d '\n' | cut -c1-900; echo; save
-    timeout $(left 200) python scripts/ab_flags.py --shape qwen3.5-35b-a3b --context 512 --rounds 3 --reps 10 \
-        --no-drafters --variants defaults defaults-norm-router --json $W/ab_35b.json > $W/ab_35b.log 2>&1
-    echo "== ab rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_35b.log | tail -4 | cut -c1-300; save
-    timeout $(left 100) python scripts/device_check.py build /tmp/dc > $W/dc_build.log 2>&1
-    SPECDEC_NORM_ROUTER=1 timeout $(left 70) python scripts/device_check.py run /tmp/dc --target qwen35moe --mode graphs \
-        --drafters oracle ngram mtp dflash --prompts 4 --new-tokens 128 --out $W/dc_qwen35moe.json > $W/dc_qwen35moe.log 2>&1
-    python scripts/device_check.py compare $W/dc_*.json --out $W/dc_report.json 2>&1 | tail -8; echo "== dc ${SECONDS}s"; save
+    check_ab 200
+    dc 100 qwen35moe
     for v in 1 0; do
         [ "$(left 150)" -lt 60 ] && break
         SPECDEC_NORM_ROUTER=$v timeout $(left 150) python -m specdec bench --shape qwen3.5-35b-a3b --context 512 \
