@@ -5,8 +5,8 @@ shape's sizes (hidden size, router rows with the shared gate's):
 - the logits against the torch form (``F.linear`` of the norm: other bits expected, not other values) and against the
   router's GEMM of the MoE kernels (``fused_layer.linear``);
 - a row's bits alone, among 4 and among 16 rows, and with padding rows (``live``);
-- the two forms' time: the norm kernel then the router's GEMM, against the one kernel (CUDA graphs of 40 of each, one
-  weight copy each so that the router is read from memory as in a step).
+- the two forms' time: the norm kernel then the router's GEMM, against the one kernel (a CUDA graph of 40 of each, one
+  weight copy each so that the router is read from memory as in a step; the best of 5 replays).
 
     python scripts/check_norm_router.py [--shape qwen3.5-35b-a3b] [--json F]
 """
@@ -16,6 +16,7 @@ import json
 import torch
 import torch.nn.functional as F
 
+from invariant_gemm import timed_us  # scripts/: a CUDA graph's replay time
 from specdec.models import expert_kernel, fused_layer, fused_ops
 from specdec.shapes import SHAPES
 
@@ -59,21 +60,8 @@ def main() -> None:
             def new():
                 for w in routers:
                     expert_kernel.norm_router(xs, ds, scale, 1e-6, w)
-            for name, fn in (("old", old), ("new", new)):
-                fn()
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    fn()
-                times = []
-                for _ in range(20):
-                    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    st.record()
-                    graph.replay()
-                    en.record()
-                    torch.cuda.synchronize()
-                    times.append(st.elapsed_time(en) * 1000 / len(routers))
-                out[f"us_{name}_rows{t}"] = round(sorted(times)[len(times) // 2], 2)
+            for name, fn in (("old", old), ("new", new)):  # best of 5 replays of a graph of the 40
+                out[f"us_{name}_rows{t}"] = round(timed_us(fn, reps=1) / len(routers), 2)
     print(json.dumps(out, indent=1))
     if a.json:
         with open(a.json, "w") as f:

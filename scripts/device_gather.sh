@@ -12,12 +12,7 @@
 # it; BENCHMARKS.md.)
 # Results in $OUT/g.tgz.
 set -u
-nvidia-smi --query-gpu=name --format=csv,noheader | head -1
-pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD:$PWD/tests:$PWD/scripts PYTHONUNBUFFERED=1
-W=$OUT/g; mkdir -p $W
-left() { echo $(( ${1} < 570 - SECONDS ? ${1} : 570 - SECONDS )); }  # a step's timeout within the call's 600 s
-save() { (cd $OUT && tar czf g.tgz g); }
+. scripts/device_prelude.sh g  # W=$OUT/g, left, save, bench
 cat > /tmp/gather_off.py <<'PY'
 # python /tmp/gather_off.py MODULE|SCRIPT.py ARGS...: run it with layers.INDEX_LOOKUPS off (index_select)
 import runpy, sys
@@ -63,13 +58,6 @@ profile)
         echo "== bench $v rc=$? ${SECONDS}s"; grep -vE "^ *(verify|k=)" $W/b_smollm2_$v.log | tail -7 | cut -c1-240; save
     done ;;
 bench)
-    bench() {  # NAME TIMEOUT [bench args]: the shape bench at context 512 (the oracle at tau 6.5), its summary lines
-        local name=$1 t=$2; shift 2
-        [ "$(left $t)" -lt 30 ] && { echo "== $name skipped (${SECONDS}s)"; return; }
-        timeout $(left $t) python -m specdec bench --shape $name --context 512 --oracle-tau 6.5 --json $W/b_$name.json \
-            "$@" > $W/b_$name.log 2>&1
-        echo "== $name rc=$? ${SECONDS}s"; grep -vE "^ *(verify|k=)" $W/b_$name.log | tail -9 | cut -c1-240; save
-    }
     bench smollm2-135m 60
     bench qwen3-8b 150 --draft-vocab 32768 --reps 10
     bench qwen3.5-9b 120 --draft-vocab 32768 --reps 10

@@ -14,12 +14,7 @@
 #                                        # the kernel, then qwen3-8b's, as the call's time allows
 # Results in $OUT/r.tgz.
 set -u
-nvidia-smi --query-gpu=name --format=csv,noheader | head -1
-pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD:$PWD/tests:$PWD/scripts PYTHONUNBUFFERED=1
-W=$OUT/r; mkdir -p $W
-left() { echo $(( ${1} < 570 - SECONDS ? ${1} : 570 - SECONDS )); }  # a step's timeout within the call's 600 s
-save() { (cd $OUT && tar czf r.tgz r); }
+. scripts/device_prelude.sh r  # W=$OUT/r, left, save, bench
 check_ab() {  # AB_TIMEOUT: check_norm_router.py, then ab_flags on the 35b shape with the kernel and without
     timeout $(left 60) python scripts/check_norm_router.py --json $W/check_35b.json > $W/check_35b.log 2>&1
     echo "== check rc=$? ${SECONDS}s"; cat $W/check_35b.log | tr -d '\n' | cut -c1-900; echo; save
@@ -45,13 +40,6 @@ bench)
     timeout $(left 150) python scripts/profile_shape_step.py --shape qwen3.5-35b-a3b --rows 1 --context 512 --top 14 \
         --timeline $W/tl35.json > $W/prof35.log 2>&1
     echo "== profile rc=$? ${SECONDS}s $(grep -m1 captured_ms $W/prof35.log)"; save
-    bench() {  # NAME TIMEOUT [bench args]: the shape bench at context 512 (the oracle at tau 6.5), its summary lines
-        local name=$1 t=$2; shift 2
-        [ "$(left $t)" -lt 30 ] && { echo "== $name skipped (${SECONDS}s)"; return; }
-        timeout $(left $t) python -m specdec bench --shape $name --context 512 --oracle-tau 6.5 --json $W/b_$name.json \
-            "$@" > $W/b_$name.log 2>&1
-        echo "== $name rc=$? ${SECONDS}s"; grep -vE "^ *(verify|k=)" $W/b_$name.log | tail -9 | cut -c1-240; save
-    }
     bench qwen3.5-35b-a3b 150 --draft-vocab 32768 --reps 10
     bench qwen3-8b 130 --draft-vocab 32768 --reps 10
     bench qwen3.5-9b 110 --draft-vocab 32768 --reps 10
@@ -65,11 +53,7 @@ once)
             --oracle-tau 6.5 --draft-vocab 32768 --reps 10 --json $W/b_35b_nr$v.json > $W/b_35b_nr$v.log 2>&1
         echo "== bench 35b NORM_ROUTER=$v rc=$? ${SECONDS}s"; grep -vE "^ *(verify|k=)" $W/b_35b_nr$v.log | tail -9 | cut -c1-240; save
     done
-    if [ "$(left 130)" -ge 90 ]; then
-        timeout $(left 130) python -m specdec bench --shape qwen3-8b --context 512 --oracle-tau 6.5 --draft-vocab 32768 \
-            --reps 10 --json $W/b_qwen3-8b.json > $W/b_qwen3-8b.log 2>&1
-        echo "== bench qwen3-8b rc=$? ${SECONDS}s"; grep -vE "^ *(verify|k=)" $W/b_qwen3-8b.log | tail -9 | cut -c1-240
-    fi ;;
+    bench qwen3-8b 130 --draft-vocab 32768 --reps 10 ;;
 *)
     echo "usage: bash scripts/device_router.sh check | bench | once"; exit 2 ;;
 esac
