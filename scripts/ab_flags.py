@@ -32,11 +32,15 @@ with a cache much longer than the context, ``-n``), ``defaults+far0`` (split_att
 split size at any context), ``defaults+far2048`` (512-key splits past 2,048 positions; also ``defaults+split128+far2048``), ``defaults-norm-rope`` (layers.NORM_ROPE off: the q/k norms as kernels of their own), ``defaults-prenorm``
 (fused_ops.PRENORM_ADD off: Gemma 3's and 4's post-attention norm a kernel of its own), ``defaults-rope-table``
 (layers.ROPE_TABLE off: a static step's cos/sin computed, not looked up), ``defaults-norm-router``
-(expert_kernel.NORM_ROUTER off: a MoE layer's router as a GEMM of its own after the add-and-norm kernel), ``defaults+index-select``
+(expert_kernel.NORM_ROUTER off: a MoE layer's router as a GEMM of its own after the add-and-norm kernel), ``defaults-delta-one``
+(delta_kernel.ONE_KERNEL off: a Gated DeltaNet step's conv and gates, then its recurrence, as two kernels), ``defaults-delta-early``
+(delta_kernel.STATE_EARLY off: the step kernel loads the live state after its PDL wait), ``defaults+index-select``
 (layers.INDEX_LOOKUPS off: the token embeddings and RoPE tables looked up by index_select, not indexing), ``defaults-small-fused`` (gemma4.SMALL_FUSED
 off: Gemma 4's small models, KV-shared layers and per-layer inputs, on cuBLAS with padded steps), ``defaults-dense-tail``
 (fused_ops.DENSE_TAIL off: Gemma 4's dense layer tail as the torch ops). Each
-variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs). The flags are module attributes read as a step
+variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs), each
+with the rollback after it, and (CUDA) plain greedy decoding's own chained steps, no rollback between them
+(``chain_step_ms``: the padded step where the target pads, else 1-row). The flags are module attributes read as a step
 is built, so a variant's steps are built with them set and the defaults come back after.
 """
 
@@ -70,7 +74,9 @@ FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.m
          "small-fused": ("specdec.models.gemma4", "SMALL_FUSED"),
          "buckets": ("specdec.models.graphs", "SPAN_BUCKETS"),
          "rope-table": ("specdec.models.layers", "ROPE_TABLE"),
-         "norm-router": ("specdec.models.expert_kernel", "NORM_ROUTER")}
+         "norm-router": ("specdec.models.expert_kernel", "NORM_ROUTER"),
+         "delta-one": ("specdec.models.delta_kernel", "ONE_KERNEL"),
+         "delta-early": ("specdec.models.delta_kernel", "STATE_EARLY")}
 # settings other than on/off, each on top of the defaults: defaults+split64 (SPECDEC_SPLIT_KEYS=64), ...
 SETTINGS = {f"split{n}": ("specdec.models.split_attention", "_SPLIT_ENV", n) for n in (64, 128, 256, 512)}
 SETTINGS["rowgroups16"] = ("specdec.models.expert_kernel", "ROW_GROUPS", 16)  # the MoE kernels: a program a row
@@ -113,6 +119,8 @@ def flags(names):
     try:
         for n in FLAGS:
             mod = importlib.import_module(FLAGS[n][0])
+            if not hasattr(mod, FLAGS[n][1]):  # an older tree's (scripts/device_delta.sh times one): not there to set
+                continue
             saved.append((mod, FLAGS[n][1], getattr(mod, FLAGS[n][1])))
             setattr(mod, FLAGS[n][1], n in names)
         for n in names:
@@ -127,6 +135,9 @@ def flags(names):
             setattr(mod, attr, value)
 
 
+CHAIN = 8  # greedy-chain steps a timed call (chain_step_ms)
+
+
 def time_variant(model, ids: torch.Tensor, context: int, new_tokens: int, reps: int, drafters: dict) -> dict:
     from specdec.bench_shape import _median_ms, _time_drafter
     from specdec.engine.generate import STEP_ROWS
@@ -137,7 +148,8 @@ def time_variant(model, ids: torch.Tensor, context: int, new_tokens: int, reps: 
     for layer in model.layers:  # the variant's fused-layer eligibility (the wide flag), as fuse_projections sets it
         if hasattr(layer, "fused_path"):
             layer.fused_path = fused_layer.eligible(layer)
-    cache = model.new_cache(context + new_tokens, spare=STEP_ROWS)
+    chain_steps = CHAIN * (reps + 3)  # the greedy chain's positions (_median_ms's warm-up calls included)
+    cache = model.new_cache(context + max(new_tokens, chain_steps + 1), spare=STEP_ROWS)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     t0 = time.perf_counter()
@@ -157,6 +169,15 @@ def time_variant(model, ids: torch.Tensor, context: int, new_tokens: int, reps: 
         cache.rollback(context)
     out = {"plain_step_ms": _median_ms(one, dev, reps), "row_step_ms": _median_ms(one_row, dev, reps),
            "row_exact": float(model.row_exact()), "prefill_ms": round(prefill_ms, 2)}
+    if dev.type == "cuda":  # plain greedy decoding's own loop: CHAIN chained steps a call, no rollback between them
+        # (the steps above roll back after each, which costs a tree's caches what it costs them)
+        steps.greedy_step(row[:1])
+
+        def chain():
+            for _ in range(CHAIN):
+                steps.greedy_step()
+        out["chain_step_ms"] = round(_median_ms(chain, dev, reps) / CHAIN, 4)
+        cache.rollback(cache.length)
     for label, make in drafters.items():
         out[f"{label}_propose_ms"] = _time_drafter(model, make, ids[:context], reps)["ms"]
     return out

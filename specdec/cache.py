@@ -103,22 +103,24 @@ class SequenceCache:
 
 
 class LinearAttnCache:
-    """Conv window and recurrent state of one linear-attention (Gated DeltaNet) layer.
+    """Conv window and recurrent state of one linear-attention (Gated DeltaNet) layer, in two rings
+    keyed by position.
 
     Static buffers (never reallocated once a step length has been seen, so CUDA graphs can
     capture the steps that use them):
 
-    - ``conv [kernel-1+R, C]`` (model dtype): the window before the last forward, then the conv
-      inputs of its positions; the window after ``i`` of them is rows ``i .. i+kernel-2``;
-    - ``states [R+1, H, dk, dv]`` (fp32): the state before the last forward, then after each of
-      its positions.
+    - ``conv [kernel-1+R, C]`` (model dtype): the conv input of position ``p`` at row ``p mod
+      (kernel-1+R)``; the window at length ``L`` is positions ``L-kernel+1 .. L-1`` (a position
+      before 0 reads a row never written since :meth:`reset`: zeros);
+    - ``states [R+1, H, dk, dv]`` (fp32): the state after ``L`` positions at row ``L mod (R+1)``.
 
-    ``cur`` (mirrored on the device as ``cur_t``, which is written only when its value changes: a padded
-    plain step commits 16 rows and rolls back to 1, the value already there, so no kernel runs) says how
-    many positions of the last forward are live. Rolling back inside the last forward only moves ``cur``: exact, no recomputation. ``R``
-    grows to the longest snapshot forward seen (at most ``snapshot_tokens``; one verify step), so
-    the snapshot memory is bounded by the draft length, never by the context. A longer forward
-    (prefill) keeps only its final state, and rolling back into it is an error.
+    A forward of ``T <= R`` positions at ``S`` (one that keeps snapshots: a decode or verify step) reads
+    the rows of length ``S`` and writes those of lengths ``S+1 .. S+T`` (positions ``S .. S+T-1``),
+    never a row it reads. Rolling back to any length in ``S .. S+T`` is then the length alone: exact, no
+    copy, no device write; the kernels find the live rows from the step's start (a static step's start
+    tensor). ``R`` grows to the longest snapshot forward seen (at most ``snapshot_tokens``; one verify
+    step), so the snapshot memory is bounded by the draft length, never by the context. A longer forward
+    (prefill) keeps only its final state and window, and rolling back into it is an error.
     """
 
     def __init__(self, conv_channels: int, kernel: int, n_heads: int, key_dim: int, value_dim: int,
@@ -126,10 +128,7 @@ class LinearAttnCache:
         self.kernel, self.snapshot_tokens = kernel, snapshot_tokens
         self.conv = torch.zeros(kernel - 1, conv_channels, dtype=dtype, device=device)
         self.states = torch.zeros(1, n_heads, key_dim, value_dim, dtype=torch.float32, device=device)
-        self.cur_t = torch.zeros((), dtype=torch.int64, device=device)
-        self._cur_dev = 0  # the value cur_t holds (a fill only where cur moved to another value)
-        self._taps = torch.arange(kernel - 1, device=device)  # live_window's row offsets
-        self.cur = 0  # live positions of the last forward
+        self._steps = torch.arange(kernel + snapshot_tokens, device=device)  # row offsets (index_copy_'s indices)
         self.base = 0  # cache length before the last forward
         self.length = 0
         self.rollbackable = False  # the last forward kept per-position states
@@ -139,47 +138,55 @@ class LinearAttnCache:
     def rows(self) -> int:
         return self.states.shape[0] - 1
 
+    def _rows(self, first, n: int, ring: int) -> torch.Tensor:
+        """Ring rows of ``n`` consecutive positions (or lengths) from ``first`` (an int, or a 0-d device tensor in a
+        static step: graph-safe), as a device index."""
+        return (self._steps[:n] + first) % ring
+
     # --- read by the layer -------------------------------------------------------
-    def conv_window(self) -> torch.Tensor:
-        """The live conv window ``[kernel-1, C]``."""
-        return self.conv[self.cur:self.cur + self.kernel - 1]
+    def conv_window(self, length=None) -> torch.Tensor:
+        """A copy of the conv window ``[kernel-1, C]`` at ``length`` (default: the cache's; a 0-d device tensor in a
+        static step)."""
+        length = self.length if length is None else length
+        return self.conv.index_select(0, self._rows(length - (self.kernel - 1), self.kernel - 1, self.conv.shape[0]))
 
-    def state(self) -> torch.Tensor:
-        """The live recurrent state ``[H, dk, dv]`` (fp32)."""
-        return self.states[self.cur]
-
-    def live_static(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copies of the live window and state selected on the device by ``cur_t`` (graph-safe)."""
-        return self.live_window(), self.states.index_select(0, self.cur_t.reshape(1))[0]
-
-    def live_window(self) -> torch.Tensor:
-        """A copy of the live conv window, selected on the device by ``cur_t`` (graph-safe)."""
-        return self.conv.index_select(0, self.cur_t + self._taps)
+    def state(self, length=None) -> torch.Tensor:
+        """The recurrent state ``[H, dk, dv]`` (fp32) after ``length`` positions (default: the cache's; a 0-d device
+        tensor in a static step: a copy)."""
+        length = self.length if length is None else length
+        if isinstance(length, torch.Tensor):
+            return self.states.index_select(0, (length % self.states.shape[0]).reshape(1))[0]
+        return self.states[length % self.states.shape[0]]
 
     def keeps_snapshots(self, t: int) -> bool:
         """Whether a forward of ``t`` positions keeps the state after each of them."""
         return t <= self.snapshot_tokens
 
     def reserve_rows(self, t: int) -> None:
-        """Grow the buffers for snapshot forwards of ``t`` positions (before any graph capture)."""
+        """Grow the rings for snapshot forwards of ``t`` positions (before any graph capture), every row a rollback
+        may still read moved to its place in the larger rings."""
         if t <= self.rows:
             return
-        conv = self.conv.new_zeros(self.kernel - 1 + t, self.conv.shape[1])
-        conv[: self.conv.shape[0]] = self.conv
+        k1 = self.kernel - 1
+        first = self.base if self.rollbackable else self.length  # the lengths a rollback may still restore
+        if self._steps.shape[0] < k1 + t:
+            self._steps = torch.arange(k1 + t, device=self._steps.device)
+        conv = self.conv.new_zeros(k1 + t, self.conv.shape[1])
         states = self.states.new_zeros(t + 1, *self.states.shape[1:])
-        states[: self.states.shape[0]] = self.states
+        lengths = torch.arange(first, self.length + 1, device=states.device)
+        states[lengths % (t + 1)] = self.states[lengths % self.states.shape[0]]
+        pos = torch.arange(max(first - k1, 0), self.length, device=states.device)  # their windows' positions
+        conv[pos % (k1 + t)] = self.conv[pos % self.conv.shape[0]]
         self.conv, self.states = conv, states
         self.version += 1
 
     # --- written by the layer ----------------------------------------------------
-    def write(self, conv_inputs: torch.Tensor, states: torch.Tensor, state0: torch.Tensor, snapshots: bool) -> None:
-        """Store a forward's results in place (no Python bookkeeping: graph-safe).
-
-        ``conv_inputs [kernel-1+T, C]``: the window before the forward, then its T inputs.
-        ``states``: ``[T, H, dk, dv]`` after each position (``snapshots``) or ``[1, ...]``, the
-        final state. ``state0``: the state before the forward.
-        """
-        t = conv_inputs.shape[0] - (self.kernel - 1)
+    def write(self, start, conv_inputs: torch.Tensor, states: torch.Tensor, snapshots: bool) -> None:
+        """Store a forward's results in place (graph-safe). ``start``: its first position (an int, or a 0-d device
+        tensor in a static step). ``conv_inputs [kernel-1+T, C]``: the window before the forward, then its T inputs.
+        ``states``: ``[T, H, dk, dv]`` after each position (``snapshots``) or ``[1, ...]``, the final state."""
+        k1 = self.kernel - 1
+        t = conv_inputs.shape[0] - k1
         if states.dtype != torch.float32:
             raise TypeError(f"recurrent state must be float32, got {states.dtype}")
         if snapshots:
@@ -188,34 +195,23 @@ class LinearAttnCache:
             if t > self.rows:
                 raise RuntimeError(f"linear-attention cache has {self.rows} snapshot rows, a forward wrote {t}; "
                                    "call reserve_rows first")
-            self.states[0].copy_(state0)
-            self.states[1:t + 1].copy_(states)
-            self.conv[: self.kernel - 1 + t].copy_(conv_inputs)
-        else:
-            self.states[0].copy_(states[-1])
-            self.conv[: self.kernel - 1].copy_(conv_inputs[t:])
+            self.states.index_copy_(0, self._rows(start + 1, t, self.states.shape[0]), states)
+            self.conv.index_copy_(0, self._rows(start, t, self.conv.shape[0]), conv_inputs[k1:])
+        else:  # the final state and the window that ends there (past a window's worth of inputs, only theirs)
+            self.states.index_copy_(0, self._rows(start + t, 1, self.states.shape[0]), states[-1:])
+            n = min(t, k1)
+            self.conv.index_copy_(0, self._rows(start + t - n, n, self.conv.shape[0]), conv_inputs[k1 + t - n:])
 
-    def commit(self, start: int, t: int, snapshots: bool, sync: bool = True) -> None:
-        """Python bookkeeping for a forward of ``t`` positions at ``start`` (after :meth:`write`). ``sync``
-        False leaves ``cur_t`` to the :meth:`rollback` that the caller runs next (a padded static step)."""
+    def commit(self, start: int, t: int, snapshots: bool) -> None:
+        """Python bookkeeping for a forward of ``t`` positions at ``start`` (after :meth:`write`)."""
         if start != self.length:
             raise RuntimeError(f"linear-attention cache holds {self.length} positions but the forward starts at {start}")
-        self.base, self.cur, self.rollbackable = (start, t, True) if snapshots else (start + t, 0, False)
-        self.length = start + t
-        if sync:
-            self._sync()
-
-    def _sync(self) -> None:
-        """``cur_t`` = ``cur`` (a device write only where the value differs)."""
-        if self._cur_dev != self.cur:
-            self.cur_t.fill_(self.cur)
-            self._cur_dev = self.cur
+        self.base, self.length, self.rollbackable = start, start + t, snapshots
 
     # --- the LayerCache protocol ------------------------------------------------
     def rollback(self, length: int) -> None:
         """Restore the state after ``length`` positions; it must lie inside the last forward."""
         if length == self.length:
-            self._sync()
             return
         if not self.rollbackable or not self.base <= length < self.length:
             kept = f"{self.base}..{self.length}" if self.rollbackable else f"only {self.length}"
@@ -224,18 +220,14 @@ class LinearAttnCache:
                 f"restore {kept} (states are kept per position only for the last forward, and only when it "
                 f"had <= {self.snapshot_tokens} tokens)"
             )
-        self.cur = length - self.base
         self.length = length
-        self._sync()
 
     def reset(self) -> None:
         """Back to the empty sequence (zero state and window), in the same buffers."""
         self.conv.zero_()
         self.states.zero_()
-        self.cur = self.base = self.length = 0
+        self.base = self.length = 0
         self.rollbackable = False
-        self.cur_t.fill_(0)
-        self._cur_dev = 0
 
     def nbytes(self) -> int:
         return self.conv.numel() * self.conv.element_size() + self.states.numel() * self.states.element_size()

@@ -320,31 +320,49 @@ def test_rollback_outside_the_last_forward_is_an_error(loaded):
         cache.rollback(39)
 
 
-def test_linear_cache_device_position_follows_the_host_and_writes_only_changes(monkeypatch):
-    """``LinearAttnCache.cur_t`` (the live row the static steps read on the device) equals ``cur`` after every
-    commit and rollback; a padded step's commit (``sync=False``) leaves it to the rollback that follows, which
-    writes nothing when the value is already there (plain decoding: 16 rows committed, 1 kept, every step)."""
-    c = LinearAttnCache(4, 3, 1, 2, 2, torch.float32, "cpu", snapshot_tokens=16)
-    c.reserve_rows(16)
-    fills = []
-    real_fill = torch.Tensor.fill_
-    monkeypatch.setattr(torch.Tensor, "fill_", lambda self, v: (fills.append(v), real_fill(self, v))[1])
-    c.commit(0, 5, True)
-    assert int(c.cur_t) == c.cur == 5
-    c.rollback(2)
-    assert int(c.cur_t) == c.cur == 2
-    pos = 2
-    for step in range(3):  # plain decoding's padded steps: 16 rows, 1 live
-        c.commit(pos, 16, True, sync=False)
-        c.rollback(pos + 1)
-        pos += 1
-        assert int(c.cur_t) == c.cur == 1
-    assert fills == [5, 2, 1]  # the first padded step moved it to 1; the next two wrote nothing
-    c.commit(pos, 4, True, sync=False)
-    c.rollback(pos + 4)  # every row kept (a verify accepted in full): the rollback to the end syncs too
-    assert int(c.cur_t) == c.cur == 4
+def test_linear_cache_rings_keep_every_length_a_rollback_may_restore(monkeypatch):
+    """``LinearAttnCache``'s rings keyed by position: a forward's writes never land on the rows of the lengths it may
+    be rolled back to (its start's window and state), across many wraps of the rings; growing the rings
+    (``reserve_rows``) keeps them; a rollback writes nothing on the device (plain decoding's padded steps commit 16
+    rows and keep 1, every step)."""
+    k1, heads = 3, 2
+    c = LinearAttnCache(4, k1 + 1, heads, 2, 2, torch.float32, "cpu", snapshot_tokens=16)
+    state_of = lambda n: torch.full((heads, 2, 2), float(n))  # noqa: E731 - the state after n positions: n
+    conv_of = lambda p: torch.full((4,), float(p + 1))  # noqa: E731 - position p's conv input: p + 1 (0 before 0)
+
+    def forward(t: int, snapshots: bool = True) -> None:  # the writes of a forward of t positions at c.length
+        s = c.length
+        window = torch.stack([conv_of(p) if p >= 0 else torch.zeros(4) for p in range(s - k1, s)])
+        assert torch.equal(c.conv_window(), window) and torch.equal(c.state(), state_of(s))
+        inputs = torch.cat([window, torch.stack([conv_of(p) for p in range(s, s + t)])])
+        states = torch.stack([state_of(s + 1 + i) for i in range(t)])
+        c.write(s, inputs, states if snapshots else states[-1:], snapshots)
+        c.commit(s, t, snapshots)
+
+    c.states[0] = state_of(0)  # (a fresh cache's state is zeros: state_of(0) only names it)
+    forward(7, snapshots=False)  # a prefill longer than the rings: its final state and window only
+    c.reserve_rows(4)
+    writes = []
+    for name in ("fill_", "copy_", "zero_", "index_copy_"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _r=real, _n=name: (writes.append(_n), _r(self, *a))[1])
+    for step in range(25):  # rolled back to each length of the last forward in turn, the rings wrapping many times
+        t = 1 + step % 4
+        forward(t)
+        del writes[:]
+        c.rollback(c.length - step % (t + 1))
+        assert writes == []
+    forward(4)
+    c.reserve_rows(16)  # the rings grow: every length of the last forward still restores
+    for n in range(c.base, c.length + 1):
+        window = torch.stack([conv_of(p) for p in range(n - k1, n)])
+        assert torch.equal(c.conv_window(n), window) and torch.equal(c.state(n), state_of(n))
+    c.rollback(c.base + 1)
+    forward(16)  # a step as wide as the rings allow
+    c.rollback(c.base + 3)
+    forward(2)
     c.reset()
-    assert int(c.cur_t) == c.cur == 0
+    assert c.length == 0 and not c.conv.any() and not c.states.any()
 
 
 def test_snapshot_memory_scales_with_draft_length_not_context(loaded):

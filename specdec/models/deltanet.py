@@ -299,11 +299,11 @@ class GatedDeltaNet(nn.Module):
             cache.reserve_rows(t)
         proj, z, b, a = self.project(x, linear)
         if keep and FUSED_STEP and delta_kernel.step_kernels_available(x, self.dk, self.dv):
-            o = self.step_fused(proj, z, b, a, cache, ctx.live, linear)
+            o = self.step_fused(proj, z, b, a, cache, start, ctx.live, linear)
             if not static:
                 cache.commit(start, t, keep)
             return o
-        window, state0 = cache.live_static() if static else (cache.conv_window(), cache.state())
+        window, state0 = cache.conv_window(start), cache.state(start)
         mixed, full = self.conv(window, proj)
         q, k, v, g, beta = self.gates(mixed, b, a)
         if keep or t == 1:
@@ -312,22 +312,24 @@ class GatedDeltaNet(nn.Module):
             hm = (y.transpose(0, 1).contiguous() for y in (q, k, v, g, beta))  # head-major
             o, states = chunked_gated_delta(*hm, state0, self.chunk_size, all_states=False)
             o = o.transpose(0, 1)
-        cache.write(full, states if keep else states[-1:], state0, keep)
+        cache.write(start, full, states if keep else states[-1:], keep)
         if not static:
             cache.commit(start, t, keep)
         return self.finish(o, z, linear)
 
     def step_fused(self, proj: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, cache: LinearAttnCache,
-                   live: torch.Tensor | None = None, linear=None) -> torch.Tensor:
+                   start, live: torch.Tensor | None = None, linear=None) -> torch.Tensor:
         """A snapshot step (decode, verify) on :mod:`delta_kernel`'s step kernels, from the step's
-        in-projections (:meth:`project`): the same values as
-        the torch form up to rounding, written into ``cache`` as :meth:`LinearAttnCache.write` would
-        (the state before the step at row 0, the state after each position, the conv inputs).
-        ``live``: a static step's real rows (``StepContext.live``; the rest pad it), None: all."""
-        q, k, v, g, beta = delta_kernel.conv_gates(
-            proj, cache.conv, cache.cur_t, self.conv_weight_fp32(), b, a,
-            self.A_log, self.dt_bias, self.hk, self.hv, self.dk, self.dv)
-        o = delta_kernel.recurrent_into_cache(q, k, v, g, beta, cache.states, cache.cur_t, live)
+        in-projections (:meth:`project`) at position ``start`` (an int, or a static step's 0-d device tensor): the
+        same values as the torch form up to rounding, written into ``cache``'s rings as :meth:`LinearAttnCache.write`
+        would (the conv inputs, the state after each position). ``live``: a static step's real rows
+        (``StepContext.live``; the rest pad it), None: all."""
+        args = (self.conv_weight_fp32(), b, a, self.A_log, self.dt_bias, self.hk, self.hv, self.dk, self.dv)
+        if delta_kernel.ONE_KERNEL:
+            o = delta_kernel.step(proj, cache.conv, cache.states, start, live, *args)
+        else:
+            q, k, v, g, beta = delta_kernel.conv_gates(proj, cache.conv, start, *args)
+            o = delta_kernel.recurrent_into_cache(q, k, v, g, beta, cache.states, start, live)
         return self._out(delta_kernel.gated_norm(o, z, self.norm.weight, self.norm.eps), linear)
 
     def conv_weight_fp32(self) -> torch.Tensor:

@@ -5,8 +5,9 @@ Python costs far more than running them. Here each step length ``T`` (1 .. k+1) 
 per cache as a CUDA graph over static buffers: the token ids, the start position (a 0-d device
 tensor), and attention over the whole preallocated KV cache masked by position (on CUDA the split
 attention kernel of :mod:`.split_attention`, whose cost follows the live context, not the cache's
-size). Replays then cost one launch. Linear-attention caches select their live state on the device (``cur_t``) inside
-the graph; their Python bookkeeping (which position is live) is done here after each replay.
+size). Replays then cost one launch. Linear-attention caches find their live rows on the device from the start
+position inside the graph (rings keyed by position); their Python bookkeeping (the length) is done here after each
+replay.
 Without graphs (``--no-cuda-graphs``, or the CPU in batch-invariant mode) the same static steps
 run eagerly: one step function, two ways to launch it, the same numerics.
 
@@ -312,10 +313,9 @@ class GraphedTarget:
 
     def _commit(self, start: int, rows: int, live: int) -> None:
         """After a replay of ``rows`` rows at ``start``: the linear-attention caches' bookkeeping, and the padding
-        rows (past ``live``) dropped. A padded step's ``cur_t`` is set once, by the rollback to its live rows
-        (plain decoding's: 1, already there, so nothing is written)."""
+        rows (past ``live``) dropped (their rings' rows are never read: no device write)."""
         for c in self.linear:
-            c.commit(start, rows, True, sync=rows == live)
+            c.commit(start, rows, True)
         if rows > live:
             self.cache.rollback(start + live)
 
