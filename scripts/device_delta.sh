@@ -5,11 +5,13 @@
 #   bash scripts/device_delta.sh check  # ab_flags on the qwen3.5-35b-a3b shape: defaults / defaults-delta-one /
 #                                       # defaults-delta-early (--no-drafters; padded, 1-row and chained steps), then
 #                                       # the old tree's defaults (another process); device_check on random Qwen3.5
-#                                       # dense and MoE (graphs: oracle, n-gram, MTP and DFlash drafts; eager: oracle,
-#                                       # MTP)
+#                                       # dense and MoE (graphs: oracle, n-gram, MTP and DFlash drafts; MoE eager:
+#                                       # oracle, MTP)
 #   bash scripts/device_delta.sh bench  # the 35b shape's 1-row step's kernels (profile_shape_step.py --timeline); the
 #                                       # old tree's and this tree's ab_flags defaults on qwen3.5-9b; specdec bench
 #                                       # --shape qwen3.5-35b-a3b and qwen3.5-9b
+#   bash scripts/device_delta.sh once   # where one call is all there is: ab_flags defaults / defaults-delta-one on the
+#                                       # 35b shape, device_check, the old tree's defaults, then the 35b shape's bench
 # Results in $OUT/d.tgz.
 set -u
 . scripts/device_prelude.sh d  # W=$OUT/d, left, save, bench
@@ -25,10 +27,9 @@ dc() {  # device_check (graphs and eager) on random Qwen3.5 dense and MoE, then 
         timeout $(left 70) python scripts/device_check.py run /tmp/dc --target $t --mode graphs \
             --drafters oracle ngram mtp dflash --prompts 4 --new-tokens 128 --out $W/dc_$t.json > $W/dc_$t.log 2>&1 \
             || echo "dc $t rc=$?"
-        timeout $(left 70) python scripts/device_check.py run /tmp/dc --target $t --mode eager \
-            --drafters oracle mtp --prompts 2 --new-tokens 64 --out $W/dc_${t}_eager.json > $W/dc_${t}_eager.log 2>&1 \
-            || echo "dc $t eager rc=$?"
     done
+    timeout $(left 70) python scripts/device_check.py run /tmp/dc --target qwen35moe --mode eager --drafters oracle mtp \
+        --prompts 2 --new-tokens 64 --out $W/dc_qwen35moe_eager.json > $W/dc_qwen35moe_eager.log 2>&1 || echo "dc eager rc=$?"
     python scripts/device_check.py compare $W/dc_*.json --out $W/dc_report.json 2>&1 | tail -14; echo "== dc ${SECONDS}s"; save
 }
 case "${1:-}" in
@@ -44,7 +45,12 @@ bench)
     ab 9b qwen3.5-9b 110 $PWD defaults defaults-delta-one
     bench qwen3.5-35b-a3b 150 --draft-vocab 32768 --reps 10
     bench qwen3.5-9b 110 --draft-vocab 32768 --reps 10 ;;
+once)  # where one call is all there is: the one-kernel A/B, device_check, the old tree, then the 35b bench
+    ab 35b qwen3.5-35b-a3b 250 $PWD defaults defaults-delta-one
+    dc
+    ab 35b_old qwen3.5-35b-a3b 120 $PWD/old_tree defaults
+    bench qwen3.5-35b-a3b 150 --draft-vocab 32768 --reps 10 ;;
 *)
-    echo "usage: bash scripts/device_delta.sh check | bench"; exit 2 ;;
+    echo "usage: bash scripts/device_delta.sh check | bench | once"; exit 2 ;;
 esac
 save && rm -rf $W
