@@ -32,9 +32,7 @@ with a cache much longer than the context, ``-n``), ``defaults+far0`` (split_att
 split size at any context), ``defaults+far2048`` (512-key splits past 2,048 positions; also ``defaults+split128+far2048``), ``defaults-norm-rope`` (layers.NORM_ROPE off: the q/k norms as kernels of their own), ``defaults-prenorm``
 (fused_ops.PRENORM_ADD off: Gemma 3's and 4's post-attention norm a kernel of its own), ``defaults-rope-table``
 (layers.ROPE_TABLE off: a static step's cos/sin computed, not looked up), ``defaults-norm-router``
-(expert_kernel.NORM_ROUTER off: a MoE layer's router as a GEMM of its own after the add-and-norm kernel), ``defaults-delta-one``
-(delta_kernel.ONE_KERNEL off: a Gated DeltaNet step's conv and gates, then its recurrence, as two kernels), ``defaults-delta-early``
-(delta_kernel.STATE_EARLY off: the step kernel loads the live state after its PDL wait), ``defaults+index-select``
+(expert_kernel.NORM_ROUTER off: a MoE layer's router as a GEMM of its own after the add-and-norm kernel), ``defaults+index-select``
 (layers.INDEX_LOOKUPS off: the token embeddings and RoPE tables looked up by index_select, not indexing), ``defaults-small-fused`` (gemma4.SMALL_FUSED
 off: Gemma 4's small models, KV-shared layers and per-layer inputs, on cuBLAS with padded steps), ``defaults-dense-tail``
 (fused_ops.DENSE_TAIL off: Gemma 4's dense layer tail as the torch ops). Each
@@ -74,9 +72,7 @@ FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.m
          "small-fused": ("specdec.models.gemma4", "SMALL_FUSED"),
          "buckets": ("specdec.models.graphs", "SPAN_BUCKETS"),
          "rope-table": ("specdec.models.layers", "ROPE_TABLE"),
-         "norm-router": ("specdec.models.expert_kernel", "NORM_ROUTER"),
-         "delta-one": ("specdec.models.delta_kernel", "ONE_KERNEL"),
-         "delta-early": ("specdec.models.delta_kernel", "STATE_EARLY")}
+         "norm-router": ("specdec.models.expert_kernel", "NORM_ROUTER")}
 # settings other than on/off, each on top of the defaults: defaults+split64 (SPECDEC_SPLIT_KEYS=64), ...
 SETTINGS = {f"split{n}": ("specdec.models.split_attention", "_SPLIT_ENV", n) for n in (64, 128, 256, 512)}
 SETTINGS["rowgroups16"] = ("specdec.models.expert_kernel", "ROW_GROUPS", 16)  # the MoE kernels: a program a row
@@ -119,7 +115,7 @@ def flags(names):
     try:
         for n in FLAGS:
             mod = importlib.import_module(FLAGS[n][0])
-            if not hasattr(mod, FLAGS[n][1]):  # an older tree's (scripts/device_delta.sh times one): not there to set
+            if not hasattr(mod, FLAGS[n][1]):  # an older tree's (scripts/device_delta.sh times one): nothing to set
                 continue
             saved.append((mod, FLAGS[n][1], getattr(mod, FLAGS[n][1])))
             setattr(mod, FLAGS[n][1], n in names)

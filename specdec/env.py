@@ -27,7 +27,6 @@ SWITCHES: dict[str, tuple[bool, str]] = {
     "SPECDEC_CPU_ONEDNN": (True, "fp32 CPU linears on oneDNN (cpu_linear.py)"),
     "SPECDEC_CPU_PACK": (True, "oneDNN linears' weights kept packed too (a second copy in memory)"),
     "SPECDEC_DELTA_FUSED": (True, "the Gated DeltaNet's decode and verify steps on Triton kernels (off: torch ops)"),
-    "SPECDEC_DELTA_ONE_KERNEL": (True, "a Gated DeltaNet step's conv, gates and recurrence as one kernel (else two)"),
     "SPECDEC_DELTA_PROJ": (True, "the Gated DeltaNet's in-projections as one GEMM"),
     "SPECDEC_DFLASH_FAST": (True, "DFlash's propose as captured static steps"),
     "SPECDEC_DFLASH_STATIC_FLUSH": (True, "DFlash's context write as one static step"),

@@ -173,11 +173,11 @@ def delta() -> None:
 
 
 def delta_step() -> None:
-    """deltanet.GatedDeltaNet.step_fused (delta_kernel's step kernel, or conv_gates then recurrent_into_cache, then
-    gated_norm) against the layer's torch form on the same cache: outputs, and the conv inputs and per-position
-    states the cache's rings keep, across a rollback (the next step starting at a length inside the last); each
-    kernel on rings that wrap (taps, inputs and states past the rings' ends); a static step's padding rows; a
-    row's bits in a 5-row step equal its bits as a 1-row step, for both forms."""
+    """deltanet.GatedDeltaNet.step_fused (delta_kernel's conv_gates, recurrent_into_cache and gated_norm) against the
+    layer's torch form on the same cache: outputs, and the conv inputs and per-position states the cache's rings
+    keep, across rollbacks (each step starting at a length inside the last); each kernel on rings that wrap (taps,
+    inputs and states past the rings' ends); a static step's padding rows; a row's bits in a 5-row step equal its
+    bits as a 1-row step."""
     from types import SimpleNamespace
 
     from specdec.models import delta_kernel
@@ -210,23 +210,17 @@ def delta_step() -> None:
         return outs, cache
 
     ref, ref_cache = run(False, xs)
-    one = delta_kernel.ONE_KERNEL
-    for form in (True, False):
-        delta_kernel.ONE_KERNEL = form
-        name = "one kernel" if form else "two kernels"
-        out, cache = run(True, xs)
-        err = max((a.float() - b.float()).abs().max().item() for a, b in zip(out, ref))
-        scale = max(b.float().abs().max().item() for b in ref)
-        check(f"delta-step ({name}): outputs equal the torch form's (one fp16 step at the largest)", err <= scale / 512,
-              f"(max diff {err:.2e}, scale {scale:.2e})")
-        serr = max((cache.state(n) - ref_cache.state(n)).abs().max().item() for n in range(cache.base, cache.length + 1))
-        check(f"delta-step ({name}): the state at every length of the last step, in the ring", serr < 2e-3,
-              f"(max diff {serr:.2e})")
-        check(f"delta-step ({name}): the conv window at every length of the last step, in the ring",
-              all(torch.equal(cache.conv_window(n), ref_cache.conv_window(n)) for n in range(cache.base, cache.length + 1)))
-        alone, _ = run(True, xs[:1] + [xs[1][:1]])
-        check(f"delta-step ({name}): a row's bits in a 5-row step equal its bits alone", torch.equal(alone[1][0], out[1][0]))
-    delta_kernel.ONE_KERNEL = one
+    out, cache = run(True, xs)
+    err = max((a.float() - b.float()).abs().max().item() for a, b in zip(out, ref))
+    scale = max(b.float().abs().max().item() for b in ref)
+    check("delta-step: outputs equal the torch form's (one fp16 step at the largest)", err <= scale / 512,
+          f"(max diff {err:.2e}, scale {scale:.2e})")
+    serr = max((cache.state(n) - ref_cache.state(n)).abs().max().item() for n in range(cache.base, cache.length + 1))
+    check("delta-step: the state at every length of the last step, in the ring", serr < 2e-3, f"(max diff {serr:.2e})")
+    check("delta-step: the conv window at every length of the last step, in the ring",
+          all(torch.equal(cache.conv_window(n), ref_cache.conv_window(n)) for n in range(cache.base, cache.length + 1)))
+    alone, _ = run(True, xs[:1] + [xs[1][:1]])
+    check("delta-step: a row's bits in a 5-row step equal its bits alone", torch.equal(alone[1][0], out[1][0]))
     # each kernel alone on rings that wrap, in fp32, against the layer's conv and gates and the torch recurrence
     from specdec.models.deltanet import recurrent_gated_delta
     nc, ns, start = ks - 1 + 5, 6, 11  # window: positions 8, 9, 10 at rows 0, 1, 2 ... inputs 11..15 at rows 3..7
@@ -240,7 +234,7 @@ def delta_step() -> None:
         conv_ring[rows[:ks - 1]] = window
         states = torch.randn(ns, hv, dk, dv)
         args = (layer.conv_weight_fp32(), b1, a1, layer.A_log, layer.dt_bias, hk, hv, dk, dv)
-        ring2, states2 = conv_ring.clone(), states.clone()
+        states2 = states.clone()
         got = delta_kernel.conv_gates(proj, conv_ring, start, *args)
         r = hv // hk
         rep = (got[0].repeat_interleave(r, dim=1), got[1].repeat_interleave(r, dim=1), *got[2:])
@@ -255,29 +249,15 @@ def delta_step() -> None:
         srow = [(start + 1 + t) % ns for t in range(5)]
         check("delta-step: recurrent_into_cache's outputs and states (at lengths past the ring's end) equal the "
               "torch recurrence", (o_rec - ref_o).abs().max().item() < 1e-4 and (states[srow] - ref_s).abs().max() < 1e-4)
-        # the one kernel, from the same rings: its conv inputs, and its outputs and states as the two kernels'
-        states1 = states2.clone()
-        o_one = delta_kernel.step(proj, ring2, states1, start, None, *args)
-        check("delta-step: the step kernel's inputs written at their positions, the window untouched",
-              torch.equal(ring2[rows], full))
-        derr = max((o_one - o_rec).abs().max().item(), (states1 - states).abs().max().item())
-        check("delta-step: the step kernel's outputs and states equal the two kernels' (to fp32 rounding)", derr < 1e-5,
-              f"(max diff {derr:.2e})")
-        check("delta-step: the step kernel leaves the live state and the other lengths' rows as they were",
-              torch.equal(states1[start % ns], states2[start % ns]))
-        # a static step's padding rows (past ``live``): zero outputs, no states; the live rows as unpadded. The start
+        # a static step's padding rows (past ``live``): zero outputs, no states; the live rows as unpadded; the start
         # as a static step's 0-d tensor
-        for name, fn in (("two kernels", lambda st, live: delta_kernel.recurrent_into_cache(q, k, v, g, beta, st,
-                                                                                            torch.tensor(start), live)),
-                         ("one kernel", lambda st, live: delta_kernel.step(proj, conv_ring.clone(), st, torch.tensor(start),
-                                                                           live, *args))):
-            full_states, part_states = states2.clone(), states2.clone()
-            o_all, o_two = fn(full_states, None), fn(part_states, torch.tensor(2))
-            kept = [start % ns] + srow[:2]
-            check(f"delta-step ({name}): the live rows of a padded step as unpadded, its padding rows zero and "
-                  "stateless", torch.equal(o_two[:2], o_all[:2]) and not o_two[2:].any()
-                  and torch.equal(part_states[kept], full_states[kept]) and torch.equal(part_states[srow[2:]],
-                                                                                       states2[srow[2:]]))
+        full_states, part_states = states2.clone(), states2.clone()
+        o_all = delta_kernel.recurrent_into_cache(q, k, v, g, beta, full_states, torch.tensor(start), None)
+        o_two = delta_kernel.recurrent_into_cache(q, k, v, g, beta, part_states, torch.tensor(start), torch.tensor(2))
+        kept = [start % ns] + srow[:2]
+        check("delta-step: the live rows of a padded step as unpadded, its padding rows zero and stateless",
+              torch.equal(o_two[:2], o_all[:2]) and not o_two[2:].any() and torch.equal(part_states[kept], full_states[kept])
+              and torch.equal(part_states[srow[2:]], states2[srow[2:]]))
 
 
 def experts() -> None:
@@ -1254,9 +1234,6 @@ def pdl_ptx() -> None:
                                                                                             "states", "out")}
                                  | {"start": "*i64", "live": "*i64"}, {"CACHE": True, "LIVE": True, "DK": 128, "DV": 128,
                                                                       "BV": 32, "START_PTR": True}),
-             "delta-step": (delta_kernel._step_kernel, {n: "*bf16" for n in ("proj", "conv", "bo", "ao", "a_log", "dt_bias")}
-                            | {n: "*fp32" for n in ("w", "states", "out")} | {"start": "*i64", "live": "*i64", "scale": "fp32"},
-                            {"LIVE": True, "DK": 128, "DV": 128, "BV": 32, "KS": 4, "START_PTR": True, "EARLY": True}),
              "norm-router": (expert_kernel._norm_router_kernel, {n: "*bf16" for n in ("x", "res", "s", "y", "rw", "logits")}
                              | {"w": "*fp32", "live": "*i64", "eps": "fp32"}, {"LIVE": True, "RB": 2, "BLOCK": 2048}),
              "delta-norm": (delta_kernel._gated_norm_kernel, {"o": "*fp32", "z": "*bf16", "w": "*fp32", "y": "*bf16",
@@ -1268,13 +1245,6 @@ def pdl_ptx() -> None:
         body = ptx[ptx.index(".entry"):]
         wait = body.find("griddepcontrol.wait")
         first_mem = min(i for i in (body.find("ld.global"), body.find("st.global"), body.find("cp.async")) if i >= 0)
-        if name == "delta-step":  # the start and the live state loaded before the wait (only an earlier forward wrote
-            # them), everything else after it
-            check("pdl-ptx delta-step: launch_dependents, the start's and the state's loads, the wait, then the rows' "
-                  "loads and every store", 0 <= body.find("griddepcontrol.launch_dependents") < body.find("ld.global") < wait
-                  < body.find("ld.global", wait) and body.find("st.global") > wait
-                  and body.count("ld.global", 0, wait) >= 2)
-            continue
         if name != "norm-router":
             check(f"pdl-ptx {name}: launch_dependents, then wait, then the first global access",
                   0 <= body.find("griddepcontrol.launch_dependents") < wait < first_mem)

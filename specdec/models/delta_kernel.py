@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from .. import env
 from . import pdl
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
@@ -54,21 +53,21 @@ def recurrent_gated_delta_fused(q, k, v, g, beta, state):
 # (cache.LinearAttnCache: the conv input of position p and the state after L positions at rows p and L modulo the
 # rings' sizes, so a step reads the rows of its start and writes others: no window or state is copied, and a rollback
 # writes nothing on the device):
-#   step (ONE_KERNEL, on): the conv + SiLU, the q/k l2 norms, v, beta and g, and the recurrence in one kernel, the
-#     step's conv inputs and its state after each position written into the rings;
-#   or (SPECDEC_DELTA_ONE_KERNEL=0) conv_gates (the conv and gates, the conv inputs written) then
-#     recurrent_into_cache (the recurrence) as two kernels;
+#   conv_gates: conv + SiLU, the q/k l2 norms, v, beta and g, and the step's conv inputs written into the ring (the
+#     window read where it lies);
+#   recurrent_into_cache: the recurrence reading the live state from the ring and writing the state after each
+#     position into it;
 #   gated_norm: the output RMSNorm gated by silu(z).
 # Each position is computed by the same instructions whatever the step's row count (per-position invariance:
 # the recurrence walks rows one at a time, conv_gates takes them in tiles of a fixed CONV_ROWS rows); the
 # values follow the torch form's roundings (the conv output rounded to the model dtype, the norm's
 # product rounded before the gate), not its bits: every path of a model on CUDA takes these kernels.
-# ONE_KERNEL's q/k norms are its own reductions, so its bits are not the two kernels' (one switch for every path).
-# PREDICTED (session of 2026-12-07 (seventeenth)): the qwen3.5-35b-a3b 1-row step's conv_gates kernel (~3-4 us added
-# a layer) and the state copied before each step (2 MB a layer) gone: -0.1 to -0.15 ms of ~3.3.
-ONE_KERNEL = env.switch("SPECDEC_DELTA_ONE_KERNEL")
-# the step kernel loads the live state before its PDL wait (scripts/ab_flags.py defaults-delta-early: after it)
-STATE_EARLY = True
+# Tried and removed (session of 2026-12-07 (seventeenth), H100; code at 2d221d5): conv_gates and the recurrence as one
+# kernel (a program a value head and 32 value channels redoing its key head's q/k conv, the live state loaded before
+# its PDL wait). Its 1-row chained step took 3.230 ms against 3.295 for the two kernels (scripts/ab_flags.py,
+# qwen3.5-35b-a3b), but on the GPU its speculative output at k = 15 differed from plain decoding (the oracle at tau 6.5:
+# 1.47 realized; qwen3.5-9b too), with or without PDL and with the state loaded after the wait, while device_check's
+# k = 3 and Triton's interpreter (a tiny model with the 35b's head sizes, k = 15) found every output equal: a GPU-only row dependence not found (scripts/check_oracle_exact.py shows it).
 
 # conv_gates' rows a tile: fixed (a row's l2 norm is a reduction over a tile of this shape, so its bits must not
 # depend on the step's row count)
@@ -197,89 +196,6 @@ if triton is not None:
         for t in range(n, T):
             tl.store(out + (t * H + h) * DV + rv, tl.zeros([BV], dtype=tl.float32), mask=vmask)
 
-    @triton.jit(do_not_specialize=["start"])
-    def _step_kernel(proj, conv, start, w, bo, ao, a_log, dt_bias, states, live, out, T, C, NC, NS, PS, BS, AS, HK, HV,
-                     scale, LIVE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, KS: tl.constexpr,
-                     START_PTR: tl.constexpr, USE_GDC: tl.constexpr, EARLY: tl.constexpr = True):
-        # ONE_KERNEL: conv_gates and the recurrence as one kernel. Program (value head h, block vb of BV value
-        # channels): for each live row in order, the conv (+ SiLU) of its key head's q and k channels and of its
-        # own v channels, the l2 norms, beta and g, then the recurrence, as the two kernels compute them (the q/k
-        # conv redone by each program of a key head: 2 x DK channels of 4 taps). The rings (cache.LinearAttnCache):
-        # taps of positions before S read in the conv ring, the others in proj; row t's inputs written at position
-        # S + t (the q/k channels by one program of the key head), its state at length S + 1 + t; no tap or state
-        # this step reads is a row it writes, so the programs need no order among them. EARLY: the live state is
-        # loaded before the PDL wait: only this layer's kernel writes its ring, in an earlier forward (each forward
-        # starts with kernels that wait for all before them), never at length S in this one
-        h = tl.program_id(0)
-        vb = tl.program_id(1)
-        rep = HV // HK
-        hk = h // rep
-        rk = tl.arange(0, DK)
-        rv = vb * BV + tl.arange(0, BV)
-        vmask = rv < DV
-        one = HV * DK * DV
-        tile = h * DK * DV + rk[:, None] * DV + rv[None, :]
-        qc = hk * DK + rk  # conv channels: q heads, k heads, v heads
-        kc = HK * DK + qc
-        vc = 2 * HK * DK + h * DV + rv
-        if USE_GDC:  # models/pdl.py
-            tl.extra.cuda.gdc_launch_dependents()
-            if not EARLY:
-                tl.extra.cuda.gdc_wait()
-        first = _start(start, START_PTR)
-        s = tl.load(states + (first % NS) * one + tile, mask=vmask[None, :], other=0.0)
-        if USE_GDC and EARLY:
-            tl.extra.cuda.gdc_wait()
-        if LIVE:
-            n = tl.minimum(tl.load(live), T)
-        else:
-            n = T
-        dt = proj.dtype.element_ty
-        a_neg = -tl.exp(tl.load(a_log + h).to(tl.float32))
-        dtb = tl.load(dt_bias + h).to(tl.float32)
-        writer = (h % rep == 0) & (vb == 0)
-        at = first + NC - (KS - 1)  # the window's first position, plus NC (never negative)
-        for t in range(0, n):
-            aq = tl.zeros([DK], dtype=tl.float32)
-            ak = tl.zeros([DK], dtype=tl.float32)
-            av = tl.zeros([BV], dtype=tl.float32)
-            for i in tl.static_range(KS):  # tap i of row t: position S + t + i - (KS - 1)
-                ring = t + i < KS - 1
-                fresh = t + i >= KS - 1
-                cr = conv + ((at + t + i) % NC) * C
-                pr = proj + (t + i - (KS - 1)) * PS
-                xq = tl.load(cr + qc, mask=ring, other=0.0).to(tl.float32) + \
-                    tl.load(pr + qc, mask=fresh, other=0.0).to(tl.float32)
-                xk = tl.load(cr + kc, mask=ring, other=0.0).to(tl.float32) + \
-                    tl.load(pr + kc, mask=fresh, other=0.0).to(tl.float32)
-                xv = tl.load(cr + vc, mask=vmask & ring, other=0.0).to(tl.float32) + \
-                    tl.load(pr + vc, mask=vmask & fresh, other=0.0).to(tl.float32)
-                aq += xq * tl.load(w + qc * KS + i)
-                ak += xk * tl.load(w + kc * KS + i)
-                av += xv * tl.load(w + vc * KS + i, mask=vmask, other=0.0)
-            row_in = proj + t * PS
-            dst = conv + ((at + KS - 1 + t) % NC) * C
-            tl.store(dst + vc, tl.load(row_in + vc, mask=vmask), mask=vmask)
-            if writer:
-                tl.store(dst + qc, tl.load(row_in + qc))
-                tl.store(dst + kc, tl.load(row_in + kc))
-            xq = (aq * tl.sigmoid(aq)).to(dt).to(tl.float32)  # silu, rounded as the layer's dtype
-            xk = (ak * tl.sigmoid(ak)).to(dt).to(tl.float32)
-            vt = (av * tl.sigmoid(av)).to(dt).to(tl.float32)
-            qt = xq * (1.0 / tl.sqrt(tl.sum(xq * xq, axis=0) + 1e-6)) * scale
-            kt = xk * (1.0 / tl.sqrt(tl.sum(xk * xk, axis=0) + 1e-6))
-            bt = tl.sigmoid(tl.load(bo + t * BS + h).to(tl.float32))
-            gt = a_neg * _softplus(tl.load(ao + t * AS + h).to(tl.float32) + dtb)
-            s = s * tl.exp(gt)
-            pred = tl.sum(s * kt[:, None], axis=0)  # S^T k
-            u = bt * (vt - pred)
-            s = s + kt[:, None] * u[None, :]
-            o = tl.sum(s * qt[:, None], axis=0)
-            tl.store(out + (t * HV + h) * DV + rv, o, mask=vmask)
-            tl.store(states + ((first + 1 + t) % NS) * one + tile, s, mask=vmask[None, :])
-        for t in range(n, T):
-            tl.store(out + (t * HV + h) * DV + rv, tl.zeros([BV], dtype=tl.float32), mask=vmask)
-
     @triton.jit
     def _gated_norm_kernel(o, z, w, y, HV, ZS, eps, DV: tl.constexpr, USE_GDC: tl.constexpr):
         if USE_GDC:  # models/pdl.py
@@ -351,24 +267,6 @@ def _recurrence(q, k, v, g, beta, s0, start, states, live):
     _recurrent_cache_kernel[(h, triton.cdiv(dv, bv))](q, k, v, g, beta, s0, st, states, live if has_live else s0, out,
                                                       t, h, h // hkn, s0.shape[0], CACHE=cache, LIVE=has_live, DK=dk,
                                                       DV=dv, BV=bv, START_PTR=ptr, **pdl.options(q))
-    return out
-
-
-def step(proj, conv_cache, states, start, live, conv_w, b_out, a_out, a_log, dt_bias, hk: int, hv: int, dk: int,
-         dv: int):
-    """:func:`conv_gates` then :func:`recurrent_into_cache` as one kernel (:data:`ONE_KERNEL`), on the cache's rings
-    ``conv_cache`` and ``states``, from position ``start``: the recurrence's output ``[T, Hv, dv]`` fp32."""
-    t, c = proj.shape
-    _check_step(proj, b_out, a_out, conv_cache, conv_w.shape[1], t)
-    out = torch.empty(t, hv, dv, dtype=torch.float32, device=proj.device)
-    bv = min(32, dv)
-    st, ptr = _start_arg(start)
-    _step_kernel[(hv, triton.cdiv(dv, bv))](proj, conv_cache, st, conv_w, b_out, a_out, a_log, dt_bias, states,
-                                            live if live is not None else states, out, t, c, conv_cache.shape[0],
-                                            states.shape[0], proj.stride(0), b_out.stride(0), a_out.stride(0), hk, hv,
-                                            dk ** -0.5, LIVE=live is not None, DK=dk, DV=dv, BV=bv,
-                                            KS=conv_w.shape[1], START_PTR=ptr, EARLY=STATE_EARLY, num_warps=4,
-                                            **pdl.options(proj))
     return out
 
 
