@@ -44,4 +44,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from specdec.errors import SpecdecError
+    try:
+        main()
+    except SpecdecError as e:  # bad input (an unknown shape, one that does not fit): one line, no traceback
+        raise SystemExit(f"check_oracle_exact.py: {e}")

@@ -67,7 +67,8 @@ def recurrent_gated_delta_fused(q, k, v, g, beta, state):
 # its PDL wait). Its 1-row chained step took 3.230 ms against 3.295 for the two kernels (scripts/ab_flags.py,
 # qwen3.5-35b-a3b), but on the GPU its speculative output at k = 15 differed from plain decoding (the oracle at tau 6.5:
 # 1.47 realized; qwen3.5-9b too), with or without PDL and with the state loaded after the wait, while device_check's
-# k = 3 and Triton's interpreter (a tiny model with the 35b's head sizes, k = 15) found every output equal: a GPU-only row dependence not found (scripts/check_oracle_exact.py shows it).
+# k = 3 and Triton's interpreter (a tiny model with the 35b's head sizes, k = 15) found every output equal: a GPU-only
+# row dependence, its cause not found (scripts/check_oracle_exact.py shows it).
 
 # conv_gates' rows a tile: fixed (a row's l2 norm is a reduction over a tile of this shape, so its bits must not
 # depend on the step's row count)
@@ -170,7 +171,6 @@ if triton is not None:
             first = _start(start, START_PTR)
             s = tl.load(s0 + (first % NS) * one + tile, mask=smask, other=0.0)
         else:
-            first = 0
             s = tl.load(s0 + tile, mask=smask, other=0.0)
         if LIVE:
             n = tl.minimum(tl.load(live), T)
@@ -226,25 +226,22 @@ def conv_gates(proj, conv_cache, start, conv_w, b_out, a_out, a_log, dt_bias, hk
     and returns fp32 ``q, k [T, Hk, dk]`` (l2-normalised, ``q`` scaled by ``dk ** -0.5``), ``v [T, Hv, dv]``,
     ``g, beta [T, Hv]``."""
     t, c = proj.shape
-    _check_step(proj, b_out, a_out, conv_cache, conv_w.shape[1], t)
+    ks = conv_w.shape[1]
+    for name, x in (("proj", proj), ("b_out", b_out), ("a_out", a_out)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"conv_gates: {name}'s columns must be contiguous")
+    if conv_cache.shape[0] < ks - 1 + t or not conv_cache.is_contiguous():
+        raise ValueError(f"conv_gates: a conv ring of {conv_cache.shape[0]} rows for {t} rows and a kernel of {ks}")
     f32 = dict(dtype=torch.float32, device=proj.device)
     q, k = torch.empty(t, hk, dk, **f32), torch.empty(t, hk, dk, **f32)
     v, g, beta = torch.empty(t, hv, dv, **f32), torch.empty(t, hv, **f32), torch.empty(t, hv, **f32)
     st, ptr = _start_arg(start)
     _conv_gates_kernel[(2 * hk + hv,)](proj, conv_cache, st, conv_w, b_out, a_out, a_log, dt_bias, q, k, v, g, beta, t,
                                        c, conv_cache.shape[0], proj.stride(0), b_out.stride(0), a_out.stride(0), hk, hv,
-                                       dk ** -0.5, DK=dk, DV=dv, KS=conv_w.shape[1],
+                                       dk ** -0.5, DK=dk, DV=dv, KS=ks,
                                        BLOCK=triton.next_power_of_2(max(dk, dv)), RB=CONV_ROWS, START_PTR=ptr,
                                        num_warps=4, **pdl.options(proj))
     return q, k, v, g, beta
-
-
-def _check_step(proj, b_out, a_out, conv_cache, ks: int, t: int) -> None:
-    for name, x in (("proj", proj), ("b_out", b_out), ("a_out", a_out)):
-        if x.stride(-1) != 1:
-            raise ValueError(f"delta_kernel: {name}'s columns must be contiguous")
-    if conv_cache.shape[0] < ks - 1 + t or not conv_cache.is_contiguous():
-        raise ValueError(f"delta_kernel: a conv ring of {conv_cache.shape[0]} rows for {t} rows and a kernel of {ks}")
 
 
 def recurrent_into_cache(q, k, v, g, beta, states, start, live):
