@@ -90,6 +90,11 @@ SETTINGS["moe-bmm"] = ("specdec.models.moe", "GROUPED_BMM", True)  # a MoE prefi
 SETTINGS["index-select"] = ("specdec.models.layers", "INDEX_LOOKUPS", False)  # table lookups by index_select
 SETTINGS["far0"] = ("specdec.models.split_attention", "_FAR_ENV", (0, 0))  # one split size (no far splits)
 SETTINGS["far2048"] = ("specdec.models.split_attention", "_FAR_ENV", (2048, 512))  # 512-key splits past 2,048 positions
+# the Gated DeltaNet step's recurrence, output norm and out_proj as one persistent kernel (delta_kernel.TAIL); with 16
+# warps a program, or its weight rows pulled into the L2 before the wait and loaded after the barrier
+SETTINGS["delta-tail"] = ("specdec.models.delta_kernel", "TAIL", True)
+SETTINGS["tail16"] = ("specdec.models.delta_kernel", "TAIL_WARPS", 16)
+SETTINGS["tail-l2"] = ("specdec.models.delta_kernel", "TAIL_RESIDENT", False)
 # AB_TILES='{"N,K,silu": [BN, BK, warps, stages(, split)], ...}' (check_fused_layer.py --sweep's best_tiles): defaults+tiles
 # runs those tilings over the table, in the same process as the defaults
 if os.environ.get("AB_TILES"):
@@ -106,6 +111,8 @@ for _n in FLAGS:  # each flag's question against what ships: defaults-fold, defa
 for _n in SETTINGS:
     VARIANTS[f"defaults+{_n}"] = tuple(FLAGS) + (_n,)
 VARIANTS["defaults+split128+far2048"] = tuple(FLAGS) + ("split128", "far2048")
+VARIANTS["defaults+delta-tail+tail16"] = tuple(FLAGS) + ("delta-tail", "tail16")
+VARIANTS["defaults+delta-tail+tail-l2"] = tuple(FLAGS) + ("delta-tail", "tail-l2")
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ SWITCHES: dict[str, tuple[bool, str]] = {
     "SPECDEC_CPU_PACK": (True, "oneDNN linears' weights kept packed too (a second copy in memory)"),
     "SPECDEC_DELTA_FUSED": (True, "the Gated DeltaNet's decode and verify steps on Triton kernels (off: torch ops)"),
     "SPECDEC_DELTA_PROJ": (True, "the Gated DeltaNet's in-projections as one GEMM"),
+    "SPECDEC_DELTA_TAIL": (False, "the Gated DeltaNet step's recurrence, output norm and out_proj as one persistent kernel (CUDA, fused layers)"),
     "SPECDEC_DFLASH_FAST": (True, "DFlash's propose as captured static steps"),
     "SPECDEC_DFLASH_STATIC_FLUSH": (True, "DFlash's context write as one static step"),
     "SPECDEC_DFLASH_STATIC_SAMPLING": (True, "DFlash's sampled drafts drawn inside its static block"),

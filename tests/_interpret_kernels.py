@@ -258,6 +258,60 @@ def delta_step() -> None:
         check("delta-step: the live rows of a padded step as unpadded, its padding rows zero and stateless",
               torch.equal(o_two[:2], o_all[:2]) and not o_two[2:].any() and torch.equal(part_states[kept], full_states[kept])
               and torch.equal(part_states[srow[2:]], states2[srow[2:]]))
+    delta_tail(layer, run, xs)
+
+
+def delta_tail(layer, run, xs) -> None:
+    """delta_kernel.recurrent_out_proj (the recurrence, gated norm and out_proj as one kernel; its two phases as two
+    launches here) against the three kernels on the fused GEMM: outputs within one fp16 step, the rings' states and
+    conv inputs bit for bit; a row's bits in a 5-row step equal its bits alone; a static step's padding rows zero."""
+    from specdec.models import delta_kernel, fused_layer
+    saved = delta_kernel.TAIL, fused_layer.usable
+    fused_layer.usable = lambda x: True
+    calls = []
+    tail = delta_kernel.recurrent_out_proj
+    delta_kernel.recurrent_out_proj = lambda *a: calls.append(a[0].shape[0]) or tail(*a)
+    try:
+        def fused_run(on, xs):
+            delta_kernel.TAIL = on
+            cache = layer.make_cache(torch.float16, "cpu", snapshot_tokens=8)
+            cache.reserve_rows(5)
+            outs = []
+            for i, x in enumerate(xs):
+                t, pos = x.shape[0], cache.length
+                with torch.no_grad():
+                    outs.append(layer.step_fused(*layer.project(x, fused_layer.linear), cache, pos, None,
+                                                 fused_layer.linear))
+                cache.commit(pos, t, True)
+                if i < len(xs) - 1:
+                    cache.rollback(pos + 1 + i % 2)
+            return outs, cache
+        ref, ref_cache = fused_run(False, xs)
+        check("delta-tail: the three kernels' run took no tail", not calls)
+        out, cache = fused_run(True, xs)
+        check("delta-tail: every step took the tail kernel", calls == [x.shape[0] for x in xs])
+        err = max((a.float() - b.float()).abs().max().item() for a, b in zip(out, ref))
+        scale = max(b.float().abs().max().item() for b in ref)
+        check("delta-tail: outputs equal the three kernels' (one fp16 step at the largest)", err <= scale / 512,
+              f"(max diff {err:.2e}, scale {scale:.2e})")
+        lengths = range(cache.base, cache.length + 1)
+        check("delta-tail: the rings' states and conv inputs bit for bit",
+              all(torch.equal(cache.state(n), ref_cache.state(n)) and torch.equal(cache.conv_window(n),
+                                                                                  ref_cache.conv_window(n))
+                  for n in lengths))
+        alone, _ = fused_run(True, xs[:1] + [xs[1][:1]])
+        check("delta-tail: a row's bits in a 5-row step equal its bits alone", torch.equal(alone[1][0], out[1][0]))
+        two, _ = fused_run(True, [xs[1][:2]])
+        cache = layer.make_cache(torch.float16, "cpu", snapshot_tokens=8)
+        cache.reserve_rows(5)
+        with torch.no_grad():
+            part = layer.step_fused(*layer.project(xs[1], fused_layer.linear), cache, torch.tensor(0), torch.tensor(2),
+                                    fused_layer.linear)
+        check("delta-tail: a static step's live rows as unpadded, its padding rows zero",
+              torch.equal(part[:2], two[0]) and not part[2:].any())
+    finally:
+        delta_kernel.TAIL, fused_layer.usable = saved
+        delta_kernel.recurrent_out_proj = tail
 
 
 def experts() -> None:
@@ -731,6 +785,13 @@ def hybrid_fused() -> None:
     delta_kernel.step_kernels_available = lambda x, dk, dv: True
     check("hybrid fused: every layer on the fused path", all(layer.fused_path for layer in model.layers))
     _fused_checks("hybrid fused", model, prompt, logits(), torch_form, 12)
+    # the same with the DeltaNet steps' tail as one kernel (delta_kernel.recurrent_out_proj)
+    calls = []
+    tail = delta_kernel.recurrent_out_proj
+    delta_kernel.TAIL = True
+    delta_kernel.recurrent_out_proj = lambda *a: calls.append(a[0].shape[0]) or tail(*a)
+    _fused_checks("hybrid fused, the DeltaNet tail in one kernel", model, prompt, logits(), torch_form, 12)
+    check("hybrid fused: the tail kernel ran, in steps of one and of several rows", {1} < set(calls))
 
 
 def gemma_fused() -> None:
@@ -1234,6 +1295,12 @@ def pdl_ptx() -> None:
                                                                                             "states", "out")}
                                  | {"start": "*i64", "live": "*i64"}, {"CACHE": True, "LIVE": True, "DK": 128, "DV": 128,
                                                                       "BV": 32, "START_PTR": True}),
+             "delta-tail": (delta_kernel._tail_kernel, {n: "*fp32" for n in ("q", "k", "v", "g", "beta", "states", "nw", "ss")}
+                            | {n: "*bf16" for n in ("z", "y", "ob")} | {"w": "*i32", "start": "*i64", "live": "*i64",
+                                                                      "bar": "*i32", "fails": "*i32", "eps": "fp32"},
+                            {"DK": 128, "DV": 128, "BV": 32, "NVB": 4, "HP": 32, "BNO": 16, "NPROG": 128, "LIVE": True,
+                             "START_PTR": True, "RESIDENT": True, "BF16": True, "PER_LINE": 32, "LINES": 64, "PHASE": 0,
+                             "POLLS": 1 << 24}),
              "norm-router": (expert_kernel._norm_router_kernel, {n: "*bf16" for n in ("x", "res", "s", "y", "rw", "logits")}
                              | {"w": "*fp32", "live": "*i64", "eps": "fp32"}, {"LIVE": True, "RB": 2, "BLOCK": 2048}),
              "delta-norm": (delta_kernel._gated_norm_kernel, {"o": "*fp32", "z": "*bf16", "w": "*fp32", "y": "*bf16",
@@ -1245,6 +1312,13 @@ def pdl_ptx() -> None:
         body = ptx[ptx.index(".entry"):]
         wait = body.find("griddepcontrol.wait")
         first_mem = min(i for i in (body.find("ld.global"), body.find("st.global"), body.find("cp.async")) if i >= 0)
+        if name == "delta-tail":  # its weight rows loaded before the wait; the next kernel let launch only after the
+            # grid-wide barrier (every program resident), the barrier after a GPU-scope fence
+            launch = body.find("griddepcontrol.launch_dependents")
+            check("pdl-ptx delta-tail: the weight rows' loads, the wait, a fence and the barrier's atomics, then "
+                  "launch_dependents", 0 <= body.find("ld.global") < wait < body.find("fence.acq_rel.gpu")
+                  < body.find("atom.global") < launch)
+            continue
         if name != "norm-router":
             check(f"pdl-ptx {name}: launch_dependents, then wait, then the first global access",
                   0 <= body.find("griddepcontrol.launch_dependents") < wait < first_mem)

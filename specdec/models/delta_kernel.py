@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from . import pdl
+from .. import env
+from . import fused_layer, pdl
 
 try:  # Triton ships with CUDA builds of torch; CPU-only installs have none
     import triton
@@ -147,18 +148,13 @@ if triton is not None:
                 else:
                     tl.store(k + (t * HK + j - HK)[:, None] * DK + r[None, :], y, mask=om)
 
-    @triton.jit(do_not_specialize=["start"])
-    def _recurrent_cache_kernel(q, k, v, g, beta, s0, start, states, live, out, T, H, REP, NS, CACHE: tl.constexpr,
-                                LIVE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-                                START_PTR: tl.constexpr, USE_GDC: tl.constexpr):
-        # CACHE: s0 is the cache's ring of NS states keyed by length (cache.LinearAttnCache), the live state at
-        # length S (the step's start), the state after position t written at length S + 1 + t. Else s0 is the
-        # state and row t of states the state after t. LIVE: only the first live rows (the rest pad a static
-        # step: zero outputs, no states).
-        if USE_GDC:  # models/pdl.py
-            pdl.begin()
-        h = tl.program_id(0)
-        vb = tl.program_id(1)
+    @triton.jit
+    def _recur_unit(q, k, v, g, beta, s0, first, states, out, ss, n, h, vb, H, REP, NS, CACHE: tl.constexpr,
+                    DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, NVB: tl.constexpr, TAIL: tl.constexpr):
+        # value head h's channels vb * BV .. over the first n rows: the state slice from s0 (CACHE: the ring's row of
+        # length first), the state after each row to states (CACHE: the ring's row of length first + 1 + t; else
+        # row t). TAIL (tail's phase one): a row's output rounded to out's dtype into out [T, H * DV] and the sum of
+        # its squares (the rounded values) into ss [T, H, NVB]; else the fp32 output into out [T, H, DV]
         hk = h // REP  # the key head this value head reads
         hkn = H // REP
         rk = tl.arange(0, DK)
@@ -168,14 +164,9 @@ if triton is not None:
         one = H * DK * DV  # one state, all heads
         tile = h * DK * DV + rk[:, None] * DV + rv[None, :]
         if CACHE:
-            first = _start(start, START_PTR)
             s = tl.load(s0 + (first % NS) * one + tile, mask=smask, other=0.0)
         else:
             s = tl.load(s0 + tile, mask=smask, other=0.0)
-        if LIVE:
-            n = tl.minimum(tl.load(live), T)
-        else:
-            n = T
         for t in range(0, n):
             row = t * H + h
             kt = tl.load(k + (t * hkn + hk) * DK + rk)
@@ -188,13 +179,41 @@ if triton is not None:
             u = bt * (vt - pred)
             s = s + kt[:, None] * u[None, :]
             o = tl.sum(s * qt[:, None], axis=0)
-            tl.store(out + row * DV + rv, o, mask=vmask)
+            if TAIL:
+                ob = o.to(out.dtype.element_ty)
+                tl.store(out + row * DV + rv, ob, mask=vmask)
+                of = ob.to(tl.float32)
+                tl.store(ss + row * NVB + vb, tl.sum(tl.where(vmask, of * of, 0.0), axis=0))
+            else:
+                tl.store(out + row * DV + rv, o, mask=vmask)
             if CACHE:
                 tl.store(states + ((first + 1 + t) % NS) * one + tile, s, mask=smask)
             else:
                 tl.store(states + t * one + tile, s, mask=smask)
+
+    @triton.jit(do_not_specialize=["start"])
+    def _recurrent_cache_kernel(q, k, v, g, beta, s0, start, states, live, out, T, H, REP, NS, CACHE: tl.constexpr,
+                                LIVE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+                                START_PTR: tl.constexpr, USE_GDC: tl.constexpr):
+        # CACHE: s0 is the cache's ring of NS states keyed by length (cache.LinearAttnCache), the live state at
+        # length S (the step's start), the state after position t written at length S + 1 + t. Else s0 is the
+        # state and row t of states the state after t. LIVE: only the first live rows (the rest pad a static
+        # step: zero outputs, no states).
+        if USE_GDC:  # models/pdl.py
+            pdl.begin()
+        h = tl.program_id(0)
+        vb = tl.program_id(1)
+        first = 0
+        if CACHE:
+            first = _start(start, START_PTR)
+        if LIVE:
+            n = tl.minimum(tl.load(live), T)
+        else:
+            n = T
+        _recur_unit(q, k, v, g, beta, s0, first, states, out, out, n, h, vb, H, REP, NS, CACHE, DK, DV, BV, 1, False)
+        rv = vb * BV + tl.arange(0, BV)
         for t in range(n, T):
-            tl.store(out + (t * H + h) * DV + rv, tl.zeros([BV], dtype=tl.float32), mask=vmask)
+            tl.store(out + (t * H + h) * DV + rv, tl.zeros([BV], dtype=tl.float32), mask=rv < DV)
 
     @triton.jit
     def _gated_norm_kernel(o, z, w, y, HV, ZS, eps, DV: tl.constexpr, USE_GDC: tl.constexpr):
@@ -210,6 +229,112 @@ if triton is not None:
         n = (n * tl.load(w + r).to(tl.float32)).to(y.dtype.element_ty).to(tl.float32)
         zf = tl.load(z + t * ZS + h * DV + r).to(tl.float32)
         tl.store(y + base + r, (n * (zf * tl.sigmoid(zf))).to(y.dtype.element_ty))
+
+    @triton.jit
+    def _halves(w, BF16: tl.constexpr, OPAQUE: tl.constexpr):
+        # int32 words of two 16-bit weights (bf16 where BF16, else fp16) -> the low and the high one as fp32, exactly.
+        # OPAQUE (bf16 on the GPU): the shifts as instructions the compiler cannot move (not pure), so that it cannot
+        # hoist the whole tile's fp32 copies out of the row loop (3x the registers the words take)
+        if BF16:
+            if OPAQUE:
+                lo = tl.inline_asm_elementwise("shl.b32 $0, $1, 16;", "=r,r", [w], dtype=tl.int32, is_pure=False,
+                                               pack=1)
+                hi = tl.inline_asm_elementwise("and.b32 $0, $1, -65536;", "=r,r", [w], dtype=tl.int32, is_pure=False,
+                                               pack=1)
+            else:
+                lo, hi = w << 16, w & -65536
+            return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
+        else:
+            lo = w.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            return lo, hi
+
+    @triton.jit
+    def _gated_half(ob, z, t, ZS, col, km, rstd, nwv, dt):
+        # the gated norm of a row's features col ([HP, DV // 2]: the even or the odd ones), fp32 rounded as
+        # _gated_norm_kernel rounds
+        xf = tl.load(ob + col, mask=km, other=0.0, cache_modifier=".cg").to(tl.float32)
+        nr = (xf * rstd[:, None]).to(dt).to(tl.float32)
+        nr = (nr * nwv).to(dt).to(tl.float32)
+        zf = tl.load(z + t * ZS + col, mask=km, other=0.0).to(tl.float32)
+        return (nr * (zf * tl.sigmoid(zf))).to(dt).to(tl.float32)
+
+    @triton.jit(do_not_specialize=["start", "T"])
+    def _tail_kernel(q, k, v, g, beta, states, start, live, z, nw, w, y, ob, ss, bar, fails, T, H, REP, NS, ZS, eps,
+                     UNITS, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, NVB: tl.constexpr, HP: tl.constexpr,
+                     N, BNO: tl.constexpr, NPROG: tl.constexpr, LIVE: tl.constexpr, START_PTR: tl.constexpr,
+                     RESIDENT: tl.constexpr, BF16: tl.constexpr, PER_LINE: tl.constexpr, LINES: tl.constexpr,
+                     PHASE: tl.constexpr, POLLS: tl.constexpr, USE_GDC: tl.constexpr):
+        # NPROG programs, every one resident at once (tail_fits). Before the PDL wait each loads its BNO rows of the
+        # out_proj weight w [N, H * DV] (int32 words of two 16-bit weights) into registers (RESIDENT), else into the
+        # L2 (weights never depend on the kernel before). Phase one: the recurrence's UNITS (value head, BV channels)
+        # units as _recurrent_cache_kernel walks them (the rounded output and its squares' partial sums to ob and
+        # ss). A grid-wide barrier. Phase two: every row's gated RMSNorm (the head's NVB partials summed in order) and
+        # its GEMV with the rows in registers -> y [T, N]; padding rows zero. PHASE 1 or 2 runs one phase alone
+        # (Triton's interpreter runs programs one after another: no barrier there)
+        pid = tl.program_id(0)
+        rn = pid * BNO + tl.arange(0, BNO)
+        nm = rn < N
+        hh = tl.arange(0, HP)
+        hm = hh < H
+        jj = tl.arange(0, DV // 2)
+        km = hm[:, None]
+        kw = H * DV // 2  # words a weight row
+        wptr = w + rn[:, None, None] * kw + (hh[:, None] * (DV // 2) + jj[None, :])[None, :, :]
+        wmask = nm[:, None, None] & km[None]
+        dt = y.dtype.element_ty
+        if PHASE != 1:
+            if RESIDENT:
+                wt = tl.load(wptr, mask=wmask, other=0)
+            elif USE_GDC:
+                pdl.rows_to_l2(w, tl.minimum(rn, N - 1), kw, PER_LINE, LINES)
+        if USE_GDC:
+            tl.extra.cuda.gdc_wait()
+        if LIVE:
+            n = tl.minimum(tl.load(live), T)
+        else:
+            n = T
+        if PHASE != 2:
+            first = _start(start, START_PTR)
+            for u in range(pid, UNITS, NPROG):
+                _recur_unit(q, k, v, g, beta, states, first, states, ob, ss, n, u // NVB, u % NVB, H, REP, NS, True,
+                            DK, DV, BV, NVB, True)
+        if PHASE == 0:  # every program's phase-one stores reach the L2 before it counts in; the last to count in
+            # resets the count and raises the generation the others poll (read before counting in)
+            fused_layer._fence()
+            tl.debug_barrier()
+            gen = tl.atomic_add(bar + 1, 0, sem="acquire", scope="gpu")
+            if tl.atomic_add(bar, 1, sem="acq_rel", scope="gpu") == NPROG - 1:
+                tl.atomic_xchg(bar, 0, sem="relaxed", scope="gpu")
+                tl.atomic_add(bar + 1, 1, sem="release", scope="gpu")
+            else:
+                seen = gen
+                polls = 0
+                while (seen == gen) & (polls < POLLS):
+                    seen = tl.atomic_add(bar + 1, 0, sem="acquire", scope="gpu")
+                    polls += 1
+                if polls >= POLLS:  # never, with every program resident: counted, not hung
+                    tl.atomic_add(fails, 1, sem="relaxed", scope="gpu")
+            tl.debug_barrier()
+        if USE_GDC:  # only now (every program is resident): the next kernel's programs may take the SMs' room
+            tl.extra.cuda.gdc_launch_dependents()
+        if PHASE != 1:
+            if not RESIDENT:
+                wt = tl.load(wptr, mask=wmask, other=0)
+            even = hh[:, None] * DV + 2 * jj[None, :]  # [HP, DV // 2]: a row's even features, head by head
+            nwe = tl.load(nw + 2 * jj).to(tl.float32)[None, :]
+            nwo = tl.load(nw + 2 * jj + 1).to(tl.float32)[None, :]
+            for t in range(0, n):
+                part = tl.load(ss + (t * H + hh)[:, None] * NVB + tl.arange(0, NVB)[None, :], mask=km, other=0.0,
+                               cache_modifier=".cg")
+                rstd = 1.0 / tl.sqrt(tl.sum(part, axis=1) / DV + eps)
+                xe = _gated_half(ob + t * (H * DV), z, t, ZS, even, km, rstd, nwe, dt)
+                xo = _gated_half(ob + t * (H * DV), z, t, ZS, even + 1, km, rstd, nwo, dt)
+                lo, hi = _halves(wt, BF16, PHASE == 0)
+                acc = tl.sum(tl.sum(lo * xe[None, :, :] + hi * xo[None, :, :], axis=2), axis=1)
+                tl.store(y + t * N + rn, acc.to(dt), mask=nm)
+            for t in range(n, T):
+                tl.store(y + t * N + rn, tl.zeros([BNO], dtype=tl.float32).to(dt), mask=nm)
 
 
 def _start_arg(start) -> tuple:
@@ -274,4 +399,98 @@ def gated_norm(o, z, weight, eps: float):
         raise ValueError("gated_norm: z's columns must be contiguous")
     y = torch.empty(t, hv * dv, dtype=z.dtype, device=z.device)
     _gated_norm_kernel[(t, hv)](o, z, weight, y, hv, z.stride(0), eps, DV=dv, **pdl.options(z))
+    return y
+
+
+# --- the recurrence, the output norm and out_proj as one persistent kernel (issue 10) --------------------------------
+#
+# After conv_gates, a step's recurrence (~5 us a layer on the qwen3.5-35b-a3b shape), gated norm (~1.3 us) and out_proj
+# GEMM (~9 us for 16.8 MB: its loads start only after the norm) are a chain of kernels in which the memory bus idles.
+# scripts/probe_persistent.py (2026-12-07 (fifteenth), H100) put a GEMV of that weight at 2.3 us after its input with
+# its rows already in registers, 9.0 loading them after, and a grid-wide barrier at ~1 us; a register-resident GEMM of
+# its own could not load early (its programs could start only as the chain's left the SMs). Here one kernel of
+# N / TAIL_ROWS programs holds the SMs throughout: each loads its TAIL_ROWS weight rows before the PDL wait, runs
+# recurrence units, passes a grid-wide barrier and computes its rows of every row's output. A row's bits: its
+# recurrence as _recurrent_cache_kernel's, its norm's sum of squares as NVB partials summed in order, its GEMV one
+# fp32 reduction over the [heads, DV] features in registers: the same instructions at any row count, not the
+# three kernels' bits. Every program must be resident at once (the barrier waits for all): tail_fits allows at most
+# one program an SM, and a bounded poll counts a timeout (TAIL_STATE[2]) where a hang would be.
+TAIL = env.switch("SPECDEC_DELTA_TAIL")
+TAIL_ROWS = 16  # out_proj rows a program (its weight rows in registers: TAIL_ROWS x Hv*dv)
+TAIL_WARPS = 8
+# a program's weight rows into registers before the PDL wait (held through the recurrence), else into the L2 there and
+# into registers after the barrier
+TAIL_RESIDENT = True
+TAIL_MAX_BYTES = 128 << 10  # a program's weight rows at most (half an SM's 256 KB of registers)
+POLLS = 1 << 24  # the barrier's poll bound (~seconds): a timeout is counted, never a hang
+_TAIL_STATE: dict = {}
+TAIL_COMPILED: dict = {}  # (warps, resident) -> the compiled kernel's registers a thread and spills (device checks)
+_SMS: dict = {}
+
+
+def tail_fits(weight: torch.Tensor, hv: int, dv: int) -> bool:
+    """Whether :func:`recurrent_out_proj` can run out_proj's ``weight [N, hv * dv]``: Triton, CUDA (or Triton's
+    interpreter), a contiguous 16-bit weight, power-of-two ``dv``, N a multiple of TAIL_ROWS, its programs' rows at
+    most TAIL_MAX_BYTES each and no more programs than SMs."""
+    if triton is None or not TAIL or weight.dim() != 2 or weight.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    n, kdim = weight.shape
+    if kdim != hv * dv or dv & (dv - 1) or n % TAIL_ROWS or not weight.is_contiguous():
+        return False
+    if TAIL_ROWS * kdim * weight.element_size() > TAIL_MAX_BYTES:
+        return False
+    if pdl.INTERPRETED:
+        return True
+    if not weight.is_cuda:
+        return False
+    dev = weight.device
+    if dev not in _SMS:
+        _SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
+    return n // TAIL_ROWS <= _SMS[dev]
+
+
+def tail_state(device: torch.device) -> torch.Tensor:
+    """The tail kernel's barrier on ``device``: int32 ``[count, generation, timeouts, 0]``; ``[2]`` counts the
+    barrier polls that gave up (0 unless a program was not resident: a check reads it)."""
+    buf = _TAIL_STATE.get(device)
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("delta_kernel: the tail's barrier is made by an eager call; run the step once before "
+                               "capturing it (graphs.capture's warm-up does)")
+        buf = _TAIL_STATE[device] = torch.zeros(4, dtype=torch.int32, device=device)
+    return buf
+
+
+def recurrent_out_proj(q, k, v, g, beta, states, start, live, z, norm_w, eps: float, weight):
+    """:func:`recurrent_into_cache`, :func:`gated_norm` and ``z``'s row's out_proj (``weight [N, Hv * dv]``) as one
+    kernel (:func:`tail_fits`): the arguments as theirs -> ``[T, N]`` in ``z``'s dtype (padding rows past ``live``
+    zero). The states written as :func:`recurrent_into_cache` writes them."""
+    t, hkn, dk = k.shape
+    h, dv = v.shape[1], v.shape[2]
+    n_out = weight.shape[0]
+    if z.stride(-1) != 1 or weight.shape[1] != h * dv:
+        raise ValueError(f"delta_kernel.recurrent_out_proj: z's columns must be contiguous and out_proj "
+                         f"{tuple(weight.shape)} take {h} x {dv} features")
+    bv = min(32, dv)
+    nvb = dv // bv
+    nprog = n_out // TAIL_ROWS
+    y = torch.empty(t, n_out, dtype=z.dtype, device=z.device)
+    ob = torch.empty(t, h * dv, dtype=z.dtype, device=z.device)
+    ss = torch.empty(t, h, nvb, dtype=torch.float32, device=z.device)
+    bar = tail_state(z.device)
+    st, ptr = _start_arg(start)
+    has_live = live is not None
+    words = weight.view(torch.int32)  # two 16-bit weights a word: the kernel holds them packed
+    per_line, lines = pdl.l2_lines(words.shape[1], 4)
+    args = (q, k, v, g, beta, states, st, live if has_live else bar, z, norm_w, words, y, ob, ss, bar, bar[2:], t, h,
+            h // hkn, states.shape[0], z.stride(0), eps, h * nvb)
+    const = dict(DK=dk, DV=dv, BV=bv, NVB=nvb, HP=triton.next_power_of_2(h), N=n_out, BNO=TAIL_ROWS, NPROG=nprog,
+                 LIVE=has_live, START_PTR=ptr, RESIDENT=TAIL_RESIDENT, BF16=weight.dtype == torch.bfloat16,
+                 PER_LINE=per_line, LINES=lines, POLLS=POLLS, num_warps=TAIL_WARPS)
+    if pdl.INTERPRETED:  # programs run one after another: the phases as two launches
+        for phase in (1, 2):
+            _tail_kernel[(nprog,)](*args, PHASE=phase, USE_GDC=False, **const)
+    else:
+        kernel = _tail_kernel[(nprog,)](*args, PHASE=0, **const, **pdl.options(z))
+        TAIL_COMPILED[(TAIL_WARPS, TAIL_RESIDENT)] = {"registers": kernel.n_regs, "spills": kernel.n_spills}
     return y
