@@ -183,7 +183,7 @@ def delta_step() -> None:
     from specdec.models import delta_kernel
     from specdec.models.deltanet import GatedDeltaNet
     torch.manual_seed(0)
-    hidden, hk, hv, dk, dv, ks = 32, 2, 4, 16, 16, 4
+    hidden, hk, hv, dk, dv, ks = 64, 2, 4, 16, 16, 4  # (out_proj: as many tail programs as recurrence units)
     layer = GatedDeltaNet(hidden, hk, hv, dk, dv, ks, 1e-6).half()
     with torch.no_grad():
         for p in layer.parameters():
@@ -1300,7 +1300,7 @@ def pdl_ptx() -> None:
                                                                       "bar": "*i32", "fails": "*i32", "eps": "fp32"},
                             {"DK": 128, "DV": 128, "BV": 32, "NVB": 4, "HP": 32, "BNO": 16, "NPROG": 128, "LIVE": True,
                              "START_PTR": True, "RESIDENT": True, "BF16": True, "PER_LINE": 32, "LINES": 64, "PHASE": 0,
-                             "POLLS": 1 << 24}),
+                             "POLLS": 1 << 24, "stamps": None, "STAMPS": False}),
              "norm-router": (expert_kernel._norm_router_kernel, {n: "*bf16" for n in ("x", "res", "s", "y", "rw", "logits")}
                              | {"w": "*fp32", "live": "*i64", "eps": "fp32"}, {"LIVE": True, "RB": 2, "BLOCK": 2048}),
              "delta-norm": (delta_kernel._gated_norm_kernel, {"o": "*fp32", "z": "*bf16", "w": "*fp32", "y": "*bf16",

@@ -149,12 +149,24 @@ if triton is not None:
                     tl.store(k + (t * HK + j - HK)[:, None] * DK + r[None, :], y, mask=om)
 
     @triton.jit
-    def _recur_unit(q, k, v, g, beta, s0, first, states, out, ss, n, h, vb, H, REP, NS, CACHE: tl.constexpr,
+    def _state_in(s0, first, h, vb, H, NS, CACHE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                  BV: tl.constexpr):
+        # value head h's state slice [DK, BV] (channels vb * BV ..) from s0: CACHE, the ring's row of length first
+        rk = tl.arange(0, DK)
+        rv = vb * BV + tl.arange(0, BV)
+        tile = h * DK * DV + rk[:, None] * DV + rv[None, :]
+        if CACHE:
+            return tl.load(s0 + (first % NS) * (H * DK * DV) + tile, mask=(rv < DV)[None, :], other=0.0)
+        else:
+            return tl.load(s0 + tile, mask=(rv < DV)[None, :], other=0.0)
+
+    @triton.jit
+    def _recur_unit(q, k, v, g, beta, s, first, states, out, ss, n, h, vb, H, REP, NS, CACHE: tl.constexpr,
                     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, NVB: tl.constexpr, TAIL: tl.constexpr):
-        # value head h's channels vb * BV .. over the first n rows: the state slice from s0 (CACHE: the ring's row of
-        # length first), the state after each row to states (CACHE: the ring's row of length first + 1 + t; else
-        # row t). TAIL (tail's phase one): a row's output rounded to out's dtype into out [T, H * DV] and the sum of
-        # its squares (the rounded values) into ss [T, H, NVB]; else the fp32 output into out [T, H, DV]
+        # value head h's channels vb * BV .. over the first n rows from their state slice s (_state_in), the state
+        # after each row to states (CACHE: the ring's row of length first + 1 + t; else row t). TAIL (the tail
+        # kernel's phase one): a row's output rounded to out's dtype into out [T, H * DV] and the sum of its squares
+        # (the rounded values) into ss [T, H, NVB]; else the fp32 output into out [T, H, DV]
         hk = h // REP  # the key head this value head reads
         hkn = H // REP
         rk = tl.arange(0, DK)
@@ -163,10 +175,6 @@ if triton is not None:
         smask = vmask[None, :]
         one = H * DK * DV  # one state, all heads
         tile = h * DK * DV + rk[:, None] * DV + rv[None, :]
-        if CACHE:
-            s = tl.load(s0 + (first % NS) * one + tile, mask=smask, other=0.0)
-        else:
-            s = tl.load(s0 + tile, mask=smask, other=0.0)
         for t in range(0, n):
             row = t * H + h
             kt = tl.load(k + (t * hkn + hk) * DK + rk)
@@ -210,7 +218,8 @@ if triton is not None:
             n = tl.minimum(tl.load(live), T)
         else:
             n = T
-        _recur_unit(q, k, v, g, beta, s0, first, states, out, out, n, h, vb, H, REP, NS, CACHE, DK, DV, BV, 1, False)
+        s = _state_in(s0, first, h, vb, H, NS, CACHE, DK, DV, BV)
+        _recur_unit(q, k, v, g, beta, s, first, states, out, out, n, h, vb, H, REP, NS, CACHE, DK, DV, BV, 1, False)
         rv = vb * BV + tl.arange(0, BV)
         for t in range(n, T):
             tl.store(out + (t * H + h) * DV + rv, tl.zeros([BV], dtype=tl.float32), mask=rv < DV)
@@ -231,40 +240,37 @@ if triton is not None:
         tl.store(y + base + r, (n * (zf * tl.sigmoid(zf))).to(y.dtype.element_ty))
 
     @triton.jit
-    def _halves(w, BF16: tl.constexpr, OPAQUE: tl.constexpr):
+    def _now():
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+    @triton.jit
+    def _halves(w, zero, BF16: tl.constexpr):
         # int32 words of two 16-bit weights (bf16 where BF16, else fp16) -> the low and the high one as fp32, exactly.
-        # OPAQUE (bf16 on the GPU): the shifts as instructions the compiler cannot move (not pure), so that it cannot
-        # hoist the whole tile's fp32 copies out of the row loop (3x the registers the words take)
+        # zero: 0, loaded inside the caller's row loop, so that the conversions depend on the row and the compiler
+        # cannot hoist the whole tile's fp32 copies out of the loop (3x the registers the words take)
+        w = w ^ zero
         if BF16:
-            if OPAQUE:
-                lo = tl.inline_asm_elementwise("shl.b32 $0, $1, 16;", "=r,r", [w], dtype=tl.int32, is_pure=False,
-                                               pack=1)
-                hi = tl.inline_asm_elementwise("and.b32 $0, $1, -65536;", "=r,r", [w], dtype=tl.int32, is_pure=False,
-                                               pack=1)
-            else:
-                lo, hi = w << 16, w & -65536
-            return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
+            return (w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True)
         else:
             lo = w.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
             hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
             return lo, hi
 
     @triton.jit
-    def _gated_half(ob, z, t, ZS, col, km, rstd, nwv, dt):
-        # the gated norm of a row's features col ([HP, DV // 2]: the even or the odd ones), fp32 rounded as
-        # _gated_norm_kernel rounds
-        xf = tl.load(ob + col, mask=km, other=0.0, cache_modifier=".cg").to(tl.float32)
-        nr = (xf * rstd[:, None]).to(dt).to(tl.float32)
-        nr = (nr * nwv).to(dt).to(tl.float32)
-        zf = tl.load(z + t * ZS + col, mask=km, other=0.0).to(tl.float32)
-        return (nr * (zf * tl.sigmoid(zf))).to(dt).to(tl.float32)
+    def _gated(x, z, rstd, nw, dt):
+        # a row's features x (fp32 of the rounded recurrence output) gated-normed as _gated_norm_kernel rounds: the
+        # head's rstd, the norm's weight nw, the gate z (fp32 of the model dtype's)
+        nr = (x * rstd).to(dt).to(tl.float32)
+        nr = (nr * nw).to(dt).to(tl.float32)
+        return (nr * (z * tl.sigmoid(z))).to(dt).to(tl.float32)
 
     @triton.jit(do_not_specialize=["start", "T"])
     def _tail_kernel(q, k, v, g, beta, states, start, live, z, nw, w, y, ob, ss, bar, fails, T, H, REP, NS, ZS, eps,
                      UNITS, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, NVB: tl.constexpr, HP: tl.constexpr,
                      N, BNO: tl.constexpr, NPROG: tl.constexpr, LIVE: tl.constexpr, START_PTR: tl.constexpr,
                      RESIDENT: tl.constexpr, BF16: tl.constexpr, PER_LINE: tl.constexpr, LINES: tl.constexpr,
-                     PHASE: tl.constexpr, POLLS: tl.constexpr, USE_GDC: tl.constexpr):
+                     PHASE: tl.constexpr, POLLS: tl.constexpr, USE_GDC: tl.constexpr, stamps=None,
+                     STAMPS: tl.constexpr = False):
         # NPROG programs, every one resident at once (tail_fits). Before the PDL wait each loads its BNO rows of the
         # out_proj weight w [N, H * DV] (int32 words of two 16-bit weights) into registers (RESIDENT), else into the
         # L2 (weights never depend on the kernel before). Phase one: the recurrence's UNITS (value head, BV channels)
@@ -275,14 +281,17 @@ if triton is not None:
         pid = tl.program_id(0)
         rn = pid * BNO + tl.arange(0, BNO)
         nm = rn < N
-        hh = tl.arange(0, HP)
-        hm = hh < H
-        jj = tl.arange(0, DV // 2)
-        km = hm[:, None]
-        kw = H * DV // 2  # words a weight row
-        wptr = w + rn[:, None, None] * kw + (hh[:, None] * (DV // 2) + jj[None, :])[None, :, :]
-        wmask = nm[:, None, None] & km[None]
+        kw = H * DV // 2  # words a row of features (two 16-bit values a word)
+        jw = tl.arange(0, HP * (DV // 2))
+        wptr = w + rn[:, None] * kw + jw[None, :]
+        wmask = nm[:, None] & (jw < kw)[None, :]
         dt = y.dtype.element_ty
+        u = tl.minimum(pid, UNITS - 1)  # this program's recurrence unit (programs past UNITS compute none)
+        first = _start(start, START_PTR)
+        if STAMPS:  # scripts/check_delta_tail.py: %globaltimer at the start, the wait, each phase's end, the barrier
+            tl.store(stamps + pid * 5, _now())
+        if PHASE != 2:  # the live state first (the previous step's, never the kernel before's): ahead of the weights
+            s = _state_in(states, first, u // NVB, u % NVB, H, NS, True, DK, DV, BV)
         if PHASE != 1:
             if RESIDENT:
                 wt = tl.load(wptr, mask=wmask, other=0)
@@ -290,15 +299,17 @@ if triton is not None:
                 pdl.rows_to_l2(w, tl.minimum(rn, N - 1), kw, PER_LINE, LINES)
         if USE_GDC:
             tl.extra.cuda.gdc_wait()
+        if STAMPS:
+            tl.store(stamps + pid * 5 + 1, _now())
         if LIVE:
             n = tl.minimum(tl.load(live), T)
         else:
             n = T
         if PHASE != 2:
-            first = _start(start, START_PTR)
-            for u in range(pid, UNITS, NPROG):
-                _recur_unit(q, k, v, g, beta, states, first, states, ob, ss, n, u // NVB, u % NVB, H, REP, NS, True,
-                            DK, DV, BV, NVB, True)
+            _recur_unit(q, k, v, g, beta, s, first, states, ob, ss, tl.where(pid < UNITS, n, 0), u // NVB, u % NVB, H,
+                        REP, NS, True, DK, DV, BV, NVB, True)
+        if STAMPS:
+            tl.store(stamps + pid * 5 + 2, _now())
         if PHASE == 0:  # every program's phase-one stores reach the L2 before it counts in; the last to count in
             # resets the count and raises the generation the others poll (read before counting in)
             fused_layer._fence()
@@ -310,32 +321,44 @@ if triton is not None:
             else:
                 seen = gen
                 polls = 0
-                while (seen == gen) & (polls < POLLS):
-                    seen = tl.atomic_add(bar + 1, 0, sem="acquire", scope="gpu")
+                while (seen == gen) & (polls < POLLS):  # acquire loads (atomics at one address queue up)
+                    seen = tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [bar + 1],
+                                                     dtype=tl.int32, is_pure=False, pack=1)
                     polls += 1
                 if polls >= POLLS:  # never, with every program resident: counted, not hung
                     tl.atomic_add(fails, 1, sem="relaxed", scope="gpu")
             tl.debug_barrier()
+        if STAMPS:
+            tl.store(stamps + pid * 5 + 3, _now())
         if USE_GDC:  # only now (every program is resident): the next kernel's programs may take the SMs' room
             tl.extra.cuda.gdc_launch_dependents()
         if PHASE != 1:
             if not RESIDENT:
                 wt = tl.load(wptr, mask=wmask, other=0)
-            even = hh[:, None] * DV + 2 * jj[None, :]  # [HP, DV // 2]: a row's even features, head by head
+            hh = tl.arange(0, HP)
+            jj = tl.arange(0, DV // 2)
+            hm = (hh < H)[:, None]
+            words = hh[:, None] * (DV // 2) + jj[None, :]  # [HP, DV // 2]: word j of head h holds its features 2j, 2j+1
             nwe = tl.load(nw + 2 * jj).to(tl.float32)[None, :]
             nwo = tl.load(nw + 2 * jj + 1).to(tl.float32)[None, :]
+            obw = ob.to(tl.pointer_type(tl.int32))  # rows of kw words (16-bit pairs)
             for t in range(0, n):
-                part = tl.load(ss + (t * H + hh)[:, None] * NVB + tl.arange(0, NVB)[None, :], mask=km, other=0.0,
+                part = tl.load(ss + (t * H + hh)[:, None] * NVB + tl.arange(0, NVB)[None, :], mask=hm, other=0.0,
                                cache_modifier=".cg")
-                rstd = 1.0 / tl.sqrt(tl.sum(part, axis=1) / DV + eps)
-                xe = _gated_half(ob + t * (H * DV), z, t, ZS, even, km, rstd, nwe, dt)
-                xo = _gated_half(ob + t * (H * DV), z, t, ZS, even + 1, km, rstd, nwo, dt)
-                lo, hi = _halves(wt, BF16, PHASE == 0)
-                acc = tl.sum(tl.sum(lo * xe[None, :, :] + hi * xo[None, :, :], axis=2), axis=1)
+                rstd = (1.0 / tl.sqrt(tl.sum(part, axis=1) / DV + eps))[:, None]  # [HP, 1]: the head's
+                zero = tl.load(bar + 3)  # always 0: a value of the row (see _halves)
+                oe, oo = _halves(tl.load(obw + t * kw + words, mask=hm, other=0, cache_modifier=".cg"), zero, BF16)
+                ze, zo = _halves(tl.load((z + t * ZS).to(tl.pointer_type(tl.int32)) + words, mask=hm, other=0), zero,
+                                 BF16)
+                xe = tl.reshape(_gated(oe, ze, rstd, nwe, dt), (HP * (DV // 2),))
+                xo = tl.reshape(_gated(oo, zo, rstd, nwo, dt), (HP * (DV // 2),))
+                lo, hi = _halves(wt, zero, BF16)
+                acc = tl.sum(lo * xe[None, :] + hi * xo[None, :], axis=1)
                 tl.store(y + t * N + rn, acc.to(dt), mask=nm)
             for t in range(n, T):
                 tl.store(y + t * N + rn, tl.zeros([BNO], dtype=tl.float32).to(dt), mask=nm)
-
+        if STAMPS:
+            tl.store(stamps + pid * 5 + 4, _now())
 
 def _start_arg(start) -> tuple:
     """A step's first position as the kernels take it: ``(arg, START_PTR)`` (a 0-d device tensor: a static step's)."""
@@ -437,8 +460,8 @@ def tail_fits(weight: torch.Tensor, hv: int, dv: int) -> bool:
     n, kdim = weight.shape
     if kdim != hv * dv or dv & (dv - 1) or n % TAIL_ROWS or not weight.is_contiguous():
         return False
-    if TAIL_ROWS * kdim * weight.element_size() > TAIL_MAX_BYTES:
-        return False
+    if TAIL_ROWS * kdim * weight.element_size() > TAIL_MAX_BYTES or hv * dv // min(32, dv) > n // TAIL_ROWS:
+        return False  # (a program's weight rows past the registers' half, or more recurrence units than programs)
     if pdl.INTERPRETED:
         return True
     if not weight.is_cuda:
@@ -461,7 +484,7 @@ def tail_state(device: torch.device) -> torch.Tensor:
     return buf
 
 
-def recurrent_out_proj(q, k, v, g, beta, states, start, live, z, norm_w, eps: float, weight):
+def recurrent_out_proj(q, k, v, g, beta, states, start, live, z, norm_w, eps: float, weight, stamps=None):
     """:func:`recurrent_into_cache`, :func:`gated_norm` and ``z``'s row's out_proj (``weight [N, Hv * dv]``) as one
     kernel (:func:`tail_fits`): the arguments as theirs -> ``[T, N]`` in ``z``'s dtype (padding rows past ``live``
     zero). The states written as :func:`recurrent_into_cache` writes them."""
@@ -471,6 +494,8 @@ def recurrent_out_proj(q, k, v, g, beta, states, start, live, z, norm_w, eps: fl
     if z.stride(-1) != 1 or weight.shape[1] != h * dv:
         raise ValueError(f"delta_kernel.recurrent_out_proj: z's columns must be contiguous and out_proj "
                          f"{tuple(weight.shape)} take {h} x {dv} features")
+    if z.stride(0) % 2 or z.data_ptr() % 4:  # the kernel reads z's rows as 32-bit words
+        z = z.contiguous()
     bv = min(32, dv)
     nvb = dv // bv
     nprog = n_out // TAIL_ROWS
@@ -491,6 +516,7 @@ def recurrent_out_proj(q, k, v, g, beta, states, start, live, z, norm_w, eps: fl
         for phase in (1, 2):
             _tail_kernel[(nprog,)](*args, PHASE=phase, USE_GDC=False, **const)
     else:
-        kernel = _tail_kernel[(nprog,)](*args, PHASE=0, **const, **pdl.options(z))
+        extra = {} if stamps is None else {"stamps": stamps, "STAMPS": True}  # (scripts/check_delta_tail.py)
+        kernel = _tail_kernel[(nprog,)](*args, PHASE=0, **const, **extra, **pdl.options(z))
         TAIL_COMPILED[(TAIL_WARPS, TAIL_RESIDENT)] = {"registers": kernel.n_regs, "spills": kernel.n_spills}
     return y
