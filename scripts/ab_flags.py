@@ -32,7 +32,9 @@ with a cache much longer than the context, ``-n``), ``defaults+far0`` (split_att
 split size at any context), ``defaults+far2048`` (512-key splits past 2,048 positions; also ``defaults+split128+far2048``), ``defaults-norm-rope`` (layers.NORM_ROPE off: the q/k norms as kernels of their own), ``defaults-prenorm``
 (fused_ops.PRENORM_ADD off: Gemma 3's and 4's post-attention norm a kernel of its own), ``defaults-rope-table``
 (layers.ROPE_TABLE off: a static step's cos/sin computed, not looked up), ``defaults-norm-router``
-(expert_kernel.NORM_ROUTER off: a MoE layer's router as a GEMM of its own after the add-and-norm kernel), ``defaults+index-select``
+(expert_kernel.NORM_ROUTER off: a MoE layer's router as a GEMM of its own after the add-and-norm kernel), ``defaults-delta-one``
+(delta_kernel.ONE_KERNEL off: a Gated DeltaNet step's conv and gates, then its recurrence, as two kernels), ``defaults-delta-early``
+(delta_kernel.STATE_EARLY off: the step kernel loads the live state after its PDL wait), ``defaults+index-select``
 (layers.INDEX_LOOKUPS off: the token embeddings and RoPE tables looked up by index_select, not indexing), ``defaults-small-fused`` (gemma4.SMALL_FUSED
 off: Gemma 4's small models, KV-shared layers and per-layer inputs, on cuBLAS with padded steps), ``defaults-dense-tail``
 (fused_ops.DENSE_TAIL off: Gemma 4's dense layer tail as the torch ops). Each
@@ -72,7 +74,9 @@ FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.m
          "small-fused": ("specdec.models.gemma4", "SMALL_FUSED"),
          "buckets": ("specdec.models.graphs", "SPAN_BUCKETS"),
          "rope-table": ("specdec.models.layers", "ROPE_TABLE"),
-         "norm-router": ("specdec.models.expert_kernel", "NORM_ROUTER")}
+         "norm-router": ("specdec.models.expert_kernel", "NORM_ROUTER"),
+         "delta-one": ("specdec.models.delta_kernel", "ONE_KERNEL"),
+         "delta-early": ("specdec.models.delta_kernel", "STATE_EARLY")}
 # settings other than on/off, each on top of the defaults: defaults+split64 (SPECDEC_SPLIT_KEYS=64), ...
 SETTINGS = {f"split{n}": ("specdec.models.split_attention", "_SPLIT_ENV", n) for n in (64, 128, 256, 512)}
 SETTINGS["rowgroups16"] = ("specdec.models.expert_kernel", "ROW_GROUPS", 16)  # the MoE kernels: a program a row
@@ -90,11 +94,6 @@ SETTINGS["moe-bmm"] = ("specdec.models.moe", "GROUPED_BMM", True)  # a MoE prefi
 SETTINGS["index-select"] = ("specdec.models.layers", "INDEX_LOOKUPS", False)  # table lookups by index_select
 SETTINGS["far0"] = ("specdec.models.split_attention", "_FAR_ENV", (0, 0))  # one split size (no far splits)
 SETTINGS["far2048"] = ("specdec.models.split_attention", "_FAR_ENV", (2048, 512))  # 512-key splits past 2,048 positions
-# the Gated DeltaNet step's recurrence, output norm and out_proj as one persistent kernel (delta_kernel.TAIL); with 16
-# warps a program, or its weight rows pulled into the L2 before the wait and loaded after the barrier
-SETTINGS["delta-tail"] = ("specdec.models.delta_kernel", "TAIL", True)
-SETTINGS["tail16"] = ("specdec.models.delta_kernel", "TAIL_WARPS", 16)
-SETTINGS["tail-l2"] = ("specdec.models.delta_kernel", "TAIL_RESIDENT", False)
 # AB_TILES='{"N,K,silu": [BN, BK, warps, stages(, split)], ...}' (check_fused_layer.py --sweep's best_tiles): defaults+tiles
 # runs those tilings over the table, in the same process as the defaults
 if os.environ.get("AB_TILES"):
@@ -111,8 +110,6 @@ for _n in FLAGS:  # each flag's question against what ships: defaults-fold, defa
 for _n in SETTINGS:
     VARIANTS[f"defaults+{_n}"] = tuple(FLAGS) + (_n,)
 VARIANTS["defaults+split128+far2048"] = tuple(FLAGS) + ("split128", "far2048")
-VARIANTS["defaults+delta-tail+tail16"] = tuple(FLAGS) + ("delta-tail", "tail16")
-VARIANTS["defaults+delta-tail+tail-l2"] = tuple(FLAGS) + ("delta-tail", "tail-l2")
 
 
 @contextlib.contextmanager
@@ -122,7 +119,7 @@ def flags(names):
     try:
         for n in FLAGS:
             mod = importlib.import_module(FLAGS[n][0])
-            if not hasattr(mod, FLAGS[n][1]):  # an older tree's (scripts/device_delta.sh times one): nothing to set
+            if not hasattr(mod, FLAGS[n][1]):  # an older tree's (scripts/device_delta.sh times one): not there to set
                 continue
             saved.append((mod, FLAGS[n][1], getattr(mod, FLAGS[n][1])))
             setattr(mod, FLAGS[n][1], n in names)

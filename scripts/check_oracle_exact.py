@@ -38,10 +38,6 @@ def main() -> None:
             r = end_to_end(model, a.context, a.new_tokens, a.tau, a.k, dev.type == "cuda", None)
         out.append({"variant": v, "tau": r["measured_tau"], "equal": r["output_equals_plain"],
                     "oracle_tok_s": r["oracle_tokens_per_s"], "plain_tok_s": r["plain_tokens_per_s"]})
-        from specdec.models import delta_kernel
-        if delta_kernel._TAIL_STATE:  # the DeltaNet tail kernel ran: its barrier's timeouts (0) and its registers
-            out[-1]["tail_timeouts"] = sum(int(b[2].item()) for b in delta_kernel._TAIL_STATE.values())
-            out[-1]["tail_compiled"] = {str(k): c for k, c in delta_kernel.TAIL_COMPILED.items()}
         print(json.dumps(out[-1]), flush=True)
     if a.json:
         json.dump(out, open(a.json, "w"), indent=1)

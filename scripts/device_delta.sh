@@ -1,12 +1,12 @@
 #!/bin/bash
-# A Gated DeltaNet step on position-keyed rings (cache.LinearAttnCache) checked and timed against the tree before them
-# (old_tree/specdec: `git archive 74a8df9 specdec | tar -x -C old_tree`, its data/ left out; carried with .whl);
-# one device call each:
-#   bash scripts/device_delta.sh check  # device_check on random Qwen3.5 dense and MoE (graphs: oracle, n-gram, MTP and
-#                                       # DFlash drafts; MoE eager: oracle, MTP); check_oracle_exact.py (the bench's
-#                                       # oracle, k = 15) on qwen3.5-35b-a3b and qwen3.5-9b, and on the old tree's 35b
-#   bash scripts/device_delta.sh bench  # ab_flags defaults on the 35b shape, this tree and the old one (padded, 1-row
-#                                       # and chained steps); specdec bench --shape qwen3.5-35b-a3b and qwen3.5-9b
+# The Gated DeltaNet step on the GPU (the one-kernel step, delta_kernel.ONE_KERNEL, against the two kernels); one device
+# call each:
+#   bash scripts/device_delta.sh check  # check_delta_rows.py (each row's bits against chained 1-row steps, both
+#                                       # forms); check_oracle_exact.py (the bench's oracle, k = 15) on qwen3.5-35b-a3b
+#                                       # (defaults, defaults-delta-one) and qwen3.5-9b; ab_flags on the 35b shape
+#                                       # (padded, 1-row and chained steps); device_check on random Qwen3.5 dense and
+#                                       # MoE (graphs: oracle, n-gram, MTP and DFlash drafts; MoE eager: oracle, MTP)
+#   bash scripts/device_delta.sh bench  # specdec bench --shape qwen3.5-35b-a3b and qwen3.5-9b
 # Results in $OUT/d.tgz.
 set -u
 . scripts/device_prelude.sh d  # W=$OUT/d, left, save, bench
@@ -16,10 +16,10 @@ ab() {  # LABEL SHAPE TIMEOUT TREE VARIANTS...: ab_flags at context 512 (TREE: a
         --context 512 --rounds 3 --reps 10 --no-drafters --variants "$@" --json $W/ab_$label.json > $W/ab_$label.log 2>&1
     echo "== ab $label rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_$label.log | tail -4 | cut -c1-300; save
 }
-ox() {  # LABEL SHAPE TIMEOUT TREE: check_oracle_exact.py (plain, then the oracle at tau 6.5, k = 15; equal?)
-    local label=$1 shape=$2 t=$3 tree=$4
-    PYTHONPATH=/tmp/site:$tree:$PWD/tests:$PWD/scripts timeout $(left $t) python scripts/check_oracle_exact.py \
-        --shape $shape -n 256 --json $W/ox_$label.json > $W/ox_$label.log 2>&1
+ox() {  # LABEL SHAPE TIMEOUT VARIANTS...: check_oracle_exact.py (plain, then the oracle at tau 6.5, k = 15; equal?)
+    local label=$1 shape=$2 t=$3; shift 3
+    timeout $(left $t) python scripts/check_oracle_exact.py --shape $shape -n 256 --variants "$@" \
+        --json $W/ox_$label.json > $W/ox_$label.log 2>&1
     echo "== oracle $label rc=$? ${SECONDS}s"; tail -2 $W/ox_$label.log | cut -c1-300; save
 }
 dc() {  # device_check (graphs and eager) on random Qwen3.5 dense and MoE, then the comparison
@@ -35,13 +35,13 @@ dc() {  # device_check (graphs and eager) on random Qwen3.5 dense and MoE, then 
 }
 case "${1:-}" in
 check)
+    timeout $(left 60) python scripts/check_delta_rows.py > $W/rows.log 2>&1; echo "== rows rc=$? ${SECONDS}s"
+    grep -c '"rows_equal_chained": true' $W/rows.log; grep '"rows_equal_chained": false' $W/rows.log | cut -c1-200; save
+    ox 35b qwen3.5-35b-a3b 110 defaults defaults-delta-one
+    ab 35b qwen3.5-35b-a3b 90 $PWD defaults defaults-delta-one
     dc
-    ox 35b qwen3.5-35b-a3b 110 $PWD
-    ox 9b qwen3.5-9b 90 $PWD
-    ox 35b_old qwen3.5-35b-a3b 90 $PWD/old_tree ;;
+    ox 9b qwen3.5-9b 70 defaults ;;
 bench)
-    ab 35b qwen3.5-35b-a3b 110 $PWD defaults
-    ab 35b_old qwen3.5-35b-a3b 110 $PWD/old_tree defaults
     bench qwen3.5-35b-a3b 160 --draft-vocab 32768 --reps 10
     bench qwen3.5-9b 110 --draft-vocab 32768 --reps 10 ;;
 *)

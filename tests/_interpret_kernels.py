@@ -173,17 +173,17 @@ def delta() -> None:
 
 
 def delta_step() -> None:
-    """deltanet.GatedDeltaNet.step_fused (delta_kernel's conv_gates, recurrent_into_cache and gated_norm) against the
-    layer's torch form on the same cache: outputs, and the conv inputs and per-position states the cache's rings
-    keep, across rollbacks (each step starting at a length inside the last); each kernel on rings that wrap (taps,
-    inputs and states past the rings' ends); a static step's padding rows; a row's bits in a 5-row step equal its
-    bits as a 1-row step."""
+    """deltanet.GatedDeltaNet.step_fused (delta_kernel's step kernel, or conv_gates then recurrent_into_cache, then
+    gated_norm) against the layer's torch form on the same cache: outputs, and the conv inputs and per-position
+    states the cache's rings keep, across a rollback (the next step starting at a length inside the last); each
+    kernel on rings that wrap (taps, inputs and states past the rings' ends); a static step's padding rows; a
+    row's bits in a 5-row step equal its bits as a 1-row step, for both forms."""
     from types import SimpleNamespace
 
     from specdec.models import delta_kernel
     from specdec.models.deltanet import GatedDeltaNet
     torch.manual_seed(0)
-    hidden, hk, hv, dk, dv, ks = 64, 2, 4, 16, 16, 4  # (out_proj: as many tail programs as recurrence units)
+    hidden, hk, hv, dk, dv, ks = 32, 2, 4, 16, 16, 4
     layer = GatedDeltaNet(hidden, hk, hv, dk, dv, ks, 1e-6).half()
     with torch.no_grad():
         for p in layer.parameters():
@@ -210,17 +210,23 @@ def delta_step() -> None:
         return outs, cache
 
     ref, ref_cache = run(False, xs)
-    out, cache = run(True, xs)
-    err = max((a.float() - b.float()).abs().max().item() for a, b in zip(out, ref))
-    scale = max(b.float().abs().max().item() for b in ref)
-    check("delta-step: outputs equal the torch form's (one fp16 step at the largest)", err <= scale / 512,
-          f"(max diff {err:.2e}, scale {scale:.2e})")
-    serr = max((cache.state(n) - ref_cache.state(n)).abs().max().item() for n in range(cache.base, cache.length + 1))
-    check("delta-step: the state at every length of the last step, in the ring", serr < 2e-3, f"(max diff {serr:.2e})")
-    check("delta-step: the conv window at every length of the last step, in the ring",
-          all(torch.equal(cache.conv_window(n), ref_cache.conv_window(n)) for n in range(cache.base, cache.length + 1)))
-    alone, _ = run(True, xs[:1] + [xs[1][:1]])
-    check("delta-step: a row's bits in a 5-row step equal its bits alone", torch.equal(alone[1][0], out[1][0]))
+    one = delta_kernel.ONE_KERNEL
+    for form in (True, False):
+        delta_kernel.ONE_KERNEL = form
+        name = "one kernel" if form else "two kernels"
+        out, cache = run(True, xs)
+        err = max((a.float() - b.float()).abs().max().item() for a, b in zip(out, ref))
+        scale = max(b.float().abs().max().item() for b in ref)
+        check(f"delta-step ({name}): outputs equal the torch form's (one fp16 step at the largest)", err <= scale / 512,
+              f"(max diff {err:.2e}, scale {scale:.2e})")
+        serr = max((cache.state(n) - ref_cache.state(n)).abs().max().item() for n in range(cache.base, cache.length + 1))
+        check(f"delta-step ({name}): the state at every length of the last step, in the ring", serr < 2e-3,
+              f"(max diff {serr:.2e})")
+        check(f"delta-step ({name}): the conv window at every length of the last step, in the ring",
+              all(torch.equal(cache.conv_window(n), ref_cache.conv_window(n)) for n in range(cache.base, cache.length + 1)))
+        alone, _ = run(True, xs[:1] + [xs[1][:1]])
+        check(f"delta-step ({name}): a row's bits in a 5-row step equal its bits alone", torch.equal(alone[1][0], out[1][0]))
+    delta_kernel.ONE_KERNEL = one
     # each kernel alone on rings that wrap, in fp32, against the layer's conv and gates and the torch recurrence
     from specdec.models.deltanet import recurrent_gated_delta
     nc, ns, start = ks - 1 + 5, 6, 11  # window: positions 8, 9, 10 at rows 0, 1, 2 ... inputs 11..15 at rows 3..7
@@ -234,7 +240,7 @@ def delta_step() -> None:
         conv_ring[rows[:ks - 1]] = window
         states = torch.randn(ns, hv, dk, dv)
         args = (layer.conv_weight_fp32(), b1, a1, layer.A_log, layer.dt_bias, hk, hv, dk, dv)
-        states2 = states.clone()
+        ring2, states2 = conv_ring.clone(), states.clone()
         got = delta_kernel.conv_gates(proj, conv_ring, start, *args)
         r = hv // hk
         rep = (got[0].repeat_interleave(r, dim=1), got[1].repeat_interleave(r, dim=1), *got[2:])
@@ -249,69 +255,29 @@ def delta_step() -> None:
         srow = [(start + 1 + t) % ns for t in range(5)]
         check("delta-step: recurrent_into_cache's outputs and states (at lengths past the ring's end) equal the "
               "torch recurrence", (o_rec - ref_o).abs().max().item() < 1e-4 and (states[srow] - ref_s).abs().max() < 1e-4)
-        # a static step's padding rows (past ``live``): zero outputs, no states; the live rows as unpadded; the start
+        # the one kernel, from the same rings: its conv inputs, and its outputs and states as the two kernels'
+        states1 = states2.clone()
+        o_one = delta_kernel.step(proj, ring2, states1, start, None, *args)
+        check("delta-step: the step kernel's inputs written at their positions, the window untouched",
+              torch.equal(ring2[rows], full))
+        derr = max((o_one - o_rec).abs().max().item(), (states1 - states).abs().max().item())
+        check("delta-step: the step kernel's outputs and states equal the two kernels' (to fp32 rounding)", derr < 1e-5,
+              f"(max diff {derr:.2e})")
+        check("delta-step: the step kernel leaves the live state and the other lengths' rows as they were",
+              torch.equal(states1[start % ns], states2[start % ns]))
+        # a static step's padding rows (past ``live``): zero outputs, no states; the live rows as unpadded. The start
         # as a static step's 0-d tensor
-        full_states, part_states = states2.clone(), states2.clone()
-        o_all = delta_kernel.recurrent_into_cache(q, k, v, g, beta, full_states, torch.tensor(start), None)
-        o_two = delta_kernel.recurrent_into_cache(q, k, v, g, beta, part_states, torch.tensor(start), torch.tensor(2))
-        kept = [start % ns] + srow[:2]
-        check("delta-step: the live rows of a padded step as unpadded, its padding rows zero and stateless",
-              torch.equal(o_two[:2], o_all[:2]) and not o_two[2:].any() and torch.equal(part_states[kept], full_states[kept])
-              and torch.equal(part_states[srow[2:]], states2[srow[2:]]))
-    delta_tail(layer, run, xs)
-
-
-def delta_tail(layer, run, xs) -> None:
-    """delta_kernel.recurrent_out_proj (the recurrence, gated norm and out_proj as one kernel; its two phases as two
-    launches here) against the three kernels on the fused GEMM: outputs within one fp16 step, the rings' states and
-    conv inputs bit for bit; a row's bits in a 5-row step equal its bits alone; a static step's padding rows zero."""
-    from specdec.models import delta_kernel, fused_layer
-    saved = delta_kernel.TAIL, fused_layer.usable
-    fused_layer.usable = lambda x: True
-    calls = []
-    tail = delta_kernel.recurrent_out_proj
-    delta_kernel.recurrent_out_proj = lambda *a: calls.append(a[0].shape[0]) or tail(*a)
-    try:
-        def fused_run(on, xs):
-            delta_kernel.TAIL = on
-            cache = layer.make_cache(torch.float16, "cpu", snapshot_tokens=8)
-            cache.reserve_rows(5)
-            outs = []
-            for i, x in enumerate(xs):
-                t, pos = x.shape[0], cache.length
-                with torch.no_grad():
-                    outs.append(layer.step_fused(*layer.project(x, fused_layer.linear), cache, pos, None,
-                                                 fused_layer.linear))
-                cache.commit(pos, t, True)
-                if i < len(xs) - 1:
-                    cache.rollback(pos + 1 + i % 2)
-            return outs, cache
-        ref, ref_cache = fused_run(False, xs)
-        check("delta-tail: the three kernels' run took no tail", not calls)
-        out, cache = fused_run(True, xs)
-        check("delta-tail: every step took the tail kernel", calls == [x.shape[0] for x in xs])
-        err = max((a.float() - b.float()).abs().max().item() for a, b in zip(out, ref))
-        scale = max(b.float().abs().max().item() for b in ref)
-        check("delta-tail: outputs equal the three kernels' (one fp16 step at the largest)", err <= scale / 512,
-              f"(max diff {err:.2e}, scale {scale:.2e})")
-        lengths = range(cache.base, cache.length + 1)
-        check("delta-tail: the rings' states and conv inputs bit for bit",
-              all(torch.equal(cache.state(n), ref_cache.state(n)) and torch.equal(cache.conv_window(n),
-                                                                                  ref_cache.conv_window(n))
-                  for n in lengths))
-        alone, _ = fused_run(True, xs[:1] + [xs[1][:1]])
-        check("delta-tail: a row's bits in a 5-row step equal its bits alone", torch.equal(alone[1][0], out[1][0]))
-        two, _ = fused_run(True, [xs[1][:2]])
-        cache = layer.make_cache(torch.float16, "cpu", snapshot_tokens=8)
-        cache.reserve_rows(5)
-        with torch.no_grad():
-            part = layer.step_fused(*layer.project(xs[1], fused_layer.linear), cache, torch.tensor(0), torch.tensor(2),
-                                    fused_layer.linear)
-        check("delta-tail: a static step's live rows as unpadded, its padding rows zero",
-              torch.equal(part[:2], two[0]) and not part[2:].any())
-    finally:
-        delta_kernel.TAIL, fused_layer.usable = saved
-        delta_kernel.recurrent_out_proj = tail
+        for name, fn in (("two kernels", lambda st, live: delta_kernel.recurrent_into_cache(q, k, v, g, beta, st,
+                                                                                            torch.tensor(start), live)),
+                         ("one kernel", lambda st, live: delta_kernel.step(proj, conv_ring.clone(), st, torch.tensor(start),
+                                                                           live, *args))):
+            full_states, part_states = states2.clone(), states2.clone()
+            o_all, o_two = fn(full_states, None), fn(part_states, torch.tensor(2))
+            kept = [start % ns] + srow[:2]
+            check(f"delta-step ({name}): the live rows of a padded step as unpadded, its padding rows zero and "
+                  "stateless", torch.equal(o_two[:2], o_all[:2]) and not o_two[2:].any()
+                  and torch.equal(part_states[kept], full_states[kept]) and torch.equal(part_states[srow[2:]],
+                                                                                       states2[srow[2:]]))
 
 
 def experts() -> None:
@@ -785,13 +751,6 @@ def hybrid_fused() -> None:
     delta_kernel.step_kernels_available = lambda x, dk, dv: True
     check("hybrid fused: every layer on the fused path", all(layer.fused_path for layer in model.layers))
     _fused_checks("hybrid fused", model, prompt, logits(), torch_form, 12)
-    # the same with the DeltaNet steps' tail as one kernel (delta_kernel.recurrent_out_proj)
-    calls = []
-    tail = delta_kernel.recurrent_out_proj
-    delta_kernel.TAIL = True
-    delta_kernel.recurrent_out_proj = lambda *a: calls.append(a[0].shape[0]) or tail(*a)
-    _fused_checks("hybrid fused, the DeltaNet tail in one kernel", model, prompt, logits(), torch_form, 12)
-    check("hybrid fused: the tail kernel ran, in steps of one and of several rows", {1} < set(calls))
 
 
 def gemma_fused() -> None:
@@ -1295,16 +1254,17 @@ def pdl_ptx() -> None:
                                                                                             "states", "out")}
                                  | {"start": "*i64", "live": "*i64"}, {"CACHE": True, "LIVE": True, "DK": 128, "DV": 128,
                                                                       "BV": 32, "START_PTR": True}),
-             "delta-tail": (delta_kernel._tail_kernel, {n: "*fp32" for n in ("q", "k", "v", "g", "beta", "states", "nw", "ss")}
-                            | {n: "*bf16" for n in ("z", "y", "ob")} | {"w": "*i32", "start": "*i64", "live": "*i64",
-                                                                      "bar": "*i32", "fails": "*i32", "eps": "fp32"},
-                            {"DK": 128, "DV": 128, "BV": 32, "NVB": 4, "HP": 32, "BNO": 16, "NPROG": 128, "LIVE": True,
-                             "START_PTR": True, "RESIDENT": True, "BF16": True, "PER_LINE": 32, "LINES": 64, "PHASE": 0,
-                             "POLLS": 1 << 24, "stamps": None, "STAMPS": False}),
+             "delta-step": (delta_kernel._step_kernel, {n: "*bf16" for n in ("proj", "conv", "bo", "ao", "a_log", "dt_bias")}
+                            | {n: "*fp32" for n in ("w", "states", "out")} | {"start": "*i64", "live": "*i64", "scale": "fp32"},
+                            {"LIVE": True, "DK": 128, "DV": 128, "BV": 32, "KS": 4, "START_PTR": True, "EARLY": True}),
              "norm-router": (expert_kernel._norm_router_kernel, {n: "*bf16" for n in ("x", "res", "s", "y", "rw", "logits")}
                              | {"w": "*fp32", "live": "*i64", "eps": "fp32"}, {"LIVE": True, "RB": 2, "BLOCK": 2048}),
              "delta-norm": (delta_kernel._gated_norm_kernel, {"o": "*fp32", "z": "*bf16", "w": "*fp32", "y": "*bf16",
                                                               "eps": "fp32"}, {"DV": 128})}
+    # the one-kernel DeltaNet step's row count unspecialised: Triton's build for T == 1 gave row 0 other bits than the
+    # general build on an H100 (scripts/check_delta_rows.py), and speculative output differed from plain decoding
+    check("pdl-ptx delta-step: its kernel takes T (the row count) unspecialised",
+          [p.name for p in delta_kernel._step_kernel.params if p.do_not_specialize] == ["start", "T"])
     for name, (fn, ptrs, const) in cases.items():
         const = {**const, "USE_GDC": True}
         sig = {n: ptrs.get(n, "constexpr" if n in const else "i32") for n in fn.arg_names}
@@ -1312,12 +1272,12 @@ def pdl_ptx() -> None:
         body = ptx[ptx.index(".entry"):]
         wait = body.find("griddepcontrol.wait")
         first_mem = min(i for i in (body.find("ld.global"), body.find("st.global"), body.find("cp.async")) if i >= 0)
-        if name == "delta-tail":  # its weight rows loaded before the wait; the next kernel let launch only after the
-            # grid-wide barrier (every program resident), the barrier after a GPU-scope fence
-            launch = body.find("griddepcontrol.launch_dependents")
-            check("pdl-ptx delta-tail: the weight rows' loads, the wait, a fence and the barrier's atomics, then "
-                  "launch_dependents", 0 <= body.find("ld.global") < wait < body.find("fence.acq_rel.gpu")
-                  < body.find("atom.global") < launch)
+        if name == "delta-step":  # the start and the live state loaded before the wait (only an earlier forward wrote
+            # them), everything else after it
+            check("pdl-ptx delta-step: launch_dependents, the start's and the state's loads, the wait, then the rows' "
+                  "loads and every store", 0 <= body.find("griddepcontrol.launch_dependents") < body.find("ld.global") < wait
+                  < body.find("ld.global", wait) and body.find("st.global") > wait
+                  and body.count("ld.global", 0, wait) >= 2)
             continue
         if name != "norm-router":
             check(f"pdl-ptx {name}: launch_dependents, then wait, then the first global access",

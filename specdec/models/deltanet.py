@@ -324,13 +324,12 @@ class GatedDeltaNet(nn.Module):
         same values as the torch form up to rounding, written into ``cache``'s rings as :meth:`LinearAttnCache.write`
         would (the conv inputs, the state after each position). ``live``: a static step's real rows
         (``StepContext.live``; the rest pad it), None: all."""
-        q, k, v, g, beta = delta_kernel.conv_gates(proj, cache.conv, start, self.conv_weight_fp32(), b, a, self.A_log,
-                                                   self.dt_bias, self.hk, self.hv, self.dk, self.dv)
-        if linear is not None and delta_kernel.tail_fits(self.out_proj.weight, self.hv, self.dv):
-            # the fused layers' out_proj (a row's bits its own): the recurrence, the norm and it as one kernel
-            return delta_kernel.recurrent_out_proj(q, k, v, g, beta, cache.states, start, live, z, self.norm.weight,
-                                                   self.norm.eps, self.out_proj.weight)
-        o = delta_kernel.recurrent_into_cache(q, k, v, g, beta, cache.states, start, live)
+        args = (self.conv_weight_fp32(), b, a, self.A_log, self.dt_bias, self.hk, self.hv, self.dk, self.dv)
+        if delta_kernel.ONE_KERNEL:
+            o = delta_kernel.step(proj, cache.conv, cache.states, start, live, *args)
+        else:
+            q, k, v, g, beta = delta_kernel.conv_gates(proj, cache.conv, start, *args)
+            o = delta_kernel.recurrent_into_cache(q, k, v, g, beta, cache.states, start, live)
         return self._out(delta_kernel.gated_norm(o, z, self.norm.weight, self.norm.eps), linear)
 
     def conv_weight_fp32(self) -> torch.Tensor:
