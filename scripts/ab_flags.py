@@ -119,8 +119,6 @@ def flags(names):
     try:
         for n in FLAGS:
             mod = importlib.import_module(FLAGS[n][0])
-            if not hasattr(mod, FLAGS[n][1]):  # an older tree's (scripts/device_delta.sh times one): not there to set
-                continue
             saved.append((mod, FLAGS[n][1], getattr(mod, FLAGS[n][1])))
             setattr(mod, FLAGS[n][1], n in names)
         for n in names:

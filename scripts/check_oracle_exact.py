@@ -25,7 +25,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("-n", "--new-tokens", type=int, default=256)
     ap.add_argument("-k", type=int, default=15)
-    ap.add_argument("--tau", type=float, default=6.5)
+    ap.add_argument("--tau", "--oracle-tau", type=float, default=6.5,
+                    help="the oracle's mean tokens a step (bench's --oracle-tau)")
     ap.add_argument("--variants", nargs="+", default=["defaults"], choices=sorted(VARIANTS))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json", default=None)

@@ -10,9 +10,9 @@
 # Results in $OUT/d.tgz.
 set -u
 . scripts/device_prelude.sh d  # W=$OUT/d, left, save, bench
-ab() {  # LABEL SHAPE TIMEOUT TREE VARIANTS...: ab_flags at context 512 (TREE: a folder whose specdec/ is imported)
-    local label=$1 shape=$2 t=$3 tree=$4; shift 4
-    PYTHONPATH=/tmp/site:$tree:$PWD/tests:$PWD/scripts timeout $(left $t) python scripts/ab_flags.py --shape $shape \
+ab() {  # LABEL SHAPE TIMEOUT VARIANTS...: ab_flags at context 512, the variants in one process
+    local label=$1 shape=$2 t=$3; shift 3
+    timeout $(left $t) python scripts/ab_flags.py --shape $shape \
         --context 512 --rounds 3 --reps 10 --no-drafters --variants "$@" --json $W/ab_$label.json > $W/ab_$label.log 2>&1
     echo "== ab $label rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_$label.log | tail -4 | cut -c1-300; save
 }
@@ -38,7 +38,7 @@ check)
     timeout $(left 60) python scripts/check_delta_rows.py > $W/rows.log 2>&1; echo "== rows rc=$? ${SECONDS}s"
     grep -c '"rows_equal_chained": true' $W/rows.log; grep '"rows_equal_chained": false' $W/rows.log | cut -c1-200; save
     ox 35b qwen3.5-35b-a3b 110 defaults defaults-delta-one
-    ab 35b qwen3.5-35b-a3b 90 $PWD defaults defaults-delta-one
+    ab 35b qwen3.5-35b-a3b 90 defaults defaults-delta-one
     dc
     ox 9b qwen3.5-9b 70 defaults ;;
 bench)
