@@ -37,7 +37,8 @@ split size at any context), ``defaults+far2048`` (512-key splits past 2,048 posi
 (delta_kernel.STATE_EARLY off: the step kernel loads the live state after its PDL wait), ``defaults+index-select``
 (layers.INDEX_LOOKUPS off: the token embeddings and RoPE tables looked up by index_select, not indexing), ``defaults-small-fused`` (gemma4.SMALL_FUSED
 off: Gemma 4's small models, KV-shared layers and per-layer inputs, on cuBLAS with padded steps), ``defaults-dense-tail``
-(fused_ops.DENSE_TAIL off: Gemma 4's dense layer tail as the torch ops). Each
+(fused_ops.DENSE_TAIL off: Gemma 4's dense layer tail as the torch ops), ``defaults-gate-split`` (layers.GATE_IN_SPLIT
+off: gated attention's sigmoid gate as two torch kernels after the split kernel). Each
 variant times the padded plain step (``plain_step_ms``) and a 1-row one (``row_step_ms``: what a row-exact target runs), each
 with the rollback after it, and (CUDA) plain greedy decoding's own chained steps, no rollback between them
 (``chain_step_ms``: the padded step where the target pads, else 1-row). The flags are module attributes read as a step
@@ -76,7 +77,8 @@ FLAGS = {"fold": ("specdec.models.base", "FOLD_RESIDUAL"), "direct": ("specdec.m
          "rope-table": ("specdec.models.layers", "ROPE_TABLE"),
          "norm-router": ("specdec.models.expert_kernel", "NORM_ROUTER"),
          "delta-one": ("specdec.models.delta_kernel", "ONE_KERNEL"),
-         "delta-early": ("specdec.models.delta_kernel", "STATE_EARLY")}
+         "delta-early": ("specdec.models.delta_kernel", "STATE_EARLY"),
+         "gate-split": ("specdec.models.layers", "GATE_IN_SPLIT")}
 # settings other than on/off, each on top of the defaults: defaults+split64 (SPECDEC_SPLIT_KEYS=64), ...
 SETTINGS = {f"split{n}": ("specdec.models.split_attention", "_SPLIT_ENV", n) for n in (64, 128, 256, 512)}
 SETTINGS["rowgroups16"] = ("specdec.models.expert_kernel", "ROW_GROUPS", 16)  # the MoE kernels: a program a row

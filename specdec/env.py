@@ -52,6 +52,7 @@ SWITCHES: dict[str, tuple[bool, str]] = {
     "SPECDEC_MTP_SPLIT_CATCHUP": (True, "MTP's committed rows past its static step's run eagerly, then the static step (CUDA)"),
     "SPECDEC_MTP_STATIC_SAMPLING": (True, "MTP's sampled drafts inside its static steps"),
     "SPECDEC_NORM_ROUTER": (True, "a MoE layer's post-mixer add and norm with the router's GEMM as one kernel"),
+    "SPECDEC_GATE_IN_SPLIT": (True, "gated attention's sigmoid gate in the split attention kernel (CUDA static steps)"),
     "SPECDEC_NORM_ROPE": (True, "the q/k norms in the RoPE + cache-write kernel (one sequence's CUDA steps)"),
     "SPECDEC_PDL": (True, "programmatic dependent launch between Triton kernels"),
     "SPECDEC_PLAIN_LOOKAHEAD": (True, "plain decoding queues step i+1 before reading step i's token"),

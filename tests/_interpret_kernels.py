@@ -153,6 +153,50 @@ def split() -> None:
             check(f"split one split, {name}: equals the two-split launch", torch.equal(one, _kernel(q, k2, v2, mask2, scale)))
     finally:
         sa.DIRECT = saved
+    split_gated()
+
+
+def split_gated() -> None:
+    """Gated attention's gate in the kernel that writes the output (layers.GATE_IN_SPLIT): the combine's and the
+    direct launch's outputs against the ungated output times torch's sigmoid (the torch ops' roundings) and the
+    gated reference; the two launches' bits equal; a row alone has its bits within the step."""
+    saved = sa.DIRECT
+    try:
+        for name, (b, h, hkv, d, t, span, starts) in [("qwen3.5 heads (d 256)", (1, 16, 4, 256, 3, sa.split_keys(256), [40])),
+                                                         ("two sequences, heads of 64", (2, 9, 3, 64, 4, 200, [3, 190]))]:
+            q, k, v, mask = _attn_case(b, h, hkv, d, t, span, starts)
+            # the gate as the projection gives it: a view of [B, T, H, 2d] (each head's query, then its gate)
+            gate = torch.randn(b, t, h, 2 * d, generator=torch.Generator().manual_seed(3)).half()[..., d:]
+            scale = d ** -0.5
+            k2, v2 = torch.cat([k, torch.randn_like(k)], 2), torch.cat([v, torch.randn_like(v)], 2)
+            mask2 = torch.cat([mask, torch.zeros_like(mask)], -1)  # two splits: the combine runs
+            for direct in (True, False):
+                sa.DIRECT = direct
+                got = sa._launch(q, k, v, mask, scale, gate).transpose(1, 2)
+                want = _kernel(q, k, v, mask, scale) * torch.sigmoid(gate.transpose(1, 2))
+                err = (got.float() - want.float()).abs().max().item()
+                differ = (got != want).sum().item()
+                check(f"split gated {name}, direct {direct}: the ungated output times torch's sigmoid",
+                      err <= 1e-3 and differ <= want.numel() // 1000, f"(max diff {err:.1e}, {differ} of "
+                      f"{want.numel()} differ)")
+                ref = sa.split_attention_reference(q, k, v, mask, scale, gate=gate)
+                err = (got.float() - ref.float()).abs().max().item()
+                check(f"split gated {name}, direct {direct}: equals the gated reference", err < 4e-3,
+                      f"(max diff {err:.2e})")
+                two = sa._launch(q, k2, v2, mask2, scale, gate).transpose(1, 2)
+                check(f"split gated {name}, direct {direct}: the combine's bits (two splits)", torch.equal(got, two))
+                alone = sa._launch(q[:1, :, -1:].contiguous().view(1, 1, h, d).transpose(1, 2), k[:1], v[:1],
+                                   mask[:1, :, -1:], scale, gate[:1, -1:]).transpose(1, 2)
+                check(f"split gated {name}, direct {direct}: a row alone has its bits within the step",
+                      torch.equal(alone, got[:1, :, -1:]))
+    finally:
+        sa.DIRECT = saved
+    try:
+        sa.split_attention(*_attn_case(1, 4, 2, 16, 2, 40, [5])[:3], _attn_case(1, 4, 2, 16, 2, 40, [5])[3], 0.25,
+                           torch.zeros(1, 2, 4, 8).half())
+        check("split gated: a gate of the wrong shape refused", False)
+    except ValueError as e:
+        check("split gated: a gate of the wrong shape refused", "gate (1, 2, 4, 8)" in str(e), f"({e})")
 
 
 def delta() -> None:
@@ -751,6 +795,23 @@ def hybrid_fused() -> None:
     delta_kernel.step_kernels_available = lambda x, dk, dv: True
     check("hybrid fused: every layer on the fused path", all(layer.fused_path for layer in model.layers))
     _fused_checks("hybrid fused", model, prompt, logits(), torch_form, 12)
+    # the gated attention's static steps on the split kernel (CUDA only otherwise; forced here) with the gate in its
+    # output store (layers.GATE_IN_SPLIT): speculative output equals plain decoding
+    from specdec.models import split_attention
+    split_attention.supported = lambda q, k, mask: q.dim() == 4 and mask is not None and q.dtype == torch.float16
+    launch, gated = split_attention._launch, []
+    split_attention._launch = lambda *a: gated.append(a[5] is not None) or launch(*a)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _engine_util import SpoiledOracle
+    from specdec.engine import SpeculativeGenerator
+    plain = SpeculativeGenerator(model, None, 0, cuda_graphs=False, batch_invariant=True).generate(prompt, 12)
+    check("hybrid fused, gate in the split kernel: the static steps ran it", len(gated) >= 11 and all(gated),
+          f"({len(gated)} launches)")
+    spec = SpeculativeGenerator(model, SpoiledOracle(prompt + plain.token_ids, 256, spoil=0.25), 4,
+                                cuda_graphs=False, batch_invariant=True).generate(prompt, 12)
+    check("hybrid fused, gate in the split kernel: speculative output (drafts accepted, rollbacks) equals plain "
+          "decoding", spec.token_ids == plain.token_ids and sum(spec.stats.accepted) > 0,
+          f"(accepted {spec.stats.accepted})")
 
 
 def gemma_fused() -> None:
@@ -1298,5 +1359,5 @@ def pdl_ptx() -> None:
 
 
 if __name__ == "__main__":
-    {"split": split, "delta": delta, "delta-step": delta_step, "experts": experts, "moe": moe, "norm-router": norm_router, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
+    {"split": split, "split-gated": split_gated, "delta": delta, "delta-step": delta_step, "experts": experts, "moe": moe, "norm-router": norm_router, "linear": linear, "rope": rope, "fused": fused, "fused-layer": fused_layer,
      "dflash-fast": dflash_fast, "mtp-fast": mtp_fast, "hybrid-fused": hybrid_fused, "gemma-fused": gemma_fused, "gemma4-moe": gemma4_moe, "gemma4-fused": gemma4_fused, "gemma4-small-fused": gemma4_small_fused, "rope-ptx": rope_ptx, "pdl-ptx": pdl_ptx}[sys.argv[1]]()

@@ -45,8 +45,8 @@ def test_short_span_steps_give_the_whole_cache_steps_tokens(model, monkeypatch, 
     split_kernel_stand_in(monkeypatch)
     spans = []  # (rows, keys) of each static step's attention
     monkeypatch.setattr(split_attention, "split_attention",
-                        lambda q, k_, v, mask, scale: spans.append((q.shape[2], k_.shape[2])) or
-                        split_attention.split_attention_reference(q, k_, v, mask, scale))
+                        lambda q, k_, v, mask, scale, gate=None: spans.append((q.shape[2], k_.shape[2])) or
+                        split_attention.split_attention_reference(q, k_, v, mask, scale, gate))
     drafter, k = (NgramDrafter(), 3) if case == "ngram" else (None, 0)
     assert graphs.SHORT_SPAN  # the default
     monkeypatch.setattr(graphs, "SPAN_BUCKETS", False)  # the first split's span alone (the buckets: below)
@@ -137,8 +137,8 @@ def test_span_buckets_follow_the_live_context(monkeypatch):
     split_kernel_stand_in(monkeypatch)
     keys = []  # the span of each attention call
     monkeypatch.setattr(split_attention, "split_attention",
-                        lambda q, k_, v, mask, scale: keys.append(k_.shape[2]) or
-                        split_attention.split_attention_reference(q, k_, v, mask, scale))
+                        lambda q, k_, v, mask, scale, gate=None: keys.append(k_.shape[2]) or
+                        split_attention.split_attention_reference(q, k_, v, mask, scale, gate))
     prompt = torch.randint(1, 90, (2 * SPLIT - 6,), generator=torch.Generator().manual_seed(5))
     made = {}
     for buckets in (False, True):

@@ -91,9 +91,9 @@ def test_cpu_tensors_keep_sdpa():
 
 def _reference_kernel(calls):
     """The kernel's stand-in on the CPU: the reference, recording each call's shapes."""
-    def run(q, k, v, mask, scale):
+    def run(q, k, v, mask, scale, gate=None):
         calls.append((tuple(q.shape), tuple(mask.shape)))
-        return split_attention_reference(q, k, v, mask, scale)
+        return split_attention_reference(q, k, v, mask, scale, gate)
     return run
 
 
@@ -120,6 +120,52 @@ def test_generate_static_steps_take_the_split_kernel(monkeypatch):
     assert spec.token_ids == plain == eager
 
 
+@pytest.mark.parametrize("in_split", [True, False])
+def test_gated_attention_static_steps_take_the_gate_into_the_split_kernel(monkeypatch, in_split):
+    """A Qwen3.5 target's gated attention on the split kernel (its torch reference standing in, as on CUDA): with
+    layers.GATE_IN_SPLIT the kernel gets the gate ([1, T, H, d], a view of the projection) and applies it, else the
+    torch ops after it do; either way static steps decode the eager engine's tokens, and speculative greedy output
+    with accepted drafts equals plain greedy output."""
+    from _engine_util import SpoiledOracle
+
+    from specdec.config import parse_config
+    from specdec.engine import SpeculativeGenerator
+    from specdec.models import layers
+    from specdec.models import split_attention as sa
+    from specdec.models.registry import by_hf_model_type
+
+    arch = by_hf_model_type("qwen3_5_text", "test")
+    torch.manual_seed(0)
+    m = arch.model_cls(parse_config(arch.config_cls, {
+        "model_type": "qwen3_5_text", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "full_attention_interval": 2, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 512, "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+        source="test"))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    m.fuse_projections()
+    m.eval()
+    prompt = torch.randint(0, 97, (9,), generator=torch.Generator().manual_seed(2)).tolist()
+    eager = SpeculativeGenerator(m, None, 0, cuda_graphs=False).generate(prompt, 24).token_ids
+    gates = []
+
+    def run(q, k, v, mask, scale, gate=None):
+        gates.append(gate if gate is None else (tuple(gate.shape), gate.stride(-1)))
+        return split_attention_reference(q, k, v, mask, scale, gate)
+    monkeypatch.setattr(layers, "GATE_IN_SPLIT", in_split)
+    monkeypatch.setattr(sa, "supported", lambda q, k, mask: q.dim() == 4 and mask.dim() == 4)
+    monkeypatch.setattr(sa, "split_attention", run)
+    plain = SpeculativeGenerator(m, None, 0, batch_invariant=True).generate(prompt, 24).token_ids
+    assert gates and all(g == ((1, 16, 4, 16), 1) if in_split else g is None for g in gates)  # 16-row steps
+    spec = SpeculativeGenerator(m, SpoiledOracle(prompt + plain, 97, spoil=0.3), 4, batch_invariant=True).generate(prompt, 24)
+    assert sum(spec.stats.accepted) > 5
+    assert spec.token_ids == plain == eager
+
+
 def test_split_attention_under_torch_compile(monkeypatch):
     """Compiled, the kernels run as the ``specdec::split_attention`` custom op (a fake gives the
     output's shape): the result equals the eager call's."""
@@ -127,7 +173,7 @@ def test_split_attention_under_torch_compile(monkeypatch):
 
     calls = []
     ref = _reference_kernel(calls)
-    monkeypatch.setattr(sa, "_launch", lambda q, k, v, mask, scale: ref(q, k, v, mask, scale).transpose(1, 2).contiguous())
+    monkeypatch.setattr(sa, "_launch", lambda q, k, v, mask, scale, gate=None: ref(q, k, v, mask, scale, gate).transpose(1, 2).contiguous())
     q, k, v, mask = _case(2, 6, 2, 3, 300, 16, [10, 280])
     want = sa.split_attention(q, k, v, mask, 0.25)
     assert want.shape == (2, 6, 3, 16) and len(calls) == 1

@@ -251,15 +251,37 @@ def sliding_causal_mask(start: int, t: int, window: int, device) -> torch.Tensor
     return (k <= q) & (k > q - window)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+           gate: torch.Tensor | None = None) -> torch.Tensor:
     """Scaled dot-product attention with GQA: q ``[H, T, d]``, k/v ``[Hkv, S, d]`` -> ``[H, T, dv]``;
-    batched, q ``[B, H, T, d]``, k/v ``[B, Hkv, S, d]``, mask ``[B, 1, T, S]`` -> ``[B, H, T, dv]``."""
+    batched, q ``[B, H, T, d]``, k/v ``[B, Hkv, S, d]``, mask ``[B, 1, T, S]`` -> ``[B, H, T, dv]``.
+    ``gate`` (``[T, H, d]``, batched ``[B, T, H, d]``): the output times ``sigmoid(gate)`` (gated attention,
+    :meth:`Attention.gathered`'s product): inside the split kernel where it runs (:data:`GATE_IN_SPLIT`), else in
+    torch ops, the same roundings."""
+    o = _split_step(q, k, v, mask, scale, gate if GATE_IN_SPLIT else None)
+    if o is not None:
+        return o if gate is None or GATE_IN_SPLIT else o * torch.sigmoid(gate.transpose(-3, -2))
+    o = _attend(q, k, v, mask, scale)
+    return o if gate is None else o * torch.sigmoid(gate.transpose(-3, -2))
+
+
+def _split_step(q, k, v, mask, scale: float, gate: torch.Tensor | None) -> torch.Tensor | None:
+    """The split kernel where a static step takes it (see :func:`live_context_attention`,
+    :func:`span_invariant_attention`), ``gate`` applied in it; None where it does not run."""
+    if mask is None or not SPLIT_ATTENTION:
+        return None
+    if q.dim() == 3:
+        return _attend_live(q, k, v, mask, scale, gate) if getattr(_LIVE_CONTEXT, "on", False) else None
+    if (getattr(_SPAN_INVARIANT, "on", False) and q.shape[-1] <= SPLIT_BATCHED_MAX_D
+            and split_attention.supported(q, k, mask)):
+        return split_attention.split_attention(q, k, v, mask, scale, gate)
+    return None
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """:func:`attend` on its paths other than the split kernel, ungated."""
     if q.dim() == 3 and not q.is_cuda and q.dtype == torch.float32 and cpu_exact.on():
         return cpu_exact.attention(q, k, v, mask, scale)  # a row's bits at any row count (cpu_exact.py)
-    if mask is not None and SPLIT_ATTENTION and getattr(_LIVE_CONTEXT, "on", False):
-        o = _attend_live(q, k, v, mask, scale)
-        if o is not None:
-            return o
     if mask is not None and mask.shape[-1] != k.shape[-2]:
         raise RuntimeError(f"attention over {k.shape[-2]} keys with a mask of {mask.shape[-1]}: a step over part of "
                            "the cache needs the split kernel (graphs.SHORT_SPAN)")
@@ -267,7 +289,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     if single:
         q, k, v = q[None], k[None], v[None]
     if not single and q.shape[0] > 1 and not q.is_cuda and getattr(_ROW_BY_ROW, "on", False):
-        return torch.cat([attend(q[i:i + 1], k[i:i + 1], v[i:i + 1], None if mask is None else mask[i:i + 1], scale)
+        return torch.cat([_attend(q[i:i + 1], k[i:i + 1], v[i:i + 1], None if mask is None else mask[i:i + 1], scale)
                           for i in range(q.shape[0])])
     groups = q.shape[1] // k.shape[1]
     if not single and getattr(_SPAN_INVARIANT, "on", False):
@@ -373,6 +395,11 @@ def static_step_attention(span_invariant: bool, on_cuda: bool):
 # order: its cost follows the keys a row sees, not the span); SPECDEC_SPAN_ATTENTION=sdpa selects the
 # memory-efficient SDPA kernel instead (what the static steps used before it, for comparison)
 SPLIT_ATTENTION = env.choice("SPECDEC_SPAN_ATTENTION") == "split"
+# Gated attention's sigmoid gate (Qwen3.5's full-attention layers) in the split kernel's output store (the direct
+# launch's or the combine's) where a static step runs it, not two torch kernels after it (whose launches also kept
+# o_proj's GEMM from starting under PDL before its input was written); the same roundings as the torch ops, the bits
+# of tl.sigmoid. SPECDEC_GATE_IN_SPLIT=0: the torch ops.
+GATE_IN_SPLIT = env.switch("SPECDEC_GATE_IN_SPLIT")
 # RoPE and the KV-cache write of CUDA static steps in one kernel (models/rope_write.py): bitwise the
 # eager ops' results (scripts/check_rope_write.py on the H200); SPECDEC_FUSED_ROPE=0 turns it off
 FUSED_ROPE_WRITE = env.switch("SPECDEC_FUSED_ROPE")
@@ -422,7 +449,7 @@ def drafter_static_attention():
     return live_context_attention() if DRAFTER_SPLIT else contextlib.nullcontext()
 
 
-def _attend_live(q, k, v, mask, scale: float) -> torch.Tensor | None:
+def _attend_live(q, k, v, mask, scale: float, gate: torch.Tensor | None = None) -> torch.Tensor | None:
     """:func:`attend` of one sequence (``[H, T, d]``, a ``[T, S]`` mask) by the split kernel as a
     batch of one, or None where the kernel does not take the inputs (batched steps choose theirs
     by :func:`span_invariant_attention`)."""
@@ -432,7 +459,7 @@ def _attend_live(q, k, v, mask, scale: float) -> torch.Tensor | None:
     q, k, v, mask = q[None], k[None, :, :span], v[None, :, :span], mask.view(1, 1, *mask.shape)
     if not split_attention.supported(q, k, mask):
         return None
-    return split_attention.split_attention(q, k, v, mask, scale)[0]
+    return split_attention.split_attention(q, k, v, mask, scale, None if gate is None else gate[None])[0]
 
 
 # Batched steps (the serving loop's) take the split kernel for heads of at most this size; Gemma 4's 512-wide heads keep
@@ -444,9 +471,7 @@ SPLIT_BATCHED_MAX_D = 256
 
 
 def _attend_span_invariant(q, k, v, mask, scale: float, groups: int) -> torch.Tensor:
-    if SPLIT_ATTENTION and q.shape[-1] <= SPLIT_BATCHED_MAX_D and split_attention.supported(q, k, mask):
-        return split_attention.split_attention(q, k, v, mask, scale)
-
+    # (the split kernel, where it applies, ran before: _split_step)
     def run():
         if groups > 1:
             return _attend_folded(q, k, v, mask, scale, groups)
@@ -600,10 +625,10 @@ class Attention(nn.Module):
                 else:
                     q = rope_write.rope_write_one(q, k, v, cos, sin, cache, start)
                     k_all, v_all = cache.k, cache.v
-                return self.gathered(attend(q, k_all, v_all, mask, self.scale), gate)
+                return self.gathered(attend(q, k_all, v_all, mask, self.scale, gate), None)
         q, k, v, gate = self._rotate(*heads, cos, sin)
         k_all, v_all = cache.update(start, k, v)
-        return self.gathered(attend(q, k_all, v_all, mask, self.scale), gate)
+        return self.gathered(attend(q, k_all, v_all, mask, self.scale, gate), None)
 
 
 class SwiGLU(nn.Module):

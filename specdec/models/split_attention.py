@@ -229,12 +229,25 @@ def _stages(d: int) -> int | None:
 
 
 if triton is not None:
+    @triton.jit
+    def _store_out(out, o, b, heads, t, d, live, sob, soh, sot, gate, sgb, sgh, sgt, GATED: tl.constexpr):
+        # a tile's output rows (fp32) rounded to o's dtype and stored; GATED: times sigmoid(gate) first, as
+        # Attention.gathered's torch ops round it (the sigmoid rounded, then the product)
+        dt = o.dtype.element_ty
+        res = out.to(dt)
+        if GATED:
+            gv = tl.load(gate + b * sgb + heads[:, None] * sgh + t[:, None] * sgt + d[None, :], mask=live[:, None],
+                         other=0.0).to(tl.float32)
+            res = (res.to(tl.float32) * tl.sigmoid(gv).to(dt).to(tl.float32)).to(dt)
+        tl.store(o + b * sob + heads[:, None] * soh + t[:, None] * sot + d[None, :], res, mask=live[:, None])
+
     @triton.jit(do_not_specialize=["T", "S", "Hkv", "rows"])
     def _split_kernel(q, k, v, mask, m_out, l_out, a_out, T, S, Hkv, rows, scale,
                       sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sms, o, sob, soh, sot,
+                      gate, sgb, sgh, sgt,
                       G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, S1: tl.constexpr, E1: tl.constexpr,
                       S2: tl.constexpr, E2: tl.constexpr, S3: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr,
-                      USE_GDC: tl.constexpr, PIPELINE: tl.constexpr):
+                      USE_GDC: tl.constexpr, PIPELINE: tl.constexpr, GATED: tl.constexpr = False):
         if USE_GDC:  # models/pdl.py
             pdl.begin()
         pid_bh, pid_m, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -284,8 +297,7 @@ if triton is not None:
                 m_i = m_new
         if DIRECT:  # the only split: what the combine would write (its sums of one split are these)
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            tl.store(o + b * sob + (kh * G + g)[:, None] * soh + t[:, None] * sot + d[None, :],
-                     out.to(o.dtype.element_ty), mask=live[:, None])
+            _store_out(out, o, b, kh * G + g, t, d, live, sob, soh, sot, gate, sgb, sgh, sgt, GATED)
             return
         n_m, n_s = tl.num_programs(1), tl.num_programs(2)
         base = ((pid_bh * n_m + pid_m) * n_s + pid_s) * BM
@@ -298,9 +310,9 @@ if triton is not None:
         tl.store(a_out + (base + i)[:, None] * D + d[None, :], acc, mask=sees[:, None])
 
     @triton.jit(do_not_specialize=["T", "Hkv", "rows", "n_s", "n_m"])
-    def _combine_kernel(m_out, l_out, a_out, o, T, Hkv, rows, n_s, n_m, sob, soh, sot,
+    def _combine_kernel(m_out, l_out, a_out, o, T, Hkv, rows, n_s, n_m, sob, soh, sot, gate, sgb, sgh, sgt,
                         G: tl.constexpr, BM: tl.constexpr, D: tl.constexpr, RB: tl.constexpr,
-                        DB: tl.constexpr, CB: tl.constexpr, USE_GDC: tl.constexpr):
+                        DB: tl.constexpr, CB: tl.constexpr, USE_GDC: tl.constexpr, GATED: tl.constexpr = False):
         if USE_GDC:  # models/pdl.py
             pdl.begin()
         # one program per (sequence, KV head, RB rows, DB features): every row's and feature's
@@ -342,37 +354,43 @@ if triton is not None:
             acc = tl.where(any_c[:, None], acc + tl.sum(a_c * w[:, :, None], 0), acc)
         g, t = r // T, r % T
         out = acc / tl.where(l > 0, l, 1.0)[:, None]
-        tl.store(o + b * sob + (kh * G + g)[:, None] * soh + t[:, None] * sot + d[None, :],
-                 out.to(o.dtype.element_ty), mask=live[:, None])
+        _store_out(out, o, b, kh * G + g, t, d, live, sob, soh, sot, gate, sgb, sgh, sgt, GATED)
 
 
-def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
-                    ) -> torch.Tensor:
+def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+                    gate: torch.Tensor | None = None) -> torch.Tensor:
     """``q [B, H, T, d]``, ``k``/``v [B, Hkv, S, d]`` (head ``h`` reads KV head ``h // (H / Hkv)``),
     ``mask [B, 1, T, S]`` (True: seen) -> ``[B, H, T, d]`` (a view of a ``[B, T, H, d]`` tensor).
+    ``gate`` ``[B, T, H, d]`` (any strides but a contiguous last dimension): the output times ``sigmoid(gate)``
+    (Qwen3.5's gated attention), rounded as ``o * torch.sigmoid(gate)`` rounds it, in the kernel that writes it.
     CUDA, bf16/fp16, ``d`` a power of two in 16..512 (:func:`supported`). Under torch.compile the
     kernels run as one opaque custom op (``specdec::split_attention``), the same launches."""
+    if gate is not None and (gate.shape != (q.shape[0], q.shape[2], q.shape[1], q.shape[3]) or gate.stride(-1) != 1
+                             or gate.dtype != q.dtype):
+        raise ValueError(f"split_attention: gate {tuple(gate.shape)} {gate.dtype} for q {tuple(q.shape)} {q.dtype}: "
+                         "want [B, T, H, d] in q's dtype, its last dimension contiguous")
     run = split_attention_op if torch.compiler.is_compiling() else _launch
-    return run(q, k, v, mask, scale).transpose(1, 2)
+    return run(q, k, v, mask, scale, gate).transpose(1, 2)
 
 
 @torch.library.custom_op("specdec::split_attention", mutates_args=())
-def split_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
-                       ) -> torch.Tensor:
+def split_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+                       gate: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`split_attention` as a custom op for torch.compile: ``[B, T, H, d]``, contiguous."""
     # the compiled graph may hand over other layouts than the eager step; the kernels take any
     # strides but a contiguous last dimension
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    return _launch(q, k, v, mask, scale)
+    return _launch(q, k, v, mask, scale, gate)
 
 
 @split_attention_op.register_fake
-def _(q, k, v, mask, scale):
+def _(q, k, v, mask, scale, gate=None):
     b, h, t, d = q.shape
     return q.new_empty(b, t, h, d)
 
 
-def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+            gate: torch.Tensor | None = None) -> torch.Tensor:
     """The two kernels: ``[B, T, H, d]`` (contiguous) from :func:`split_attention`'s inputs."""
     b, h, t, d = q.shape
     hkv, s = k.shape[1], k.shape[2]
@@ -388,28 +406,31 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     a_out = torch.empty(m_out.numel(), d, dtype=torch.float32, device=q.device)
     out = torch.empty(b, t, h, d, dtype=q.dtype, device=q.device)
     o = out.transpose(1, 2)
+    gated = gate is not None
+    # the gate's strides as (B, H, T) like o's; a stand-in pointer without it (never read)
+    gp, gs = (gate, (gate.stride(0), gate.stride(2), gate.stride(1))) if gated else (out, (0, 0, 0))
     mask = mask.view(torch.uint8)  # a boolean mask (supported()), read as bytes
     _split_kernel[(b * hkv, n_m, n_s)](
         q, k, v, mask, m_out, l_out, a_out, t, s, hkv, rows, scale,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), mask.stride(0), mask.stride(2), mask.stride(3),
-        o, o.stride(0), o.stride(1), o.stride(2),
+        o, o.stride(0), o.stride(1), o.stride(2), gp, *gs,
         G=g, BM=bm, BN=bn, S1=sched[0], E1=sched[1], S2=sched[2], E2=sched[3], S3=sched[4], D=d, DIRECT=direct,
-        PIPELINE=PIPELINE, num_warps=warps,
+        PIPELINE=PIPELINE, GATED=gated, num_warps=warps,
         **({} if _stages(d) is None else {"num_stages": _stages(d)}), **pdl.options(q))
     if direct:
         return out
     rb, db = COMBINE_CUT[0], min(d, COMBINE_CUT[1])
     _combine_kernel[(b * hkv, -(-rows // rb), d // db)](
-        m_out, l_out, a_out, o, t, hkv, rows, n_s, n_m, o.stride(0), o.stride(1), o.stride(2),
-        G=g, BM=bm, D=d, RB=rb, DB=db, CB=COMBINE, num_warps=4, **pdl.options(q))
+        m_out, l_out, a_out, o, t, hkv, rows, n_s, n_m, o.stride(0), o.stride(1), o.stride(2), gp, *gs,
+        G=g, BM=bm, D=d, RB=rb, DB=db, CB=COMBINE, GATED=gated, num_warps=4, **pdl.options(q))
     return out
 
 
 def split_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                              scale: float, split: int | None = None, block: int | None = None,
-                              chunk: int = COMBINE) -> torch.Tensor:
-    """:func:`split_attention`'s algorithm in torch ops, fp32 throughout (any device and dtype):
+                              scale: float, gate: torch.Tensor | None = None, split: int | None = None,
+                              block: int | None = None, chunk: int = COMBINE) -> torch.Tensor:
+    """:func:`split_attention`'s algorithm in torch ops, fp32 throughout (any device and dtype; ``gate`` as there):
     blocks of ``block`` keys (default: the kernel's for the head size) at fixed offsets with the
     online softmax, a block no query of the sequence sees skipped, the partial states of each
     split (``split`` keys each; default: :func:`schedule`'s splits) combined as the kernel does (the maximum, then the rescaled
@@ -459,5 +480,5 @@ def split_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         any_c = sees.any(0)
         l = torch.where(any_c, l + (l_c * w).sum(0), l)
         acc = torch.where(any_c[..., None], acc + (a_c * w[..., None]).sum(0), acc)
-    out = acc / torch.where(l > 0, l, 1.0)[..., None]
-    return out.reshape(b, h, t, d).to(q.dtype)
+    out = (acc / torch.where(l > 0, l, 1.0)[..., None]).reshape(b, h, t, d).to(q.dtype)
+    return out if gate is None else out * torch.sigmoid(gate.transpose(1, 2))

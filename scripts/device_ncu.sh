@@ -1,0 +1,49 @@
+#!/bin/bash
+# Nsight Compute on a static step, and the checks of this runbook's change (the gated attention's gate in the split
+# kernel, layers.GATE_IN_SPLIT); one device call each:
+#   bash scripts/device_ncu.sh ncu [ROWS...]  # ncu on one static step of qwen3.5-35b-a3b's first 4 layers
+#                                             # (scripts/ncu_step.py; default 1 row), then ab_flags on the 35b shape:
+#                                             # defaults against defaults-gate-split
+#   bash scripts/device_ncu.sh gate           # ab_flags on the 35b shape (defaults against defaults-gate-split);
+#                                             # device_check on random Qwen3.5 dense and MoE; specdec bench --shape
+#                                             # qwen3.5-35b-a3b (its oracle's output checked against plain decoding's),
+#                                             # then qwen3.5-9b as time allows
+#   bash scripts/device_ncu.sh check          # device_check on random Qwen3.5 dense and MoE; check_oracle_exact
+#                                             # (k = 15) on qwen3.5-35b-a3b and qwen3.5-9b
+#   bash scripts/device_ncu.sh bench          # specdec bench --shape qwen3.5-35b-a3b and qwen3.5-9b
+# Results in $OUT/n.tgz: ncu_rN.ncu-rep (open with `ncu --import`), ncu_rN.csv (the sections' details),
+# ncu_rN_raw.csv (every metric, a row a kernel), ab_*, dc_*, ox_*, b_*.
+set -u
+. scripts/device_prelude.sh n  # W=$OUT/n, left, save, bench, ab, ox, dc
+case "${1:-}" in
+ncu)
+    shift
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    $NCU --version | tail -1
+    for rows in ${@:-1}; do
+        timeout $(left 150) $NCU --profile-from-start off --clock-control none --section SpeedOfLight \
+            --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats \
+            -o $W/ncu_r$rows python scripts/ncu_step.py --shape qwen3.5-35b-a3b --layers 4 --rows $rows \
+            > $W/ncu_r$rows.log 2>&1
+        echo "== ncu rows $rows rc=$? ${SECONDS}s"; tail -2 $W/ncu_r$rows.log | cut -c1-200
+        $NCU --import $W/ncu_r$rows.ncu-rep --csv --page details > $W/ncu_r$rows.csv 2>/dev/null
+        $NCU --import $W/ncu_r$rows.ncu-rep --csv --page raw > $W/ncu_r${rows}_raw.csv 2>/dev/null
+        save
+    done
+    ab 35b qwen3.5-35b-a3b 150 defaults defaults-gate-split ;;
+gate)
+    ab 35b qwen3.5-35b-a3b 130 defaults defaults-gate-split
+    dc
+    bench qwen3.5-35b-a3b 170 --draft-vocab 32768 --reps 10
+    bench qwen3.5-9b 110 --draft-vocab 32768 --reps 10 ;;
+check)
+    dc
+    ox 35b qwen3.5-35b-a3b 110 defaults
+    ox 9b qwen3.5-9b 70 defaults ;;
+bench)
+    bench qwen3.5-35b-a3b 170 --draft-vocab 32768 --reps 10
+    bench qwen3.5-9b 110 --draft-vocab 32768 --reps 10 ;;
+*)
+    echo "usage: bash scripts/device_ncu.sh ncu [ROWS...] | gate | check | bench"; exit 2 ;;
+esac
+save && rm -rf $W
