@@ -5,9 +5,9 @@
 #                                             # (scripts/ncu_step.py; default 1 row), then ab_flags on the 35b shape:
 #                                             # defaults against defaults-gate-split
 #   bash scripts/device_ncu.sh gate           # ab_flags on the 35b shape (defaults against defaults-gate-split);
-#                                             # device_check on random Qwen3.5 dense and MoE; specdec bench --shape
-#                                             # qwen3.5-35b-a3b (its oracle's output checked against plain decoding's),
-#                                             # then qwen3.5-9b as time allows
+#                                             # specdec bench --shape qwen3.5-35b-a3b (its oracle's output checked
+#                                             # against plain decoding's); check_oracle_exact (k = 15) on qwen3.5-9b;
+#                                             # its bench as time allows (LIMIT=S: a call granted S seconds)
 #   bash scripts/device_ncu.sh check          # device_check on random Qwen3.5 dense and MoE; check_oracle_exact
 #                                             # (k = 15) on qwen3.5-35b-a3b and qwen3.5-9b
 #   bash scripts/device_ncu.sh bench          # specdec bench --shape qwen3.5-35b-a3b and qwen3.5-9b
@@ -33,8 +33,8 @@ ncu)
     ab 35b qwen3.5-35b-a3b 150 defaults defaults-gate-split ;;
 gate)
     ab 35b qwen3.5-35b-a3b 130 defaults defaults-gate-split
-    dc
     bench qwen3.5-35b-a3b 170 --draft-vocab 32768 --reps 10
+    ox 9b qwen3.5-9b 80 defaults
     bench qwen3.5-9b 110 --draft-vocab 32768 --reps 10 ;;
 check)
     dc

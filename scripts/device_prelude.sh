@@ -1,7 +1,8 @@
 # The device runbooks' common start (scripts/device_gather.sh, device_router.sh), sourced as
 # `. scripts/device_prelude.sh NAME` from the checkout's root: the GPU's name, the gguf wheel carried in .whl installed
 # to /tmp/site, PYTHONPATH, the results folder W=$OUT/NAME, and
-#   left T    a step's timeout: T seconds, or what is left of the call's 600 s (570 - SECONDS) if less
+#   left T    a step's timeout: T seconds, or what is left of the call's 600 s (LIMIT - SECONDS, LIMIT 570 unless
+#             set: a call granted less device time) if less
 #   save      $OUT/NAME.tgz from W (what finished survives a time-out)
 #   bench S T [args]  specdec bench --shape S at context 512 (the oracle at tau 6.5) within T s, its summary lines
 #   ab LABEL SHAPE T VARIANTS...  scripts/ab_flags.py's variants in one process (context 512, no drafters)
@@ -13,7 +14,7 @@ pip install -q --no-deps --target /tmp/site .whl/gguf-*.whl > /dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD:$PWD/tests:$PWD/scripts PYTHONUNBUFFERED=1
 NAME=$1
 W=$OUT/$NAME; mkdir -p $W
-left() { echo $(( ${1} < 570 - SECONDS ? ${1} : 570 - SECONDS )); }
+left() { echo $(( ${1} < ${LIMIT:-570} - SECONDS ? ${1} : ${LIMIT:-570} - SECONDS )); }
 save() { (cd $OUT && tar czf $NAME.tgz $NAME); }
 bench() {
     local name=$1 t=$2; shift 2
