@@ -21,7 +21,8 @@ sees writes its max only, and the combine reads only the splits some row sees (t
 follows the live context, not the cache). So a row's bits depend on the keys it sees only: not on the
 span, on the other rows of the tile (query positions, the heads of its group), on the slot count or
 on the step width. Each KV head's query group is folded into the tile's rows (GQA without copies),
-and the output is written in ``[B, T, H, d]`` order, so the step's transpose before ``o_proj`` is free.
+and the output is written in ``[B, T, H, d]`` order, so the step's transpose before ``o_proj`` is free; a gated
+attention's ``sigmoid(gate)`` is applied in that store (``gate``, Qwen3.5), with the torch product's roundings.
 
 :func:`split_attention_reference` is the same algorithm in torch ops (the CPU equivalent that
 ``scripts/check_split_attention.py`` compares the kernel with on the GPU, and that the CPU tests
