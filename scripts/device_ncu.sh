@@ -8,11 +8,9 @@
 #                                             # specdec bench --shape qwen3.5-35b-a3b (its oracle's output checked
 #                                             # against plain decoding's); check_oracle_exact (k = 15) on qwen3.5-9b;
 #                                             # its bench as time allows (LIMIT=S: a call granted S seconds)
-#   bash scripts/device_ncu.sh check          # device_check on random Qwen3.5 dense and MoE; check_oracle_exact
-#                                             # (k = 15) on qwen3.5-35b-a3b and qwen3.5-9b
-#   bash scripts/device_ncu.sh bench          # specdec bench --shape qwen3.5-35b-a3b and qwen3.5-9b
+# (device_delta.sh check | bench: the full device_check and the Qwen3.5 shapes' bench)
 # Results in $OUT/n.tgz: ncu_rN.ncu-rep (open with `ncu --import`), ncu_rN.csv (the sections' details),
-# ncu_rN_raw.csv (every metric, a row a kernel), ab_*, dc_*, ox_*, b_*.
+# ncu_rN_raw.csv (every metric, a row a kernel), ab_*, ox_*, b_*.
 set -u
 . scripts/device_prelude.sh n  # W=$OUT/n, left, save, bench, ab, ox, dc
 case "${1:-}" in
@@ -36,14 +34,7 @@ gate)
     bench qwen3.5-35b-a3b 170 --draft-vocab 32768 --reps 10
     ox 9b qwen3.5-9b 80 defaults
     bench qwen3.5-9b 110 --draft-vocab 32768 --reps 10 ;;
-check)
-    dc
-    ox 35b qwen3.5-35b-a3b 110 defaults
-    ox 9b qwen3.5-9b 70 defaults ;;
-bench)
-    bench qwen3.5-35b-a3b 170 --draft-vocab 32768 --reps 10
-    bench qwen3.5-9b 110 --draft-vocab 32768 --reps 10 ;;
 *)
-    echo "usage: bash scripts/device_ncu.sh ncu [ROWS...] | gate | check | bench"; exit 2 ;;
+    echo "usage: bash scripts/device_ncu.sh ncu [ROWS...] | gate"; exit 2 ;;
 esac
 save && rm -rf $W
