@@ -30,14 +30,15 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cuda (cpu: a smoke test in fp32)")
     a = ap.parse_args()
     name = a.shape
+    if name not in shapes.SHAPES:
+        ap.error(f"unknown shape '{name}' (known: {', '.join(shapes.SHAPES)})")
     if a.layers:
         if a.layers < 1:
             ap.error("--layers must be positive")
         name = f"{a.shape}@{a.layers}"
-        shapes.SHAPES[name] = {**shapes.SHAPES[a.shape], "num_hidden_layers": a.layers}
-        for key in ("layer_types",):  # a per-layer list, where the shape gives one
-            if key in shapes.SHAPES[name]:
-                shapes.SHAPES[name][key] = shapes.SHAPES[name][key][:a.layers]
+        d = shapes.SHAPES[name] = {**shapes.SHAPES[a.shape], "num_hidden_layers": a.layers}
+        if "layer_types" in d:  # a per-layer list, where the shape gives one
+            d["layer_types"] = d["layer_types"][:a.layers]
     dev = torch.device(a.device)
     m = shapes.build_shape(name, dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
     cache = m.new_cache(a.context + 4 * a.rows + 8, spare=a.rows)

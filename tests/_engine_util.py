@@ -47,6 +47,17 @@ def tiny_llama(hidden: int = 32, inter: int = 64, max_pos: int = 128, vocab: int
     return m.eval()
 
 
+def qwen35_text_config(**over) -> dict:
+    """A tiny dense Qwen3.5 config for ``parse_config``: 4 layers of 64 (three Gated DeltaNet layers, then one gated
+    full attention), vocab 256, partial RoPE; ``over`` replaces fields."""
+    return {"model_type": "qwen3_5_text", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+            "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+            "linear_num_key_heads": 2, "linear_num_value_heads": 4, "full_attention_interval": 4, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 512, "tie_word_embeddings": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}, **over}
+
+
 def split_kernel_stand_in(monkeypatch) -> list:
     """SPECDEC_DRAFTER_SPLIT on, with the split attention kernel (CUDA only) stood in for by its torch
     form and routed as on CUDA; returns the list each of its calls appends to."""

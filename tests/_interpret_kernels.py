@@ -783,13 +783,9 @@ def hybrid_fused() -> None:
     then a 1-row step) equal the torch layers' within fp16 tolerance, and a speculative generation whose drafts are
     mostly accepted (a spoiled oracle: verify steps of several rows, rollbacks) equals plain decoding."""
     from specdec.models import delta_kernel, fused_layer
-    model, prompt, logits = _tiny_fused_model({
-        "model_type": "qwen3_5_text", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "full_attention_interval": 4, "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 512, "tie_word_embeddings": False,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}})
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _engine_util import qwen35_text_config
+    model, prompt, logits = _tiny_fused_model(qwen35_text_config())
     torch_form = logits()
     fused_layer.usable = lambda x: x.dtype == torch.float16 and not torch.is_grad_enabled()  # the CPU, forced
     delta_kernel.step_kernels_available = lambda x, dk, dv: True
@@ -801,7 +797,6 @@ def hybrid_fused() -> None:
     split_attention.supported = lambda q, k, mask: q.dim() == 4 and mask is not None and q.dtype == torch.float16
     launch, gated = split_attention._launch, []
     split_attention._launch = lambda *a: gated.append(a[5] is not None) or launch(*a)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _engine_util import SpoiledOracle
     from specdec.engine import SpeculativeGenerator
     plain = SpeculativeGenerator(model, None, 0, cuda_graphs=False, batch_invariant=True).generate(prompt, 8)

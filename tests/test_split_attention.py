@@ -126,7 +126,7 @@ def test_gated_attention_static_steps_take_the_gate_into_the_split_kernel(monkey
     layers.GATE_IN_SPLIT the kernel gets the gate ([1, T, H, d], a view of the projection) and applies it, else the
     torch ops after it do; either way static steps decode the eager engine's tokens, and speculative greedy output
     with accepted drafts equals plain greedy output."""
-    from _engine_util import SpoiledOracle
+    from _engine_util import SpoiledOracle, qwen35_text_config
 
     from specdec.config import parse_config
     from specdec.engine import SpeculativeGenerator
@@ -136,14 +136,8 @@ def test_gated_attention_static_steps_take_the_gate_into_the_split_kernel(monkey
 
     arch = by_hf_model_type("qwen3_5_text", "test")
     torch.manual_seed(0)
-    m = arch.model_cls(parse_config(arch.config_cls, {
-        "model_type": "qwen3_5_text", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "full_attention_interval": 2, "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 512, "tie_word_embeddings": False,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
-        source="test"))
+    m = arch.model_cls(parse_config(arch.config_cls, qwen35_text_config(
+        vocab_size=97, intermediate_size=96, num_hidden_layers=2, head_dim=16, full_attention_interval=2), source="test"))
     with torch.no_grad():
         for p in m.parameters():
             p.copy_(torch.randn_like(p) * 0.2)

@@ -258,11 +258,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     ``gate`` (``[T, H, d]``, batched ``[B, T, H, d]``): the output times ``sigmoid(gate)`` (gated attention,
     :meth:`Attention.gathered`'s product): inside the split kernel where it runs (:data:`GATE_IN_SPLIT`), else in
     torch ops, the same roundings."""
+    in_split = gate if GATE_IN_SPLIT else None
     cpu_rows = q.dim() == 3 and not q.is_cuda and q.dtype == torch.float32 and cpu_exact.on()  # _attend's first path
-    o = None if cpu_rows else _split_step(q, k, v, mask, scale, gate if GATE_IN_SPLIT else None)
-    if o is not None:
-        return o if gate is None or GATE_IN_SPLIT else o * torch.sigmoid(gate.transpose(-3, -2))
-    o = _attend(q, k, v, mask, scale)
+    o = None if cpu_rows else _split_step(q, k, v, mask, scale, in_split)
+    if o is None:
+        o = _attend(q, k, v, mask, scale)
+    elif in_split is not None:
+        return o  # gated in the kernel
     return o if gate is None else o * torch.sigmoid(gate.transpose(-3, -2))
 
 
