@@ -2,15 +2,15 @@
 # Nsight Compute on a static step, and the checks of this runbook's change (the gated attention's gate in the split
 # kernel, layers.GATE_IN_SPLIT); one device call each:
 #   bash scripts/device_ncu.sh ncu [ROWS...]  # ncu on one static step of qwen3.5-35b-a3b's first 4 layers
-#                                             # (scripts/ncu_step.py; default 1 row), then ab_flags on the 35b shape:
-#                                             # defaults against defaults-gate-split
+#                                             # (scripts/ncu_step.py; default 1 row), then dc: device_check on random
+#                                             # Qwen3.5 dense and MoE targets with accepted drafts
 #   bash scripts/device_ncu.sh gate           # ab_flags on the 35b shape (defaults against defaults-gate-split);
 #                                             # specdec bench --shape qwen3.5-35b-a3b (its oracle's output checked
 #                                             # against plain decoding's); check_oracle_exact (k = 15) on qwen3.5-9b;
 #                                             # its bench as time allows (LIMIT=S: a call granted S seconds)
 # (device_delta.sh check | bench: the full device_check and the Qwen3.5 shapes' bench)
 # Results in $OUT/n.tgz: ncu_rN.ncu-rep (open with `ncu --import`), ncu_rN.csv (the sections' details),
-# ncu_rN_raw.csv (every metric, a row a kernel), ab_*, ox_*, b_*.
+# ncu_rN_raw.csv (every metric, a row a kernel), dc_*, ab_*, ox_*, b_*.
 set -u
 . scripts/device_prelude.sh n  # W=$OUT/n, left, save, bench, ab, ox, dc
 case "${1:-}" in
@@ -28,7 +28,7 @@ ncu)
         $NCU --import $W/ncu_r$rows.ncu-rep --csv --page raw > $W/ncu_r${rows}_raw.csv 2>/dev/null
         save
     done
-    ab 35b qwen3.5-35b-a3b 150 defaults defaults-gate-split ;;
+    dc ;;
 gate)
     ab 35b qwen3.5-35b-a3b 130 defaults defaults-gate-split
     bench qwen3.5-35b-a3b 170 --draft-vocab 32768 --reps 10
