@@ -2,8 +2,9 @@
 # Nsight Compute on a static step, and the checks of this runbook's change (the gated attention's gate in the split
 # kernel, layers.GATE_IN_SPLIT); one device call each:
 #   bash scripts/device_ncu.sh ncu [ROWS...]  # ncu on one static step of qwen3.5-35b-a3b's first 4 layers
-#                                             # (scripts/ncu_step.py; default 1 row), then dc: device_check on random
-#                                             # Qwen3.5 dense and MoE targets with accepted drafts
+#                                             # (scripts/ncu_step.py; default 1 row), then ab_flags on the 35b shape
+#                                             # (defaults against the routing kernel on 1 and 2 warps), then dc:
+#                                             # device_check on random Qwen3.5 dense and MoE targets, drafts accepted
 #   bash scripts/device_ncu.sh gate           # ab_flags on the 35b shape (defaults against defaults-gate-split);
 #                                             # specdec bench --shape qwen3.5-35b-a3b (its oracle's output checked
 #                                             # against plain decoding's); check_oracle_exact (k = 15) on qwen3.5-9b;
@@ -28,6 +29,7 @@ ncu)
         $NCU --import $W/ncu_r$rows.ncu-rep --csv --page raw > $W/ncu_r${rows}_raw.csv 2>/dev/null
         save
     done
+    ab 35b qwen3.5-35b-a3b 150 defaults defaults+route-w1 defaults+route-w2
     dc ;;
 gate)
     ab 35b qwen3.5-35b-a3b 130 defaults defaults-gate-split

@@ -90,6 +90,10 @@ SHAPE_TILES: dict[tuple[int, int], tuple[tuple[int, int, int], tuple[int, int, i
 # programs did nothing but start (on the H200, qwen3.5-35b-a3b: the two kernels 1.08 -> 1.58 ms a step from 1 to
 # 16 rows with one live). A row's bits do not depend on G: each (row, pair, block) is computed alike.
 ROW_GROUPS = 4
+# the routing kernel's warps (a row's softmax and its K max passes over the E keys: with one warp each reduction is
+# register shuffles, with more each also crosses shared memory and a barrier); fixed per build (its softmax sum's order
+# follows the layout, so a row's bits do)
+ROUTE_WARPS = 4
 # Tried and removed (session of 2026-12-06 (eighth), H100; code at 74ec58b): the router's GEMM and the routing as one
 # kernel (SPECDEC_ROUTER_ROUTES; the GEMM on the router's tiling, the last program to finish routing the rows; the same
 # bits). The routing's share of the qwen3.5-35b-a3b step went 7.31 -> 7.19 us a layer at 1 row and 7.28 -> 13.28 at 4
@@ -424,7 +428,8 @@ def routing(x: torch.Tensor, router: torch.Tensor, top_k: int, shared: bool, liv
         raise ValueError(f"expert_kernel.routing: expert scales {tuple(scale.shape)} for {e} experts")
     _route_kernel[(t,)](logits, idx, wts, live_ptr, logits if scale is None else scale, e, logits.stride(0), p,
                         LIVE=live is not None, SHARED=shared, K=top_k, KB=triton.next_power_of_2(p),
-                        BE=triton.next_power_of_2(e), SCALED=scale is not None, **pdl.options(x))
+                        BE=triton.next_power_of_2(e), SCALED=scale is not None, num_warps=ROUTE_WARPS,
+                        **pdl.options(x))
     return idx, wts
 
 
