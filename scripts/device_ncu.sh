@@ -1,7 +1,7 @@
 #!/bin/bash
 # Nsight Compute on a static step, and the checks of this runbook's change (the gated attention's gate in the split
 # kernel, layers.GATE_IN_SPLIT); one device call each:
-#   bash scripts/device_ncu.sh ncu [ROWS...]  # ncu on one static step of qwen3.5-35b-a3b's first 4 layers
+#   bash scripts/device_ncu.sh ncu [ROWS...]  # (an H200: first bench --shape qwen3-8b) ncu on one static step of qwen3.5-35b-a3b's first 4 layers
 #                                             # (scripts/ncu_step.py; default 1 row), then ab_flags on the 35b shape
 #                                             # (defaults against the routing kernel on 1 and 2 warps), then dc:
 #                                             # device_check on random Qwen3.5 dense and MoE targets, drafts accepted
@@ -17,6 +17,8 @@ set -u
 case "${1:-}" in
 ncu)
     shift
+    # on an H200 first the qwen3-8b shape's bench (issue 10's oracle target is the H200's; none came in five sessions)
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && bench qwen3-8b 200 --draft-vocab 32768 --draft-int8 --reps 10
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     $NCU --version | tail -1
     for rows in ${@:-1}; do
