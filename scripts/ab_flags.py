@@ -26,7 +26,9 @@ that value; ``defaults+rowgroups16``: the fused MoE kernels with a program a row
 every GEMM tiling unsplit), ``defaults-hybrid`` (qwen35.HYBRID_FUSED off: a dense Qwen3.5 target's GEMMs on cuBLAS,
 its steps padded), ``defaults+pfall`` / ``defaults+pf0``
 (fused_layer.PREFETCH_BYTES: whole weights or nothing prefetched into L2), ``defaults+cut4`` / ``+cut16`` (the combine's cut: 4 x 8, the default, or 16 x 32), ``defaults+o2`` / ``+qkv4`` / ``+down4`` (the qwen3-8b shape's GEMMs with K
-split, see SETTINGS), ``defaults+route-w1`` / ``+route-w2`` (expert_kernel.ROUTE_WARPS: the routing kernel on 1 or 2 warps, not 4), ``defaults+moe-bmm`` (moe.GROUPED_BMM: a MoE prefill's experts as two batched GEMMs; its
+split, see SETTINGS), ``defaults+route-w1`` / ``+route-w2`` (expert_kernel.ROUTE_WARPS: the routing kernel on 1 or 2 warps, not 4), ``defaults+combine-stream`` (expert_kernel.COMBINE_STREAM: the MoE combine as a persistent kernel; with
+``AB_STREAM='BN,WARPS,PROGRAMS_AN_SM'`` also ``defaults+stream-tile``: that tiling), ``defaults+combine-bk256`` (the
+qwen3.5-35b-a3b block's one-shot combine on 256-wide blocks of the intermediate), ``defaults+moe-bmm`` (moe.GROUPED_BMM: a MoE prefill's experts as two batched GEMMs; its
 ``prefill_ms``), ``defaults-buckets`` (graphs.SPAN_BUCKETS off: steps over the whole cache, not power-of-two multiples of the first split;
 with a cache much longer than the context, ``-n``), ``defaults+far0`` (split_attention.schedule without far splits: one
 split size at any context), ``defaults+far2048`` (512-key splits past 2,048 positions; also ``defaults+split128+far2048``), ``defaults-norm-rope`` (layers.NORM_ROPE off: the q/k norms as kernels of their own), ``defaults-prenorm``
@@ -93,11 +95,20 @@ SETTINGS["qkv4"] = ("specdec.models.fused_layer", "_FORCED", {(6144, 4096, 0): (
 SETTINGS["down4"] = ("specdec.models.fused_layer", "_FORCED", {(4096, 12288, 0): (64, 256, 4, 3, 4)})
 SETTINGS["route-w1"] = ("specdec.models.expert_kernel", "ROUTE_WARPS", 1)  # the routing kernel on one warp
 SETTINGS["route-w2"] = ("specdec.models.expert_kernel", "ROUTE_WARPS", 2)
+SETTINGS["combine-stream"] = ("specdec.models.expert_kernel", "COMBINE_STREAM", True)  # the persistent MoE combine
+# the one-shot combine on 256-wide blocks of the qwen3.5-35b-a3b shape's intermediate (164 registers, no spills)
+SETTINGS["combine-bk256"] = ("specdec.models.expert_kernel", "SHAPE_TILES", {(2048, 512): ((4, 1024, 4), (1, 256, 1, 16))})
 SETTINGS["moe-tiles0"] = ("specdec.models.expert_kernel", "SHAPE_TILES", {})  # the MoE kernels' default tiles for every shape
 SETTINGS["moe-bmm"] = ("specdec.models.moe", "GROUPED_BMM", True)  # a MoE prefill's experts as two batched GEMMs
 SETTINGS["index-select"] = ("specdec.models.layers", "INDEX_LOOKUPS", False)  # table lookups by index_select
 SETTINGS["far0"] = ("specdec.models.split_attention", "_FAR_ENV", (0, 0))  # one split size (no far splits)
 SETTINGS["far2048"] = ("specdec.models.split_attention", "_FAR_ENV", (2048, 512))  # 512-key splits past 2,048 positions
+# AB_STREAM='BN,WARPS,PER_SM': defaults+stream-tile, the persistent combine on that tiling
+if os.environ.get("AB_STREAM"):
+    _bn, _w, _per = (int(v) for v in os.environ["AB_STREAM"].split(","))
+    SETTINGS["stream-tile"] = [("specdec.models.expert_kernel", "COMBINE_STREAM", True),
+                               ("specdec.models.expert_kernel", "STREAM_TILE", (_bn, _w)),
+                               ("specdec.models.expert_kernel", "STREAM_PROGRAMS", _per)]
 # AB_TILES='{"N,K,silu": [BN, BK, warps, stages(, split)], ...}' (check_fused_layer.py --sweep's best_tiles): defaults+tiles
 # runs those tilings over the table, in the same process as the defaults
 if os.environ.get("AB_TILES"):
@@ -126,14 +137,14 @@ def flags(names):
             saved.append((mod, FLAGS[n][1], getattr(mod, FLAGS[n][1])))
             setattr(mod, FLAGS[n][1], n in names)
         for n in names:
-            if n in SETTINGS:
-                modname, attr, value = SETTINGS[n]
-                mod = importlib.import_module(modname)
-                saved.append((mod, attr, getattr(mod, attr)))
-                setattr(mod, attr, value)
+            if n in SETTINGS:  # one (module, attribute, value) or a list of them
+                for modname, attr, value in SETTINGS[n] if isinstance(SETTINGS[n], list) else [SETTINGS[n]]:
+                    mod = importlib.import_module(modname)
+                    saved.append((mod, attr, getattr(mod, attr)))
+                    setattr(mod, attr, value)
         yield
     finally:
-        for mod, attr, value in saved:
+        for mod, attr, value in reversed(saved):
             setattr(mod, attr, value)
 
 

@@ -1,9 +1,11 @@
 #!/bin/bash
 # Nsight Compute on a static step, and the checks of this runbook's change (the gated attention's gate in the split
 # kernel, layers.GATE_IN_SPLIT); one device call each:
-#   bash scripts/device_ncu.sh ncu [ROWS...]  # (an H200: first bench --shape qwen3-8b) ncu on one static step of qwen3.5-35b-a3b's first 4 layers
-#                                             # (scripts/ncu_step.py; default 1 row), then ab_flags on the 35b shape
-#                                             # (defaults against the routing kernel on 1 and 2 warps), then dc:
+#   bash scripts/device_ncu.sh ncu [ROWS...]  # (an H200: first bench --shape qwen3-8b) ab_flags (below), ncu on one static step of qwen3.5-35b-a3b's first 4 layers
+#                                             # (scripts/ncu_step.py; default 1 row); ab_flags on the 35b shape:
+#                                             # defaults against the routing kernel on 1 warp, the persistent MoE
+#                                             # combine on its default tiling and on 2 channels a block, the one-shot
+#                                             # combine on 256-wide blocks; then dc:
 #                                             # device_check on random Qwen3.5 dense and MoE targets, drafts accepted
 #   bash scripts/device_ncu.sh gate           # ab_flags on the 35b shape (defaults against defaults-gate-split);
 #                                             # specdec bench --shape qwen3.5-35b-a3b (its oracle's output checked
@@ -19,6 +21,9 @@ ncu)
     shift
     # on an H200 first the qwen3-8b shape's bench (issue 10's oracle target is the H200's; none came in five sessions)
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && bench qwen3-8b 200 --draft-vocab 32768 --draft-int8 --reps 10
+    export AB_STREAM=2,4,2
+    ab 35b qwen3.5-35b-a3b 230 defaults defaults+route-w1 defaults+combine-stream defaults+stream-tile \
+        defaults+combine-bk256
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     $NCU --version | tail -1
     for rows in ${@:-1}; do
@@ -31,7 +36,6 @@ ncu)
         $NCU --import $W/ncu_r$rows.ncu-rep --csv --page raw > $W/ncu_r${rows}_raw.csv 2>/dev/null
         save
     done
-    ab 35b qwen3.5-35b-a3b 150 defaults defaults+route-w1 defaults+route-w2
     dc ;;
 gate)
     ab 35b qwen3.5-35b-a3b 130 defaults defaults-gate-split

@@ -27,7 +27,7 @@ ab() {  # LABEL SHAPE TIMEOUT VARIANTS...: ab_flags at context 512, the variants
     local label=$1 shape=$2 t=$3; shift 3
     timeout $(left $t) python scripts/ab_flags.py --shape $shape \
         --context 512 --rounds 3 --reps 10 --no-drafters --variants "$@" --json $W/ab_$label.json > $W/ab_$label.log 2>&1
-    echo "== ab $label rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_$label.log | tail -4 | cut -c1-300; save
+    echo "== ab $label rc=$? ${SECONDS}s"; grep -v "^round" $W/ab_$label.log | tail -8 | cut -c1-300; save
 }
 ox() {  # LABEL SHAPE TIMEOUT VARIANTS...: check_oracle_exact.py (plain, then the oracle at tau 6.5, k = 15; equal?)
     local label=$1 shape=$2 t=$3; shift 3

@@ -405,6 +405,27 @@ def moe() -> None:
             part = expert_kernel.moe(x, rw, k, gate_up, down, sh, torch.tensor(2), tiles=tiles)
             check(f"moe ({label}): the live rows as before, the padding rows zero",
                   torch.equal(part[:2], got[:2]) and not part[2:].any())
+    # the persistent combine (COMBINE_STREAM): 8 programs over 150 or 75 blocks (each walks several, the last's next
+    # block past the hidden size), K = 3 routed pairs in a tile of 4 (a pair masked), K = 2 in one of 2
+    saved = expert_kernel.COMBINE_STREAM, expert_kernel.STREAM_TILE
+    try:
+        for (name, sh, rw), bn, kk in (("shared expert", shared, router) + (2, 3),
+                                       ("no shared expert", None, router[:e]) + (4, 2)):
+            expert_kernel.COMBINE_STREAM, expert_kernel.STREAM_TILE = True, (bn, 4)
+            label = f"persistent combine, {name}, {bn} channels a block, top {kk}"
+            got = expert_kernel.moe(x, rw, kk, gate_up, down, sh)
+            want = expert_kernel.moe_reference(x, rw, kk, gate_up, down, sh)
+            diff = (got.float() - want.float()).abs()
+            ulps = (diff / (want.float().abs() * 2 ** -10 + 1e-3)).max().item()
+            check(f"moe ({label}): the output equals the torch form's (within two fp16 steps)", ulps <= 2.0,
+                  f"(max diff {diff.max().item():.2e}, {ulps:.2f} steps)")
+            alone = torch.cat([expert_kernel.moe(x[i:i + 1], rw, kk, gate_up, down, sh) for i in range(t)])
+            check(f"moe ({label}): a row's bits alone equal its bits beside the others", torch.equal(alone, got))
+            part = expert_kernel.moe(x, rw, kk, gate_up, down, sh, torch.tensor(2))
+            check(f"moe ({label}): the live rows as before, the padding rows zero",
+                  torch.equal(part[:2], got[:2]) and not part[2:].any())
+    finally:
+        expert_kernel.COMBINE_STREAM, expert_kernel.STREAM_TILE = saved
     # Gemma 4's block: the router on its own input, each chosen weight times its expert's scale, GELU-tanh experts
     rx = torch.randn(t, hidden).half()
     scale = (1.0 + 0.3 * torch.randn(e)).half()
@@ -1303,6 +1324,9 @@ def pdl_ptx() -> None:
              "moe-combine": (expert_kernel._combine_kernel, {n: "*bf16" for n in ("hin", "wts", "w", "sw", "y")}
                              | {"idx": "*i32", "live": "*i64"}, {"K": 8, "P": 9, "LIVE": True, "BN": 4, "BK": 512, "PC": 4,
                                                                 "PER_LINE": 64, "LINES": 8}),
+             "moe-combine-stream": (expert_kernel._combine_stream_kernel, {n: "*bf16" for n in ("hin", "wts", "w", "sw", "y")}
+                                    | {"idx": "*i32", "live": "*i64"}, {"K": 8, "SHARED": True, "LIVE": True, "BN": 2,
+                                                                       "BI": 512, "KP": 8}),
              "delta-conv": (delta_kernel._conv_gates_kernel, {n: "*bf16" for n in ("proj", "conv", "bo", "ao", "a_log", "dt_bias")}
                             | {n: "*fp32" for n in ("w", "q", "k", "v", "g", "beta")} | {"start": "*i64", "scale": "fp32"},
                             {"DK": 128, "DV": 128, "KS": 4, "BLOCK": 128, "RB": 16, "START_PTR": True}),

@@ -94,6 +94,18 @@ ROW_GROUPS = 4
 # register shuffles, with more each also crosses shared memory and a barrier); fixed per build (its softmax sum's order
 # follows the layout, so a row's bits do)
 ROUTE_WARPS = 4
+# The combine as a persistent kernel (_combine_stream_kernel): STREAM_PROGRAMS programs an SM, each walking blocks of
+# STREAM_TILE = (BN hidden channels, warps), a row's hidden vectors loaded once a program and the next block's down
+# rows while it sums this one's. The one-shot combine's 2,048 one-warp programs each re-read the row's 9 x 512 hidden
+# values and hold [16, 512] tiles of weights and values: ptxas gives the COMBINE_TILE build 255 registers a thread and
+# spills (sm_90a), so at most 8 of its warps fit an SM: two waves for the qwen3.5-35b-a3b block. It took 10-12.6 us a
+# layer for 18.9 MB, with its weights in L2 or not (H100). The persistent build on (1, 4): 163 registers, no spills
+# (three 4-warp programs an SM fit); (2, 4): 215 (two fit). Off by default until measured (scripts/ab_flags.py
+# defaults+combine-stream); experts at most STREAM_MAX_INTER wide (one block of the intermediate)
+COMBINE_STREAM = False
+STREAM_TILE = (1, 4)
+STREAM_PROGRAMS = 3
+STREAM_MAX_INTER = 1024
 # Tried and removed (session of 2026-12-06 (eighth), H100; code at 74ec58b): the router's GEMM and the routing as one
 # kernel (SPECDEC_ROUTER_ROUTES; the GEMM on the router's tiling, the last program to finish routing the rows; the same
 # bits). The routing's share of the qwen3.5-35b-a3b step went 7.31 -> 7.19 us a layer at 1 row and 7.28 -> 13.28 at 4
@@ -290,6 +302,69 @@ if triton is not None:
 
 
     @triton.jit
+    def _combine_stream_kernel(hin, idx, wts, w, sw, y, live, T, H, INTER, K: tl.constexpr, SHARED: tl.constexpr,
+                               LIVE: tl.constexpr, BN: tl.constexpr, BI: tl.constexpr, KP: tl.constexpr,
+                               USE_GDC: tl.constexpr):
+        # COMBINE_STREAM's combine, persistent: program p takes blocks p, p + NP, ... of BN hidden channels (NP the
+        # grid). For each row it loads the row's pairs' hidden vectors once (not once a block), and the next block's
+        # down rows while it sums this block's: the routed pairs as one [KP, BN, BI] tile (KP = K rounded up to a
+        # power of two), the shared expert's as one [BN, BI] of its own. A block's output: each pair's dot over the
+        # whole intermediate (one block of BI), rounded to the model dtype, times its weight (rounded), summed in
+        # pair order in fp32 (the shared expert, pair K, last), rounded once; a padding row gives zeros
+        pid = tl.program_id(0)
+        npg = tl.num_programs(0)
+        nblocks = tl.cdiv(H, BN)
+        dt = y.dtype.element_ty
+        P = K + SHARED
+        if USE_GDC:  # models/pdl.py
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        n = _live_rows(T, live, LIVE)
+        rc = tl.arange(0, KP)
+        km = rc < K
+        ri = tl.arange(0, BI)
+        im = ri < INTER
+        rb = tl.arange(0, BN)
+        lm = km[:, None, None] & im[None, None, :]
+        for t in range(0, T):
+            if t < n:
+                e = tl.load(idx + t * K + rc, mask=km, other=0).to(tl.int64)
+                at = w + e[:, None, None] * H * INTER + ri[None, None, :]
+                hv = tl.load(hin + (t * P + rc)[:, None] * INTER + ri[None, :], mask=km[:, None] & im[None, :],
+                             other=0.0).to(tl.float32)
+                wj = tl.load(wts + t * P + rc, mask=km, other=0.0).to(tl.float32)
+                rn = pid * BN + rb
+                cur = tl.load(at + rn[None, :, None] * INTER, mask=lm & (rn < H)[None, :, None], other=0.0)
+                if SHARED:
+                    hs = tl.load(hin + (t * P + K) * INTER + ri, mask=im, other=0.0).to(tl.float32)
+                    ws_ = tl.load(wts + t * P + K).to(tl.float32)
+                    scur = tl.load(sw + rn[:, None] * INTER + ri[None, :], mask=(rn < H)[:, None] & im[None, :],
+                                   other=0.0)
+                for nb in range(pid, nblocks, npg):
+                    rn = nb * BN + rb
+                    rn2 = rn + npg * BN  # the next block's rows, loaded before this block's sums
+                    nm2 = rn2 < H
+                    nxt = tl.load(at + rn2[None, :, None] * INTER, mask=lm & nm2[None, :, None], other=0.0)
+                    if SHARED:
+                        snxt = tl.load(sw + rn2[:, None] * INTER + ri[None, :], mask=nm2[:, None] & im[None, :],
+                                       other=0.0)
+                    acc = tl.sum(cur.to(tl.float32) * hv[:, None, :], axis=2)
+                    c = (acc.to(dt).to(tl.float32) * wj[:, None]).to(dt).to(tl.float32)
+                    tot = tl.zeros([BN], dtype=tl.float32)
+                    for i in tl.static_range(K):
+                        tot += tl.sum(tl.where(rc[:, None] == i, c, 0.0), axis=0)
+                    if SHARED:
+                        sacc = tl.sum(scur.to(tl.float32) * hs[None, :], axis=1)
+                        tot += (sacc.to(dt).to(tl.float32) * ws_).to(dt).to(tl.float32)
+                        scur = snxt
+                    tl.store(y + t * H + rn, tot.to(dt), mask=rn < H)
+                    cur = nxt
+            else:
+                for nb in range(pid, nblocks, npg):
+                    rn = nb * BN + rb
+                    tl.store(y + t * H + rn, tl.zeros([BN], dtype=tl.float32).to(dt), mask=rn < H)
+
+    @triton.jit
     def _norm_router_kernel(x, res, w, s, y, rw, logits, live, N, E, eps, LIVE: tl.constexpr, RB: tl.constexpr,
                             BLOCK: tl.constexpr, USE_GDC: tl.constexpr):
         # program (block b of RB router rows, row t): s = x + res (rounded), y = RMSNorm(s) as fused_ops' norm kernel
@@ -398,10 +473,31 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
                                                       inter, LIVE=has_live, BN=gbn, BK=gbk, PER_LINE=per_line,
                                                       LINES=h_lines, num_warps=gw, GELU=gelu, **gdc)
     y = torch.empty(t, hidden, dtype=x.dtype, device=x.device)
+    if COMBINE_STREAM and inter <= STREAM_MAX_INTER:
+        sbn, sw_ = STREAM_TILE
+        grid = min(triton.cdiv(hidden, sbn), STREAM_PROGRAMS * _sm_count(x.device))
+        _combine_stream_kernel[(grid,)](h, idx, wts, down, sdown, y, live_ptr, t, hidden, inter, K=top_k,
+                                        SHARED=shared is not None, LIVE=has_live, BN=sbn,
+                                        BI=triton.next_power_of_2(inter), KP=triton.next_power_of_2(top_k),
+                                        num_warps=sw_, **gdc)
+        return y
     _combine_kernel[(g, triton.cdiv(hidden, cbn))](h, idx, wts, down, sdown, y, live_ptr, t, g, hidden, inter, K=top_k,
                                                    P=p, LIVE=has_live, BN=cbn, BK=cbk, PC=cpc, PER_LINE=per_line,
                                                    LINES=i_lines, num_warps=cw, **gdc)
     return y
+
+
+_SMS: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    """The device's SM count (the persistent combine's grid; 4 on the CPU, where the interpreter runs it)."""
+    if device.type != "cuda":
+        return 4
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _SMS:
+        _SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return _SMS[i]
 
 
 def routing(x: torch.Tensor, router: torch.Tensor, top_k: int, shared: bool, live: torch.Tensor | None = None,
