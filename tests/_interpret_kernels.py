@@ -409,8 +409,7 @@ def moe() -> None:
     # block past the hidden size), K = 3 routed pairs in a tile of 4 (a pair masked), K = 2 in one of 2
     saved = expert_kernel.COMBINE_STREAM, expert_kernel.STREAM_TILE
     try:
-        for (name, sh, rw), bn, kk in (("shared expert", shared, router) + (2, 3),
-                                       ("no shared expert", None, router[:e]) + (4, 2)):
+        for name, sh, rw, bn, kk in (("shared expert", shared, router, 2, 3), ("no shared expert", None, router[:e], 4, 2)):
             expert_kernel.COMBINE_STREAM, expert_kernel.STREAM_TILE = True, (bn, 4)
             label = f"persistent combine, {name}, {bn} channels a block, top {kk}"
             got = expert_kernel.moe(x, rw, kk, gate_up, down, sh)
