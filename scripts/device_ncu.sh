@@ -7,6 +7,7 @@
 #                                             # combine on its default tiling and on 2 channels a block, the one-shot
 #                                             # combine on 256-wide blocks; then dc:
 #                                             # device_check on random Qwen3.5 dense and MoE targets, drafts accepted
+#   bash scripts/device_ncu.sh stream         # ab_flags on the 35b shape: defaults against defaults+combine-stream
 #   bash scripts/device_ncu.sh gate           # ab_flags on the 35b shape (defaults against defaults-gate-split);
 #                                             # specdec bench --shape qwen3.5-35b-a3b (its oracle's output checked
 #                                             # against plain decoding's); check_oracle_exact (k = 15) on qwen3.5-9b;
@@ -37,12 +38,14 @@ ncu)
         save
     done
     dc ;;
+stream)  # a short call: the persistent combine against the defaults only
+    ab 35b qwen3.5-35b-a3b 200 defaults defaults+combine-stream ;;
 gate)
     ab 35b qwen3.5-35b-a3b 130 defaults defaults-gate-split
     bench qwen3.5-35b-a3b 170 --draft-vocab 32768 --reps 10
     ox 9b qwen3.5-9b 80 defaults
     bench qwen3.5-9b 110 --draft-vocab 32768 --reps 10 ;;
 *)
-    echo "usage: bash scripts/device_ncu.sh ncu [ROWS...] | gate"; exit 2 ;;
+    echo "usage: bash scripts/device_ncu.sh ncu [ROWS...] | stream | gate"; exit 2 ;;
 esac
 save && rm -rf $W
