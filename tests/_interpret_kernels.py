@@ -405,8 +405,9 @@ def moe() -> None:
             part = expert_kernel.moe(x, rw, k, gate_up, down, sh, torch.tensor(2), tiles=tiles)
             check(f"moe ({label}): the live rows as before, the padding rows zero",
                   torch.equal(part[:2], got[:2]) and not part[2:].any())
-    # the persistent combine (COMBINE_STREAM): 8 programs over 150 or 75 blocks (each walks several, the last's next
-    # block past the hidden size), K = 3 routed pairs in a tile of 4 (a pair masked), K = 2 in one of 2
+    # the persistent combine (COMBINE_STREAM): 8 programs a row group over 150 or 75 blocks (each walks several, the
+    # last's next block past the hidden size), 5 rows in 4 groups (rows 0 and 4 in one), K = 3 routed pairs in a tile of
+    # 4 (a pair masked), K = 2 in one of 2
     saved = expert_kernel.COMBINE_STREAM, expert_kernel.STREAM_TILE
     try:
         for name, sh, rw, bn, kk in (("shared expert", shared, router, 2, 3), ("no shared expert", None, router[:e], 4, 2)):

@@ -100,8 +100,10 @@ ROUTE_WARPS = 4
 # values and hold [16, 512] tiles of weights and values: ptxas gives the COMBINE_TILE build 255 registers a thread and
 # spills (sm_90a), so at most 8 of its warps fit an SM: two waves for the qwen3.5-35b-a3b block. It took 10-12.6 us a
 # layer for 18.9 MB, with its weights in L2 or not (H100). The persistent build on (1, 4): 163 registers, no spills
-# (three 4-warp programs an SM fit); (2, 4): 215 (two fit). Off by default until measured (scripts/ab_flags.py
-# defaults+combine-stream); experts at most STREAM_MAX_INTER wide (one block of the intermediate)
+# (three 4-warp programs an SM fit); (2, 4): 215 (two fit). Rows in ROW_GROUPS groups, as the one-shot kernel's: each
+# group its own STREAM_PROGRAMS programs an SM (a padded step's groups of padding rows only store zeros). Off by default
+# until measured (scripts/ab_flags.py defaults+combine-stream); experts at most STREAM_MAX_INTER wide (one block of the
+# intermediate)
 COMBINE_STREAM = False
 STREAM_TILE = (1, 4)
 STREAM_PROGRAMS = 3
@@ -302,17 +304,19 @@ if triton is not None:
 
 
     @triton.jit
-    def _combine_stream_kernel(hin, idx, wts, w, sw, y, live, T, H, INTER, K: tl.constexpr, SHARED: tl.constexpr,
+    def _combine_stream_kernel(hin, idx, wts, w, sw, y, live, T, G, H, INTER, K: tl.constexpr, SHARED: tl.constexpr,
                                LIVE: tl.constexpr, BN: tl.constexpr, BI: tl.constexpr, KP: tl.constexpr,
                                USE_GDC: tl.constexpr):
-        # COMBINE_STREAM's combine, persistent: program p takes blocks p, p + NP, ... of BN hidden channels (NP the
-        # grid). For each row it loads the row's pairs' hidden vectors once (not once a block), and the next block's
-        # down rows while it sums this block's: the routed pairs as one [KP, BN, BI] tile (KP = K rounded up to a
-        # power of two), the shared expert's as one [BN, BI] of its own. A block's output: each pair's dot over the
-        # whole intermediate (one block of BI), rounded to the model dtype, times its weight (rounded), summed in
-        # pair order in fp32 (the shared expert, pair K, last), rounded once; a padding row gives zeros
+        # COMBINE_STREAM's combine, persistent: program (p, g) takes blocks p, p + NP, ... of BN hidden channels (NP
+        # the grid's first axis) of rows g, g + G, ... For each row it loads the row's pairs' hidden vectors once (not
+        # once a block), and the next block's down rows while it sums this block's: the routed pairs as one [KP, BN,
+        # BI] tile (KP = K rounded up to a power of two), the shared expert's as one [BN, BI] of its own. A block's
+        # output: each pair's dot over the whole intermediate (one block of BI), rounded to the model dtype, times its
+        # weight (rounded), summed in pair order in fp32 (the shared expert, pair K, last), rounded once; a padding
+        # row gives zeros
         pid = tl.program_id(0)
         npg = tl.num_programs(0)
+        g = tl.program_id(1)
         nblocks = tl.cdiv(H, BN)
         dt = y.dtype.element_ty
         P = K + SHARED
@@ -326,7 +330,7 @@ if triton is not None:
         im = ri < INTER
         rb = tl.arange(0, BN)
         lm = km[:, None, None] & im[None, None, :]
-        for t in range(0, T):
+        for t in range(g, T, G):
             if t < n:
                 e = tl.load(idx + t * K + rc, mask=km, other=0).to(tl.int64)
                 at = w + e[:, None, None] * H * INTER + ri[None, None, :]
@@ -476,7 +480,7 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
     if COMBINE_STREAM and inter <= STREAM_MAX_INTER:
         sbn, sw_ = STREAM_TILE
         grid = min(triton.cdiv(hidden, sbn), STREAM_PROGRAMS * _sm_count(x.device))
-        _combine_stream_kernel[(grid,)](h, idx, wts, down, sdown, y, live_ptr, t, hidden, inter, K=top_k,
+        _combine_stream_kernel[(grid, g)](h, idx, wts, down, sdown, y, live_ptr, t, g, hidden, inter, K=top_k,
                                         SHARED=shared is not None, LIVE=has_live, BN=sbn,
                                         BI=triton.next_power_of_2(inter), KP=triton.next_power_of_2(top_k),
                                         num_warps=sw_, **gdc)
