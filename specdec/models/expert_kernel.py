@@ -99,8 +99,8 @@ ROUTE_WARPS = 4
 # rows while it sums this one's. The one-shot combine's 2,048 one-warp programs each re-read the row's 9 x 512 hidden
 # values and hold [16, 512] tiles of weights and values: ptxas gives the COMBINE_TILE build 255 registers a thread and
 # spills (sm_90a), so at most 8 of its warps fit an SM: two waves for the qwen3.5-35b-a3b block. It took 10-12.6 us a
-# layer for 18.9 MB, with its weights in L2 or not (H100). The persistent build on (1, 4): 163 registers, no spills
-# (three 4-warp programs an SM fit); (2, 4): 215 (two fit). Rows in ROW_GROUPS groups, as the one-shot kernel's: each
+# layer for 18.9 MB, with its weights in L2 or not (H100). The persistent build on (1, 4): 160 registers, no spills
+# (three 4-warp programs an SM fit); (2, 4): 225 (two fit). Rows in ROW_GROUPS groups, as the one-shot kernel's: each
 # group its own STREAM_PROGRAMS programs an SM (a padded step's groups of padding rows only store zeros). Off by default
 # until measured (scripts/ab_flags.py defaults+combine-stream); experts at most STREAM_MAX_INTER wide (one block of the
 # intermediate)
