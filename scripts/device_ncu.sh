@@ -1,7 +1,8 @@
 #!/bin/bash
-# Nsight Compute on a static step, and the checks of this runbook's change (the gated attention's gate in the split
-# kernel, layers.GATE_IN_SPLIT); one device call each:
-#   bash scripts/device_ncu.sh ncu [ROWS...]  # (an H200: first bench --shape qwen3-8b) ab_flags (below), ncu on one static step of qwen3.5-35b-a3b's first 4 layers
+# Nsight Compute on a static step, the A/B of the persistent MoE combine (expert_kernel.COMBINE_STREAM, off until
+# measured), and the checks of the gated attention's gate in the split kernel (layers.GATE_IN_SPLIT); one device call each:
+#   bash scripts/device_ncu.sh ncu [ROWS...]  # (an H200: first bench --shape qwen3-8b) ab_flags (below); ncu on
+#                                             # one static step of qwen3.5-35b-a3b's first 4 layers
 #                                             # (scripts/ncu_step.py; default 1 row); ab_flags on the 35b shape:
 #                                             # defaults against the routing kernel on 1 warp, the persistent MoE
 #                                             # combine on its default tiling and on 2 channels a block, the one-shot
@@ -14,7 +15,7 @@
 #                                             # its bench as time allows (LIMIT=S: a call granted S seconds)
 # (device_delta.sh check | bench: the full device_check and the Qwen3.5 shapes' bench)
 # Results in $OUT/n.tgz: ncu_rN.ncu-rep (open with `ncu --import`), ncu_rN.csv (the sections' details),
-# ncu_rN_raw.csv (every metric, a row a kernel), dc_*, ab_*, ox_*, b_*.
+# ncu_rN_raw.csv (every metric, a row a kernel; scripts/ncu_summary.py ncu_rN.csv: a table), dc_*, ab_*, ox_*, b_*.
 set -u
 . scripts/device_prelude.sh n  # W=$OUT/n, left, save, bench, ab, ox, dc
 case "${1:-}" in
