@@ -484,24 +484,16 @@ def moe(x: torch.Tensor, router: torch.Tensor, top_k: int, gate_up: torch.Tensor
                                         SHARED=shared is not None, LIVE=has_live, BN=sbn,
                                         BI=triton.next_power_of_2(inter), KP=triton.next_power_of_2(top_k),
                                         num_warps=sw_, **gdc)
-        return y
-    _combine_kernel[(g, triton.cdiv(hidden, cbn))](h, idx, wts, down, sdown, y, live_ptr, t, g, hidden, inter, K=top_k,
-                                                   P=p, LIVE=has_live, BN=cbn, BK=cbk, PC=cpc, PER_LINE=per_line,
-                                                   LINES=i_lines, num_warps=cw, **gdc)
+    else:
+        _combine_kernel[(g, triton.cdiv(hidden, cbn))](h, idx, wts, down, sdown, y, live_ptr, t, g, hidden, inter,
+                                                       K=top_k, P=p, LIVE=has_live, BN=cbn, BK=cbk, PC=cpc,
+                                                       PER_LINE=per_line, LINES=i_lines, num_warps=cw, **gdc)
     return y
-
-
-_SMS: dict = {}
 
 
 def _sm_count(device: torch.device) -> int:
     """The device's SM count (the persistent combine's grid; 4 on the CPU, where the interpreter runs it)."""
-    if device.type != "cuda":
-        return 4
-    i = device.index if device.index is not None else torch.cuda.current_device()
-    if i not in _SMS:
-        _SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
-    return _SMS[i]
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def routing(x: torch.Tensor, router: torch.Tensor, top_k: int, shared: bool, live: torch.Tensor | None = None,
