@@ -105,7 +105,10 @@ SETTINGS["far0"] = ("specdec.models.split_attention", "_FAR_ENV", (0, 0))  # one
 SETTINGS["far2048"] = ("specdec.models.split_attention", "_FAR_ENV", (2048, 512))  # 512-key splits past 2,048 positions
 # AB_STREAM='BN,WARPS,PER_SM': defaults+stream-tile, the persistent combine on that tiling
 if os.environ.get("AB_STREAM"):
-    _bn, _w, _per = (int(v) for v in os.environ["AB_STREAM"].split(","))
+    try:
+        _bn, _w, _per = (int(v) for v in os.environ["AB_STREAM"].split(","))
+    except ValueError:
+        sys.exit(f"ab_flags: AB_STREAM={os.environ['AB_STREAM']!r}: want 'BN,WARPS,PER_SM' (three integers, e.g. 2,4,2)")
     SETTINGS["stream-tile"] = [("specdec.models.expert_kernel", "COMBINE_STREAM", True),
                                ("specdec.models.expert_kernel", "STREAM_TILE", (_bn, _w)),
                                ("specdec.models.expert_kernel", "STREAM_PROGRAMS", _per)]
