@@ -14,6 +14,7 @@ Prints one line per case and exits 1 on the first failure.
 """
 
 import copy
+import dataclasses
 import itertools
 import os
 import sys
@@ -51,7 +52,53 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     _plain_dot = _builder.create_dot
     _builder.create_dot = _row_wise_dot
 
+    # The interpreter patches triton.language (inspect.getmembers over tl, tl.tensor, tl.math) at each kernel
+    # launch and again at each @triton.jit helper's call inside it, a program at a time: a sixth of a case's time.
+    # Inside a launch the language is patched already (the launch restores it when it ends), so a helper's call
+    # whose language modules the launch patched skips it. Speed only: every op runs as before.
+    _patch_lang = interp._patch_lang
+    _launches: list = []  # each running launch: the language modules patched in it so far
+    _langs_of: dict = {}
+
+    def _langs(fn) -> set:
+        langs = _langs_of.get(fn)
+        if langs is None:
+            langs = _langs_of[fn] = {id(v) for v in fn.__globals__.values() if v is interp.tl or v is interp.tl.core}
+        return langs
+
+    def _patch_lang_once(fn):
+        if _launches and _langs(fn) <= _launches[-1]:
+            return interp._LangPatchScope()
+        scope = _patch_lang(fn)
+        if _launches:  # (a helper's patch is never restored: it holds to the launch's end and beyond)
+            _launches[-1] |= _langs(fn)
+        return scope
+
+    _launch = interp.GridExecutor.__call__
+
+    def _counted_launch(self, *args, **kwargs):
+        _launches.append(set())
+        try:
+            return _launch(self, *args, **kwargs)
+        finally:
+            _launches.pop()
+
+    interp._patch_lang = _patch_lang_once
+    interp.GridExecutor.__call__ = _counted_launch
+
+    # Each integer op also checks for int32 overflow by redoing it in int64 (three ops more, a third of a case's
+    # time). The cases' tensors hold thousands of elements, their offsets nowhere near 2**31: the check could not
+    # fire here. Off; the integer ops themselves are unchanged.
+    interp.interpreter_builder.options = dataclasses.replace(interp.interpreter_builder.options,
+                                                             sanitize_overflow=False)
+
 from specdec.models import split_attention as sa  # noqa: E402  (after the patch: kernels are built at import)
+
+
+# The model cases' MoE blocks (hidden 64, experts 32 wide) on tiles of few programs: the interpreter's time goes by
+# programs, not elements, and the default combine tile's one channel a program made it most of a case's time. The
+# default tiles themselves are ``moe``'s (and a shape's SHAPE_TILES, as these are, its own).
+FEW_MOE_PROGRAMS = {(64, 32): ((16, 64, 4), (16, 32, 4, 4))}
 
 
 def check(name: str, ok: bool, detail: str = "") -> None:
@@ -547,7 +594,7 @@ def norm_router() -> None:
     forced = lambda x: x.dtype == torch.float16 and not torch.is_grad_enabled()  # noqa: E731  (the CPU, forced)
     fused_layer.usable, fused_ops.usable, expert_kernel.usable = forced, forced, lambda x, act: forced(x)
     delta_kernel.step_kernels_available = lambda x, dk, dv: True
-    expert_kernel.SHAPE_TILES = {(64, 32): ((16, 64, 4), (16, 32, 4, 4))}  # few programs (the interpreter's time)
+    expert_kernel.SHAPE_TILES = FEW_MOE_PROGRAMS
     check("hybrid moe fused: every layer on the fused path", all(layer.fused_path for layer in model.layers))
     calls, run = [], expert_kernel.norm_router
     expert_kernel.norm_router = lambda *a, **kw: calls.append(a[0].shape[0]) or run(*a, **kw)
@@ -883,6 +930,7 @@ def gemma4_moe() -> None:
     equal the torch forms' within fp16 tolerance, and a speculative generation whose drafts are mostly accepted (a
     spoiled oracle: verify steps of several rows, rollbacks) equals plain decoding."""
     from specdec.models import expert_kernel
+    expert_kernel.SHAPE_TILES = FEW_MOE_PROGRAMS
     model, prompt, logits = _tiny_gemma4()
     torch_form = logits()
     usable, calls = expert_kernel.usable, []
@@ -935,6 +983,7 @@ def gemma4_fused() -> None:
     speculative output with accepted and rolled-back drafts equals plain decoding, also with the model taken as row-exact
     (its weights taken as on CUDA: unpadded steps, the LM head on the fused GEMM)."""
     from specdec.models import expert_kernel, fused_layer, fused_ops
+    expert_kernel.SHAPE_TILES = FEW_MOE_PROGRAMS
     model, prompt, logits = _tiny_gemma4()
     torch_form = logits()
     ids = torch.tensor(prompt)
