@@ -1,13 +1,13 @@
 #!/bin/bash
 # Nsight Compute on a static step, the A/B of the persistent MoE combine (expert_kernel.COMBINE_STREAM, off until
 # measured), and the checks of the gated attention's gate in the split kernel (layers.GATE_IN_SPLIT); one device call each:
-#   bash scripts/device_ncu.sh ncu [ROWS...]  # (an H200: first bench --shape qwen3-8b) ab_flags (below); ncu on
-#                                             # one static step of qwen3.5-35b-a3b's first 4 layers
-#                                             # (scripts/ncu_step.py; default 1 row); ab_flags on the 35b shape:
-#                                             # defaults against the routing kernel on 1 warp, the persistent MoE
-#                                             # combine on its default tiling and on 2 channels a block, the one-shot
-#                                             # combine on 256-wide blocks; then dc:
-#                                             # device_check on random Qwen3.5 dense and MoE targets, drafts accepted
+#   bash scripts/device_ncu.sh ncu [ROWS...]  # in this order: (an H200) bench --shape qwen3-8b; ab_flags on the
+#                                             # 35b shape: defaults against the routing kernel on 1 warp, the
+#                                             # persistent MoE combine on its default tiling and on 2 channels a
+#                                             # block, the one-shot combine on 256-wide blocks; check_oracle_exact
+#                                             # (k = 15) on the 35b with the persistent combine; ncu on one static
+#                                             # step of the 35b's first 4 layers (scripts/ncu_step.py; default 1
+#                                             # row); dc: device_check on random Qwen3.5 dense and MoE, drafts accepted
 #   bash scripts/device_ncu.sh stream         # ab_flags on the 35b shape: defaults against defaults+combine-stream
 #   bash scripts/device_ncu.sh gate           # ab_flags on the 35b shape (defaults against defaults-gate-split);
 #                                             # specdec bench --shape qwen3.5-35b-a3b (its oracle's output checked
@@ -26,6 +26,7 @@ ncu)
     export AB_STREAM=2,4,2
     ab 35b qwen3.5-35b-a3b 230 defaults defaults+route-w1 defaults+combine-stream defaults+stream-tile \
         defaults+combine-bk256
+    ox 35b qwen3.5-35b-a3b 120 defaults+combine-stream  # the persistent combine's output: plain's, drafts accepted?
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     $NCU --version | tail -1
     for rows in ${@:-1}; do
