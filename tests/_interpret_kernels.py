@@ -63,7 +63,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     def _langs(fn) -> set:
         langs = _langs_of.get(fn)
         if langs is None:
-            langs = _langs_of[fn] = {id(v) for v in fn.__globals__.values() if v is interp.tl or v is interp.tl.core}
+            langs = _langs_of[fn] = {v for v in fn.__globals__.values() if v is interp.tl or v is interp.tl.core}
         return langs
 
     def _patch_lang_once(fn):
